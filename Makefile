@@ -1,0 +1,25 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+
+.PHONY: setup test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/read_timeline.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

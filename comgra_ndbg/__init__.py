@@ -1,0 +1,26 @@
+"""comgra_ndbg: record what happens inside a neural network during training, and explain why it failed."""
+from comgra_ndbg.errors import (ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError,
+                                RecorderStateError, RecordingExistsError, RecordingFormatError,
+                                RecordingNotFoundError, UnknownSeriesError)
+
+__version__ = "0.1.0"
+
+from comgra_ndbg.recorder import Recorder, RecorderWarning  # noqa: E402
+from comgra_ndbg.store import Recording, open_recording  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "Recorder",
+    "open_recording",
+    "Recording",
+    "RecorderWarning",
+    "ComgraError",
+    "RecorderStateError",
+    "InvalidTensorError",
+    "InvalidArgumentError",
+    "DuplicateTensorError",
+    "RecordingExistsError",
+    "RecordingNotFoundError",
+    "RecordingFormatError",
+    "UnknownSeriesError",
+]

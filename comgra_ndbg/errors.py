@@ -1,0 +1,57 @@
+"""Typed errors raised at the library's boundary.
+
+Every message names what was wrong (the tensor, the step, the path) and what to do about it, so that a
+user reading a traceback in the middle of a training script can fix the call without opening the docs.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "ComgraError",
+    "RecorderStateError",
+    "InvalidTensorError",
+    "InvalidArgumentError",
+    "DuplicateTensorError",
+    "RecordingExistsError",
+    "RecordingNotFoundError",
+    "RecordingFormatError",
+    "UnknownSeriesError",
+]
+
+
+class ComgraError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class RecorderStateError(ComgraError, RuntimeError):
+    """A recorder method was called in the wrong order (e.g. ``register_tensor`` outside a step)."""
+
+
+class InvalidTensorError(ComgraError, TypeError):
+    """Something that is not a ``torch.Tensor`` (or not usable as one) was handed to the recorder."""
+
+
+class InvalidArgumentError(ComgraError, ValueError):
+    """An argument of a library call has a wrong value (an unknown role, a negative step, ...)."""
+
+
+class DuplicateTensorError(ComgraError, ValueError):
+    """The same tensor name was registered twice in one iteration of one step."""
+
+
+class RecordingExistsError(ComgraError, FileExistsError):
+    """A recording for this trial already exists and the mode forbids overwriting it."""
+
+
+class RecordingNotFoundError(ComgraError, FileNotFoundError):
+    """The path given to the reader holds no recording."""
+
+
+class RecordingFormatError(ComgraError, ValueError):
+    """A file exists but is not a recording this version can read (wrong or newer format)."""
+
+
+class UnknownSeriesError(ComgraError, KeyError):
+    """A query named a node, tensor, kind, statistic or step that the recording does not contain."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

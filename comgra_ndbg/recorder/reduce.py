@@ -1,0 +1,181 @@
+"""Summaries of tensors as sufficient-statistic rows, computed on the tensor's device.
+
+Each ``add`` issues a handful of fused full reductions (``sum``, ``dot``, ``aminmax``, ``count_nonzero``)
+that stay on the device as 0-d tensors; ``collect`` stacks every pending scalar into one buffer and moves
+it to the host in a single copy, so a step costs one synchronisation, not one ``.item()`` per tensor.
+
+NaN and ±Inf are rare, so the fast path does not look for them: any row whose moments come out non-finite
+(which NaN, Inf and float32 overflow all cause) is recomputed exactly, in float64, on its tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
+
+__all__ = ["Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
+
+DEFAULT_SATURATION_MARGIN = 0.005
+"""Fraction of the bounded range within which an element counts as saturated (tanh: |x| > 0.99)."""
+
+# Output ranges of activations whose autograd node identifies them.
+_KNOWN_BOUNDS = {
+    "TanhBackward0": (-1.0, 1.0),
+    "SigmoidBackward0": (0.0, 1.0),
+    "SoftmaxBackward0": (0.0, 1.0),
+    "HardsigmoidBackward0": (0.0, 1.0),
+}
+_FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
+_MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
+
+
+def saturation_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
+    """The known output range of the activation that produced ``tensor``, if autograd tells.
+
+    >>> saturation_bounds(torch.tanh(torch.ones(2, requires_grad=True)))
+    (-1.0, 1.0)
+    >>> saturation_bounds(torch.ones(2)) is None
+    True
+    """
+    fn = tensor.grad_fn
+    return None if fn is None else _KNOWN_BOUNDS.get(type(fn).__name__)
+
+
+@dataclass
+class _Pending:
+    tensor: torch.Tensor
+    row: int
+    batched: bool
+    bounds: tuple[float, float] | None
+
+
+class Reducer:
+    """Accumulates reductions of many tensors and returns them as one ``[n, NUM_FIELDS]`` float64 array."""
+
+    def __init__(self, saturation_margin: float = DEFAULT_SATURATION_MARGIN) -> None:
+        self.saturation_margin = saturation_margin
+        self._rows: list[np.ndarray] = []
+        self._pending: list[_Pending] = []
+        self._scalars: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._slots: dict[torch.dtype, list[tuple[int, int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[float, float] | None = None) -> int:
+        """Queue the summary of ``tensor``; returns its row index in the next ``collect()``."""
+        x = tensor.detach()
+        row_index = len(self._rows)
+        row = identity_row()
+        self._rows.append(row)
+        numel = x.numel()
+        row[FIELD["count"]] = numel
+        if numel == 0:
+            return row_index
+        flat = _work_view(x)
+        self._push(row_index, FIELD["sum"], flat.sum())
+        self._push(row_index, FIELD["sum_sq"], torch.dot(flat, flat))
+        self._push(row_index, FIELD["sum_abs"], flat.abs().sum())
+        low, high = torch.aminmax(flat)
+        self._push(row_index, FIELD["min"], low)
+        self._push(row_index, FIELD["max"], high)
+        self._push(row_index, FIELD["zeros"], torch.count_nonzero(flat))
+        is_batched = batched and x.dim() >= 1 and x.shape[0] > 0
+        if is_batched:
+            per_unit = flat.view(x.shape[0], -1)
+            row[FIELD["units"]] = per_unit.shape[1]
+            self._push(row_index, FIELD["dead_units"], torch.count_nonzero(per_unit.abs().amax(0)))
+        if bounds is not None:
+            lo, hi = bounds
+            margin = self.saturation_margin * (hi - lo)
+            mask = (flat <= lo + margin) | (flat >= hi - margin)
+            row[FIELD["bounded"]] = numel
+            self._push(row_index, FIELD["saturated"], torch.count_nonzero(mask))
+            if is_batched:
+                units = mask.view(x.shape[0], -1).all(0)
+                self._push(row_index, FIELD["saturated_units"], torch.count_nonzero(units))
+        self._pending.append(_Pending(x, row_index, is_batched, bounds))
+        return row_index
+
+    def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:
+        self._scalars.setdefault(scalar.dtype, []).append(scalar)
+        self._slots.setdefault(scalar.dtype, []).append((row, field))
+
+    def collect(self) -> np.ndarray:
+        """All queued rows, ``[n, NUM_FIELDS]``; the reducer is empty afterwards."""
+        rows = np.stack(self._rows) if self._rows else np.zeros((0, NUM_FIELDS))
+        if self._scalars:
+            dtypes = list(self._scalars)
+            packed = torch.cat([torch.stack(self._scalars[d]).to(torch.float64) for d in dtypes]).cpu().numpy()
+            slots = np.array([slot for d in dtypes for slot in self._slots[d]], dtype=np.int64)
+            rows[slots[:, 0], slots[:, 1]] = packed
+            for f in ("zeros", "dead_units"):
+                # count_nonzero counted the non-zero elements / units; store the zero ones.
+                _complement(rows, slots, packed, FIELD[f], FIELD["count"] if f == "zeros" else FIELD["units"])
+            suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1)
+            if suspicious.any():
+                for pending in self._pending:
+                    if suspicious[pending.row]:
+                        rows[pending.row, _MOMENT_COLUMNS] = np.nan
+                        _exact_moments(pending.tensor, rows[pending.row])
+        self._rows.clear()
+        self._pending.clear()
+        self._scalars.clear()
+        self._slots.clear()
+        return rows
+
+
+def summarize(tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[float, float] | None = None,
+              saturation_margin: float = DEFAULT_SATURATION_MARGIN) -> np.ndarray:
+    """The sufficient-statistic row of one tensor (a convenience over ``Reducer`` for tests and tools).
+
+    >>> from comgra_ndbg.statistics import derive
+    >>> s = derive(summarize(torch.tensor([[1.0, 0.0], [-3.0, 0.0]]), batched=True)[None])
+    >>> float(s["mean"][0]), float(s["zero_fraction"][0]), float(s["dead_fraction"][0])
+    (-0.5, 0.5, 0.5)
+    """
+    reducer = Reducer(saturation_margin)
+    reducer.add(tensor, batched=batched, bounds=bounds)
+    return reducer.collect()[0]
+
+
+def _work_view(x: torch.Tensor) -> torch.Tensor:
+    """A flat view in a dtype whose reductions neither overflow early nor lose integer exactness."""
+    if x.is_complex():
+        x = x.abs()
+    if x.dtype in (torch.float32, torch.float64):
+        return x.reshape(-1)
+    if x.is_floating_point():
+        return x.reshape(-1).float()
+    return x.reshape(-1).double()
+
+
+def _complement(rows: np.ndarray, slots: np.ndarray, packed: np.ndarray, field: int, total_field: int) -> None:
+    mask = slots[:, 1] == field
+    target = slots[mask, 0]
+    rows[target, field] = rows[target, total_field] - packed[mask]
+
+
+def _exact_moments(tensor: torch.Tensor, row: np.ndarray) -> None:
+    """Recompute counts of NaN/Inf and the moments of the finite elements, in float64."""
+    flat = _work_view(tensor).double()
+    finite = torch.isfinite(flat)
+    nan = torch.isnan(flat).sum()
+    values = flat[finite]
+    stats = torch.stack([
+        nan.double(),
+        (~finite).sum().double() - nan.double(),
+        values.sum(),
+        torch.dot(values, values),
+        values.abs().sum(),
+    ]).cpu().numpy()
+    row[FIELD["nan"]], row[FIELD["inf"]] = stats[0], stats[1]
+    row[FIELD["sum"]], row[FIELD["sum_sq"]], row[FIELD["sum_abs"]] = stats[2:5]
+    if values.numel():
+        low, high = torch.aminmax(values)
+        row[FIELD["min"]], row[FIELD["max"]] = float(low), float(high)
+    else:
+        row[FIELD["min"]], row[FIELD["max"]] = np.inf, -np.inf

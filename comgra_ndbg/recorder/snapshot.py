@@ -1,0 +1,103 @@
+"""Snapshots: per-sample statistics and (sub-sampled) element values of one tensor, for any rank.
+
+A batched tensor ``[B, ...]`` is seen as ``[B, units]`` whatever its rank, so 4-D feature maps and 5-D
+attention tensors are handled like a plain ``[B, F]`` activation. Batch-less tensors (parameters, scalars)
+get element values only. Sub-sampling is deterministic (evenly spaced indices), never random: recording
+must not touch any random number generator of the training run.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
+from comgra_ndbg.store.segment import SnapshotData
+
+__all__ = ["SnapshotData", "take_snapshot", "evenly_spaced"]
+
+
+def evenly_spaced(total: int, count: int) -> np.ndarray:
+    """``count`` distinct, evenly spaced indices in ``range(total)`` that include both ends.
+
+    >>> evenly_spaced(10, 4).tolist()
+    [0, 3, 6, 9]
+    >>> evenly_spaced(3, 5).tolist()
+    [0, 1, 2]
+    """
+    if count >= total:
+        return np.arange(total, dtype=np.int64)
+    if count <= 1:
+        return np.zeros(min(count, total), dtype=np.int64)
+    return np.unique(np.round(np.linspace(0, total - 1, count)).astype(np.int64))
+
+
+def take_snapshot(
+    tensor: torch.Tensor,
+    *,
+    batched: bool,
+    num_samples: int,
+    max_elements: int,
+    bounds: tuple[float, float] | None = None,
+    saturation_margin: float = 0.005,
+) -> SnapshotData:
+    """Per-sample statistics of the first ``num_samples`` samples and at most ``max_elements`` values.
+
+    >>> s = take_snapshot(torch.arange(12.0).view(3, 4), batched=True, num_samples=2, max_elements=4)
+    >>> s.sample_index.tolist(), s.values.tolist(), s.value_index.tolist()
+    ([0, 1], [0.0, 3.0, 4.0, 7.0], [0, 3, 4, 7])
+    """
+    x = tensor.detach()
+    if x.is_complex():
+        x = x.abs()
+    shape = tuple(int(d) for d in x.shape)
+    if batched and x.dim() >= 1 and shape[0] > 0:
+        n = min(shape[0], num_samples)
+        per_sample = x[:n].reshape(n, -1)
+        stats = _per_sample_stats(per_sample, bounds, saturation_margin)
+        units = per_sample.shape[1]
+        keep_units = evenly_spaced(units, max(1, max_elements // max(n, 1)))
+        if len(keep_units) == units:
+            values, index = per_sample.reshape(-1), None
+        else:
+            cols = torch.as_tensor(keep_units, device=x.device)
+            values = per_sample.index_select(1, cols).reshape(-1)
+            index = (np.arange(n, dtype=np.int64)[:, None] * units + keep_units[None, :]).reshape(-1)
+        sample_index = np.arange(n, dtype=np.int64)
+    else:
+        stats = np.zeros((0, NUM_FIELDS))
+        sample_index = np.zeros(0, dtype=np.int64)
+        flat = x.reshape(-1)
+        keep = evenly_spaced(flat.numel(), max_elements)
+        if len(keep) == flat.numel():
+            values, index = flat, None
+        else:
+            values, index = flat.index_select(0, torch.as_tensor(keep, device=x.device)), keep
+    host_values = values.to(torch.float32).cpu().numpy().copy()
+    return SnapshotData(shape, sample_index, stats, host_values, index)
+
+
+def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float) -> np.ndarray:
+    x = x.double() if not x.dtype == torch.float64 else x
+    finite = torch.isfinite(x)
+    zeroed = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    nan = torch.isnan(x).sum(1)
+    columns = {
+        "count": torch.full((x.shape[0],), x.shape[1], dtype=x.dtype, device=x.device),
+        "nan": nan,
+        "inf": (~finite).sum(1) - nan,
+        "zeros": (x == 0).sum(1),
+        "sum": zeroed.sum(1),
+        "sum_sq": (zeroed * zeroed).sum(1),
+        "sum_abs": zeroed.abs().sum(1),
+        "min": torch.where(finite, x, torch.full((), float("inf"), dtype=x.dtype, device=x.device)).amin(1),
+        "max": torch.where(finite, x, torch.full((), float("-inf"), dtype=x.dtype, device=x.device)).amax(1),
+    }
+    if bounds is not None:
+        lo, hi = bounds
+        margin = margin_fraction * (hi - lo)
+        columns["bounded"] = columns["count"]
+        columns["saturated"] = ((x <= lo + margin) | (x >= hi - margin)).sum(1)
+    out = torch.zeros((x.shape[0], NUM_FIELDS), dtype=torch.float64, device=x.device)
+    for name, column in columns.items():
+        out[:, FIELD[name]] = column.to(torch.float64)
+    return out.cpu().numpy()

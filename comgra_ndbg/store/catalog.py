@@ -1,0 +1,193 @@
+"""The catalog: cumulative name tables of a recording (tensors, series, step types, KPIs, modules, graphs).
+
+Ids are assigned once and never change, so every segment file agrees on them and a merge is a plain
+concatenation. Each segment stores the whole catalog as it was when the segment was written; the newest
+segment's catalog is therefore a superset of every older one.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import h5py
+import numpy as np
+
+from comgra_ndbg.store import schema
+
+__all__ = ["TensorInfo", "ModuleInfo", "Catalog"]
+
+_STR = h5py.string_dtype("utf-8")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A recorded tensor: its unique name, graph node, role, owning module and first-seen layout."""
+
+    name: str
+    node: str
+    role: str
+    module: str = ""
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    batched: bool = False
+    bounds: tuple[float, float] | None = None
+
+    @property
+    def label(self) -> str:
+        """The tensor's name within its node (``weight`` for ``model.fc.weight`` in node ``model.fc``)."""
+        prefix = self.node + "."
+        return self.name[len(prefix):] if self.name.startswith(prefix) else self.name
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """A module seen by ``track_module``: its path, class name and parameter count (own parameters only)."""
+
+    path: str
+    class_name: str
+    parameters: int
+
+
+@dataclass
+class Catalog:
+    """Mutable, append-only name tables; the recorder owns one, the writer stores it, the reader loads it."""
+
+    tensors: list[TensorInfo] = field(default_factory=list)
+    series: list[tuple[int, str]] = field(default_factory=list)  # (tensor id, kind)
+    step_types: list[str] = field(default_factory=list)
+    kpi_names: list[str] = field(default_factory=list)
+    modules: list[ModuleInfo] = field(default_factory=list)
+    graphs: dict[str, str] = field(default_factory=dict)  # structure hash -> JSON
+    _tensor_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _series_ids: dict[tuple[int, str], int] = field(default_factory=dict, repr=False)
+    _type_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _kpi_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    version: int = 0  # bumps on every change, so the writer knows when to rewrite
+
+    # ---- lookups / additions ---------------------------------------------------------------------------
+    def tensor_id(self, name: str) -> int | None:
+        return self._tensor_ids.get(name)
+
+    def add_tensor(self, info: TensorInfo) -> int:
+        self._tensor_ids[info.name] = len(self.tensors)
+        self.tensors.append(info)
+        self.version += 1
+        return len(self.tensors) - 1
+
+    def series_id(self, tensor_id: int, kind: str) -> int:
+        key = (tensor_id, kind)
+        sid = self._series_ids.get(key)
+        if sid is None:
+            sid = self._series_ids[key] = len(self.series)
+            self.series.append(key)
+            self.version += 1
+        return sid
+
+    def find_series(self, tensor_id: int, kind: str) -> int | None:
+        return self._series_ids.get((tensor_id, kind))
+
+    def step_type_id(self, step_type: str) -> int:
+        tid = self._type_ids.get(step_type)
+        if tid is None:
+            tid = self._type_ids[step_type] = len(self.step_types)
+            self.step_types.append(step_type)
+            self.version += 1
+        return tid
+
+    def kpi_id(self, name: str) -> int:
+        kid = self._kpi_ids.get(name)
+        if kid is None:
+            kid = self._kpi_ids[name] = len(self.kpi_names)
+            self.kpi_names.append(name)
+            self.version += 1
+        return kid
+
+    def add_module(self, info: ModuleInfo) -> None:
+        self.modules.append(info)
+        self.version += 1
+
+    def add_graph(self, structure_hash: str, graph_json: str) -> bool:
+        if structure_hash in self.graphs:
+            return False
+        self.graphs[structure_hash] = graph_json
+        self.version += 1
+        return True
+
+    # ---- HDF5 ----------------------------------------------------------------------------------------
+    def write(self, f: h5py.File) -> None:
+        """Store every table into an open, empty file."""
+        t = f.create_group(schema.TENSORS)
+        for column in schema.TENSOR_COLUMNS:
+            values = _tensor_column(self.tensors, column)
+            t.create_dataset(column, data=values, dtype=values.dtype)
+        f.create_dataset(schema.SERIES_TENSOR, data=np.array([s[0] for s in self.series], dtype=np.int32))
+        f.create_dataset(schema.SERIES_KIND, data=np.array([s[1] for s in self.series], dtype=object), dtype=_STR)
+        f.create_dataset(schema.STEP_TYPES, data=np.array(self.step_types, dtype=object), dtype=_STR)
+        f.create_dataset(schema.KPI_NAMES, data=np.array(self.kpi_names, dtype=object), dtype=_STR)
+        f.create_dataset(schema.MODULE_PATH, data=np.array([m.path for m in self.modules], dtype=object), dtype=_STR)
+        f.create_dataset(schema.MODULE_CLASS, data=np.array([m.class_name for m in self.modules], dtype=object),
+                         dtype=_STR)
+        f.create_dataset(schema.MODULE_PARAMETERS, data=np.array([m.parameters for m in self.modules], dtype=np.int64))
+        g = f.create_group(schema.GRAPHS)
+        for key, text in self.graphs.items():
+            g.create_dataset(key, data=text, dtype=_STR)
+
+    @classmethod
+    def read(cls, f: h5py.File) -> Catalog:
+        """Load the tables a segment file holds."""
+        catalog = cls()
+        t = f[schema.TENSORS]
+        columns = {c: t[c][()] for c in schema.TENSOR_COLUMNS}
+        for i in range(len(columns["name"])):
+            low, high = float(columns["bounds_low"][i]), float(columns["bounds_high"][i])
+            shape_text = _text(columns["shape"][i])
+            catalog.add_tensor(TensorInfo(
+                name=_text(columns["name"][i]),
+                node=_text(columns["node"][i]),
+                role=_text(columns["role"][i]),
+                module=_text(columns["module"][i]),
+                dtype=_text(columns["dtype"][i]),
+                shape=tuple(json.loads(shape_text)) if shape_text else (),
+                batched=bool(columns["batched"][i]),
+                bounds=None if np.isnan(low) else (low, high),
+            ))
+        for tensor_id, kind in zip(f[schema.SERIES_TENSOR][()], f[schema.SERIES_KIND][()]):
+            catalog.series_id(int(tensor_id), _text(kind))
+        for name in f[schema.STEP_TYPES][()]:
+            catalog.step_type_id(_text(name))
+        for name in f[schema.KPI_NAMES][()]:
+            catalog.kpi_id(_text(name))
+        for path, cls_name, count in zip(f[schema.MODULE_PATH][()], f[schema.MODULE_CLASS][()],
+                                         f[schema.MODULE_PARAMETERS][()]):
+            catalog.add_module(ModuleInfo(_text(path), _text(cls_name), int(count)))
+        for key, dataset in f[schema.GRAPHS].items():
+            catalog.add_graph(key, _text(dataset[()]))
+        return catalog
+
+    def to_dict(self) -> dict:
+        """A JSON-able view (for ``info`` and exports)."""
+        return {
+            "tensors": [asdict(t) for t in self.tensors],
+            "series": [{"tensor": self.tensors[t].name, "kind": k} for t, k in self.series],
+            "step_types": list(self.step_types),
+            "kpis": list(self.kpi_names),
+            "modules": [asdict(m) for m in self.modules],
+            "graphs": sorted(self.graphs),
+        }
+
+
+def _tensor_column(tensors: list[TensorInfo], column: str) -> np.ndarray:
+    if column == "batched":
+        return np.array([t.batched for t in tensors], dtype=np.bool_)
+    if column in ("bounds_low", "bounds_high"):
+        i = 0 if column == "bounds_low" else 1
+        return np.array([np.nan if t.bounds is None else t.bounds[i] for t in tensors], dtype=np.float64)
+    if column == "shape":
+        values = [json.dumps(list(t.shape)) for t in tensors]
+    else:
+        values = [getattr(t, column) for t in tensors]
+    return np.array(values, dtype=h5py.string_dtype("utf-8")) if values else np.zeros(0, dtype=_STR)
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,273 @@
+"""The recording writer: buffers rows in numpy, flushes them as atomically renamed segment files.
+
+Flushes happen when the recorder asks (by time or step count), segments of one level are merged into one
+of the next level once ``fanout`` of them exist (so a long run keeps a logarithmic number of files), and
+``close`` merges everything into ``recording.h5``. A process killed at any moment leaves every flushed
+step readable: files with final names are complete, and a merge only deletes what a complete, renamed
+merged file already covers.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from comgra_ndbg.errors import RecordingExistsError
+from comgra_ndbg.store import schema
+from comgra_ndbg.store.catalog import Catalog
+from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, parse_segment_name, read_segment,
+                                       segment_name, write_segment)
+
+__all__ = ["RecordingWriter", "list_live_segments", "FINAL_LEVEL"]
+
+FINAL_LEVEL = 99  # level of the consolidated file written by close()
+
+
+def list_live_segments(directory: Path) -> list[tuple[int, int, Path]]:
+    """Files of a trial directory that no other file covers, as (sequence, level, path), oldest first.
+
+    A merged file's ``covers`` attribute names the sequences it replaces; a crash between renaming the
+    merged file and deleting its inputs leaves both on disk, and this is where the inputs are ignored.
+    """
+    directory = Path(directory)
+    found: list[tuple[int, int, Path, frozenset[int]]] = []
+    for path in directory.iterdir():
+        parsed = parse_segment_name(path.name)
+        if parsed is not None:
+            sequence, level = parsed
+            covers = frozenset((sequence,)) if level == 0 else _covers(path)
+        elif path.name == schema.FINAL_NAME:
+            level, covers = FINAL_LEVEL, _covers(path)
+            sequence = max(covers, default=0)
+        else:
+            continue
+        if covers:
+            found.append((sequence, level, path, covers))
+    live = [
+        (sequence, level, path)
+        for sequence, level, path, covers in found
+        if not any(other is not path and covers <= other_covers
+                   and (len(other_covers) > len(covers) or other_level > level)
+                   for _, other_level, other, other_covers in found)
+    ]
+    return sorted(live, key=lambda item: item[0])
+
+
+_COVERS_CACHE: dict[tuple[str, int, int], frozenset[int]] = {}
+
+
+def _covers(path: Path) -> frozenset[int]:
+    """Sequences a merged file holds (empty if the file vanished or cannot be read)."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return frozenset()
+    key = (str(path), stat.st_mtime_ns, stat.st_ino)
+    cached = _COVERS_CACHE.get(key)
+    if cached is None:
+        try:
+            with h5py.File(path, "r") as f:
+                cached = frozenset(int(v) for v in f.attrs[schema.ATTR_COVERS])
+        except (OSError, KeyError):
+            cached = frozenset()
+        _COVERS_CACHE[key] = cached
+    return cached
+
+
+class RecordingWriter:
+    """Buffers one trial's rows and writes them as segments into ``directory``."""
+
+    def __init__(self, directory: Path, trial: str, *, mode: str = "w-", config: dict | None = None,
+                 fanout: int = 8) -> None:
+        self.directory = Path(directory)
+        self.trial = trial
+        self.fanout = fanout
+        self.created = time.time()
+        self.config_json = json.dumps(config or {}, sort_keys=True, default=str)
+        self._prepare(mode)
+        self._sequence = 0
+        self._levels: dict[int, list[tuple[int, Path]]] = defaultdict(list)
+        self._reset_buffers()
+        self.closed = False
+
+    def _prepare(self, mode: str) -> None:
+        if mode not in ("w", "w-"):
+            raise ValueError(f"mode must be 'w' (overwrite) or 'w-' (fail if the trial exists), got {mode!r}")
+        if self.directory.exists() and any(self.directory.iterdir()):
+            if mode == "w-":
+                raise RecordingExistsError(
+                    f"trial {self.trial!r} already has a recording at {self.directory}; choose another trial "
+                    f"name, or pass mode='w' to replace it")
+            shutil.rmtree(self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    # ---- buffering -------------------------------------------------------------------------------------
+    def _reset_buffers(self) -> None:
+        self._steps: list[tuple[int, int, int, float, int, str]] = []
+        self._summaries: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        self._snapshots: list[tuple[int, int, int, SnapshotData]] = []
+        self._kpis: list[tuple[int, int, float, int]] = []
+        self._notes: list[tuple[int, float, str]] = []
+
+    @property
+    def pending_steps(self) -> int:
+        return len(self._steps)
+
+    def add_step(self, step: int, step_type: int, iterations: int, flags: int, reason: str,
+                 when: float | None = None) -> None:
+        self._steps.append((step, step_type, iterations, time.time() if when is None else when, flags, reason))
+
+    def add_summaries(self, step: int, iteration: int, series: np.ndarray, rows: np.ndarray) -> None:
+        """Rows ``[k, NUM_FIELDS]`` of the series ids ``[k]`` at one (step, iteration)."""
+        self._summaries.append((step, iteration, np.asarray(series, np.int64), rows))
+
+    def add_snapshot(self, step: int, iteration: int, series: int, data: SnapshotData) -> None:
+        self._snapshots.append((step, iteration, series, data))
+
+    def add_kpi(self, step: int, kpi: int, value: float, step_type: int) -> None:
+        self._kpis.append((step, kpi, value, step_type))
+
+    def add_note(self, step: int, text: str) -> None:
+        self._notes.append((step, time.time(), text))
+
+    # ---- flushing --------------------------------------------------------------------------------------
+    def flush(self, catalog: Catalog) -> Path | None:
+        """Write everything buffered as one new segment; returns its path (None when nothing was buffered)."""
+        content = self._build(catalog)
+        self._reset_buffers()
+        if content.is_empty():
+            return None
+        self._sequence += 1
+        path = self.directory / segment_name(self._sequence, 0)
+        write_segment(path, content, self._attrs(self._sequence, (self._sequence,), 0, complete=False))
+        self._levels[0].append((self._sequence, path))
+        self._compact()
+        return path
+
+    def _compact(self) -> None:
+        level = 0
+        while len(self._levels[level]) >= self.fanout:
+            inputs = self._levels.pop(level)
+            merged = self._merge(inputs, level + 1)
+            self._levels[level + 1].append(merged)
+            level += 1
+
+    def _merge(self, inputs: list[tuple[int, Path]], level: int, complete: bool = False) -> tuple[int, Path]:
+        parts, covers = [], []
+        for _, path in inputs:
+            with h5py.File(path, "r") as f:
+                parts.append(read_segment(f))
+                covers.extend(int(v) for v in f.attrs[schema.ATTR_COVERS])
+        sequence = max(s for s, _ in inputs)
+        name = schema.FINAL_NAME if complete else segment_name(sequence, level)
+        out = self.directory / name
+        write_segment(out, concat(parts), self._attrs(sequence, tuple(sorted(covers)), level, complete=complete))
+        for _, path in inputs:
+            if path != out:
+                path.unlink(missing_ok=True)
+        return sequence, out
+
+    def close(self, catalog: Catalog) -> Path | None:
+        """Flush, then merge every segment into ``recording.h5``; idempotent."""
+        if self.closed:
+            return self.directory / schema.FINAL_NAME
+        self.flush(catalog)
+        inputs = sorted((s, p) for items in self._levels.values() for s, p in items)
+        self.closed = True
+        if not inputs:
+            # An empty recording still gets a file, so readers can tell "nothing recorded" from "no recording".
+            self._sequence += 1
+            write_segment(self.directory / schema.FINAL_NAME, SegmentContent(catalog=catalog),
+                          self._attrs(self._sequence, (self._sequence,), FINAL_LEVEL, complete=True))
+        else:
+            self._merge(inputs, FINAL_LEVEL, complete=True)
+        self._levels.clear()
+        return self.directory / schema.FINAL_NAME
+
+    def _attrs(self, sequence: int, covers: tuple[int, ...], level: int, *, complete: bool) -> dict:
+        from comgra_ndbg import __version__
+
+        return {
+            schema.ATTR_FORMAT: schema.FORMAT_NAME,
+            schema.ATTR_FORMAT_VERSION: schema.FORMAT_VERSION,
+            schema.ATTR_TRIAL: self.trial,
+            schema.ATTR_SEQUENCE: sequence,
+            schema.ATTR_COVERS: np.array(covers, dtype=np.int64),
+            schema.ATTR_LEVEL: level,
+            schema.ATTR_COMPLETE: complete,
+            schema.ATTR_CREATED: self.created,
+            schema.ATTR_LIBRARY_VERSION: __version__,
+            schema.ATTR_CONFIG: self.config_json,
+        }
+
+    def _build(self, catalog: Catalog) -> SegmentContent:
+        c = SegmentContent(catalog=catalog)
+        if self._steps:
+            cols = list(zip(*self._steps))
+            c.step = np.array(cols[0], np.int64)
+            c.step_type = np.array(cols[1], np.int32)
+            c.step_iterations = np.array(cols[2], np.int32)
+            c.step_time = np.array(cols[3], np.float64)
+            c.step_flags = np.array(cols[4], np.uint8)
+            c.step_reason = np.array(cols[5], object)
+        if self._summaries:
+            keys = sorted({(s, it) for s, it, _, _ in self._summaries})
+            position = {k: i for i, k in enumerate(keys)}
+            data = np.zeros((len(catalog.series), schema.NUM_FIELDS, len(keys)), np.float64)
+            data[:, schema.FIELD["min"], :] = np.inf
+            data[:, schema.FIELD["max"], :] = -np.inf
+            for s, it, series, rows in self._summaries:
+                data[series, :, position[(s, it)]] = rows
+            c.summary_step = np.array([k[0] for k in keys], np.int64)
+            c.summary_iteration = np.array([k[1] for k in keys], np.int32)
+            c.summary_data = data
+        if self._snapshots:
+            self._build_snapshots(c)
+        if self._kpis:
+            cols = list(zip(*self._kpis))
+            c.kpi_step, c.kpi_id = np.array(cols[0], np.int64), np.array(cols[1], np.int32)
+            c.kpi_value, c.kpi_type = np.array(cols[2], np.float64), np.array(cols[3], np.int32)
+        if self._notes:
+            cols = list(zip(*self._notes))
+            c.note_step, c.note_time = np.array(cols[0], np.int64), np.array(cols[1], np.float64)
+            c.note_text = np.array(cols[2], object)
+        return c
+
+    def _build_snapshots(self, c: SegmentContent) -> None:
+        n = len(self._snapshots)
+        c.snap_step = np.array([s[0] for s in self._snapshots], np.int64)
+        c.snap_iteration = np.array([s[1] for s in self._snapshots], np.int32)
+        c.snap_series = np.array([s[2] for s in self._snapshots], np.int32)
+        c.snap_shape = np.full((n, schema.MAX_RANK), -1, np.int64)
+        c.snap_samples_offset = np.zeros(n, np.int64)
+        c.snap_samples_count = np.zeros(n, np.int32)
+        c.snap_values_offset = np.zeros(n, np.int64)
+        c.snap_values_count = np.zeros(n, np.int64)
+        c.snap_subsampled = np.zeros(n, np.bool_)
+        c.snap_index_offset = np.full(n, -1, np.int64)
+        samples_at = values_at = index_at = 0
+        sample_index, sample_stats, values, value_index = [], [], [], []
+        for i, (_, _, _, data) in enumerate(self._snapshots):
+            shape = data.shape[: schema.MAX_RANK]
+            c.snap_shape[i, : len(shape)] = shape
+            c.snap_samples_offset[i], c.snap_samples_count[i] = samples_at, len(data.sample_index)
+            c.snap_values_offset[i], c.snap_values_count[i] = values_at, len(data.values)
+            sample_index.append(data.sample_index)
+            sample_stats.append(data.sample_stats)
+            values.append(data.values)
+            samples_at += len(data.sample_index)
+            values_at += len(data.values)
+            if data.value_index is not None:
+                c.snap_subsampled[i] = True
+                c.snap_index_offset[i] = index_at
+                value_index.append(data.value_index)
+                index_at += len(data.value_index)
+        c.sample_index = np.concatenate(sample_index).astype(np.int64)
+        c.sample_stats = np.concatenate(sample_stats).reshape(-1, schema.NUM_FIELDS)
+        c.values = np.concatenate(values).astype(np.float32)
+        c.value_index = np.concatenate(value_index).astype(np.int64) if value_index else np.zeros(0, np.int64)
