@@ -15,6 +15,7 @@ __all__ = [
     "RecordingNotFoundError",
     "RecordingFormatError",
     "UnknownSeriesError",
+    "GraphError",
 ]
 
 
@@ -55,3 +56,7 @@ class UnknownSeriesError(ComgraError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class GraphError(ComgraError, ValueError):
+    """A graph, a graph description or a graph request is inconsistent (unknown tensor, bad format)."""

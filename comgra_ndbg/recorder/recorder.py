@@ -8,6 +8,7 @@ as warnings and never stop the training run; wrong calls raise typed errors that
 """
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ import torch
 
 from comgra_ndbg.errors import (ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError,
                                 RecorderStateError)
+from comgra_ndbg.graph import (GraphCache, TensorEdge, build_graph, discover_edges, graph_to_dict, layered_layout,
+                               merge_manual_edges, structure_signature)
 from comgra_ndbg.recorder.policy import Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
 from comgra_ndbg.recorder.snapshot import take_snapshot
@@ -113,6 +116,7 @@ class Recorder:
         self._steps_since_flush = 0
         self._warned: set[tuple[str, str]] = set()
         self._token = 0
+        self._graph_cache = GraphCache()
         self._reset_step_state()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -136,6 +140,8 @@ class Recorder:
         self._kpis: list[tuple[int, Any]] = []
         self._grad_kinds: list[str] = []
         self._updates_ready = False
+        self._registered: list[tuple[str, int, torch.Tensor]] = []
+        self._manual_edges: list[TensorEdge] = []
 
     def __enter__(self) -> Recorder:
         return self
@@ -336,8 +342,26 @@ class Recorder:
         if self._snapshot:
             self._snaps.append((self.catalog.series_id(tid, schema.KIND_VALUE), iteration,
                                 self._take(tensor, bool(batched), bounds)))
+        self._registered.append((name, iteration, tensor))
         if tensor.requires_grad:
             tensor.register_hook(partial(self._on_grad, self._token, tid, iteration, bool(batched)))
+
+    def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
+                       target_iteration: int | None = None) -> None:
+        """Declare that ``target`` depends on ``source`` where autograd cannot see it (a detach, integer
+        indices, a non-differentiable step). Both are tensor names; iterations default to the current one.
+        """
+        if not self.enabled:
+            return
+        self._check_step_open(f"add_dependency({source!r}, {target!r})")
+        _check_name(source)
+        _check_name(target)
+        iterations = [self._iteration if i is None else i for i in (source_iteration, target_iteration)]
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in iterations):
+            raise InvalidArgumentError(f"iterations of add_dependency({source!r}, {target!r}) must be ints >= 0")
+        if source == target and iterations[0] == iterations[1]:
+            raise InvalidArgumentError(f"add_dependency({source!r}, {target!r}) connects a tensor to itself")
+        self._manual_edges.append(TensorEdge(source, target, iterations[0], iterations[1]))
 
     def _tensor_id(self, name: str, tensor: torch.Tensor, role: str, node: str, batched: bool,
                    bounds: tuple[float, float] | None) -> int:
@@ -388,7 +412,32 @@ class Recorder:
             return
         self._guard("recording gradients", partial(self._collect_gradients, kind))
 
+    def _discover_graph(self) -> None:
+        """Find the dependency graph once per distinct structure and step type; free the tensor references."""
+        registered, manual = self._registered, self._manual_edges
+        self._registered, self._manual_edges = [], []
+        if not registered:
+            return
+        parameters = {t.name: t.parameter for t in self._tracked}
+        signature = structure_signature(registered, parameters) + repr(sorted(manual))
+        cached = self._graph_cache.get_or_build(signature, self._step_type,
+                                                partial(self._build_graph, registered, parameters, manual))
+        if cached.new_structure:
+            positions = layered_layout(cached.graph)
+            self.catalog.add_graph(cached.structure_hash, json.dumps(
+                {"graph": graph_to_dict(cached.graph), "positions": {k: list(v) for k, v in positions.items()}},
+                sort_keys=True))
+        self.catalog.set_graph_of_type(self._step_type, cached.structure_hash)
+
+    def _build_graph(self, registered: list, parameters: dict, manual: list[TensorEdge]) -> Any:
+        edges = merge_manual_edges(discover_edges(registered, parameters), manual)
+        names = {name for name, _, _ in registered} | set(parameters)
+        metadata = {info.name: (info.node, info.role, info.module) for info in self.catalog.tensors
+                    if info.name in names}
+        return build_graph(edges, metadata, manual_edges=manual)
+
     def _collect_gradients(self, kind: str) -> None:
+        self._guard("discovering the dependency graph", self._discover_graph)
         params = [t for t in self._tracked if t.parameter.grad is not None]
         for t in params:
             grad = t.parameter.grad
@@ -515,6 +564,7 @@ class Recorder:
             if kind not in self._grad_kinds:
                 self._grad_kinds.append(kind)
             self._collect_gradients(kind)
+        self._guard("discovering the dependency graph", self._discover_graph)
         self._finish_parameters()
         self._collect_values()
         by_iteration: dict[int, list[tuple[int, np.ndarray]]] = {}

@@ -58,6 +58,7 @@ class Catalog:
     kpi_names: list[str] = field(default_factory=list)
     modules: list[ModuleInfo] = field(default_factory=list)
     graphs: dict[str, str] = field(default_factory=dict)  # structure hash -> JSON
+    graph_of_type: dict[str, str] = field(default_factory=dict)  # step type -> structure hash
     _tensor_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _series_ids: dict[tuple[int, str], int] = field(default_factory=dict, repr=False)
     _type_ids: dict[str, int] = field(default_factory=dict, repr=False)
@@ -113,6 +114,11 @@ class Catalog:
         self.version += 1
         return True
 
+    def set_graph_of_type(self, step_type: str, structure_hash: str) -> None:
+        if self.graph_of_type.get(step_type) != structure_hash:
+            self.graph_of_type[step_type] = structure_hash
+            self.version += 1
+
     # ---- HDF5 ----------------------------------------------------------------------------------------
     def write(self, f: h5py.File) -> None:
         """Store every table into an open, empty file."""
@@ -131,6 +137,7 @@ class Catalog:
         g = f.create_group(schema.GRAPHS)
         for key, text in self.graphs.items():
             g.create_dataset(key, data=text, dtype=_STR)
+        f.create_dataset(schema.GRAPH_INDEX, data=json.dumps(self.graph_of_type, sort_keys=True), dtype=_STR)
 
     @classmethod
     def read(cls, f: h5py.File) -> Catalog:
@@ -162,6 +169,9 @@ class Catalog:
             catalog.add_module(ModuleInfo(_text(path), _text(cls_name), int(count)))
         for key, dataset in f[schema.GRAPHS].items():
             catalog.add_graph(key, _text(dataset[()]))
+        if schema.GRAPH_INDEX in f:
+            for step_type, key in json.loads(_text(f[schema.GRAPH_INDEX][()])).items():
+                catalog.set_graph_of_type(step_type, key)
         return catalog
 
     def to_dict(self) -> dict:
@@ -173,6 +183,7 @@ class Catalog:
             "kpis": list(self.kpi_names),
             "modules": [asdict(m) for m in self.modules],
             "graphs": sorted(self.graphs),
+            "graph_of_type": dict(self.graph_of_type),
         }
 
 

@@ -6,6 +6,7 @@ file. ``refresh()`` picks up segments written since the last look, which is how 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -14,12 +15,15 @@ import h5py
 import numpy as np
 
 from comgra_ndbg.errors import RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
+from comgra_ndbg.graph import DependencyGraph, graph_from_dict
+from comgra_ndbg.graph.modules import ModuleInfo as ModuleTreeEntry
+from comgra_ndbg.graph.modules import module_tree
 from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.writer import list_live_segments
 
-__all__ = ["open_recording", "list_trials", "Recording", "Snapshot", "Note"]
+__all__ = ["open_recording", "list_trials", "Recording", "Snapshot", "Note", "StoredGraph"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,16 @@ class Note:
     step: int
     time: float
     text: str
+
+
+@dataclass(frozen=True)
+class StoredGraph:
+    """A dependency graph as recorded: its structure hash, the graph and the node positions of its layout."""
+
+    structure_hash: str
+    graph: DependencyGraph
+    positions: dict[str, tuple[float, float]]
+    step_types: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -264,6 +278,34 @@ class Recording:
             return list(dict.fromkeys(k for _, k in self.catalog.series))
         ids = {self.catalog.tensor_id(t.name) for t in self._tensors_for(name)}
         return list(dict.fromkeys(k for t, k in self.catalog.series if t in ids))
+
+    def module_tree(self) -> list[ModuleTreeEntry]:
+        """Tracked modules as a tree with parameter counts (own and total), from the recorded parameters."""
+        counts = {t.name: int(np.prod(t.shape)) for t in self.catalog.tensors if t.role == "parameter"}
+        return module_tree(counts)
+
+    # ---- dependency graph ----------------------------------------------------------------------------------
+    @property
+    def graph_hashes(self) -> list[str]:
+        return sorted(self.catalog.graphs)
+
+    def graph(self, step_type: str | None = None) -> StoredGraph | None:
+        """The dependency graph of a step type (default: of the first step type that has one), or None
+        when nothing was discovered (no registered tensor reached a recorded step)."""
+        index = self.catalog.graph_of_type
+        if step_type is None:
+            step_type = next((t for t in self.catalog.step_types if t in index), None)
+            if step_type is None:
+                return None
+        elif step_type not in index:
+            if step_type not in self.catalog.step_types:
+                raise UnknownSeriesError(f"no step type {step_type!r}; step types are {self.step_types}")
+            return None
+        key = index[step_type]
+        data = json.loads(self.catalog.graphs[key])
+        positions = {name: (float(x), float(y)) for name, (x, y) in data["positions"].items()}
+        return StoredGraph(key, graph_from_dict(data["graph"]), positions,
+                           tuple(t for t, h in index.items() if h == key))
 
     # ---- steps -------------------------------------------------------------------------------------------
     def _concat(self, name: str) -> np.ndarray:

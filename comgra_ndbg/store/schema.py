@@ -132,7 +132,8 @@ MODULE_CLASS = "modules/class"  # utf-8, e.g. "Linear"
 MODULE_PARAMETERS = "modules/parameters"  # int64: parameters directly owned by the module
 
 # ---- dependency graph (cumulative; one entry per distinct structure) ------------------------------------
-GRAPHS = "graphs"  # group; one sub-group per structure hash
+GRAPHS = "graphs"  # group; one utf-8 JSON dataset per structure hash: {"graph": ..., "positions": ...}
+GRAPH_INDEX = "graph_index"  # utf-8 JSON: {step type: structure hash of its latest graph}
 
 ROLES = ("input", "target", "output", "loss", "parameter", "intermediate")
 
