@@ -117,10 +117,18 @@ class Recorder:
         self._warned: set[tuple[str, str]] = set()
         self._token = 0
         self._graph_cache = GraphCache()
+        self._last_step_type = ""
+        self._hooks: list[Any] = []
         self._reset_step_state()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def _reset_step_state(self) -> None:
+        for handle in self._hooks:  # a hook on a leaf (parameter, input) would otherwise stay for good
+            handle.remove()
+        self._hooks = []
+        if len(self._values) or len(self._grads):  # rows left by a step whose recording failed midway
+            self._values = Reducer(self._saturation_margin)
+            self._grads = Reducer(self._saturation_margin)
         self._step_open = False
         self._step = -1
         self._step_type = ""
@@ -132,8 +140,8 @@ class Recorder:
         self._summarize = False
         self._snapshot = False
         self._reason = ""
-        self._value_keys: list[tuple[int, int]] = []
-        self._grad_keys: list[tuple[int, int]] = []
+        self._value_keys: list[tuple[int, int, int]] = []  # (series, iteration, row in the reducer)
+        self._grad_keys: list[tuple[int, int, int]] = []  # (tensor, iteration, row in the reducer)
         self._grad_snaps: list[tuple[int, int, Any]] = []
         self._rows: list[tuple[int, int, np.ndarray]] = []
         self._snaps: list[tuple[int, int, Any]] = []
@@ -236,7 +244,7 @@ class Recorder:
         self._seen_steps.add(step)
         self._step_open = True
         self._step = self._last_step = step
-        self._step_type = step_type
+        self._step_type = self._last_step_type = step_type
         self._token += 1
         summary = self.summary_policy.decide(step, step_type)
         snapshot = self.snapshot_policy.decide(step, step_type)
@@ -309,11 +317,11 @@ class Recorder:
         if not isinstance(tensor, torch.Tensor):
             raise InvalidTensorError(f"register_tensor({name!r}, ...) needs a torch.Tensor, got "
                                      f"{type(tensor).__name__}; convert it with torch.as_tensor(...) first")
+        _check_name(name)
         if name in self._names:
             raise DuplicateTensorError(
                 f"tensor {name!r} was already registered in iteration {self._iteration} of step {self._step}; "
                 f"give each tensor its own name, or call start_iteration() between forward passes")
-        _check_name(name)
         if role not in schema.ROLES:
             raise InvalidArgumentError(f"role of {name!r} must be one of {list(schema.ROLES)}, got {role!r}")
         self._names.add(name)
@@ -337,14 +345,15 @@ class Recorder:
         tid = self._tensor_id(name, tensor, role, node or name, bool(batched), bounds)
         iteration = self._iteration
         if self._summarize:
-            self._values.add(tensor, batched=bool(batched), bounds=bounds)
-            self._value_keys.append((self.catalog.series_id(tid, schema.KIND_VALUE), iteration))
+            row = self._values.add(tensor, batched=bool(batched), bounds=bounds)
+            self._value_keys.append((self.catalog.series_id(tid, schema.KIND_VALUE), iteration, row))
         if self._snapshot:
             self._snaps.append((self.catalog.series_id(tid, schema.KIND_VALUE), iteration,
                                 self._take(tensor, bool(batched), bounds)))
         self._registered.append((name, iteration, tensor))
         if tensor.requires_grad:
-            tensor.register_hook(partial(self._on_grad, self._token, tid, iteration, bool(batched)))
+            self._hooks.append(tensor.register_hook(partial(self._on_grad, self._token, tid, iteration,
+                                                            bool(batched))))
 
     def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
                        target_iteration: int | None = None) -> None:
@@ -387,8 +396,8 @@ class Recorder:
             return
         try:
             if self._summarize:
-                self._grads.add(grad, batched=batched)
-                self._grad_keys.append((tid, iteration))
+                row = self._grads.add(grad, batched=batched)
+                self._grad_keys.append((tid, iteration, row))
             if self._snapshot:
                 self._grad_snaps.append((tid, iteration, self._take(grad, batched)))
         except Exception as error:  # a recorder problem must not break the user's backward pass
@@ -442,13 +451,12 @@ class Recorder:
         for t in params:
             grad = t.parameter.grad
             if self._summarize:
-                self._grads.add(grad)
-                self._grad_keys.append((t.tensor_id, 0))
+                self._grad_keys.append((t.tensor_id, 0, self._grads.add(grad)))
             if self._snapshot:
                 self._grad_snaps.append((t.tensor_id, 0, self._take(grad, False)))
         rows = self._grads.collect()
-        for (tid, iteration), row in zip(self._grad_keys, rows):
-            self._rows.append((self.catalog.series_id(tid, kind), iteration, row))
+        for tid, iteration, index in self._grad_keys:
+            self._rows.append((self.catalog.series_id(tid, kind), iteration, rows[index]))
         for tid, iteration, data in self._grad_snaps:
             self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
         self._grad_keys, self._grad_snaps = [], []
@@ -456,8 +464,8 @@ class Recorder:
 
     def _collect_values(self) -> None:
         rows = self._values.collect()
-        for (sid, iteration), row in zip(self._value_keys, rows):
-            self._rows.append((sid, iteration, row))
+        for sid, iteration, index in self._value_keys:
+            self._rows.append((sid, iteration, rows[index]))
         self._value_keys = []
 
     # ---- parameters ------------------------------------------------------------------------------------
@@ -468,8 +476,7 @@ class Recorder:
         for t, p in zip(self._tracked, params):
             sid = self.catalog.series_id(t.tensor_id, schema.KIND_VALUE)
             if self._summarize:
-                self._values.add(p)
-                self._value_keys.append((sid, 0))
+                self._value_keys.append((sid, 0, self._values.add(p)))
             if self._snapshot:
                 self._snaps.append((sid, 0, self._take(p, False)))
         if self.record_updates:
@@ -520,7 +527,7 @@ class Recorder:
         if self._step_open:
             self._kpis.append((kpi, value))
         else:
-            type_id = self.catalog.step_type_id(self._step_type)
+            type_id = self.catalog.step_type_id(self._last_step_type)
             self._writer.add_kpi(self._last_step, kpi, float(value), type_id)
 
     def add_note(self, text: str) -> None:

@@ -86,6 +86,9 @@ class Reducer:
             if not np.isfinite(row[_MOMENT_COLUMNS]).all():
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(x, row)
+            elif _cancels(row):  # finite, but float32 sums cannot resolve the variance: redo them in float64
+                wide = flat.numpy().astype(np.float64)
+                row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)
             return row_index
         self._push(row_index, FIELD["sum"], flat.sum())
         self._push(row_index, FIELD["sum_sq"], torch.dot(flat, flat))
@@ -125,7 +128,7 @@ class Reducer:
             for f in ("zeros", "dead_units"):
                 # count_nonzero counted the non-zero elements / units; store the zero ones.
                 _complement(rows, slots, packed, FIELD[f], FIELD["count"] if f == "zeros" else FIELD["units"])
-            suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1)
+            suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1) | _cancels(rows)
             if suspicious.any():
                 for pending in self._pending:
                     if suspicious[pending.row]:
@@ -192,6 +195,15 @@ def _reduce_host(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float
         row[FIELD["saturated"]] = np.count_nonzero(mask)
         if batch:
             row[FIELD["saturated_units"]] = np.count_nonzero(mask.reshape(batch, -1).all(axis=0))
+
+
+def _cancels(rows: np.ndarray) -> np.ndarray:
+    """Rows whose float32 sums cannot resolve the variance: when |mean| exceeds about 10 std, Σx²/n - mean²
+    cancels catastrophically (a LayerNorm gain of 1 ± 1e-4 came out with std 0), so they get the exact
+    float64 recompute."""
+    s, q, n = rows[..., FIELD["sum"]], rows[..., FIELD["sum_sq"]], rows[..., FIELD["count"]]
+    with np.errstate(all="ignore"):
+        return (n > 1) & (q > 0) & (q - s * s / np.maximum(n, 1) < 1e-2 * q)
 
 
 def _complement(rows: np.ndarray, slots: np.ndarray, packed: np.ndarray, field: int, total_field: int) -> None:

@@ -52,7 +52,7 @@ def take_snapshot(
     shape = tuple(int(d) for d in x.shape)
     if batched and x.dim() >= 1 and shape[0] > 0:
         n = min(shape[0], num_samples)
-        per_sample = x[:n].reshape(n, -1)
+        per_sample = x[:n].reshape(n, int(np.prod(shape[1:], dtype=np.int64)))  # not -1: n may be 0
         stats = _per_sample_stats(per_sample, bounds, saturation_margin)
         units = per_sample.shape[1]
         keep_units = evenly_spaced(units, max(1, max_elements // max(n, 1)))
@@ -81,6 +81,8 @@ def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margi
     finite = torch.isfinite(x)
     zeroed = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
     nan = torch.isnan(x).sum(1)
+    low = torch.full((), float("inf"), dtype=x.dtype, device=x.device)
+    high = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
     columns = {
         "count": torch.full((x.shape[0],), x.shape[1], dtype=x.dtype, device=x.device),
         "nan": nan,
@@ -89,8 +91,8 @@ def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margi
         "sum": zeroed.sum(1),
         "sum_sq": (zeroed * zeroed).sum(1),
         "sum_abs": zeroed.abs().sum(1),
-        "min": torch.where(finite, x, torch.full((), float("inf"), dtype=x.dtype, device=x.device)).amin(1),
-        "max": torch.where(finite, x, torch.full((), float("-inf"), dtype=x.dtype, device=x.device)).amax(1),
+        "min": torch.where(finite, x, low).amin(1) if x.shape[1] else low.expand(x.shape[0]),
+        "max": torch.where(finite, x, high).amax(1) if x.shape[1] else high.expand(x.shape[0]),
     }
     if bounds is not None:
         lo, hi = bounds

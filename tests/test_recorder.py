@@ -1,0 +1,644 @@
+"""The Recorder end to end: real (tiny) training runs recorded to real HDF5 files and read back."""
+from __future__ import annotations
+
+import gc
+import warnings
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import comgra_ndbg.recorder.reduce as reduce_module
+from comgra_ndbg import Recorder, RecorderWarning, open_recording
+from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.store import schema
+
+
+def make_model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def train(rec: Recorder | None, steps: int = 50, on_step=None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Seeded training run; data comes from the global RNG inside the loop, so any RNG use would show."""
+    torch.manual_seed(0)
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    if rec is not None:
+        rec.track_module("model", model)
+    for step in range(steps):
+        if on_step is not None:
+            on_step(step)
+        x = torch.randn(8, 6)
+        target = torch.randint(0, 3, (8,))
+        if rec is not None:
+            rec.start_step(step, "train")
+        optimizer.zero_grad()
+        hidden = model[1](model[0](x))
+        output = model[2](hidden)
+        loss = F.cross_entropy(output, target)
+        if rec is not None:
+            rec.register_tensor("input", x, role="input")
+            rec.register_tensor("target", target, role="target")
+            rec.register_tensor("hidden", hidden)
+            rec.register_tensor("output", output, role="output")
+            rec.register_tensor("loss", loss, role="loss")
+        loss.backward()
+        if rec is not None:
+            rec.record_gradients()
+        optimizer.step()
+        if rec is not None:
+            rec.record_kpi("loss", loss)
+            rec.finish_step()
+    return model, optimizer
+
+
+def recorder_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+
+
+# ---- no side effects on training ----------------------------------------------------------------------------
+def test_recording_has_no_side_effect_on_training(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecorderWarning)
+        with Recorder(tmp_path, trial="t", summaries=1, snapshots=5) as rec:
+            recorded_model, recorded_optimizer = train(rec)
+            recorded_rng = torch.get_rng_state()
+    plain_model, plain_optimizer = train(None)
+    plain_rng = torch.get_rng_state()
+
+    for (name, a), (_, b) in zip(recorded_model.named_parameters(), plain_model.named_parameters()):
+        assert torch.equal(a, b), name
+        assert a.requires_grad
+    recorded_state, plain_state = recorded_optimizer.state_dict(), plain_optimizer.state_dict()
+    assert recorded_state["state"].keys() == plain_state["state"].keys()
+    for key, state in recorded_state["state"].items():
+        for field, value in state.items():
+            assert torch.equal(value, plain_state["state"][key][field]), (key, field)
+    assert torch.equal(recorded_rng, plain_rng)
+
+    with open_recording(tmp_path, "t") as recording:  # the recording really happened
+        assert recording.steps.tolist() == list(range(50))
+        assert recording.snapshot_steps("hidden").tolist() == list(range(0, 50, 5))
+        assert recording.kinds("model.0.weight") == ["value", "grad", "update"]
+        steps, losses = recording.kpi("loss")
+        assert steps.tolist() == list(range(50)) and losses[-10:].mean() < losses[:10].mean()
+
+
+def test_registered_non_leaf_tensors_get_no_grad_and_are_freed(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, trial="t", summaries=1, snapshots=1)
+    layer = nn.Linear(5, 3)
+    rec.track_module("layer", layer)
+    rec.start_step(0)
+    x = torch.randn(4, 5)
+    hidden = torch.tanh(layer(x))
+    loss = hidden.pow(2).sum()
+    assert rec.register_tensor("x", x, role="input") is x
+    assert rec.register_tensor("hidden", hidden) is hidden
+    assert rec.register_tensor("loss", loss, role="loss") is loss
+    loss.backward()
+    rec.record_gradients()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns when .grad of a non-leaf is read
+        assert hidden.grad is None and loss.grad is None
+    assert not hidden.retains_grad and not loss.retains_grad
+    assert hidden.requires_grad and not hidden.is_leaf
+    assert not x.requires_grad and x.grad is None
+    refs = [weakref.ref(t) for t in (x, hidden, loss)]
+    del x, hidden, loss
+    rec.finish_step()
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    rec.close()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kinds("hidden") == ["value", "grad"]
+
+
+def test_activations_without_backward_are_freed_at_finish_step(tmp_path: Path) -> None:
+    with Recorder(tmp_path, trial="t", snapshots=1) as rec:
+        layer = nn.Linear(5, 3)
+        rec.start_step(0)
+        hidden = torch.tanh(layer(torch.randn(4, 5)))
+        rec.register_tensor("hidden", hidden)
+        ref = weakref.ref(hidden)
+        del hidden
+        rec.finish_step()
+        gc.collect()
+        assert ref() is None
+
+
+def test_hooks_on_registered_leaves_do_not_pile_up(tmp_path: Path) -> None:
+    weight = nn.Parameter(torch.randn(3, 4))
+    rec = Recorder(tmp_path, trial="t")
+    for step in range(10):
+        with rec.step(step):
+            rec.register_tensor("weight", weight, role="parameter")
+            (weight * 2).sum().backward()
+            rec.record_gradients()
+        assert not weight._backward_hooks, f"{len(weight._backward_hooks)} hooks left after step {step}"
+    rec.start_step(10)
+    rec.register_tensor("weight", weight, role="parameter")
+    rec.close()  # closing finishes the open step and removes what it added
+    assert not weight._backward_hooks
+    with open_recording(tmp_path, "t") as recording:
+        steps, sums = recording.summary("weight", "grad", "mean")
+        assert steps.tolist() == list(range(10)) and np.allclose(sums, 2.0)
+
+
+# ---- what is recorded of which tensor ---------------------------------------------------------------------------
+def test_tensors_without_gradient_are_recorded_as_values_only(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    embedding, layer = nn.Embedding(10, 4), nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(list(embedding.parameters()) + list(layer.parameters()), lr=0.1)
+    with Recorder(tmp_path, trial="t") as rec:
+        rec.track_module("layer", layer)
+        with rec.step(0):
+            ids = torch.randint(0, 10, (5,))
+            target = torch.randint(0, 2, (5,))
+            hidden = torch.tanh(layer(embedding(ids)))
+            with torch.no_grad():
+                no_grad = layer(embedding(ids))
+            detached = hidden.detach() * 2
+            loss = F.cross_entropy(hidden, target)
+            for name, tensor, role in (("ids", ids, "input"), ("target", target, "target"),
+                                       ("no_grad", no_grad, "intermediate"), ("detached", detached, "intermediate"),
+                                       ("hidden", hidden, "intermediate"), ("loss", loss, "loss")):
+                rec.register_tensor(name, tensor, role=role)
+            loss.backward()
+            rec.record_gradients()
+            optimizer.step()
+        assert not ids.requires_grad and not no_grad.requires_grad and not detached.requires_grad
+    with open_recording(tmp_path, "t") as recording:
+        for name in ("ids", "target", "no_grad", "detached"):
+            assert recording.kinds(name) == ["value"], name
+        assert recording.kinds("hidden") == ["value", "grad"]
+        assert recording.kinds("loss") == ["value", "grad"]
+        assert recording.kinds("layer.weight") == ["value", "grad", "update"]
+        assert recording.kinds("layer.bias") == ["value", "grad", "update"]
+        assert recording.roles["ids"] == "input" and recording.roles["layer.weight"] == "parameter"
+        assert recording.summary("ids", "value", "max")[1][0] == ids.max().item()
+        assert recording.summary("loss", "grad", "mean")[1].tolist() == [1.0]  # d loss / d loss
+
+
+def test_gradients_and_updates_are_the_ones_training_saw(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    lr = 0.1
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    captured, before, after, grads = [], [], [], []
+    with Recorder(tmp_path, trial="t", snapshots=1, num_samples=16, max_elements=10_000) as rec:
+        rec.track_module("model", model)
+        for step in range(3):
+            with rec.step(step):
+                x = torch.randn(16, 4)
+                hidden = model[1](model[0](x))
+                hidden.register_hook(lambda g: captured.append(g.detach().clone()))
+                rec.register_tensor("hidden", hidden)
+                loss = model[2](hidden).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                rec.record_gradients()
+                before.append(model[0].weight.detach().clone())
+                grads.append(model[0].weight.grad.detach().clone())
+                optimizer.step()
+                after.append(model[0].weight.detach().clone())
+    with open_recording(tmp_path, "t") as recording:
+        steps, l2 = recording.summary("hidden", "grad", "l2")
+        assert steps.tolist() == [0, 1, 2]
+        np.testing.assert_allclose(l2, [g.double().norm().item() for g in captured], rtol=1e-5)
+        np.testing.assert_allclose(recording.summary("hidden", "grad", "max")[1], [g.max().item() for g in captured])
+        for step in range(3):
+            np.testing.assert_array_equal(recording.snapshot(step, "hidden", "grad").dense(), captured[step].numpy())
+            np.testing.assert_array_equal(recording.snapshot(step, "model.0.weight", "grad").dense(),
+                                          grads[step].numpy())
+            update = recording.snapshot(step, "model.0.weight", "update").dense()
+            delta = (after[step] - before[step]).numpy()
+            np.testing.assert_array_equal(update, delta)
+            np.testing.assert_allclose(update, -lr * grads[step].numpy(), rtol=1e-4, atol=1e-6)
+            np.testing.assert_array_equal(recording.snapshot(step, "model.0.weight", "value").dense(),
+                                          before[step].numpy())
+        rows = recording.summary_rows("model.0.weight", "update")[1]
+        deltas = [(a - b).double() for a, b in zip(after, before)]
+        np.testing.assert_allclose(rows[:, schema.FIELD["sum"]], [d.sum().item() for d in deltas], rtol=1e-5,
+                                   atol=1e-9)
+        np.testing.assert_allclose(recording.summary("model.0.weight", "update", "l2")[1],
+                                   [d.norm().item() for d in deltas], rtol=1e-5)
+        assert recording.summary("model.0.weight", "update", "count")[1].tolist() == [32.0] * 3
+
+
+def test_several_named_gradient_sets_per_step(tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    layer = nn.Linear(3, 4)
+    seen: list[torch.Tensor] = []
+    weight_grads = []
+    with Recorder(tmp_path, trial="t", snapshots=1) as rec:
+        rec.track_module("layer", layer)
+        with rec.step(0):
+            hidden = torch.tanh(layer(torch.randn(5, 3)))
+            hidden.register_hook(lambda g: seen.append(g.clone()))
+            rec.register_tensor("hidden", hidden)
+            loss_a, loss_b = hidden.sum(), (hidden ** 2).sum()
+            loss_a.backward(retain_graph=True)
+            rec.record_gradients("a")
+            weight_grads.append(layer.weight.grad.clone())
+            layer.zero_grad()
+            loss_b.backward()
+            rec.record_gradients("b")
+            weight_grads.append(layer.weight.grad.clone())
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kinds("hidden") == ["value", "grad:a", "grad:b"]
+        assert recording.kinds("layer.weight") == ["value", "grad:a", "grad:b", "update"]
+        np.testing.assert_array_equal(recording.snapshot(0, "hidden", "grad:a").dense(), np.ones((5, 4)))
+        np.testing.assert_allclose(recording.snapshot(0, "hidden", "grad:b").dense(), 2 * hidden.detach().numpy(),
+                                   rtol=1e-6)
+        np.testing.assert_array_equal(recording.snapshot(0, "hidden", "grad:b").dense(), seen[1].numpy())
+        assert recording.summary("hidden", "grad:a", "mean")[1].tolist() == [1.0]
+        for kind, grad in zip(("grad:a", "grad:b"), weight_grads):
+            np.testing.assert_allclose(recording.summary("layer.weight", kind, "l2")[1], [grad.double().norm()],
+                                       rtol=1e-5)
+        with pytest.raises(KeyError, match="grad:a"):
+            recording.summary("hidden", "grad")
+
+
+def test_multi_iteration_step_records_each_iteration(tmp_path: Path) -> None:
+    torch.manual_seed(5)
+    cell = nn.RNNCell(3, 5)
+    inputs = torch.randn(3, 4, 3)
+    states, grads = [], {}
+    with Recorder(tmp_path, trial="t", snapshots=1) as rec:
+        rec.track_module("cell", cell)
+        with rec.step(0):
+            state = torch.zeros(4, 5)
+            for k in range(3):
+                assert rec.start_iteration() == k
+                state = cell(inputs[k], state)
+                state.register_hook(lambda g, k=k: grads.__setitem__(k, g.clone()))
+                rec.register_tensor("state", state)
+                rec.finish_iteration()
+                states.append(state.detach().clone())
+            loss = state.pow(2).mean()
+            rec.register_tensor("loss", loss, role="loss")
+            loss.backward()
+            rec.record_gradients()
+    with open_recording(tmp_path, "t") as recording:
+        for k in range(3):
+            steps, mean = recording.summary("state", "value", "mean", iteration=k)
+            assert steps.tolist() == [0]
+            assert mean[0] == pytest.approx(states[k].double().mean().item(), rel=1e-6)
+            assert recording.summary("state", "value", "count", iteration=k)[1].tolist() == [20.0]
+            np.testing.assert_array_equal(recording.snapshot(0, "state", iteration=k).dense(), states[k].numpy())
+            l2 = recording.summary("state", "grad", "l2", iteration=k)[1][0]
+            assert l2 == pytest.approx(grads[k].double().norm().item(), rel=1e-5)
+        merged = recording.summary_rows("state")[1]
+        assert merged[0, schema.FIELD["count"]] == 60
+        all_states = torch.stack(states).double()
+        assert recording.summary("state", "value", "mean")[1][0] == pytest.approx(all_states.mean().item(), rel=1e-6)
+        assert recording.summary("state", "value", "max")[1][0] == all_states.max().item()
+        assert recording.summary("loss", "value", "count", iteration=2)[1].tolist() == [1.0]
+        assert recording.summary("loss", "value", "count", iteration=0)[0].tolist() == []
+
+
+# ---- steps, KPIs, notes, policies ---------------------------------------------------------------------------
+def test_step_types_kpis_and_notes(tmp_path: Path) -> None:
+    with Recorder(tmp_path, trial="t") as rec:
+        rec.add_note("before anything")
+        for step in range(6):
+            step_type = "train" if step % 2 == 0 else "eval"
+            with rec.step(step, step_type):
+                rec.register_tensor("x", torch.full((2, 3), float(step)))
+                rec.record_kpi("loss", 10.0 - step)
+                rec.record_kpi("accuracy", torch.tensor(step / 10))
+                rec.record_kpi("count", np.int64(step))
+                if step == 2:
+                    rec.add_note("lr lowered")
+            rec.record_kpi("late", float(step))  # between steps: belongs to the step just finished
+        rec.add_note("after the last step")
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.step_types == ["train", "eval"]
+        assert recording.steps_of_type("eval").tolist() == [1, 3, 5]
+        assert recording.step_type_of(4) == "train"
+        steps, values = recording.kpi("loss")
+        assert steps.tolist() == list(range(6)) and values.tolist() == [10.0, 9.0, 8.0, 7.0, 6.0, 5.0]
+        steps, values = recording.kpi("accuracy", "eval")
+        assert steps.tolist() == [1, 3, 5]
+        np.testing.assert_allclose(values, [0.1, 0.3, 0.5], rtol=1e-6)
+        assert recording.kpi("count")[1].tolist() == [0, 1, 2, 3, 4, 5]
+        steps, values = recording.kpi("late")
+        assert steps.tolist() == list(range(6)) and values.tolist() == [0, 1, 2, 3, 4, 5]
+        assert recording.kpi("late", "eval")[0].tolist() == [1, 3, 5]
+        assert recording.kpi("late", "train")[0].tolist() == [0, 2, 4]
+        notes = recording.notes
+        assert [(n.step, n.text) for n in notes] == [(-1, "before anything"), (2, "lr lowered"),
+                                                    (5, "after the last step")]
+
+
+def test_snapshots_every_k_steps_and_summaries_every_step(tmp_path: Path) -> None:
+    with Recorder(tmp_path, trial="t", summaries=1, snapshots=4) as rec:
+        for step in range(14):
+            with rec.step(step):
+                rec.register_tensor("x", torch.full((3, 2), float(step)))
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.snapshot_steps("x").tolist() == [0, 4, 8, 12]
+        steps, means = recording.summary("x")
+        assert steps.tolist() == list(range(14)) and means.tolist() == [float(s) for s in range(14)]
+        assert recording.snapshot(8, "x").dense().tolist() == [[8.0, 8.0]] * 3
+
+
+def test_policy_shorthands_record_exactly_those_steps(tmp_path: Path) -> None:
+    recording_flags = []
+    with Recorder(tmp_path, trial="t", summaries=[0, 3], snapshots=None) as rec:
+        for step in range(6):
+            with rec.step(step):
+                recording_flags.append(rec.is_recording)
+                rec.register_tensor("x", torch.full((2,), float(step)))
+                rec.record_kpi("loss", float(step))
+    assert recording_flags == [True, False, False, True, False, False]
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.steps.tolist() == [0, 3]
+        assert recording.summary("x")[0].tolist() == [0, 3]
+        assert recording.summary("x")[1].tolist() == [0.0, 3.0]
+        assert recording.snapshot_steps("x").tolist() == []
+        assert recording.kpi("loss")[0].tolist() == list(range(6))  # KPIs are kept on skipped steps
+
+
+def test_snapshots_only_steps(tmp_path: Path) -> None:
+    with Recorder(tmp_path, trial="t", summaries=None, snapshots=[1]) as rec:
+        for step in range(3):
+            with rec.step(step):
+                rec.register_tensor("x", torch.full((2,), float(step)))
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.steps.tolist() == [1]
+        assert recording.snapshot_steps("x").tolist() == [1]
+        assert recording.summary("x")[0].tolist() == []
+
+
+def test_disabled_recorder_does_nothing_and_never_raises(tmp_path: Path) -> None:
+    folder = tmp_path / "group"
+    rec = Recorder(folder, trial="t", enabled=False)
+    tensor = torch.randn(3, requires_grad=True)
+    assert rec.register_tensor("x", tensor) is tensor  # outside a step
+    rec.finish_step()  # without start
+    rec.record_kpi("loss", "not a number")
+    rec.record_gradients()
+    rec.finish_iteration()
+    assert rec.start_iteration() == 0
+    rec.start_step(0)
+    rec.start_step(0)  # twice
+    rec.register_tensor("x", tensor)
+    rec.register_tensor("x", tensor)  # duplicate
+    rec.register_tensor("y", [1, 2, 3])  # not a tensor
+    rec.track_module("m", "not a module")
+    rec.add_note("note")
+    rec.flush()
+    assert rec.current_step is None and not rec.is_recording
+    with rec.step(1):
+        assert rec.register_tensor("z", tensor) is tensor
+    rec.close()
+    rec.close()
+    rec.register_tensor("after", tensor)  # after close
+    with Recorder(folder, trial="t", enabled=False) as again:
+        with again.step(0):
+            pass
+    assert not folder.exists()
+    assert tensor.grad is None and not tensor._backward_hooks
+
+
+def test_recorder_context_manager_consolidates(tmp_path: Path) -> None:
+    with Recorder(tmp_path, trial="t", flush_every_steps=1) as rec:
+        for step in range(3):
+            with rec.step(step):
+                rec.register_tensor("x", torch.ones(2))
+    assert (tmp_path / "t" / schema.FINAL_NAME).exists()
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [schema.FINAL_NAME]
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.is_complete and recording.steps.tolist() == [0, 1, 2]
+    rec.close()  # idempotent
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.is_complete and recording.steps.tolist() == [0, 1, 2]
+
+
+def test_step_context_manager_finishes_the_step_when_the_body_raises(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, trial="t", snapshots=1)
+    with pytest.raises(FloatingPointError, match="loss is NaN"):
+        with rec.step(0):
+            bad = torch.tensor([[1.0, float("nan")], [float("inf"), 2.0]])
+            rec.register_tensor("bad", bad)
+            rec.record_kpi("loss", float("nan"))
+            raise FloatingPointError("loss is NaN")
+    assert rec.current_step is None
+    with rec.step(1):  # the recorder is usable afterwards
+        rec.register_tensor("bad", torch.ones(2, 2))
+    rec.close()
+    rec.close()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.is_complete
+        assert recording.steps.tolist() == [0, 1]
+        assert recording.summary("bad", "value", "nan")[1].tolist() == [1.0, 0.0]
+        assert recording.summary("bad", "value", "inf")[1].tolist() == [1.0, 0.0]
+        assert recording.summary("bad", "value", "mean")[1][0] == 1.5
+        dense = recording.snapshot(0, "bad").dense()
+        assert np.isnan(dense[0, 1]) and np.isposinf(dense[1, 0])
+        assert np.isnan(recording.kpi("loss")[1][0])
+
+
+def test_non_finite_values_in_training_are_recorded_faithfully(tmp_path: Path) -> None:
+    torch.manual_seed(6)
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    weights, outputs, grads = [], [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecorderWarning)
+        with Recorder(tmp_path, trial="t", snapshots=1) as rec:
+            rec.track_module("model", model)
+            for step in range(6):
+                if step == 3:
+                    with torch.no_grad():
+                        model.weight[0, 0] = float("inf")
+                weights.append(model.weight.detach().clone())
+                with rec.step(step):
+                    output = model(torch.randn(5, 4))
+                    loss = output.pow(2).mean()
+                    rec.register_tensor("output", output, role="output")
+                    rec.register_tensor("loss", loss, role="loss")
+                    optimizer.zero_grad()
+                    loss.backward()
+                    rec.record_gradients()
+                    grads.append(model.weight.grad.clone())
+                    optimizer.step()
+                    rec.record_kpi("loss", loss)
+                outputs.append(output.detach().clone())
+
+    def counts(tensors: list[torch.Tensor]) -> tuple[list[float], list[float]]:
+        return ([float(t.isnan().sum()) for t in tensors], [float(t.isinf().sum()) for t in tensors])
+
+    with open_recording(tmp_path, "t") as recording:
+        for name, kind, tensors in (("model.weight", "value", weights), ("output", "value", outputs),
+                                    ("model.weight", "grad", grads)):
+            nan, inf = counts(tensors)
+            assert recording.summary(name, kind, "nan")[1].tolist() == nan, (name, kind)
+            assert recording.summary(name, kind, "inf")[1].tolist() == inf, (name, kind)
+        assert recording.summary("model.weight", "value", "inf")[1][3] == 1
+        assert sum(counts(outputs)[1][3:4]) > 0 and sum(counts(weights)[0][4:]) > 0
+        assert np.isfinite(recording.summary("model.weight", "value", "mean")[1][:4]).all()
+        np.testing.assert_array_equal(recording.snapshot(3, "model.weight").dense(), weights[3].numpy())
+        np.testing.assert_array_equal(np.isnan(recording.snapshot(5, "output").dense()), outputs[5].isnan().numpy())
+        assert not np.isfinite(recording.kpi("loss")[1][3])
+
+
+def test_zero_samples_per_snapshot_still_records(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecorderWarning)
+        with Recorder(tmp_path, trial="t", snapshots=1, num_samples=0) as rec:
+            with rec.step(0):
+                rec.register_tensor("x", torch.randn(4, 3))
+    with open_recording(tmp_path, "t") as recording:
+        snap = recording.snapshot(0, "x")
+        assert snap.shape == (4, 3) and len(snap.sample_index) == 0
+        assert recording.summary("x", "value", "count")[1].tolist() == [12.0]
+
+
+# ---- internal failures never break training ------------------------------------------------------------------
+def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = Recorder(tmp_path, trial="t", flush_every_steps=1, flush_every_seconds=3600)
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    def on_step(step: int) -> None:
+        if step == 20:
+            monkeypatch.setattr(rec._writer, "flush", disk_full)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recorded_model, _ = train(rec, steps=30, on_step=on_step)
+    messages = recorder_warnings(caught)
+    assert len(messages) == 1, messages
+    assert "flushing" in messages[0] and "No space left" in messages[0] and "training continues" in messages[0]
+    plain_model, _ = train(None, steps=30)
+    for a, b in zip(recorded_model.parameters(), plain_model.parameters()):
+        assert torch.equal(a, b)
+    with open_recording(tmp_path / "t") as recording:  # what was flushed before the failure stays readable
+        assert recording.steps.tolist() == list(range(20))
+        assert recording.summary("hidden")[0].tolist() == list(range(20))
+        assert not recording.is_complete
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rec.close()
+        rec.close()
+    assert len(recorder_warnings(caught)) == 1
+    with open_recording(tmp_path / "t") as recording:
+        assert recording.steps.tolist() == list(range(20))
+
+
+def test_a_failing_reducer_does_not_break_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("reduction kernel failed")
+
+    monkeypatch.setattr(Reducer, "add", broken)
+    torch.manual_seed(0)
+    weight = torch.zeros(3, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Recorder(tmp_path, trial="t", snapshots=1) as rec:
+            for step in range(10):
+                with rec.step(step):
+                    x = rec.register_tensor("x", torch.randn(4, 3))
+                    loss = (x @ weight - 1).pow(2).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    rec.record_kpi("loss", loss)
+    messages = recorder_warnings(caught)
+    assert len(messages) == 1 and "reduction kernel failed" in messages[0] and "'x'" in messages[0]
+    torch.manual_seed(0)
+    plain = torch.zeros(3, requires_grad=True)
+    plain_optimizer = torch.optim.SGD([plain], lr=0.5)
+    for _ in range(10):
+        loss = (torch.randn(4, 3) @ plain - 1).pow(2).mean()
+        plain_optimizer.zero_grad()
+        loss.backward()
+        plain_optimizer.step()
+    assert torch.equal(weight, plain)
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.is_complete
+        assert recording.steps.tolist() == list(range(10))
+        assert recording.kpi("loss")[0].tolist() == list(range(10))
+
+
+def test_a_failure_inside_one_tensor_never_mixes_up_the_others(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    exact = reduce_module._exact_moments
+
+    def fail_at_step_1(tensor: torch.Tensor, row: np.ndarray) -> None:
+        if rec.current_step == 1:
+            raise MemoryError("out of memory in the float64 recompute")
+        exact(tensor, row)
+
+    monkeypatch.setattr(reduce_module, "_exact_moments", fail_at_step_1)
+    values = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Recorder(tmp_path, trial="t") as rec:
+            for step in range(4):
+                with rec.step(step):
+                    for name, offset in (("a", 0.0), ("b", 100.0), ("c", 200.0)):
+                        tensor = torch.full((2, 3), offset + step)
+                        if name == "a":
+                            tensor[0, 0] = float("nan")  # needs the exact recompute
+                        values[name, step] = tensor
+                        rec.register_tensor(name, tensor)
+    assert len(recorder_warnings(caught)) == 1
+    with open_recording(tmp_path, "t") as recording:
+        for name in ("b", "c"):
+            steps, means = recording.summary(name)
+            assert steps.tolist() == [0, 1, 2, 3]
+            assert means.tolist() == [values[name, s].mean().item() for s in range(4)], name
+        steps, nan = recording.summary("a", "value", "nan")
+        assert steps.tolist() == [0, 2, 3] and nan.tolist() == [1.0, 1.0, 1.0]
+        assert recording.summary("a", "value", "mean")[1].tolist() == [0.0, 2.0, 3.0]
+
+
+def test_a_failed_step_does_not_shift_the_rows_of_later_steps(tmp_path: Path) -> None:
+    layer = nn.Linear(3, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Recorder(tmp_path, trial="t") as rec:
+            rec.track_module("layer", layer)
+            for step in range(5):
+                with rec.step(step):
+                    rec.register_tensor("x", torch.full((4, 3), float(step)))
+                    if step == 2:  # the layer grows in the middle of a step: its update cannot be computed
+                        layer.weight.data = torch.zeros(5, 3)
+    assert len(recorder_warnings(caught)) == 1
+    with open_recording(tmp_path, "t") as recording:
+        steps, means = recording.summary("x")
+        assert set(steps.tolist()) >= {0, 1, 3, 4}
+        assert means.tolist() == [float(s) for s in steps]
+        assert recording.summary("x", "value", "count")[1].tolist() == [12.0] * len(steps)
+        steps, counts = recording.summary("layer.weight", "value", "count")
+        assert dict(zip(steps.tolist(), counts.tolist()))[4] == 15.0
+        assert dict(zip(steps.tolist(), counts.tolist()))[0] == 6.0
+
+
+def test_gradients_are_collected_at_finish_step_without_record_gradients(tmp_path: Path) -> None:
+    torch.manual_seed(7)
+    layer = nn.Linear(3, 2)
+    seen = []
+    with Recorder(tmp_path, trial="t") as rec:
+        rec.track_module("layer", layer)
+        with rec.step(0):
+            hidden = torch.tanh(layer(torch.randn(6, 3)))
+            hidden.register_hook(lambda g: seen.append(g.clone()))
+            rec.register_tensor("hidden", hidden)
+            hidden.pow(2).sum().backward()
+            weight_grad = layer.weight.grad.clone()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kinds("hidden") == ["value", "grad"]
+        assert recording.summary("hidden", "grad", "l2")[1][0] == pytest.approx(seen[0].double().norm().item(),
+                                                                                rel=1e-6)
+        assert recording.summary("layer.weight", "grad", "l2")[1][0] == pytest.approx(
+            weight_grad.double().norm().item(), rel=1e-6)

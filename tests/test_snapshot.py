@@ -1,0 +1,228 @@
+"""Snapshots (``recorder.snapshot``): element values and per-sample statistics of tensors of any rank."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from comgra_ndbg import Recorder, open_recording
+from comgra_ndbg.recorder.snapshot import evenly_spaced, take_snapshot
+from comgra_ndbg.statistics import derive
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SHAPES = [(), (7,), (5, 6), (4, 3, 5), (3, 4, 2, 5), (4, 3, 5, 6, 2)]
+MARGIN = 0.005
+
+
+def sample_reference(sample: np.ndarray, bounds: tuple[float, float] | None = None) -> np.ndarray:
+    """Per-sample row as the snapshot stores it: element statistics, no unit statistics."""
+    flat = np.asarray(sample, dtype=np.float64).reshape(-1)
+    finite = flat[np.isfinite(flat)]
+    row = identity_row()
+    row[FIELD["count"]] = flat.size
+    row[FIELD["nan"]] = np.isnan(flat).sum()
+    row[FIELD["inf"]] = np.isinf(flat).sum()
+    row[FIELD["zeros"]] = (flat == 0).sum()
+    row[FIELD["sum"]] = finite.sum()
+    row[FIELD["sum_sq"]] = (finite ** 2).sum()
+    row[FIELD["sum_abs"]] = np.abs(finite).sum()
+    if finite.size:
+        row[FIELD["min"]], row[FIELD["max"]] = finite.min(), finite.max()
+    if bounds is not None:
+        low, high = bounds
+        width = MARGIN * (high - low)
+        row[FIELD["bounded"]] = flat.size
+        row[FIELD["saturated"]] = ((flat <= low + width) | (flat >= high - width)).sum()
+    return row
+
+
+def seeded(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ---- batch-less tensors ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"rank{len(s)}")
+def test_batchless_tensor_of_any_rank_keeps_every_value(shape: tuple[int, ...], device: str) -> None:
+    x = seeded(shape, len(shape)).to(device)
+    snap = take_snapshot(x, batched=False, num_samples=8, max_elements=10_000)
+    assert snap.shape == shape
+    assert snap.value_index is None
+    assert snap.sample_index.shape == (0,) and snap.sample_stats.shape == (0, NUM_FIELDS)
+    assert snap.values.dtype == np.float32
+    np.testing.assert_array_equal(snap.values, x.cpu().numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchless_subsampling_is_evenly_spaced_and_deterministic(device: str) -> None:
+    x = torch.arange(1000, dtype=torch.float32, device=device).view(10, 10, 10)
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()
+    first = take_snapshot(x, batched=False, num_samples=4, max_elements=64)
+    second = take_snapshot(x, batched=False, num_samples=4, max_elements=64)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), numpy_state))
+    assert first.value_index is not None and len(first.value_index) == 64
+    np.testing.assert_array_equal(first.value_index, evenly_spaced(1000, 64))
+    np.testing.assert_array_equal(first.values, first.value_index.astype(np.float32))  # value == flat index
+    np.testing.assert_array_equal(first.values, second.values)
+    np.testing.assert_array_equal(first.value_index, second.value_index)
+    assert first.value_index[0] == 0 and first.value_index[-1] == 999
+
+
+def test_integer_and_bool_values_are_stored_as_float32() -> None:
+    ints = take_snapshot(torch.tensor([[3, -4], [0, 7]]), batched=False, num_samples=2, max_elements=10)
+    assert ints.values.dtype == np.float32 and ints.values.tolist() == [3.0, -4.0, 0.0, 7.0]
+    flags = take_snapshot(torch.tensor([True, False, True]), batched=True, num_samples=3, max_elements=10)
+    assert flags.values.tolist() == [1.0, 0.0, 1.0]
+    assert flags.sample_stats[:, FIELD["zeros"]].tolist() == [0.0, 1.0, 0.0]
+
+
+# ---- batched tensors ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: f"rank{len(s)}")
+def test_batched_tensor_of_any_rank_has_per_sample_statistics(shape: tuple[int, ...], device: str) -> None:
+    x = seeded(shape, 10 + len(shape))
+    x[x.abs() < 0.3] = 0.0
+    num_samples = 2
+    snap = take_snapshot(x.to(device), batched=True, num_samples=num_samples, max_elements=100_000)
+    n = min(num_samples, shape[0])
+    assert snap.shape == shape
+    assert snap.sample_index.tolist() == list(range(n))
+    assert snap.sample_stats.shape == (n, NUM_FIELDS)
+    assert snap.value_index is None
+    np.testing.assert_array_equal(snap.values, x[:n].numpy().reshape(-1))
+    for i in range(n):
+        np.testing.assert_allclose(snap.sample_stats[i], sample_reference(x[i].numpy()), rtol=1e-12)
+
+
+def test_a_five_dimensional_tensor_with_three_plus_non_batch_dims_works_end_to_end(tmp_path) -> None:
+    """Comgra crashes on 3+ non-batch dims; here a [4, 3, 5, 6, 2] tensor is snapshotted and read back."""
+    x = seeded((4, 3, 5, 6, 2), 1)
+    with Recorder(tmp_path, trial="t", snapshots=1, num_samples=3, max_elements=10_000) as rec:
+        with rec.step(0):
+            rec.register_tensor("attention", x)
+    with open_recording(tmp_path, "t") as recording:
+        snap = recording.snapshot(0, "attention")
+        assert snap.shape == (4, 3, 5, 6, 2)
+        assert snap.value_index is None
+        np.testing.assert_array_equal(snap.dense(), x[:3].numpy())
+        assert snap.sample_index.tolist() == [0, 1, 2]
+        np.testing.assert_allclose(snap.sample_stats["mean"], x[:3].reshape(3, -1).double().mean(1).numpy(),
+                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_subsampling_keeps_the_same_units_of_every_sample(device: str) -> None:
+    x = torch.arange(8 * 180, dtype=torch.float32).view(8, 3, 5, 6, 2)
+    snap = take_snapshot(x.to(device), batched=True, num_samples=4, max_elements=100)
+    keep = evenly_spaced(180, 100 // 4)
+    assert len(keep) == 25
+    expected_index = (np.arange(4)[:, None] * 180 + keep[None, :]).reshape(-1)
+    np.testing.assert_array_equal(snap.value_index, expected_index)
+    np.testing.assert_array_equal(snap.values, expected_index.astype(np.float32))
+    assert len(snap.values) <= 100
+    np.testing.assert_allclose(snap.sample_stats[:, FIELD["sum"]], x[:4].reshape(4, -1).double().sum(1).numpy())
+
+
+def test_dense_from_the_reader_puts_subsampled_values_at_their_positions(tmp_path) -> None:
+    x = seeded((6, 3, 5, 6, 2), 2)
+    p = seeded((7, 9, 11), 3)
+    with Recorder(tmp_path, trial="t", snapshots=1, num_samples=4, max_elements=50) as rec:
+        with rec.step(0):
+            rec.register_tensor("x", x)
+            rec.register_tensor("p", p, batched=False)
+    with open_recording(tmp_path, "t") as recording:
+        snap = recording.snapshot(0, "x")
+        dense = snap.dense()
+        assert dense.shape == (4, 3, 5, 6, 2)
+        kept = ~np.isnan(dense)
+        assert kept.sum() == len(snap.values) <= 50
+        np.testing.assert_array_equal(dense[kept], x[:4].numpy()[kept])
+        assert kept.reshape(4, -1).sum(axis=1).tolist() == [len(snap.values) // 4] * 4
+        flat_positions = np.flatnonzero(kept.reshape(-1))
+        np.testing.assert_array_equal(flat_positions, np.sort(snap.value_index))
+
+        batchless = recording.snapshot(0, "p")
+        assert batchless.shape == (7, 9, 11) and len(batchless.sample_index) == 0
+        np.testing.assert_array_equal(batchless.value_index, evenly_spaced(693, 50))
+        dense = batchless.dense()
+        assert dense.shape == (7, 9, 11)
+        kept = ~np.isnan(dense)
+        np.testing.assert_array_equal(dense[kept], p.numpy()[kept])
+        np.testing.assert_array_equal(np.flatnonzero(kept.reshape(-1)), evenly_spaced(693, 50))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_sample_statistics_with_nan_and_inf(device: str) -> None:
+    x = torch.tanh(seeded((5, 4, 6), 4) * 3)
+    x[0, 1, 2] = float("nan")
+    x[1, 0, 0], x[1, 3, 5] = float("inf"), float("-inf")
+    x[2] = float("nan")
+    x[3, 2] = 0.0
+    snap = take_snapshot(x.to(device), batched=True, num_samples=5, max_elements=1000, bounds=(-1.0, 1.0),
+                         saturation_margin=MARGIN)
+    for i in range(5):
+        np.testing.assert_allclose(snap.sample_stats[i], sample_reference(x[i].numpy(), (-1.0, 1.0)), rtol=1e-12)
+    stats = derive(snap.sample_stats)
+    assert stats["nan"].tolist() == [1, 0, 24, 0, 0]
+    assert stats["inf"].tolist() == [0, 2, 0, 0, 0]
+    assert np.isnan(stats["mean"][2]) and np.isfinite(stats["mean"][[0, 1, 3, 4]]).all()
+    assert stats["zero_fraction"][3] == pytest.approx(6 / 24)
+    finite = x[1].numpy()[np.isfinite(x[1].numpy())]
+    assert stats["std"][1] == pytest.approx(finite.astype(np.float64).std(), rel=1e-9)
+    np.testing.assert_array_equal(np.isnan(snap.values), np.isnan(x.numpy().reshape(-1)))
+    np.testing.assert_array_equal(np.isposinf(snap.values), np.isposinf(x.numpy().reshape(-1)))
+
+
+def test_num_samples_caps_the_samples_and_short_batches_are_fine() -> None:
+    x = seeded((3, 4))
+    snap = take_snapshot(x, batched=True, num_samples=8, max_elements=100)
+    assert snap.sample_index.tolist() == [0, 1, 2] and snap.sample_stats.shape == (3, NUM_FIELDS)
+    np.testing.assert_array_equal(snap.values, x.numpy().reshape(-1))
+
+
+def test_zero_samples_and_zero_units_do_not_crash() -> None:
+    none = take_snapshot(seeded((4, 3)), batched=True, num_samples=0, max_elements=100)
+    assert none.shape == (4, 3) and none.sample_stats.shape == (0, NUM_FIELDS) and len(none.values) == 0
+    empty = take_snapshot(torch.zeros(4, 0), batched=True, num_samples=2, max_elements=100)
+    assert empty.shape == (4, 0) and len(empty.values) == 0
+    np.testing.assert_array_equal(empty.sample_stats, np.stack([identity_row(), identity_row()]))
+    scalar = take_snapshot(torch.tensor(2.5), batched=True, num_samples=2, max_elements=100)
+    assert scalar.shape == () and scalar.values.tolist() == [2.5] and len(scalar.sample_index) == 0
+
+
+def test_snapshot_does_not_touch_the_tensor_or_its_graph() -> None:
+    w = torch.randn(3, 4, requires_grad=True)
+    h = torch.tanh(w * 2)
+    before = h.detach().clone()
+    take_snapshot(h, batched=True, num_samples=2, max_elements=5, bounds=(-1.0, 1.0))
+    assert h.requires_grad and h.grad_fn is not None and torch.equal(h, before)
+    h.sum().backward()
+    assert w.grad is not None
+
+
+# ---- evenly_spaced ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("total", [0, 1, 2, 3, 7, 10, 99, 100, 101, 1000, 4097])
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 5, 64, 100, 4096])
+def test_evenly_spaced_properties(total: int, count: int) -> None:
+    idx = evenly_spaced(total, count)
+    assert idx.dtype == np.int64
+    assert len(idx) == min(total, count)
+    assert len(np.unique(idx)) == len(idx) and np.all(np.diff(idx) > 0)
+    if len(idx):
+        assert idx[0] == 0 and idx[-1] <= total - 1
+    if count >= 2 and total >= 2:
+        assert idx[-1] == total - 1
+        gaps = np.diff(idx)
+        assert gaps.max() - gaps.min() <= 1  # evenly spaced
+    if count >= total:
+        np.testing.assert_array_equal(idx, np.arange(total))
+    np.testing.assert_array_equal(idx, evenly_spaced(total, count))
+
+
+def test_evenly_spaced_examples() -> None:
+    assert evenly_spaced(10, 4).tolist() == [0, 3, 6, 9]
+    assert evenly_spaced(5, 1).tolist() == [0]
+    assert evenly_spaced(5, 2).tolist() == [0, 4]
+    assert evenly_spaced(3, 5).tolist() == [0, 1, 2]
