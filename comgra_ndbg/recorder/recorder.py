@@ -5,13 +5,16 @@ policies whether the step is recorded (a skipped step costs a few attribute chec
 their device (``reduce.Reducer``), reduces gradients inside autograd hooks as they are produced, and hands
 plain numpy rows to the store writer. Problems of its own (a full disk, an odd tensor type) are reported
 as warnings and never stop the training run; wrong calls raise typed errors that say what to do.
+
+A step's type may be left open (``start_step(i, step_type=None)``) and decided at its end with
+``decide_step(type, sample_categories=...)``; and a ``FlightRecorder`` keeps the last steps in RAM and
+writes them only when a trigger fires. See ``policy`` and ``flight``.
 """
 from __future__ import annotations
 
-import json
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -23,18 +26,22 @@ import torch
 
 from comgra_ndbg.errors import (ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError,
                                 RecorderStateError)
-from comgra_ndbg.graph import (GraphCache, TensorEdge, build_graph, discover_edges, graph_to_dict, layered_layout,
-                               merge_manual_edges, structure_signature)
-from comgra_ndbg.recorder.policy import Policy, PolicySpec, as_policy
+from comgra_ndbg.graph import TensorEdge
+from comgra_ndbg.recorder.flight import FlightRecorder, StepFacts
+from comgra_ndbg.recorder.parameters import ParameterTracker
+from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
-from comgra_ndbg.recorder.snapshot import take_snapshot
+from comgra_ndbg.recorder.snapshot import balanced_samples, take_snapshot
+from comgra_ndbg.recorder.step_record import StepRecord
+from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.store import schema
-from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
+from comgra_ndbg.store.catalog import Catalog, TensorInfo
 from comgra_ndbg.store.writer import RecordingWriter
 
 __all__ = ["Recorder", "RecorderWarning"]
 
 AUTO = "auto"
+_SKIP = Decision(False, "", "never")
 
 
 class RecorderWarning(UserWarning):
@@ -42,10 +49,14 @@ class RecorderWarning(UserWarning):
 
 
 @dataclass
-class _Tracked:
-    name: str
-    parameter: torch.nn.Parameter
-    tensor_id: int
+class _Deferred:
+    """A snapshot waiting for the step's sample choice (steps whose type is decided at their end)."""
+
+    key: int  # series id for values, tensor id for gradients
+    iteration: int
+    tensor: torch.Tensor
+    batched: bool
+    bounds: tuple[float, float] | None
 
 
 class Recorder:
@@ -53,7 +64,8 @@ class Recorder:
 
     ``path`` is a group folder; the trial's recording goes to ``path/trial``. ``summaries`` and
     ``snapshots`` are policies or their shorthands: an int k (every k steps), a list of steps, True/False,
-    or a ``Policy``. ``enabled=False`` turns every method into an immediate return.
+    or a ``Policy``. ``enabled=False`` turns every method into an immediate return. ``flight_recorder``
+    keeps the last steps in RAM and writes them when a trigger fires.
 
     >>> import tempfile, torch
     >>> with tempfile.TemporaryDirectory() as folder:
@@ -81,16 +93,19 @@ class Recorder:
         saturation_margin: float = DEFAULT_SATURATION_MARGIN,
         flush_every_seconds: float = 5.0,
         flush_every_steps: int | None = None,
+        flight_recorder: FlightRecorder | None = None,
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
         if not self.enabled:
             return
-        _check_positive("num_samples", num_samples, minimum=0)
-        _check_positive("max_elements", max_elements, minimum=1)
+        _check_int("num_samples", num_samples, minimum=0)
+        _check_int("max_elements", max_elements, minimum=1)
         if not 0 <= saturation_margin < 0.5:
             raise InvalidArgumentError(f"saturation_margin must be in [0, 0.5), got {saturation_margin}")
-        self.trial = trial or time.strftime("trial-%Y%m%d-%H%M%S")
+        if flight_recorder is not None and not isinstance(flight_recorder, FlightRecorder):
+            raise InvalidArgumentError(f"flight_recorder must be a FlightRecorder, got {type(flight_recorder).__name__}")
+        self.trial = trial or time.strftime("trial-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
         self.path = Path(path) / self.trial
         self.summary_policy: Policy = as_policy(summaries, name="summaries")
         self.snapshot_policy: Policy = as_policy(snapshots, name="snapshots")
@@ -99,26 +114,28 @@ class Recorder:
         self.record_updates = record_updates
         self.flush_every_seconds = flush_every_seconds
         self.flush_every_steps = flush_every_steps
+        self.flight_recorder = flight_recorder
         self.catalog = Catalog()
         config = dict(summaries=repr(self.summary_policy), snapshots=repr(self.snapshot_policy),
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
-                      saturation_margin=saturation_margin)
+                      saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder))
         self._writer = RecordingWriter(self.path, self.trial, mode=mode, config=config)
         self._saturation_margin = saturation_margin
         self._values = Reducer(saturation_margin)
         self._grads = Reducer(saturation_margin)
-        self._tracked: list[_Tracked] = []
-        self._tracked_modules: set[str] = set()
-        self._buffers: list[torch.Tensor] | None = None
+        self._parameters = ParameterTracker(self.catalog)
+        self._structure = StructureTracker(self.catalog)
         self._seen_steps: set[int] = set()
         self._last_step: int | None = None
+        self._last_step_type = "default"
         self._last_flush = time.monotonic()
         self._steps_since_flush = 0
         self._warned: set[tuple[str, str]] = set()
         self._token = 0
-        self._graph_cache = GraphCache()
-        self._last_step_type = ""
         self._hooks: list[Any] = []
+        self._forced_until = -1
+        self._trigger_step = -1
+        self._flight_armed = True
         self._reset_step_state()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -129,27 +146,32 @@ class Recorder:
         if len(self._values) or len(self._grads):  # rows left by a step whose recording failed midway
             self._values = Reducer(self._saturation_margin)
             self._grads = Reducer(self._saturation_margin)
+        self._structure.clear()
         self._step_open = False
         self._step = -1
-        self._step_type = ""
+        self._step_type: str | None = None
         self._iteration = 0
         self._iterations_started = 0
         self._iteration_open = False
         self._names: set[str] = set()
         self._batch_size: int | None = None
-        self._summarize = False
-        self._snapshot = False
-        self._reason = ""
+        self._summary_decision = _SKIP
+        self._snapshot_decision = _SKIP
+        self._forced = False
+        self._summarize = False  # compute summaries this step (policy, forced, or flight recorder)
+        self._snapshot = False  # compute snapshots this step
+        self._deferring = False  # snapshots wait for decide_step's sample choice
+        self._sample_positions: np.ndarray | None = None
+        self._sample_categories: np.ndarray | None = None
         self._value_keys: list[tuple[int, int, int]] = []  # (series, iteration, row in the reducer)
         self._grad_keys: list[tuple[int, int, int]] = []  # (tensor, iteration, row in the reducer)
         self._grad_snaps: list[tuple[int, int, Any]] = []
+        self._deferred_values: list[_Deferred] = []
+        self._deferred_grads: list[_Deferred] = []
         self._rows: list[tuple[int, int, np.ndarray]] = []
         self._snaps: list[tuple[int, int, Any]] = []
         self._kpis: list[tuple[int, Any]] = []
         self._grad_kinds: list[str] = []
-        self._updates_ready = False
-        self._registered: list[tuple[str, int, torch.Tensor]] = []
-        self._manual_edges: list[TensorEdge] = []
 
     def __enter__(self) -> Recorder:
         return self
@@ -158,18 +180,17 @@ class Recorder:
         self.close()
 
     def close(self) -> None:
-        """Finish an open step, write everything buffered and consolidate the trial into one file.
-
-        Idempotent. The consolidated file is ``<path>/<trial>/recording.h5``.
-        """
+        """Finish an open step, write everything buffered, consolidate the trial into one file, and remove
+        every hook the recorder added. Idempotent. The file is ``<path>/<trial>/recording.h5``."""
         if not self.enabled or self._closed:
             return
         if self._step_open:
+            if self._step_type is None:
+                self._guard("deciding the open step", partial(self.decide_step, self._last_step_type))
             self.finish_step()
         self._closed = True
         self._guard("closing the recording", lambda: self._writer.close(self.catalog))
-        self._buffers = None
-        self._tracked.clear()
+        self._parameters.close()
 
     def flush(self) -> None:
         """Write everything buffered as a new segment now (it is readable by other processes at once)."""
@@ -193,29 +214,16 @@ class Recorder:
             raise InvalidTensorError(f"track_module({name!r}, ...) needs a torch.nn.Module, got "
                                      f"{type(module).__name__}")
         _check_name(name)
-        if name in self._tracked_modules:
+        if name in self._parameters.modules:
             raise InvalidArgumentError(f"a module is already tracked as {name!r}; give each module its own name")
         if self._step_open:
             raise RecorderStateError(f"track_module({name!r}) was called inside step {self._step}; call it before "
                                      f"the first start_step()")
-        self._tracked_modules.add(name)
-        for path, sub in module.named_modules():
-            own = sum(p.numel() for p in sub.parameters(recurse=False))
-            self.catalog.add_module(ModuleInfo(_join(name, path), type(sub).__name__, own))
-        for path, parameter in module.named_parameters():
-            owner = path.rpartition(".")[0]
-            full = _join(name, path)
-            info = TensorInfo(name=full, node=_join(name, owner), role="parameter", module=_join(name, owner),
-                              dtype=str(parameter.dtype).replace("torch.", ""),
-                              shape=tuple(parameter.shape), batched=False)
-            existing = self.catalog.tensor_id(full)
-            tid = existing if existing is not None else self.catalog.add_tensor(info)
-            self._tracked.append(_Tracked(full, parameter, tid))
-        self._buffers = None
+        self._parameters.track(name, module)
 
     # ---- steps -----------------------------------------------------------------------------------------
     @contextmanager
-    def step(self, step: int, step_type: str = "default") -> Iterator[Recorder]:
+    def step(self, step: int, step_type: str | None = "default") -> Iterator[Recorder]:
         """``with rec.step(i):`` — start_step on entry, finish_step on exit (also after an exception, so
         what was recorded before the failure, e.g. the first NaN, is kept)."""
         self.start_step(step, step_type)
@@ -223,10 +231,16 @@ class Recorder:
             yield self
         finally:
             if self.enabled and self._step_open:
+                if self._step_type is None:
+                    self.decide_step(self._last_step_type)
                 self.finish_step()
 
-    def start_step(self, step: int, step_type: str = "default") -> None:
-        """Begin training step ``step`` (an int, unique within the trial) of type ``step_type``."""
+    def start_step(self, step: int, step_type: str | None = "default") -> None:
+        """Begin training step ``step`` (an int, unique within the trial) of type ``step_type``.
+
+        ``step_type=None`` leaves the type open: the step is recorded tentatively if any type could be
+        recorded now, and ``decide_step(type)`` settles it before ``finish_step()``.
+        """
         if not self.enabled:
             return
         self._check_open_recorder("start_step")
@@ -239,19 +253,65 @@ class Recorder:
         if step in self._seen_steps:
             raise RecorderStateError(f"step {step} was already started once in this trial; step numbers must be "
                                      f"unique (use a global step counter, not the batch index of an epoch)")
-        if not isinstance(step_type, str) or not step_type:
-            raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
+        if step_type is not None and (not isinstance(step_type, str) or not step_type):
+            raise InvalidArgumentError(f"step_type must be a non-empty str (or None to decide it at the end of the "
+                                       f"step), got {step_type!r}")
         self._seen_steps.add(step)
         self._step_open = True
         self._step = self._last_step = step
-        self._step_type = self._last_step_type = step_type
+        self._step_type = step_type
+        if step_type is not None:
+            self._last_step_type = step_type
         self._token += 1
-        summary = self.summary_policy.decide(step, step_type)
-        snapshot = self.snapshot_policy.decide(step, step_type)
-        self._summarize, self._snapshot = summary.record, snapshot.record
-        self._reason = "; ".join(d.reason for d in (summary, snapshot) if d.record)
+        self._summary_decision = self.summary_policy.decide(step, step_type)
+        self._snapshot_decision = self.snapshot_policy.decide(step, step_type)
+        self._forced = step <= self._forced_until
+        flight = self.flight_recorder is not None
+        self._summarize = self._summary_decision.record or self._forced or flight
+        self._snapshot = self._snapshot_decision.record or self._forced or flight
+        self._deferring = self._snapshot and step_type is None
         if self._summarize or self._snapshot:
             self._guard("recording parameters", self._start_parameters)
+
+    def decide_step(self, step_type: str, *, sample_categories: Sequence | torch.Tensor | np.ndarray | None = None
+                    ) -> bool:
+        """Settle the type of a step started with ``step_type=None``; returns whether it is recorded.
+
+        ``sample_categories`` (one label per sample of the batch, e.g. the class or the sequence length)
+        makes the snapshot keep a category-balanced choice of samples instead of the first ones.
+        """
+        if not self.enabled:
+            return False
+        self._check_step_open("decide_step()")
+        if self._step_type is not None:
+            raise RecorderStateError(f"step {self._step} already has the type {self._step_type!r}; decide_step() is "
+                                     f"for steps started with start_step({self._step}, step_type=None)")
+        if not isinstance(step_type, str) or not step_type:
+            raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
+        categories = None
+        if sample_categories is not None:
+            categories = np.asarray(sample_categories.detach().cpu() if isinstance(sample_categories, torch.Tensor)
+                                    else sample_categories).reshape(-1)
+            if self._batch_size is not None and len(categories) != self._batch_size:
+                raise InvalidArgumentError(f"sample_categories has {len(categories)} entries but the batch of step "
+                                           f"{self._step} has {self._batch_size} samples; give one category per sample")
+        self._step_type = self._last_step_type = step_type
+        summary = self.summary_policy.decide(self._step, step_type)
+        snapshot = self.snapshot_policy.decide(self._step, step_type)
+        self._summary_decision = Decision(summary.record, f"retroactive decision: {summary.reason}", summary.rule)
+        self._snapshot_decision = Decision(snapshot.record, f"retroactive decision: {snapshot.reason}", snapshot.rule)
+        keep_snapshots = snapshot.record or self._forced or self.flight_recorder is not None
+        if categories is not None:
+            self._sample_categories = categories
+            self._sample_positions = balanced_samples(categories.tolist(), self.num_samples)
+        if keep_snapshots:
+            self._guard("taking deferred snapshots", self._take_deferred)
+        self._deferring = False
+        self._deferred_values, self._deferred_grads = [], []
+        self._snapshot = keep_snapshots
+        if not (summary.record or self._forced or self.flight_recorder is not None):
+            self._summarize = False
+        return summary.record or snapshot.record or self._forced
 
     def start_iteration(self) -> int:
         """Begin the next iteration (forward pass) of a multi-iteration step; returns its index.
@@ -288,7 +348,7 @@ class Recorder:
 
     @property
     def is_recording(self) -> bool:
-        """Whether the open step takes summaries or snapshots (False on skipped steps)."""
+        """Whether the open step computes summaries or snapshots (False on skipped steps)."""
         return self.enabled and self._step_open and (self._summarize or self._snapshot)
 
     # ---- tensors ---------------------------------------------------------------------------------------
@@ -324,11 +384,16 @@ class Recorder:
                 f"give each tensor its own name, or call start_iteration() between forward passes")
         if role not in schema.ROLES:
             raise InvalidArgumentError(f"role of {name!r} must be one of {list(schema.ROLES)}, got {role!r}")
-        self._names.add(name)
         if not (self._summarize or self._snapshot):
+            self._names.add(name)
             return tensor
-        self._guard(f"recording tensor {name!r}", partial(self._record_tensor, name, tensor, role, node,
-                                                           batched, bounds), key=name)
+        self._names.add(name)
+        try:
+            self._guard(f"recording tensor {name!r}", partial(self._record_tensor, name, tensor, role, node,
+                                                               batched, bounds), key=name)
+        except ComgraError:
+            self._names.discard(name)
+            raise
         return tensor
 
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
@@ -344,13 +409,15 @@ class Recorder:
             bounds = saturation_bounds(tensor)
         tid = self._tensor_id(name, tensor, role, node or name, bool(batched), bounds)
         iteration = self._iteration
+        sid = self.catalog.series_id(tid, schema.KIND_VALUE)
         if self._summarize:
-            row = self._values.add(tensor, batched=bool(batched), bounds=bounds)
-            self._value_keys.append((self.catalog.series_id(tid, schema.KIND_VALUE), iteration, row))
+            self._value_keys.append((sid, iteration, self._values.add(tensor, batched=bool(batched), bounds=bounds)))
         if self._snapshot:
-            self._snaps.append((self.catalog.series_id(tid, schema.KIND_VALUE), iteration,
-                                self._take(tensor, bool(batched), bounds)))
-        self._registered.append((name, iteration, tensor))
+            if self._deferring and batched:
+                self._deferred_values.append(_Deferred(sid, iteration, tensor.detach().clone(), True, bounds))
+            else:
+                self._snaps.append((sid, iteration, self._take(tensor, bool(batched), bounds)))
+        self._structure.add(name, iteration, tensor)
         if tensor.requires_grad:
             self._hooks.append(tensor.register_hook(partial(self._on_grad, self._token, tid, iteration,
                                                             bool(batched))))
@@ -370,7 +437,7 @@ class Recorder:
             raise InvalidArgumentError(f"iterations of add_dependency({source!r}, {target!r}) must be ints >= 0")
         if source == target and iterations[0] == iterations[1]:
             raise InvalidArgumentError(f"add_dependency({source!r}, {target!r}) connects a tensor to itself")
-        self._manual_edges.append(TensorEdge(source, target, iterations[0], iterations[1]))
+        self._structure.add_edge(TensorEdge(source, target, iterations[0], iterations[1]))
 
     def _tensor_id(self, name: str, tensor: torch.Tensor, role: str, node: str, batched: bool,
                    bounds: tuple[float, float] | None) -> int:
@@ -387,8 +454,19 @@ class Recorder:
         return tid
 
     def _take(self, tensor: torch.Tensor, batched: bool, bounds: tuple[float, float] | None = None) -> Any:
-        return take_snapshot(tensor, batched=batched, num_samples=self.num_samples, max_elements=self.max_elements,
-                             bounds=bounds, saturation_margin=self._saturation_margin)
+        data = take_snapshot(tensor, batched=batched, num_samples=self.num_samples, max_elements=self.max_elements,
+                             bounds=bounds, saturation_margin=self._saturation_margin,
+                             sample_positions=self._sample_positions if batched else None)
+        if batched and self._sample_categories is not None and len(data.sample_index):
+            labels = np.array([str(c) for c in self._sample_categories[data.sample_index]], dtype=object)
+            data = type(data)(data.shape, data.sample_index, data.sample_stats, data.values, data.value_index, labels)
+        return data
+
+    def _take_deferred(self) -> None:
+        for item in self._deferred_values:
+            self._snaps.append((item.key, item.iteration, self._take(item.tensor, True, item.bounds)))
+        for item in self._deferred_grads:
+            self._grad_snaps.append((item.key, item.iteration, self._take(item.tensor, True)))
 
     def _on_grad(self, token: int, tid: int, iteration: int, batched: bool, grad: torch.Tensor) -> None:
         """Autograd hook: reduce the gradient as it is produced; never alters it, never raises."""
@@ -396,10 +474,12 @@ class Recorder:
             return
         try:
             if self._summarize:
-                row = self._grads.add(grad, batched=batched)
-                self._grad_keys.append((tid, iteration, row))
+                self._grad_keys.append((tid, iteration, self._grads.add(grad, batched=batched)))
             if self._snapshot:
-                self._grad_snaps.append((tid, iteration, self._take(grad, batched)))
+                if self._deferring and batched:
+                    self._deferred_grads.append(_Deferred(tid, iteration, grad.detach(), True, None))
+                else:
+                    self._grad_snaps.append((tid, iteration, self._take(grad, batched)))
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._warn("recording a gradient", error, key=str(tid))
 
@@ -418,48 +498,28 @@ class Recorder:
                                        f"backward pass its own gradient_set name")
         self._grad_kinds.append(kind)
         if not (self._summarize or self._snapshot):
+            self._parameters.forget_gradients()
             return
         self._guard("recording gradients", partial(self._collect_gradients, kind))
 
-    def _discover_graph(self) -> None:
-        """Find the dependency graph once per distinct structure and step type; free the tensor references."""
-        registered, manual = self._registered, self._manual_edges
-        self._registered, self._manual_edges = [], []
-        if not registered:
-            return
-        parameters = {t.name: t.parameter for t in self._tracked}
-        signature = structure_signature(registered, parameters) + repr(sorted(manual))
-        cached = self._graph_cache.get_or_build(signature, self._step_type,
-                                                partial(self._build_graph, registered, parameters, manual))
-        if cached.new_structure:
-            positions = layered_layout(cached.graph)
-            self.catalog.add_graph(cached.structure_hash, json.dumps(
-                {"graph": graph_to_dict(cached.graph), "positions": {k: list(v) for k, v in positions.items()}},
-                sort_keys=True))
-        self.catalog.set_graph_of_type(self._step_type, cached.structure_hash)
-
-    def _build_graph(self, registered: list, parameters: dict, manual: list[TensorEdge]) -> Any:
-        edges = merge_manual_edges(discover_edges(registered, parameters), manual)
-        names = {name for name, _, _ in registered} | set(parameters)
-        metadata = {info.name: (info.node, info.role, info.module) for info in self.catalog.tensors
-                    if info.name in names}
-        return build_graph(edges, metadata, manual_edges=manual)
-
     def _collect_gradients(self, kind: str) -> None:
         self._guard("discovering the dependency graph", self._discover_graph)
-        params = [t for t in self._tracked if t.parameter.grad is not None]
-        for t in params:
-            grad = t.parameter.grad
+        for tid, grad in self._parameters.take_gradients():
             if self._summarize:
-                self._grad_keys.append((t.tensor_id, 0, self._grads.add(grad)))
+                self._grad_keys.append((tid, 0, self._grads.add(grad)))
             if self._snapshot:
-                self._grad_snaps.append((t.tensor_id, 0, self._take(grad, False)))
+                self._grad_snaps.append((tid, 0, self._take(grad, False)))
         rows = self._grads.collect()
         for tid, iteration, index in self._grad_keys:
             self._rows.append((self.catalog.series_id(tid, kind), iteration, rows[index]))
-        for tid, iteration, data in self._grad_snaps:
-            self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
-        self._grad_keys, self._grad_snaps = [], []
+        if not self._deferring:
+            for tid, iteration, data in self._grad_snaps:
+                self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
+            self._grad_snaps = []
+        else:
+            for item in self._deferred_grads:
+                item.key = self.catalog.series_id(item.key, kind)
+        self._grad_keys = []
         self._collect_values()
 
     def _collect_values(self) -> None:
@@ -468,39 +528,35 @@ class Recorder:
             self._rows.append((sid, iteration, rows[index]))
         self._value_keys = []
 
+    def _discover_graph(self) -> None:
+        self._structure.discover(self._step_type or self._last_step_type, self._parameters.names())
+
     # ---- parameters ------------------------------------------------------------------------------------
     def _start_parameters(self) -> None:
-        if not self._tracked:
-            return
-        params = [t.parameter.detach() for t in self._tracked]
-        for t, p in zip(self._tracked, params):
-            sid = self.catalog.series_id(t.tensor_id, schema.KIND_VALUE)
+        for tid, value in self._parameters.values():
+            sid = self.catalog.series_id(tid, schema.KIND_VALUE)
             if self._summarize:
-                self._value_keys.append((sid, 0, self._values.add(p)))
+                self._value_keys.append((sid, 0, self._values.add(value)))
             if self._snapshot:
-                self._snaps.append((sid, 0, self._take(p, False)))
+                self._snaps.append((sid, 0, self._take(value, False)))
         if self.record_updates:
-            if self._buffers is None or any(b.shape != p.shape or b.dtype != p.dtype or b.device != p.device
-                                            for b, p in zip(self._buffers, params)):
-                self._buffers = [torch.empty_like(p) for p in params]
-            torch._foreach_copy_(self._buffers, params)
-            self._updates_ready = True
+            self._parameters.capture()
 
     def _finish_parameters(self) -> None:
-        if not (self._updates_ready and self._buffers is not None):
+        updates = self._parameters.updates()
+        if not updates:
             return
-        params = [t.parameter.detach() for t in self._tracked]
-        deltas = torch._foreach_sub(params, self._buffers)
         reducer = Reducer(self._saturation_margin)
-        for t, delta in zip(self._tracked, deltas):
-            sid = self.catalog.series_id(t.tensor_id, schema.KIND_UPDATE)
+        keys = []
+        for tid, delta in updates:
+            sid = self.catalog.series_id(tid, schema.KIND_UPDATE)
             if self._summarize:
-                reducer.add(delta)
+                keys.append((sid, reducer.add(delta)))
             if self._snapshot:
                 self._snaps.append((sid, 0, self._take(delta, False)))
-        if self._summarize:
-            for t, row in zip(self._tracked, reducer.collect()):
-                self._rows.append((self.catalog.series_id(t.tensor_id, schema.KIND_UPDATE), 0, row))
+        rows = reducer.collect()
+        for sid, index in keys:
+            self._rows.append((sid, 0, rows[index]))
 
     # ---- KPIs and notes ----------------------------------------------------------------------------------
     def record_kpi(self, name: str, value: float | torch.Tensor) -> None:
@@ -548,49 +604,99 @@ class Recorder:
         if not self._step_open:
             raise RecorderStateError("finish_step() without start_step(); call start_step(step) at the beginning of "
                                      "each training step")
-        recorded = self._summarize or self._snapshot
+        if self._step_type is None:
+            raise RecorderStateError(f"step {self._step} was started without a step type; call "
+                                     f"decide_step(step_type) before finish_step()")
         type_id = self.catalog.step_type_id(self._step_type)
-        if recorded:
-            self._guard("finishing the step", self._finish_recorded_step)
-        self._guard("recording KPIs", partial(self._write_kpis, type_id))
-        for policy, taken in ((self.summary_policy, self._summarize), (self.snapshot_policy, self._snapshot)):
-            policy.commit(self._step, self._step_type, taken)
-        if recorded:
-            flags = (schema.FLAG_SUMMARY if self._summarize else 0) | (schema.FLAG_SNAPSHOT if self._snapshot else 0)
-            self._writer.add_step(self._step, type_id, self._iteration + 1, flags, self._reason)
-            self._steps_since_flush += 1
+        record = None
+        if self._summarize or self._snapshot:
+            record = self._guard("finishing the step", partial(self._build_record, type_id))
+        kpis = self._guard("recording KPIs", partial(self._write_kpis, type_id)) or {}
+        write_summary = self._summary_decision.record or self._forced
+        write_snapshot = self._snapshot_decision.record or self._forced
+        if record is not None:
+            self._guard("writing the step", partial(self._dispatch, record, kpis, write_summary, write_snapshot))
+        elif not (write_summary or write_snapshot):
+            self._parameters.forget_gradients()
+        self.summary_policy.commit(self._step, self._step_type, write_summary and record is not None)
+        self.snapshot_policy.commit(self._step, self._step_type, write_snapshot and record is not None)
         self._token += 1
         self._reset_step_state()
         if self._flush_due():
             self.flush()
 
-    def _finish_recorded_step(self) -> None:
-        if self._grad_keys or self._grad_snaps or (not self._grad_kinds and any(
-                t.parameter.grad is not None for t in self._tracked)):
+    def _build_record(self, type_id: int) -> StepRecord:
+        if self._grad_keys or self._grad_snaps or self._deferred_grads or (
+                not self._grad_kinds and self._parameters.has_fresh_gradients()):
             kind = schema.KIND_GRAD if not self._grad_kinds else self._grad_kinds[-1]
-            if kind not in self._grad_kinds:
-                self._grad_kinds.append(kind)
             self._collect_gradients(kind)
         self._guard("discovering the dependency graph", self._discover_graph)
         self._finish_parameters()
         self._collect_values()
-        by_iteration: dict[int, list[tuple[int, np.ndarray]]] = {}
-        for sid, iteration, row in self._rows:
-            by_iteration.setdefault(iteration, []).append((sid, row))
-        for iteration, items in sorted(by_iteration.items()):
-            self._writer.add_summaries(self._step, iteration, np.array([s for s, _ in items]),
-                                       np.stack([r for _, r in items]))
-        for sid, iteration, data in self._snaps:
-            self._writer.add_snapshot(self._step, iteration, sid, data)
+        reasons = [d.reason for d in (self._summary_decision, self._snapshot_decision) if d.record]
+        if self._forced:
+            reasons.insert(0, f"forced: step {self._step - self._trigger_step} of "
+                              f"{self.flight_recorder.after if self.flight_recorder else 0} after the trigger at step "
+                              f"{self._trigger_step}")
+        return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
+                          self._rows, self._snaps)
 
-    def _write_kpis(self, type_id: int) -> None:
-        if not self._kpis:
+    def _dispatch(self, record: StepRecord, kpis: dict[str, float], write_summary: bool,
+                  write_snapshot: bool) -> None:
+        """Write what the policies asked for; feed the flight recorder and dump it when a trigger fires."""
+        if write_summary or write_snapshot:
+            record.write(self._writer, summaries=write_summary, snapshots=write_snapshot)
+            self._steps_since_flush += 1
+        flight = self.flight_recorder
+        if flight is None:
             return
+        reason = flight.check(self._facts(record, kpis))
+        if reason is None:
+            self._flight_armed = True  # the condition cleared: the next trigger may fire again
+        if reason is None or not self._flight_armed or record.step <= self._forced_until:
+            flight.push(record, summaries_written=write_summary, snapshots_written=write_snapshot)
+            return
+        self._flight_armed = False
+        dumped = f"flight recorder: retroactive, trigger at step {record.step}: {reason}"
+        for entry in flight.drain():
+            if not (entry.summaries_written or entry.snapshots_written):
+                entry.record.write(self._writer, summaries=True, snapshots=True, reason=dumped)
+            elif not entry.snapshots_written:
+                entry.record.write(self._writer, summaries=False, snapshots=True, step_entry=False)
+        if not (write_summary or write_snapshot):
+            record.write(self._writer, summaries=True, snapshots=True, reason=f"trigger: {reason}")
+        elif not write_snapshot:
+            record.write(self._writer, summaries=False, snapshots=True, step_entry=False)
+        self._writer.add_trigger(record.step, reason)
+        self._trigger_step = record.step
+        self._forced_until = record.step + flight.after
+        self._last_flush = -float("inf")  # flush at once: a crash often follows a trigger
+
+    def _facts(self, record: StepRecord, kpis: dict[str, float]) -> StepFacts:
+        labels = []
+        for sid in record.nonfinite_series():
+            tid, kind = self.catalog.series[sid]
+            labels.append(f"{self.catalog.tensors[tid].name!r} ({kind})")
+        norms = {}
+        sum_sq = schema.FIELD["sum_sq"]
+        for sid, _, row in record.rows:
+            tid, kind = self.catalog.series[sid]
+            if kind == schema.KIND_GRAD:
+                name = self.catalog.tensors[tid].name
+                norms[name] = float(np.sqrt(max(row[sum_sq], 0.0))) + norms.get(name, 0.0)
+        return StepFacts(record.step, kpis, labels, norms)
+
+    def _write_kpis(self, type_id: int) -> dict[str, float]:
+        if not self._kpis:
+            return {}
         tensors = [v for _, v in self._kpis if isinstance(v, torch.Tensor)]
         host = iter(torch.stack([t.to(torch.float64) for t in tensors]).cpu().tolist()) if tensors else iter(())
+        values = {}
         for kpi, value in self._kpis:
-            self._writer.add_kpi(self._step, kpi, next(host) if isinstance(value, torch.Tensor) else float(value),
-                                 type_id)
+            number = next(host) if isinstance(value, torch.Tensor) else float(value)
+            self._writer.add_kpi(self._step, kpi, number, type_id)
+            values[self.catalog.kpi_names[kpi]] = number
+        return values
 
     def _flush_due(self) -> bool:
         if self.flush_every_steps is not None and self._steps_since_flush >= self.flush_every_steps:
@@ -632,10 +738,6 @@ def _check_name(name: object) -> None:
         raise InvalidArgumentError(f"names must be non-empty strings, got {name!r}")
 
 
-def _check_positive(what: str, value: object, minimum: int) -> None:
+def _check_int(what: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgumentError(f"{what} must be an int >= {minimum}, got {value!r}")
-
-
-def _join(prefix: str, path: str) -> str:
-    return f"{prefix}.{path}" if path else prefix

@@ -13,7 +13,7 @@ import torch
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
 from comgra_ndbg.store.segment import SnapshotData
 
-__all__ = ["SnapshotData", "take_snapshot", "evenly_spaced"]
+__all__ = ["SnapshotData", "take_snapshot", "evenly_spaced", "balanced_samples"]
 
 
 def evenly_spaced(total: int, count: int) -> np.ndarray:
@@ -31,6 +31,29 @@ def evenly_spaced(total: int, count: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, total - 1, count)).astype(np.int64))
 
 
+def balanced_samples(categories: list, count: int) -> np.ndarray:
+    """Up to ``count`` batch positions, balanced across categories: round robin over the categories in
+    order of first appearance, taking each category's samples in batch order.
+
+    >>> balanced_samples(["a", "a", "a", "b", "a", "c"], 4).tolist()
+    [0, 3, 5, 1]
+    """
+    groups: dict = {}
+    for position, category in enumerate(categories):
+        groups.setdefault(category, []).append(position)
+    chosen: list[int] = []
+    queues = [iter(g) for g in groups.values()]
+    while len(chosen) < count and queues:
+        still = []
+        for queue in queues:
+            position = next(queue, None)
+            if position is not None and len(chosen) < count:
+                chosen.append(position)
+                still.append(queue)
+        queues = still
+    return np.array(chosen, dtype=np.int64)
+
+
 def take_snapshot(
     tensor: torch.Tensor,
     *,
@@ -39,8 +62,12 @@ def take_snapshot(
     max_elements: int,
     bounds: tuple[float, float] | None = None,
     saturation_margin: float = 0.005,
+    sample_positions: np.ndarray | None = None,
 ) -> SnapshotData:
     """Per-sample statistics of the first ``num_samples`` samples and at most ``max_elements`` values.
+
+    Value indices of a batched tensor are flat positions within the recorded samples (row i is the sample
+    at batch position ``sample_index[i]``). ``sample_positions`` picks other samples than the first ones (e.g. a category-balanced choice).
 
     >>> s = take_snapshot(torch.arange(12.0).view(3, 4), batched=True, num_samples=2, max_elements=4)
     >>> s.sample_index.tolist(), s.values.tolist(), s.value_index.tolist()
@@ -51,8 +78,14 @@ def take_snapshot(
         x = x.abs()
     shape = tuple(int(d) for d in x.shape)
     if batched and x.dim() >= 1 and shape[0] > 0:
-        n = min(shape[0], num_samples)
-        per_sample = x[:n].reshape(n, int(np.prod(shape[1:], dtype=np.int64)))  # not -1: n may be 0
+        if sample_positions is None:
+            positions = np.arange(min(shape[0], num_samples), dtype=np.int64)
+            chosen = x[: len(positions)]
+        else:
+            positions = np.asarray(sample_positions, dtype=np.int64)
+            chosen = x.index_select(0, torch.as_tensor(positions, device=x.device))
+        n = len(positions)
+        per_sample = chosen.reshape(n, int(np.prod(shape[1:], dtype=np.int64)))  # not -1: n may be 0
         stats = _per_sample_stats(per_sample, bounds, saturation_margin)
         units = per_sample.shape[1]
         keep_units = evenly_spaced(units, max(1, max_elements // max(n, 1)))
@@ -62,7 +95,7 @@ def take_snapshot(
             cols = torch.as_tensor(keep_units, device=x.device)
             values = per_sample.index_select(1, cols).reshape(-1)
             index = (np.arange(n, dtype=np.int64)[:, None] * units + keep_units[None, :]).reshape(-1)
-        sample_index = np.arange(n, dtype=np.int64)
+        sample_index = positions
     else:
         stats = np.zeros((0, NUM_FIELDS))
         sample_index = np.zeros(0, dtype=np.int64)

@@ -21,9 +21,10 @@ from comgra_ndbg.graph.modules import module_tree
 from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
+from comgra_ndbg.store.results import StoredAnalysis, read_results
 from comgra_ndbg.store.writer import list_live_segments
 
-__all__ = ["open_recording", "list_trials", "Recording", "Snapshot", "Note", "StoredGraph"]
+__all__ = ["open_recording", "list_trials", "Recording", "Snapshot", "Note", "StoredGraph", "TriggerMark"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,14 @@ class Note:
     step: int
     time: float
     text: str
+
+
+@dataclass(frozen=True)
+class TriggerMark:
+    """A flight-recorder trigger: the step it fired at and why."""
+
+    step: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class Snapshot:
     value_index: np.ndarray | None
     sample_index: np.ndarray
     sample_rows: np.ndarray
+    sample_categories: tuple[str, ...] = ()
 
     @property
     def sample_stats(self) -> dict[str, np.ndarray]:
@@ -143,6 +153,9 @@ def _open_h5(path: Path) -> h5py.File:
     return f
 
 
+_LIST_ATTEMPTS = 20  # listings tried when files vanish under a concurrent merge
+
+
 class _FileView:
     """One open segment file with its small index arrays cached."""
 
@@ -155,7 +168,7 @@ class _FileView:
     def array(self, name: str) -> np.ndarray:
         cache = self.__dict__.setdefault("_cache", {})
         if name not in cache:
-            cache[name] = self.file[name][()]
+            cache[name] = self.file[name][()] if name in self.file else np.zeros(0)
         return cache[name]
 
     @cached_property
@@ -190,25 +203,45 @@ class Recording:
     # ---- lifecycle -------------------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Look for segments written since the last call; True when something changed."""
-        if self.location.is_file():
-            live = [self.location]
-        else:
-            live = [path for _, _, path in list_live_segments(self.location)]
-        if not live:
-            raise RecordingNotFoundError(f"{self.location} holds no flushed segment yet")
-        if list(self._views) == live:
+        opened = self._open_live()
+        if opened is None:
             return False
-        old = self._views
-        self._views = {}
-        for path in live:
-            view = old.pop(path, None)
-            self._views[path] = view if view is not None else _FileView(path)
-        for view in old.values():
-            view.close()
-        self._views = dict(sorted(self._views.items(), key=lambda kv: kv[1].sequence))
+        for path, view in self._views.items():
+            if path not in opened:
+                view.close()
+        self._views = dict(sorted(opened.items(), key=lambda kv: kv[1].sequence))
         self._catalog = None
         self.__dict__.pop("_index", None)
         return True
+
+    def _open_live(self) -> dict[Path, _FileView] | None:
+        """Views of the files that hold the trial now; None when they are exactly the open ones.
+
+        A writer's merge deletes segments once the merged file covering them is in place, which can happen
+        between listing the directory and opening a listed file: the listing is then simply taken again.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            if self.location.is_file():
+                live = [self.location]
+            else:
+                live = [path for _, _, path in list_live_segments(self.location)]
+            if not live:
+                raise RecordingNotFoundError(f"{self.location} holds no flushed segment yet")
+            if list(self._views) == live:
+                return None
+            opened: dict[Path, _FileView] = {}
+            try:
+                for path in live:
+                    opened[path] = self._views.get(path) or _FileView(path)
+                return opened
+            except RecordingFormatError:
+                for path, view in opened.items():
+                    if path not in self._views:
+                        view.close()
+                if attempt >= _LIST_ATTEMPTS or all(path.exists() for path in live):
+                    raise
 
     def close(self) -> None:
         for view in self._views.values():
@@ -440,6 +473,8 @@ class Recording:
             value_index=f[schema.VALUE_INDEX_POOL][x0:x0 + vn] if x0 >= 0 else None,
             sample_index=f[schema.SAMPLE_INDEX][s0:s0 + sn],
             sample_rows=f[schema.SAMPLE_STATS][s0:s0 + sn],
+            sample_categories=tuple(_text(c) for c in f[schema.SAMPLE_CATEGORY][s0:s0 + sn])
+            if schema.SAMPLE_CATEGORY in f else (),
         )
 
     # ---- KPIs and notes ------------------------------------------------------------------------------------
@@ -452,8 +487,16 @@ class Recording:
         mask = ids == self.catalog.kpi_names.index(name)
         if step_type is not None:
             types = self._concat(schema.KPI_STEP_TYPE)
-            mask &= types == self.catalog.step_types.index(step_type) if step_type in self.step_types else False
+            if step_type not in self.catalog.step_types:
+                raise UnknownSeriesError(f"no step type {step_type!r}; step types are {self.step_types}")
+            mask &= types == self.catalog.step_types.index(step_type)
         return steps[mask].astype(np.int64), values[mask].astype(np.float64)
+
+    @property
+    def triggers(self) -> list[TriggerMark]:
+        """Flight-recorder triggers that fired, in order."""
+        return [TriggerMark(int(s), _text(r)) for s, r in zip(self._concat(schema.TRIGGER_STEP),
+                                                              self._concat(schema.TRIGGER_REASON))]
 
     @property
     def notes(self) -> list[Note]:
@@ -462,6 +505,16 @@ class Recording:
         return [Note(int(s), float(t), x.decode() if isinstance(x, bytes) else str(x))
                 for s, t, x in zip(steps, times, texts)]
 
+    # ---- stored analysis results -----------------------------------------------------------------------------
+    def analysis(self) -> StoredAnalysis | None:
+        """Results stored by ``comgra_ndbg.analyze`` for this trial, or None; ``.stale`` is True when the
+        recording holds a different number of steps than the analysis saw (see ``store/results.py``)."""
+        return read_results(self.location, num_steps=len(self.steps))
+
     def __repr__(self) -> str:
         return (f"Recording(trial={self.trial!r}, steps={len(self.steps)}, nodes={len(self.nodes)}, "
                 f"files={len(self._views)}, complete={self.is_complete})")
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -111,6 +111,7 @@ SNAP_VALUES_COUNT = "snapshot/values_count"  # int64
 SNAP_SUBSAMPLED = "snapshot/subsampled"  # bool: values are a strided selection; indices are stored
 SNAP_INDEX_OFFSET = "snapshot/index_offset"  # int64 into the value-index pool (-1 when not subsampled)
 SAMPLE_INDEX = "snapshot/sample_index"  # int64 [pool]: position of the sample in the batch
+SAMPLE_CATEGORY = "snapshot/sample_category"  # utf-8 [pool]: the sample's category ("" when none was given)
 SAMPLE_STATS = "snapshot/sample_stats"  # float64 [pool, NUM_FIELDS]: per-sample sufficient statistics
 VALUE_POOL = "snapshot/values"  # float32 [pool]: element values (NaN/Inf kept)
 VALUE_INDEX_POOL = "snapshot/value_index"  # int64 [pool]: flat element index (only for subsampled)
@@ -125,6 +126,10 @@ KPI_STEP_TYPE = "kpi/type"  # int32 index into STEP_TYPES
 NOTE_STEP = "notes/step"  # int64 (-1 when written outside a step)
 NOTE_TIME = "notes/time"  # float64 unix time
 NOTE_TEXT = "notes/text"  # utf-8
+
+# ---- flight-recorder triggers ---------------------------------------------------------------------------
+TRIGGER_STEP = "triggers/step"  # int64: the step at which a trigger fired
+TRIGGER_REASON = "triggers/reason"  # utf-8: what fired, e.g. "non-finite values in 'block3' (grad)"
 
 # ---- modules tracked with track_module (cumulative) ------------------------------------------------------
 MODULE_PATH = "modules/path"  # utf-8, e.g. "model.encoder.0"

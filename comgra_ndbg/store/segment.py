@@ -20,7 +20,7 @@ from comgra_ndbg.store.catalog import Catalog
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name", "parse_segment_name"]
 
 _STR = h5py.string_dtype("utf-8")
-_SEGMENT_RE = re.compile(r"^seg-(\d{8})-L(\d+)\.h5$")
+_SEGMENT_RE = re.compile(r"^seg-(\d{8,})-L(\d+)\.h5$")  # segment_name pads to 8 digits, never cuts
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class SnapshotData:
     sample_stats: np.ndarray  # float64 [n, NUM_FIELDS]: per-sample sufficient statistics
     values: np.ndarray  # float32 [m]: element values
     value_index: np.ndarray | None  # int64 [m]: flat indices into the tensor; None when all are kept
+    sample_category: np.ndarray | None = None  # str [n]: category of each sample, when categories were given
 
 
 @dataclass
@@ -60,6 +61,7 @@ class SegmentContent:
     snap_index_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sample_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sample_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, schema.NUM_FIELDS), np.float64))
+    sample_category: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     value_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     kpi_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -69,9 +71,11 @@ class SegmentContent:
     note_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     note_time: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     note_text: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    trigger_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    trigger_reason: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
 
     def is_empty(self) -> bool:
-        return not (len(self.step) or len(self.kpi_step) or len(self.note_step))
+        return not (len(self.step) or len(self.kpi_step) or len(self.note_step) or len(self.trigger_step))
 
 
 # attribute of SegmentContent -> dataset path in the file
@@ -85,13 +89,14 @@ _PATHS = {
     "snap_samples_count": schema.SNAP_SAMPLES_COUNT, "snap_values_offset": schema.SNAP_VALUES_OFFSET,
     "snap_values_count": schema.SNAP_VALUES_COUNT, "snap_subsampled": schema.SNAP_SUBSAMPLED,
     "snap_index_offset": schema.SNAP_INDEX_OFFSET,
-    "sample_index": schema.SAMPLE_INDEX, "sample_stats": schema.SAMPLE_STATS, "values": schema.VALUE_POOL,
+    "sample_index": schema.SAMPLE_INDEX, "sample_category": schema.SAMPLE_CATEGORY, "sample_stats": schema.SAMPLE_STATS, "values": schema.VALUE_POOL,
     "value_index": schema.VALUE_INDEX_POOL,
     "kpi_step": schema.KPI_STEP, "kpi_id": schema.KPI_ID, "kpi_value": schema.KPI_VALUE,
     "kpi_type": schema.KPI_STEP_TYPE,
     "note_step": schema.NOTE_STEP, "note_time": schema.NOTE_TIME, "note_text": schema.NOTE_TEXT,
+    "trigger_step": schema.TRIGGER_STEP, "trigger_reason": schema.TRIGGER_REASON,
 }
-_TEXT = {"step_reason", "note_text"}
+_TEXT = {"step_reason", "note_text", "sample_category", "trigger_reason"}
 _ARRAYS = [f.name for f in fields(SegmentContent) if f.name != "catalog"]
 
 
@@ -156,6 +161,8 @@ def read_segment(f: h5py.File) -> SegmentContent:
     """Load a whole segment into memory (used by the merge; the reader reads lazily instead)."""
     content = SegmentContent(catalog=Catalog.read(f))
     for name in _ARRAYS:
+        if _PATHS[name] not in f:  # a table this file's writer did not know yet: keep the empty default
+            continue
         data = f[_PATHS[name]][()]
         if name in _TEXT:
             data = np.array([v.decode("utf-8") if isinstance(v, bytes) else v for v in data], dtype=object)

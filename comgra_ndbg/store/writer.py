@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from comgra_ndbg.errors import RecordingExistsError
+from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, parse_segment_name, read_segment,
@@ -35,19 +35,25 @@ def list_live_segments(directory: Path) -> list[tuple[int, int, Path]]:
     merged file and deleting its inputs leaves both on disk, and this is where the inputs are ignored.
     """
     directory = Path(directory)
-    found: list[tuple[int, int, Path, frozenset[int]]] = []
-    for path in directory.iterdir():
-        parsed = parse_segment_name(path.name)
-        if parsed is not None:
-            sequence, level = parsed
-            covers = frozenset((sequence,)) if level == 0 else _covers(path)
-        elif path.name == schema.FINAL_NAME:
-            level, covers = FINAL_LEVEL, _covers(path)
-            sequence = max(covers, default=0)
-        else:
-            continue
-        if covers:
-            found.append((sequence, level, path, covers))
+    for _ in range(_SCAN_ATTEMPTS):
+        found: list[tuple[int, int, Path, frozenset[int]]] = []
+        vanished = False
+        for path in directory.iterdir():
+            parsed = parse_segment_name(path.name)
+            if parsed is not None:
+                sequence, level = parsed
+                covers = frozenset((sequence,)) if level == 0 else _covers(path)
+            elif path.name == schema.FINAL_NAME:
+                level, covers = FINAL_LEVEL, _covers(path)
+                sequence = max(covers, default=0)
+            else:
+                continue
+            if covers:
+                found.append((sequence, level, path, covers))
+            elif not path.exists():
+                vanished = True  # merged away since the listing: the file covering it is missing from it
+        if not vanished:
+            break
     live = [
         (sequence, level, path)
         for sequence, level, path, covers in found
@@ -58,6 +64,7 @@ def list_live_segments(directory: Path) -> list[tuple[int, int, Path]]:
     return sorted(live, key=lambda item: item[0])
 
 
+_SCAN_ATTEMPTS = 20  # listings tried when merged files vanish under a concurrent merge
 _COVERS_CACHE: dict[tuple[str, int, int], frozenset[int]] = {}
 
 
@@ -82,6 +89,8 @@ def _covers(path: Path) -> frozenset[int]:
 class RecordingWriter:
     """Buffers one trial's rows and writes them as segments into ``directory``."""
 
+    MAX_FAILED_FLUSHES = 3  # consecutive failed flushes after which the buffered rows are given up
+
     def __init__(self, directory: Path, trial: str, *, mode: str = "w-", config: dict | None = None,
                  fanout: int = 8) -> None:
         self.directory = Path(directory)
@@ -93,11 +102,12 @@ class RecordingWriter:
         self._sequence = 0
         self._levels: dict[int, list[tuple[int, Path]]] = defaultdict(list)
         self._reset_buffers()
+        self._failures = 0
         self.closed = False
 
     def _prepare(self, mode: str) -> None:
         if mode not in ("w", "w-"):
-            raise ValueError(f"mode must be 'w' (overwrite) or 'w-' (fail if the trial exists), got {mode!r}")
+            raise InvalidArgumentError(f"mode must be 'w' (overwrite) or 'w-' (fail if the trial exists), got {mode!r}")
         if self.directory.exists() and any(self.directory.iterdir()):
             if mode == "w-":
                 raise RecordingExistsError(
@@ -113,6 +123,7 @@ class RecordingWriter:
         self._snapshots: list[tuple[int, int, int, SnapshotData]] = []
         self._kpis: list[tuple[int, int, float, int]] = []
         self._notes: list[tuple[int, float, str]] = []
+        self._triggers: list[tuple[int, str]] = []
 
     @property
     def pending_steps(self) -> int:
@@ -135,16 +146,30 @@ class RecordingWriter:
     def add_note(self, step: int, text: str) -> None:
         self._notes.append((step, time.time(), text))
 
+    def add_trigger(self, step: int, reason: str) -> None:
+        """Mark that a flight-recorder trigger fired at ``step``."""
+        self._triggers.append((step, reason))
+
     # ---- flushing --------------------------------------------------------------------------------------
     def flush(self, catalog: Catalog) -> Path | None:
         """Write everything buffered as one new segment; returns its path (None when nothing was buffered)."""
         content = self._build(catalog)
-        self._reset_buffers()
         if content.is_empty():
+            self._reset_buffers()
             return None
+        path = self.directory / segment_name(self._sequence + 1, 0)
+        try:
+            write_segment(path, content, self._attrs(self._sequence + 1, (self._sequence + 1,), 0, complete=False))
+        except Exception:
+            # Keep the rows for the next flush (a full disk may get space back), but not forever.
+            self._failures += 1
+            if self._failures >= self.MAX_FAILED_FLUSHES:
+                self._reset_buffers()
+                self._failures = 0
+            raise
+        self._failures = 0
+        self._reset_buffers()
         self._sequence += 1
-        path = self.directory / segment_name(self._sequence, 0)
-        write_segment(path, content, self._attrs(self._sequence, (self._sequence,), 0, complete=False))
         self._levels[0].append((self._sequence, path))
         self._compact()
         return path
@@ -232,6 +257,9 @@ class RecordingWriter:
             cols = list(zip(*self._kpis))
             c.kpi_step, c.kpi_id = np.array(cols[0], np.int64), np.array(cols[1], np.int32)
             c.kpi_value, c.kpi_type = np.array(cols[2], np.float64), np.array(cols[3], np.int32)
+        if self._triggers:
+            c.trigger_step = np.array([t[0] for t in self._triggers], np.int64)
+            c.trigger_reason = np.array([t[1] for t in self._triggers], object)
         if self._notes:
             cols = list(zip(*self._notes))
             c.note_step, c.note_time = np.array(cols[0], np.int64), np.array(cols[1], np.float64)
@@ -251,13 +279,15 @@ class RecordingWriter:
         c.snap_subsampled = np.zeros(n, np.bool_)
         c.snap_index_offset = np.full(n, -1, np.int64)
         samples_at = values_at = index_at = 0
-        sample_index, sample_stats, values, value_index = [], [], [], []
+        sample_index, sample_stats, values, value_index, categories = [], [], [], [], []
         for i, (_, _, _, data) in enumerate(self._snapshots):
             shape = data.shape[: schema.MAX_RANK]
             c.snap_shape[i, : len(shape)] = shape
             c.snap_samples_offset[i], c.snap_samples_count[i] = samples_at, len(data.sample_index)
             c.snap_values_offset[i], c.snap_values_count[i] = values_at, len(data.values)
             sample_index.append(data.sample_index)
+            categories.append(data.sample_category if data.sample_category is not None
+                              else np.full(len(data.sample_index), "", dtype=object))
             sample_stats.append(data.sample_stats)
             values.append(data.values)
             samples_at += len(data.sample_index)
@@ -268,6 +298,7 @@ class RecordingWriter:
                 value_index.append(data.value_index)
                 index_at += len(data.value_index)
         c.sample_index = np.concatenate(sample_index).astype(np.int64)
+        c.sample_category = np.concatenate(categories).astype(object)
         c.sample_stats = np.concatenate(sample_stats).reshape(-1, schema.NUM_FIELDS)
         c.values = np.concatenate(values).astype(np.float32)
         c.value_index = np.concatenate(value_index).astype(np.int64) if value_index else np.zeros(0, np.int64)

@@ -1,0 +1,119 @@
+"""Tracked parameters: their values at the start of a step, fresh gradients, and updates (ΔW).
+
+Gradients are taken only from parameters whose ``.grad`` was accumulated since the last look (a
+post-accumulate-grad hook marks them), so a step without a backward pass never re-records the previous
+step's leftover gradient. Updates are ``W_end - W_start`` of the step, from a copy taken at its start
+(one fused ``_foreach_copy_`` over every parameter, only on steps that record).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
+
+__all__ = ["ParameterTracker"]
+
+
+@dataclass
+class _Tracked:
+    name: str
+    parameter: torch.nn.Parameter
+    tensor_id: int
+    fresh: bool = False
+
+
+@dataclass
+class ParameterTracker:
+    """The parameters of every module given to ``Recorder.track_module``."""
+
+    catalog: Catalog
+    tracked: list[_Tracked] = field(default_factory=list)
+    modules: set[str] = field(default_factory=set)
+    _buffers: list[torch.Tensor] | None = None
+    _captured: bool = False
+    _hooks: list[Any] = field(default_factory=list)
+
+    def track(self, name: str, module: torch.nn.Module) -> None:
+        """Add every parameter of ``module`` as tensor ``name.<path>`` in node ``name.<owning module>``."""
+        self.modules.add(name)
+        for path, sub in module.named_modules():
+            own = sum(p.numel() for p in sub.parameters(recurse=False))
+            self.catalog.add_module(ModuleInfo(_join(name, path), type(sub).__name__, own))
+        for path, parameter in module.named_parameters():
+            owner = _join(name, path.rpartition(".")[0])
+            full = _join(name, path)
+            tid = self.catalog.tensor_id(full)
+            if tid is None:
+                tid = self.catalog.add_tensor(TensorInfo(
+                    name=full, node=owner, role="parameter", module=owner,
+                    dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
+            entry = _Tracked(full, parameter, tid)
+            self.tracked.append(entry)
+            if parameter.requires_grad:
+                self._hooks.append(parameter.register_post_accumulate_grad_hook(_mark_fresh(entry)))
+        self._buffers = None
+
+    def names(self) -> dict[str, torch.nn.Parameter]:
+        return {t.name: t.parameter for t in self.tracked}
+
+    def values(self) -> list[tuple[int, torch.Tensor]]:
+        """(tensor id, detached value) of every tracked parameter."""
+        return [(t.tensor_id, t.parameter.detach()) for t in self.tracked]
+
+    def capture(self) -> None:
+        """Copy every parameter now, so ``updates()`` can return what the optimizer changed since."""
+        params = [t.parameter.detach() for t in self.tracked]
+        if not params:
+            return
+        if self._buffers is None or any(b.shape != p.shape or b.dtype != p.dtype or b.device != p.device
+                                        for b, p in zip(self._buffers, params)):
+            self._buffers = [torch.empty_like(p) for p in params]
+        torch._foreach_copy_(self._buffers, params)
+        self._captured = True
+
+    def updates(self) -> list[tuple[int, torch.Tensor]]:
+        """(tensor id, ΔW) since ``capture()``; empty when nothing was captured."""
+        if not self._captured or self._buffers is None:
+            return []
+        self._captured = False
+        params = [t.parameter.detach() for t in self.tracked]
+        deltas = torch._foreach_sub(params, self._buffers)
+        return [(t.tensor_id, d) for t, d in zip(self.tracked, deltas)]
+
+    def has_fresh_gradients(self) -> bool:
+        return any(t.fresh for t in self.tracked)
+
+    def take_gradients(self) -> list[tuple[int, torch.Tensor]]:
+        """(tensor id, ``.grad``) of parameters whose gradient was accumulated since the last call."""
+        out = []
+        for t in self.tracked:
+            if t.fresh and t.parameter.grad is not None:
+                out.append((t.tensor_id, t.parameter.grad.detach()))
+            t.fresh = False
+        return out
+
+    def forget_gradients(self) -> None:
+        for t in self.tracked:
+            t.fresh = False
+
+    def close(self) -> None:
+        """Remove every hook this tracker added and drop the parameter references."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self.tracked.clear()
+        self._buffers = None
+
+
+def _mark_fresh(entry: _Tracked) -> Any:
+    def hook(_: torch.Tensor) -> None:
+        entry.fresh = True
+
+    return hook
+
+
+def _join(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if path else prefix

@@ -1,0 +1,60 @@
+"""The recorder's side of the dependency graph: collect a step's registrations, discover once per structure.
+
+Discovery itself lives in ``comgra_ndbg.graph``; this shell keeps the tensors of the current step only
+until the graph is known (or its signature is found in the cache), then stores new structures, with their
+layout, in the catalog.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import torch
+
+from comgra_ndbg.graph import (GraphCache, TensorEdge, build_graph, discover_edges, graph_to_dict, layered_layout,
+                               merge_manual_edges, structure_signature)
+from comgra_ndbg.store.catalog import Catalog
+
+__all__ = ["StructureTracker"]
+
+
+class StructureTracker:
+    """Collects (name, iteration, tensor) registrations and manual edges of one step at a time."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.cache = GraphCache()
+        self._registered: list[tuple[str, int, torch.Tensor]] = []
+        self._manual: list[TensorEdge] = []
+
+    def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
+        self._registered.append((name, iteration, tensor))
+
+    def add_edge(self, edge: TensorEdge) -> None:
+        self._manual.append(edge)
+
+    def clear(self) -> None:
+        self._registered, self._manual = [], []
+
+    def discover(self, step_type: str, parameters: Mapping[str, torch.Tensor]) -> None:
+        """Find this step's graph (from the cache when its signature was seen) and forget the tensors."""
+        registered, manual = self._registered, self._manual
+        self.clear()
+        if not registered:
+            return
+        signature = structure_signature(registered, parameters) + repr(sorted(manual))
+        cached = self.cache.get_or_build(signature, step_type,
+                                         lambda: self._build(registered, parameters, manual))
+        if cached.new_structure:
+            positions = layered_layout(cached.graph)
+            self.catalog.add_graph(cached.structure_hash, json.dumps(
+                {"graph": graph_to_dict(cached.graph), "positions": {k: list(v) for k, v in positions.items()}},
+                sort_keys=True))
+        self.catalog.set_graph_of_type(step_type, cached.structure_hash)
+
+    def _build(self, registered: list, parameters: Mapping[str, torch.Tensor], manual: list[TensorEdge]):
+        edges = merge_manual_edges(discover_edges(registered, parameters), manual)
+        names = {name for name, _, _ in registered} | set(parameters)
+        metadata = {info.name: (info.node, info.role, info.module) for info in self.catalog.tensors
+                    if info.name in names}
+        return build_graph(edges, metadata, manual_edges=manual)
