@@ -1,0 +1,252 @@
+"""Selection logic as pure functions: valid choices, resolving what the user wants, prev/next stepping.
+
+The explorer remembers what the user last *asked for* (``wanted``) separately from what is shown (the
+resolved :class:`Selection`). Resolving keeps every wanted value that is valid in the new context and
+replaces only the ones that are not, by the nearest valid value (steps, iterations) or a sensible default.
+Because ``wanted`` is never overwritten by a fallback, a choice comes back as soon as it is valid again:
+picking an input node shows its ``value`` (it has no ``update``), and going back to a parameter node shows
+its ``update`` again. This is how "changing one selector never resets the others needlessly" is kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection
+from comgra_ndbg.statistics import STATISTICS
+from comgra_ndbg.store import schema
+
+__all__ = ["Choices", "resolve", "step_neighbour", "tensor_label", "wanted_from_trigger"]
+
+KIND_ORDER = (schema.KIND_VALUE, schema.KIND_GRAD, schema.KIND_UPDATE)
+DEFAULT_NODE_ROLES = ("output", "loss")  # the first node shown: what the network produced
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The valid values of every selector for one resolved selection (labels next to values)."""
+
+    trials: list[str]
+    step_types: list[str]
+    steps: np.ndarray
+    iterations: list[int]
+    nodes: list[str]
+    tensors: list[tuple[str, str]]  # (full name, label within the node)
+    kinds: list[str]
+    samples: list[int]
+    modules: list[str]  # module paths whose parameters can be collapsed into one node
+
+    def options(self, selector: str) -> list[Any]:
+        """The plain values of a selector, in display order (``None`` stands for the batch aggregate)."""
+        return {
+            "trial": list(self.trials),
+            "step_type": list(self.step_types),
+            "step": [int(s) for s in self.steps],
+            "iteration": list(self.iterations),
+            "node": list(self.nodes),
+            "tensor": [name for name, _ in self.tensors],
+            "kind": list(self.kinds),
+            "sample": [None, *self.samples],
+        }[selector]
+
+
+def tensor_label(tensor: str, node: str) -> str:
+    """A tensor's name within its node: ``weight`` for ``model.fc.weight`` in node ``model.fc``.
+
+    >>> tensor_label("model.fc.weight", "model.fc"), tensor_label("hidden", "hidden")
+    ('weight', 'hidden')
+    """
+    return tensor[len(node) + 1:] if tensor.startswith(node + ".") else tensor
+
+
+def resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choices]:
+    """The selection closest to ``wanted`` that the recording can show, and the valid choices around it."""
+    trials = list(cache.trials)
+    trial = wanted.get("trial") if wanted.get("trial") in trials else trials[0]
+    recording = cache.recording(trial)
+    step_types = [t for t in recording.step_types if len(cache.steps_of_type(trial, t))]
+    step_type = wanted.get("step_type") if wanted.get("step_type") in step_types else _default_step_type(
+        recording, step_types)
+    steps = cache.steps_of_type(trial, step_type) if step_type else np.zeros(0, np.int64)
+
+    collapsed = tuple(wanted.get("collapsed") or ())
+    view = cache.view_graph(trial, step_type, collapsed) if step_type else None
+    nodes = view.ordered_nodes() if view is not None else list(recording.nodes)
+    node = _pick_node(recording, view, nodes, wanted)
+    if view is not None and node is not None:
+        members = view.graph.node(node).tensors
+    else:
+        members = tuple(t.name for t in recording.tensors_of(node)) if node else ()
+    tensors = [(name, tensor_label(name, node)) for name in members]
+    sizes = {t.name: int(np.prod(t.shape)) for t in recording.tensors}
+    tensor = _pick_tensor(tensors, wanted.get("tensor"), sizes)
+
+    kinds = sorted(recording.kinds(tensor), key=_kind_rank) if tensor else []
+    kind = wanted.get("kind") if wanted.get("kind") in kinds else (kinds[0] if kinds else None)
+    step = _nearest(steps, wanted.get("step"), default=_default_step(cache, trial, steps, tensor, kind))
+    iterations = _valid_iterations(cache, trial, tensor, kind, step)
+    iteration = _nearest(np.array(iterations), wanted.get("iteration"), default=iterations[0]) if iterations else 0
+    samples = _valid_samples(cache, trial, tensor, kind, step, iteration)
+    sample = wanted.get("sample") if wanted.get("sample") in samples else None
+    stat = wanted.get("stat") if wanted.get("stat") in STATISTICS else "mean"
+    modules = [m.path for m in recording.module_tree() if m.path and m.total_parameters > 0]
+
+    selection = Selection(trial=trial, step_type=step_type, step=step, iteration=int(iteration), node=node,
+                          tensor=tensor, kind=kind, sample=sample, stat=stat,
+                          collapsed=tuple(m for m in collapsed if m in modules),
+                          generation=cache.generation(trial))
+    return selection, Choices(trials, step_types, steps, iterations, nodes, tensors, kinds, samples, modules)
+
+
+def wanted_from_trigger(wanted: dict[str, Any], trigger: Any, value: Any, current: Selection | None,
+                        choices: Choices | None, cache: ReaderCache) -> dict[str, Any]:
+    """``wanted`` after the user acted on ``trigger`` (a selector name, ``"stepper"`` with a ``(selector,
+    delta)`` value, ``"graph"``, ``"timeline"`` or ``"jump"``) with ``value``; never mutates its input."""
+    wanted = dict(wanted)
+    if trigger is None or value is None:
+        return wanted
+    if trigger == "stepper":
+        selector, delta = value
+        if current is None or choices is None:
+            return wanted
+        if selector == "step":
+            wanted["step"] = step_neighbour(choices.steps, current.step, delta)
+        else:
+            wanted[selector] = _neighbour(choices.options(selector), getattr(current, selector), delta)
+    elif trigger == "step":  # the slider gives a position among the shown step type's steps
+        if choices is not None and len(choices.steps):
+            wanted["step"] = int(choices.steps[int(np.clip(int(value), 0, len(choices.steps) - 1))])
+    elif trigger == "sample":
+        wanted["sample"] = None if value == AGGREGATE else int(value)
+    elif trigger in ("graph", "node"):
+        wanted["node"] = value
+    elif trigger in ("timeline", "jump"):
+        node, step = value if trigger == "jump" else (None, value)
+        trial = current.trial if current is not None else cache.trials[0]
+        step = int(step)
+        try:
+            wanted["step_type"] = cache.recording(trial).step_type_of(step)
+        except KeyError:
+            return wanted
+        wanted["step"] = step
+        if node is not None:
+            wanted["node"] = node
+    elif trigger == "collapsed":
+        wanted["collapsed"] = list(value)
+    else:
+        wanted[trigger] = value
+    return wanted
+
+
+def step_neighbour(steps: np.ndarray, step: int | None, delta: int) -> int | None:
+    """The recorded step ``delta`` positions away from ``step`` (clamped to the first / last one).
+
+    >>> step_neighbour(np.array([0, 5, 10]), 5, +1), step_neighbour(np.array([0, 5, 10]), 0, -1)
+    (10, 0)
+    """
+    if not len(steps):
+        return None
+    position = int(np.searchsorted(steps, step)) if step is not None else 0
+    return int(steps[int(np.clip(position + delta, 0, len(steps) - 1))])
+
+
+def _neighbour(options: list[Any], value: Any, delta: int) -> Any:
+    if not options:
+        return value
+    position = options.index(value) if value in options else 0
+    return options[int(np.clip(position + delta, 0, len(options) - 1))]
+
+
+def _nearest(values: np.ndarray, wanted: Any, *, default: int | None) -> int | None:
+    """The value in sorted ``values`` closest to ``wanted`` (ties go to the earlier one)."""
+    if not len(values) or wanted is None:
+        return default
+    position = int(np.searchsorted(values, int(wanted)))
+    candidates = [values[i] for i in (position - 1, position) if 0 <= i < len(values)]
+    return int(min(candidates, key=lambda v: (abs(int(v) - int(wanted)), int(v))))
+
+
+def _pick_node(recording: Any, view: Any, nodes: list[str], wanted: dict[str, Any]) -> str | None:
+    if not nodes:
+        return None
+    if wanted.get("node") in nodes:
+        return wanted["node"]
+    if view is not None:  # the wanted node was regrouped: find the node that holds its tensors now
+        members = {name: view.graph.node(name).tensors for name in nodes}
+        for name in nodes:
+            if wanted.get("tensor") in members[name] or wanted.get("node") in members[name]:
+                return name
+        prefix = f"{wanted.get('node')}."
+        for name in nodes:
+            if any(t.startswith(prefix) for t in members[name]):
+                return name
+    roles = {t.node: t.role for t in recording.tensors}
+    if view is not None:
+        roles.update({n.name: n.role for n in view.graph.nodes})
+    for role in DEFAULT_NODE_ROLES:
+        for name in nodes:
+            if roles.get(name) == role:
+                return name
+    return nodes[0]
+
+
+def _default_step_type(recording: Any, step_types: list[str]) -> str:
+    """The step type of the last recorded step (where a run that failed shows it)."""
+    if not step_types:
+        return ""
+    last = recording.step_type_of(int(recording.steps[-1])) if len(recording.steps) else step_types[0]
+    return last if last in step_types else step_types[0]
+
+
+def _default_step(cache: ReaderCache, trial: str, steps: np.ndarray, tensor: str | None,
+                  kind: str | None) -> int | None:
+    """The last step with a snapshot of the tensor (so the first view has element values), else the last."""
+    if not len(steps):
+        return None
+    if tensor is not None and kind is not None:
+        snapshots = np.intersect1d(cache.snapshot_steps(trial, tensor, kind), steps)
+        if len(snapshots):
+            return int(snapshots[-1])
+    return int(steps[-1])
+
+
+def _pick_tensor(tensors: list[tuple[str, str]], wanted: str | None, sizes: dict[str, int]) -> str | None:
+    """The wanted tensor, else the one with the same name within its node (``weight`` stays ``weight``),
+    else the node's largest tensor."""
+    if not tensors:
+        return None
+    names = [name for name, _ in tensors]
+    if wanted in names:
+        return wanted
+    if wanted:
+        leaf = wanted.rpartition(".")[2]
+        for name, label in tensors:
+            if label == leaf or label.endswith("." + leaf):
+                return name
+    return max(names, key=lambda n: (sizes.get(n, 0), n))
+
+
+def _kind_rank(kind: str) -> tuple[int, str]:
+    return (KIND_ORDER.index(kind), "") if kind in KIND_ORDER else (len(KIND_ORDER), kind)
+
+
+def _valid_iterations(cache: ReaderCache, trial: str, tensor: str | None, kind: str | None,
+                      step: int | None) -> list[int]:
+    """Iterations of the step in which the tensor was recorded (all of them when it has no summaries)."""
+    if step is None:
+        return [0]
+    count = cache.iterations(trial).get(int(step), 1)
+    if count <= 1 or tensor is None or kind is None:
+        return list(range(max(count, 1)))
+    present = [i for i in range(count) if step in cache.series_rows(trial, tensor, kind, i)[0]]
+    return present or list(range(count))
+
+
+def _valid_samples(cache: ReaderCache, trial: str, tensor: str | None, kind: str | None, step: int | None,
+                   iteration: int) -> list[int]:
+    if tensor is None or kind is None or step is None:
+        return []
+    snapshot = cache.snapshot(trial, tensor, kind, step, iteration)
+    return [] if snapshot is None else [int(i) for i in snapshot.sample_index]
