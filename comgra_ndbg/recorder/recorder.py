@@ -57,6 +57,7 @@ class _Deferred:
     tensor: torch.Tensor
     batched: bool
     bounds: tuple[float, float] | None
+    kind: str | None = None  # a gradient's kind, once record_gradients() has collected its set
 
 
 class Recorder:
@@ -466,13 +467,18 @@ class Recorder:
         for item in self._deferred_values:
             self._snaps.append((item.key, item.iteration, self._take(item.tensor, True, item.bounds)))
         for item in self._deferred_grads:
-            self._grad_snaps.append((item.key, item.iteration, self._take(item.tensor, True)))
+            if item.kind is None:  # not collected yet: the next _collect_gradients maps tensor to series
+                self._grad_snaps.append((item.key, item.iteration, self._take(item.tensor, True)))
+            else:
+                self._snaps.append((self.catalog.series_id(item.key, item.kind), item.iteration,
+                                    self._take(item.tensor, True)))
 
     def _on_grad(self, token: int, tid: int, iteration: int, batched: bool, grad: torch.Tensor) -> None:
         """Autograd hook: reduce the gradient as it is produced; never alters it, never raises."""
         if token != self._token or not self._step_open:
             return
         try:
+            self._discover_graph()
             if self._summarize:
                 self._grad_keys.append((tid, iteration, self._grads.add(grad, batched=batched)))
             if self._snapshot:
@@ -518,7 +524,8 @@ class Recorder:
             self._grad_snaps = []
         else:
             for item in self._deferred_grads:
-                item.key = self.catalog.series_id(item.key, kind)
+                if item.kind is None:
+                    item.kind = kind
         self._grad_keys = []
         self._collect_values()
 

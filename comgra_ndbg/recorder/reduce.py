@@ -169,17 +169,29 @@ def _work_view(x: torch.Tensor) -> torch.Tensor:
 _UINT_VIEW = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
 
 
+_ONES: dict[np.dtype, np.ndarray] = {}
+
+
+def _ones(dtype: np.dtype, size: int) -> np.ndarray:
+    """A cached vector of ones: sums as BLAS dot products run about twice as fast as ``ndarray.sum``."""
+    ones = _ONES.get(dtype)
+    if ones is None or len(ones) < size:
+        ones = _ONES[dtype] = np.ones(max(size, 2 * len(ones) if ones is not None else 1 << 16), dtype=dtype)
+    return ones[:size]
+
+
 def _reduce_host(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
                  saturation_margin: float) -> None:
     """The same statistics for a CPU tensor, with numpy: no per-op dispatch cost and no device to sync.
 
     Zeros are counted on the bit pattern of |x| (``-0.0`` becomes ``+0.0`` under abs), which is several
-    times faster than a floating-point comparison and exact.
+    times faster than a floating-point comparison and exact. Sums are BLAS dot products with ones.
     """
     absolute = np.abs(a)
-    row[FIELD["sum"]] = a.sum()
+    ones = _ones(a.dtype, a.size)
+    row[FIELD["sum"]] = np.dot(a, ones)
     row[FIELD["sum_sq"]] = np.dot(a, a)
-    row[FIELD["sum_abs"]] = absolute.sum()
+    row[FIELD["sum_abs"]] = np.dot(absolute, ones)
     row[FIELD["min"]] = a.min()
     row[FIELD["max"]] = a.max()
     row[FIELD["zeros"]] = a.size - np.count_nonzero(absolute.view(_UINT_VIEW[a.dtype]))

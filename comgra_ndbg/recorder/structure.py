@@ -26,6 +26,7 @@ class StructureTracker:
         self.cache = GraphCache()
         self._registered: list[tuple[str, int, torch.Tensor]] = []
         self._manual: list[TensorEdge] = []
+        self._discovered = (0, 0)  # (registrations, manual edges) covered by the last discovery
 
     def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
         self._registered.append((name, iteration, tensor))
@@ -35,13 +36,19 @@ class StructureTracker:
 
     def clear(self) -> None:
         self._registered, self._manual = [], []
+        self._discovered = (0, 0)
 
     def discover(self, step_type: str, parameters: Mapping[str, torch.Tensor]) -> None:
-        """Find this step's graph (from the cache when its signature was seen) and forget the tensors."""
+        """Find this step's graph (from the cache when its signature was seen).
+
+        Called at the first gradient hook of the step (backward has just begun, so the tensors autograd
+        saved for backward can still link inputs that need no gradient) and again at the end of the step,
+        which only works if something was registered since.
+        """
         registered, manual = self._registered, self._manual
-        self.clear()
-        if not registered:
+        if not registered or self._discovered == (len(registered), len(manual)):
             return
+        self._discovered = (len(registered), len(manual))
         signature = structure_signature(registered, parameters) + repr(sorted(manual))
         cached = self.cache.get_or_build(signature, step_type,
                                          lambda: self._build(registered, parameters, manual))

@@ -82,6 +82,8 @@ def _covers(path: Path) -> frozenset[int]:
                 cached = frozenset(int(v) for v in f.attrs[schema.ATTR_COVERS])
         except (OSError, KeyError):
             cached = frozenset()
+        if len(_COVERS_CACHE) > 4096:  # a long-lived reader sees many merged files come and go
+            _COVERS_CACHE.clear()
         _COVERS_CACHE[key] = cached
     return cached
 
