@@ -75,16 +75,18 @@ def test_mlp_edges_from_input_hidden_parameters_to_loss() -> None:
         edge("model.fc2.bias", "output"),
         edge("model.fc2.weight", "output"),
         edge("output", "loss"),
+        edge("target", "loss"),
     ]
 
 
-def test_input_without_grad_is_a_source_that_autograd_cannot_see() -> None:
+def test_input_without_grad_is_found_through_the_tensors_autograd_saved() -> None:
     model = MLP()
     x = torch.randn(5, 4)
     output, hidden, _activation = model(x)
     edges = discover_edges([("input", 0, x), ("hidden", 0, hidden), ("output", 0, output)], parameters_of(model))
     assert edges == [
         edge("hidden", "output"),
+        edge("input", "hidden"),
         edge("model.fc1.bias", "hidden"),
         edge("model.fc1.weight", "hidden"),
         edge("model.fc2.bias", "output"),
@@ -228,10 +230,12 @@ def test_parameter_reached_through_unregistered_ops_still_gives_an_edge() -> Non
     model.w = nn.Parameter(torch.randn(2, 3))
     x = torch.randn(4, 3)
     y = F.linear(x, model.w * 2)
-    assert discover_edges([("input", 0, x), ("y", 0, y)], parameters_of(model)) == [edge("model.w", "y")]
+    assert discover_edges([("input", 0, x), ("y", 0, y)], parameters_of(model)) == [
+        edge("input", "y"), edge("model.w", "y")
+    ]
 
 
-def test_integer_indices_and_detached_tensors_link_only_through_manual_connections() -> None:
+def test_integer_indices_and_masks_are_found_and_detached_tensors_need_manual_connections() -> None:
     model = nn.ModuleDict({"emb": nn.Embedding(10, 4), "fc": nn.Linear(4, 4)})
     tokens = torch.randint(0, 10, (2, 5))
     embedded = model["emb"](tokens)
@@ -243,7 +247,8 @@ def test_integer_indices_and_detached_tensors_link_only_through_manual_connectio
 
     edges = discover_edges(tensors, parameters_of(model))
     assert edges == [
-        edge("model.emb.weight", "embedded"), edge("model.fc.bias", "out"), edge("model.fc.weight", "out")
+        edge("mask", "out"), edge("model.emb.weight", "embedded"), edge("model.fc.bias", "out"),
+        edge("model.fc.weight", "out"), edge("tokens", "embedded"),
     ]
 
     manual = [("tokens", "embedded", 0, 0), edge("embedded", "out"), ("mask", "out", 0, 0)]
@@ -264,10 +269,10 @@ def test_integer_indices_and_detached_tensors_link_only_through_manual_connectio
     graph = build_graph(edges, metadata, manual_edges=merge_manual_edges([], manual))
     assert graph.edges == (
         GraphEdge("embedded", "out", "manual"),
-        GraphEdge("mask", "out", "manual"),
+        GraphEdge("mask", "out", "forward"),
         GraphEdge("model.emb", "embedded", "forward"),
         GraphEdge("model.fc", "out", "forward"),
-        GraphEdge("tokens", "embedded", "manual"),
+        GraphEdge("tokens", "embedded", "forward"),
     )
 
 

@@ -7,7 +7,7 @@ type)``: only a signature not seen before pays for discovery.
 
 The signature covers what cheaply tells structures apart: registered names and iterations, rank, dtype,
 whether grad is required, the type of the producing autograd function and its output index, and the
-parameter names with whether each is frozen (a frozen parameter is invisible to autograd). It leaves out
+parameter names with whether each is frozen (a frozen parameter is reached only through saved tensors). It leaves out
 sizes, so a changed batch size or sequence length does not trigger a rediscovery, and object ids, so it is
 the same across processes. Control flow that changes edges without
 changing any of these (a branch between two ops of the same type) is not detected; give such steps

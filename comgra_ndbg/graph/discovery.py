@@ -11,25 +11,63 @@ How tensors are recognised in the autograd graph:
   (``q, k, v = linear(x).chunk(3, -1)``) are therefore distinct tensors;
 - a leaf that requires grad (a parameter, an input with ``requires_grad=True``) is the ``.variable`` of
   its ``AccumulateGrad`` node;
-- a tensor without ``grad_fn`` that does not require grad (integer indices, data, anything detached or made
-  under ``no_grad``) is invisible to autograd: it is a source only, and links to it come from manual
-  connections (:func:`merge_manual_edges`).
+- a tensor without ``grad_fn`` that does not require grad (input data, integer indices, targets, masks,
+  anything detached or made under ``no_grad``) and a frozen parameter have no autograd node: they are
+  found among the tensors autograd saved for backward (below), and are sources only.
+
+Saved tensors. Until ``backward`` frees them, an autograd node keeps what its backward needs:
+``AddmmBackward0._saved_mat1`` is a ``Linear``'s input, ``EmbeddingBackward0._saved_indices`` the token
+ids, ``NllLossBackward0._saved_target`` the classes of ``cross_entropy``, ``MulBackward0._saved_other`` a
+mask multiplied in. For each node it visits, the walk reads them (the names once per node type, from
+``dir``: every ``_raw_saved_<name>`` with its unpacked ``_saved_<name>``, or ``saved_tensors`` for a
+custom ``autograd.Function``; single tensors and tuples of tensors) and matches each one that does not
+require grad against the registered grad-less tensors by storage, never by value:
+
+- same device and ``untyped_storage().data_ptr()``, and the saved tensor's bytes lie within the registered
+  tensor's (``x.view(B, -1)`` or ``mask.unsqueeze(-1)`` saved by the op is a view of ``x`` or ``mask``);
+- a registered tensor with the saved tensor's exact offset, shape, stride and dtype wins; otherwise the
+  smallest registered tensors containing it (an input ``x`` and its slice ``x[0]`` both registered: a
+  view of ``x[0]`` belongs to ``x[0]``).
+
+A match is an input of the node, like its ``next_functions``: the grad-less tensor feeds the registered
+tensor whose walk reached the node, and it joins the node's memo. Saved tensors that require grad are
+skipped (they are in the graph already; ``TanhBackward0._saved_result`` is the node's own output, which
+would otherwise tie a registered ``h.detach()`` to the tensor it was detached from). A saved tensor with
+an unpack hook (non-reentrant ``torch.utils.checkpoint``, ``save_on_cpu``) is never unpacked: the hook
+would recompute the checkpointed region or copy from the CPU. After ``backward`` (without
+``retain_graph``) reading a saved tensor raises ``RuntimeError``, which counts as no match: discovery
+after backward gives the edges found through gradients only. This work is done only when a grad-less
+tensor or a frozen parameter is registered.
 
 Views are ordinary tensors here: ``h.view(...)`` registered as ``"h_flat"`` has its own ``ViewBackward``
 node, so it gets the edge ``h -> h_flat`` and its consumers depend on ``h_flat``, not on ``h``. A tensor
 registered twice (the very same tensor object, or an op such as ``contiguous()`` that returns its input)
 forms a chain in registration order: each later registration depends on the previous one, and a consumer
-depends on the latest registration made before it.
+depends on the latest registration made before it. Grad-less tensors registered twice (or two with the
+same storage, offset, shape, stride and dtype) are one tensor to their consumers in the same way, but get
+no edge between the registrations.
 
 The walk is iterative (no recursion limit) and memoised over autograd nodes: for each node it computes
 once the set of registered tensors reachable first, so the cost is linear in the size of the autograd
 graph, however many paths it has. It only reads ``grad_fn``, ``output_nr``, ``requires_grad``,
-``next_functions`` and ``variable``; it never modifies a tensor or the autograd graph, and never calls
-backward. This module does not import torch.
+``next_functions``, ``variable`` and saved tensors; it never modifies a tensor or the autograd graph, and
+never calls backward. This module does not import torch.
 
 Current limitations (autograd does not record what is needed):
 
-- a frozen parameter (``requires_grad=False``) and an input that does not require grad have no edges;
+- a grad-less tensor is linked only where an op saved it (or a view of it) for backward. Ops whose
+  backward does not need it save nothing: ``h + x``, ``h - x``, ``torch.cat``/``torch.stack`` with ``x``,
+  ``torch.lerp(h, x, w)``, the branch values of ``torch.where(cond, h, x)`` (the condition is saved).
+  Products, matrix products, ``Linear``, convolutions, ``embedding``, indexing, ``gather``,
+  ``masked_fill`` and the losses' targets are saved. An op on grad-less tensors only (``x / 255``,
+  ``x.float()``, ``x.to(device)``, ``(x - mean) / std``) builds no node, and its result is a new tensor
+  that matches nothing unless it is registered itself;
+- a grad-less tensor modified in place after an op saved it, or saved under a saved-tensor hook, is not
+  matched; neither is a tensor a custom ``autograd.Function`` keeps as a ``ctx`` attribute instead of
+  ``save_for_backward``;
+- after ``backward`` (without ``retain_graph``) grad-less tensors and frozen parameters have no edges;
+- containment is by byte range: a saved view of one strided slice (``x[:, 1]``) whose range overlaps a
+  second registered slice's can be attributed to both when neither matches exactly;
 - a tensor modified in place after registration is identified by its new ``grad_fn``: tensors computed
   from it before the in-place op link to what it was computed from instead;
 - a reentrant ``torch.utils.checkpoint`` region runs its forward under ``no_grad``: tensors registered
@@ -52,6 +90,11 @@ __all__ = ["discover_edges", "find_compiled_tensors", "merge_manual_edges", "val
 
 _ACCUMULATE_GRAD = "AccumulateGrad"
 _COMPILED_PREFIX = "CompiledFunction"
+_RAW_SAVED_PREFIX = "_raw_saved_"
+# The unpacked counterpart of ``_raw_saved_<name>``: generated C++ nodes, then custom autograd Functions.
+_UNPACKED_PREFIXES = ("_saved_", "saved_")
+
+_StorageKey = tuple[Any, int]  # (device, storage address)
 
 
 def discover_edges(
@@ -74,6 +117,17 @@ def discover_edges(
     ...     print(edge)
     TensorEdge(source='fc.weight', target='y', source_iteration=0, target_iteration=0)
     TensorEdge(source='x', target='y', source_iteration=0, target_iteration=0)
+
+    An input that does not require grad is found in what the ``Linear`` saved for backward
+    (``AddmmBackward0._saved_mat1``), as long as backward has not freed it:
+
+    >>> data = torch.randn(4, 3)
+    >>> hidden = fc(data)
+    >>> [(e.source, e.target) for e in discover_edges([("data", 0, data), ("hidden", 0, hidden)], {})]
+    [('data', 'hidden')]
+    >>> hidden.sum().backward()
+    >>> discover_edges([("data", 0, data), ("hidden", 0, hidden)], {})
+    []
     """
     walker = _Walker(tensors, parameters)
     return walker.edges()
@@ -143,6 +197,27 @@ def _edge_from_tuple(item: Any) -> TensorEdge:
     return TensorEdge(source, target, source_iteration, target_iteration)
 
 
+def _locate(tensor: torch.Tensor) -> tuple[_StorageKey, int, int, tuple[Any, ...]] | None:
+    """``(storage, first byte, end byte, layout)`` of a tensor's elements within its storage.
+
+    ``None`` for a tensor without addressable elements (empty, sparse, nested, meta, some subclasses).
+    Bytes are counted from the storage's start; ``layout`` is ``(first byte, shape, stride, dtype)``.
+    """
+    try:
+        if tensor.numel() == 0:
+            return None
+        address = tensor.untyped_storage().data_ptr()
+        shape, stride = tuple(tensor.shape), tensor.stride()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    if address == 0:
+        return None
+    itemsize = tensor.element_size()
+    start = tensor.storage_offset() * itemsize
+    extent = 1 + sum((size - 1) * abs(step) for size, step in zip(shape, stride))
+    return (tensor.device, address), start, start + extent * itemsize, (start, shape, stride, tensor.dtype)
+
+
 class _Walker:
     """One discovery pass: identities of registered tensors, then a memoised walk of autograd."""
 
@@ -158,16 +233,24 @@ class _Walker:
         self.parameter_name: dict[int, str] = {}  # slot -> parameter name, for parameter slots
         self.memo: dict[Any, frozenset[int]] = {}  # autograd node -> slots reachable first
         self.accumulate_types: dict[type, bool] = {}
+        # Grad-less tensors, found through saved tensors: per storage the byte ranges, and exact layouts.
+        self.plain_ranges: dict[_StorageKey, list[tuple[int, int, int]]] = {}  # -> [(start, end, slot)]
+        self.plain_slot: dict[tuple[_StorageKey, tuple[Any, ...]], int] = {}  # (storage, layout) -> slot
+        self.saved_attributes: dict[type, tuple[tuple[str, str], ...]] = {}  # node type -> (raw, unpacked)
         for index, (name, iteration, tensor) in enumerate(tensors):
             grad_fn = tensor.grad_fn
             self.names.append((name, iteration))
             self.roots.append(grad_fn)
             slot = self._slot(tensor, grad_fn)
             self.slot_of.append(slot)
+            if slot is None:
+                slot = self._plain_slot(tensor)
             if slot is not None:
                 self.registrations[slot].append(index)
         for name, parameter in parameters.items():
             slot = self._slot(parameter, parameter.grad_fn)
+            if slot is None:
+                slot = self._plain_slot(parameter)
             if slot is not None and not self.registrations[slot] and slot not in self.parameter_name:
                 self.parameter_name[slot] = name
 
@@ -184,6 +267,20 @@ class _Walker:
         if slot is None:
             slot = table[key] = len(self.registrations)
             self.registrations.append([])
+        return slot
+
+    def _plain_slot(self, tensor: torch.Tensor) -> int | None:
+        """The slot of a grad-less tensor (by storage and layout), created on first sight; ``None`` without
+        addressable storage. Its registrations resolve like any slot's but never form a chain of edges."""
+        located = _locate(tensor)
+        if located is None:
+            return None
+        storage, start, end, layout = located
+        slot = self.plain_slot.get((storage, layout))
+        if slot is None:
+            slot = self.plain_slot[(storage, layout)] = len(self.registrations)
+            self.registrations.append([])
+            self.plain_ranges.setdefault(storage, []).append((start, end, slot))
         return slot
 
     def edges(self) -> list[TensorEdge]:
@@ -237,7 +334,61 @@ class _Walker:
                 children.append(child)
             else:
                 direct.add(slot)
+        if self.plain_ranges:
+            direct |= self._saved_sources(node)
         return direct, children
+
+    def _saved_sources(self, node: Any) -> set[int]:
+        """Slots of the grad-less tensors ``node`` saved for backward (nothing once backward freed them)."""
+        found: set[int] = set()
+        for raw_name, unpacked_name in self._saved_names(node):
+            try:
+                raw = getattr(node, raw_name)
+                packed = raw if isinstance(raw, (tuple, list)) else (raw,)
+                if any(getattr(item, "unpack_hook", None) is not None for item in packed):
+                    continue  # unpacking would run the hook: recompute a checkpointed region, copy from CPU
+                value = getattr(node, unpacked_name)
+            except RuntimeError:
+                continue  # freed by backward, or modified in place since it was saved
+            for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                if getattr(tensor, "requires_grad", True) is False:  # None, ints and SymInts have no flag
+                    found.update(self._matches(tensor))
+        return found
+
+    def _saved_names(self, node: Any) -> tuple[tuple[str, str], ...]:
+        """``(_raw_saved_<name>, unpacked name)`` pairs of the node's type, from ``dir`` once per type."""
+        kind = type(node)
+        names = self.saved_attributes.get(kind)
+        if names is None:
+            available = set(dir(node))
+            pairs = []
+            for raw_name in sorted(available):
+                if raw_name.startswith(_RAW_SAVED_PREFIX):
+                    suffix = raw_name[len(_RAW_SAVED_PREFIX):]
+                    unpacked = [prefix + suffix for prefix in _UNPACKED_PREFIXES if prefix + suffix in available]
+                    if unpacked:
+                        pairs.append((raw_name, unpacked[0]))
+            names = self.saved_attributes[kind] = tuple(pairs)
+        return names
+
+    def _matches(self, tensor: torch.Tensor) -> list[int]:
+        """Slots of the registered grad-less tensors a saved tensor is, or is a view of (see the module doc)."""
+        located = _locate(tensor)
+        if located is None:
+            return []
+        storage, start, end, layout = located
+        ranges = self.plain_ranges.get(storage)
+        if not ranges:
+            return []
+        exact = self.plain_slot.get((storage, layout))
+        if exact is not None:
+            return [exact]
+        containing = [(range_end - range_start, slot) for range_start, range_end, slot in ranges
+                      if range_start <= start and end <= range_end]
+        if not containing:
+            return []
+        smallest = min(width for width, _slot in containing)
+        return [slot for width, slot in containing if width == smallest]
 
     def _reach(self, root: Any) -> frozenset[int]:
         """Slots reachable first from ``root``: iterative post-order over the DAG, memoised per node."""

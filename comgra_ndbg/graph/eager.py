@@ -59,8 +59,8 @@ def discover_module_structure(
     ``register(name, tensor, iteration=0)`` for each tensor the training loop registers. Parameters are
     named ``f"{module_name}.{parameter name}"`` as ``Recorder.track_module(module_name, module)`` names
     them. With ``inputs_require_grad=True``, floating-point tensors in ``example_inputs`` are replaced by
-    copies that require grad, so edges from the inputs become visible (a training step sees them only if
-    the inputs require grad there too).
+    copies that require grad, so edges from the inputs become visible through autograd itself (without it
+    they are found, as in a training step, through the tensors the consuming ops saved for backward).
 
     >>> torch.manual_seed(0) and None
     >>> model = torch.compile(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh()), backend="eager")
