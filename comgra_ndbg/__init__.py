@@ -7,12 +7,14 @@ __version__ = "0.1.0"
 
 from comgra_ndbg.recorder import Recorder, RecorderWarning  # noqa: E402
 from comgra_ndbg.store import Recording, open_recording  # noqa: E402
+from comgra_ndbg.analysis import analyze  # noqa: E402
 
 __all__ = [
     "__version__",
     "Recorder",
     "open_recording",
     "Recording",
+    "analyze",
     "RecorderWarning",
     "ComgraError",
     "RecorderStateError",

@@ -1,0 +1,1 @@
+"""Benchmarks of comgra_ndbg: recording overhead, graph discovery and layout, policies, and diagbench."""

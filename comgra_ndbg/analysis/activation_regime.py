@@ -1,0 +1,103 @@
+"""Activation regime of forward nodes: normal → vanishing / exploding (scale), dead, saturated.
+
+- *scale*: the rms of a node's value shifts by ``enter_decades`` against its own recent history (relative
+  rule with hysteresis, see :mod:`~comgra_ndbg.analysis.shift`);
+- *dead*: the share of units that are exactly 0 for every sample reaches ``dead_enter`` — from the first
+  steps (absolute rule) or, mid-run, rising by ``dead_rise`` above its recent median;
+- *saturated*: the share of elements of a bounded activation (tanh, sigmoid) within the saturation
+  margin of a bound reaches ``saturated_enter``, with the same two forms.
+
+>>> import numpy as np
+>>> from comgra_ndbg.analysis.series import build_series
+>>> from comgra_ndbg.store.schema import FIELD, identity_row
+>>> rows = np.tile(identity_row(), (100, 1))
+>>> rows[:, FIELD["count"]], rows[:, FIELD["units"]] = 8, 4
+>>> rows[60:, FIELD["dead_units"]] = 4
+>>> s = build_series({("h", "value"): (np.arange(100), rows)}, roles={"h": "intermediate"}, kpis={})
+>>> [(e.to_state, e.onset, e.end) for e in activation_events(s)]
+[('dead', 60, 99)]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.events import Event, Evidence
+from comgra_ndbg.analysis.series import NodeSeries, RunSeries
+from comgra_ndbg.analysis.shift import level_shifts, log_level, rolling_median, runs, strength
+
+__all__ = ["activation_events", "fraction_events", "FAMILY"]
+
+FAMILY = "activation_regime"
+
+
+def activation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
+                      stop: int | None = None, settle: int = 0) -> list[Event]:
+    """Events of every forward node over the steps before index ``stop`` (the first non-finite step).
+
+    Relative (scale) rules start at index ``settle``; absolute rules apply from the first step.
+    """
+    t = thresholds
+    events: list[Event] = []
+    for node in series.activations:
+        if not node.has("value"):
+            continue
+        stats = node.stats["value"]
+        events += _scale_events(series, node, t, stop, settle)
+        if node.role != "input":
+            events += fraction_events(series, node, stats["dead_fraction"], "dead", t.dead_enter, t.dead_exit,
+                                      t.dead_rise, t, stop)
+            events += fraction_events(series, node, stats["saturated_fraction"], "saturated", t.saturated_enter,
+                                      t.saturated_exit, t.saturated_rise, t, stop)
+    return events
+
+
+def _scale_events(series: RunSeries, node: NodeSeries, t: Thresholds, stop: int | None,
+                  settle: int) -> list[Event]:
+    values = node.stats["value"]["rms"][:stop]
+    x = log_level(values)
+    x[:settle] = np.nan
+    out = []
+    for s in level_shifts(x, window=t.window, min_history=t.min_history, enter=t.enter_decades,
+                          exit=t.exit_decades, persist=t.persist):
+        state = "exploding" if s.direction > 0 else "vanishing"
+        window = slice(s.start, min(s.start + 3, len(values)))
+        evidence = Evidence(f"{node.name}/value/rms", tuple(int(v) for v in series.steps[window]),
+                            tuple(float(v) for v in values[window]), float(10 ** s.baseline))
+        out.append(Event(FAMILY, node.name, "value", "normal", state, int(series.steps[s.start]),
+                         int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,)))
+    return out
+
+
+def fraction_events(series: RunSeries, node: NodeSeries, fraction: np.ndarray, state: str, enter: float,
+                    exit: float, rise: float, t: Thresholds, stop: int | None) -> list[Event]:
+    """Absolute-level states of a share in [0, 1] (dead units, saturation), with hysteresis.
+
+    The state is entered after ``persist`` steps at or above ``enter``; it is left after ``persist`` steps
+    below ``exit``. A state present in the median of the first ``start_steps`` steps is an ``at_start``
+    event at the first step; a later one must also have risen ``rise`` above its recent median.
+    """
+    f = np.asarray(fraction[:stop], dtype=np.float64)
+    if not np.isfinite(f).any() or np.nanmax(f) < enter:
+        return []
+    steps = series.steps
+    start_median = float(np.nanmedian(f[:t.start_steps])) if np.isfinite(f[:t.start_steps]).any() else np.nan
+    base = rolling_median(f, t.window, t.min_history)
+    out = []
+    for i, _ in runs(np.nan_to_num(f, nan=-1.0) >= enter, t.persist):
+        if out and steps[i] <= out[-1].end:
+            continue
+        at_start = i < t.start_steps and start_median >= enter
+        if not at_start and not (np.isfinite(base[i]) and f[i] - base[i] >= rise):
+            continue
+        below = np.nan_to_num(f[i:], nan=1.0) < exit
+        leave = runs(below, t.persist)
+        end = i + leave[0][0] - 1 if leave else len(f) - 1
+        onset = 0 if at_start else i
+        window = slice(onset, min(onset + 3, len(f)))
+        evidence = Evidence(f"{node.name}/value/{state}_fraction", tuple(int(v) for v in steps[window]),
+                            tuple(float(v) for v in f[window]), float(base[i]) if not at_start else float("nan"))
+        peak = float(np.nanmax(f[i:end + 1]))
+        out.append(Event(FAMILY, node.name, "value", "normal", state, int(steps[onset]), int(steps[end]), peak,
+                         strength(peak - (0.0 if at_start else base[i]), enter), (evidence,), at_start=at_start))
+    return out

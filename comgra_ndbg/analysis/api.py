@@ -1,0 +1,115 @@
+"""The analysis shell: load a recording, run the pure pipeline, store the results with the recording.
+
+>>> import tempfile, torch
+>>> from comgra_ndbg import Recorder
+>>> with tempfile.TemporaryDirectory() as folder:
+...     with Recorder(folder, trial="t") as rec:
+...         for step in range(30):
+...             with rec.step(step):
+...                 _ = rec.register_tensor("x", torch.ones(4, 2), role="input")
+...                 rec.record_kpi("loss", 1.0)
+...     analyze(folder).healthy
+True
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+
+from comgra_ndbg import __version__
+from comgra_ndbg.analysis.activation_regime import activation_events
+from comgra_ndbg.analysis.causal import coupled_failures, link_events
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict, to_dict
+from comgra_ndbg.analysis.gradient_health import gradient_events
+from comgra_ndbg.analysis.hypotheses import rank_hypotheses
+from comgra_ndbg.analysis.loading import load_series
+from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_events, phase_key
+from comgra_ndbg.analysis.optimizer_stability import optimizer_events
+from comgra_ndbg.analysis.query import Query
+from comgra_ndbg.analysis.series import RunSeries
+from comgra_ndbg.store.reader import Recording, open_recording
+from comgra_ndbg.store.results import read_results, write_results
+
+__all__ = ["analyze", "diagnose", "detect_events", "query", "stored_diagnosis"]
+
+
+def detect_events(series: RunSeries, thresholds: Thresholds = Thresholds()) -> list[Event]:
+    """Every event of every family, in step order. Relative rules skip the first ``settle_steps`` steps
+    and every family but ``nonfinite`` stops at the first non-finite step."""
+    stop = first_nonfinite_index(series)
+    settle = min(thresholds.settle_steps, len(series.steps))
+    events = nonfinite_events(series)
+    events += activation_events(series, thresholds, stop=stop, settle=settle)
+    events += gradient_events(series, thresholds, stop=stop, settle=settle)
+    events += optimizer_events(series, thresholds, stop=stop, settle=settle)
+    return sorted(events, key=lambda e: phase_key(e, series))
+
+
+def diagnose(series: RunSeries, thresholds: Thresholds = Thresholds()) -> Diagnosis:
+    """The pure pipeline: events, causal links, coupled failures and ranked hypotheses of one run."""
+    started = time.perf_counter()
+    events = detect_events(series, thresholds)
+    links = link_events(events, series, thresholds)
+    hypotheses = rank_hypotheses(events, links, series, thresholds)
+    return Diagnosis(trial=series.trial, num_steps=int(len(series.steps)),
+                     last_step=int(series.steps[-1]) if len(series.steps) else -1, events=tuple(events),
+                     coupled=tuple(coupled_failures(links)), hypotheses=tuple(hypotheses),
+                     seconds=time.perf_counter() - started, library_version=__version__,
+                     thresholds=thresholds.as_dict())
+
+
+def _open(path_or_recording: str | Path | Recording, trial: str | None) -> tuple[Recording, bool]:
+    if isinstance(path_or_recording, Recording):
+        return path_or_recording, False
+    return open_recording(path_or_recording, trial), True
+
+
+def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = None, store: bool = True,
+            thresholds: Thresholds = Thresholds()) -> Diagnosis:
+    """Diagnose a recording (a group folder with ``trial``, a trial folder, a ``.h5`` file or an open
+    ``Recording``); with ``store=True`` the results are written next to it (``analysis.json``) for the GUI.
+
+    ``Diagnosis.hypotheses`` is empty for a healthy run; ``Diagnosis.explain()`` prints them as sentences.
+    """
+    started = time.perf_counter()
+    recording, owned = _open(path_or_recording, trial)
+    try:
+        series = load_series(recording)
+        diagnosis = diagnose(series, thresholds)
+        diagnosis = replace(diagnosis, seconds=time.perf_counter() - started)
+        if store:
+            write_results(recording.location, to_dict(diagnosis), num_steps=diagnosis.num_steps,
+                          last_step=diagnosis.last_step)
+    finally:
+        if owned:
+            recording.close()
+    return diagnosis
+
+
+def stored_diagnosis(path_or_recording: str | Path | Recording, *, trial: str | None = None) -> Diagnosis | None:
+    """The diagnosis stored by :func:`analyze`, or None; it is returned even when stale — compare its
+    ``num_steps`` with the recording's, or use ``Recording.analysis().stale``."""
+    recording, owned = _open(path_or_recording, trial)
+    try:
+        stored = read_results(recording.location, num_steps=len(recording.steps))
+    finally:
+        if owned:
+            recording.close()
+    return None if stored is None else diagnosis_from_dict(stored.diagnosis)
+
+
+def query(path_or_recording: str | Path | Recording, *, trial: str | None = None,
+          thresholds: Thresholds = Thresholds()) -> Query:
+    """A :class:`~comgra_ndbg.analysis.query.Query` over a recording's series and its diagnosis."""
+    recording, owned = _open(path_or_recording, trial)
+    try:
+        series = load_series(recording)
+    finally:
+        if owned:
+            recording.close()
+    return Query(series, diagnose(series, thresholds))
+
+

@@ -1,0 +1,49 @@
+"""Thresholds of every analysis rule, in one frozen dataclass with documented defaults.
+
+The defaults were chosen on diagbench (``python -m benchmarks.diagbench``): they are the values at which
+healthy controls — including an easy task whose gradients shrink 1000×, LR warm-up and step decay — raise
+no hypothesis, while every catalogue fault is found. ``docs/diagnosis.md`` lists them with their rules.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["Thresholds"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Parameters of the detectors; pass a modified copy (``dataclasses.replace``) to any detector."""
+
+    # relative rules: a series' level against the median of its own recent history, in decades (log10)
+    window: int = 20  # steps of history in the rolling baseline
+    min_history: int = 10  # finite history values needed before a relative rule may fire
+    persist: int = 3  # consecutive steps needed to enter a state, and to leave it (hysteresis)
+    settle_steps: int = 50  # relative rules start after these steps: early training moves everything fast
+    enter_decades: float = 1.0  # level shift that starts a scale event (10×)
+    exit_decades: float = 0.5  # level shift under which a scale event ends (≈3×)
+    # absolute rules, also applied from step 0
+    start_steps: int = 10  # the first recorded steps whose median defines "present from step 0"
+    dead_enter: float = 0.9  # share of units that are 0 for every sample
+    dead_exit: float = 0.7
+    dead_rise: float = 0.5  # a mid-run dead state must rise this much above the recent median
+    saturated_enter: float = 0.5  # share of elements within the saturation margin of a bounded activation
+    saturated_exit: float = 0.3
+    saturated_rise: float = 0.3
+    start_gradient_decades: float = 4.0  # |log10(gradient rms / output gradient rms)| at start: vanishing/exploding
+    update_ratio_high: float = 0.1  # ‖ΔW‖/‖W‖ above this for `persist` steps is out of band
+    frozen_steps: int = 10  # steps of exactly-zero updates under non-zero gradients: a frozen parameter
+    isolated_update_decades: float = 2.0  # one parameter's update jump, alone, must be this large to be a root
+    optimizer_share: float = 0.5  # share of parameter nodes whose updates jump together: the optimizer
+    optimizer_spread: int = 1  # steps between those jumps
+    # loss rules
+    spike_factor: float = 10.0  # loss above this × its recent median: a spike
+    spike_recovery_steps: int = 5  # a spike back under `spike_recovery_factor` × median within these steps is transient
+    spike_recovery_factor: float = 3.0
+    divergence_factor: float = 100.0  # loss above this × its median before the event: diverging
+    # causal linking
+    max_lag: int = 30  # an effect starts at most this many steps after its cause
+    same_time: int = 1  # events this close (steps) count as simultaneous when localising
+
+    def as_dict(self) -> dict:
+        return asdict(self)

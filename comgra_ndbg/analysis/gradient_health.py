@@ -1,0 +1,101 @@
+"""Gradient health: healthy → vanishing / exploding, measured against the output's gradient.
+
+A node's gradient rms is divided by the rms of the output node's gradient at the same step (the
+*cross-layer ratio*). When a task is learned and the loss goes to 0, every gradient shrinks together and
+the ratio stays put; when a block in the middle starts to attenuate or amplify, the ratio of every node
+behind it moves. Two rules:
+
+- relative: the ratio's log10 shifts by ``enter_decades`` against its own recent history (hysteresis);
+- absolute, from step 0: the median ratio over the first ``start_steps`` is beyond
+  ``start_gradient_decades`` (an architecture or initialisation that cannot carry gradients).
+
+>>> import numpy as np
+>>> from comgra_ndbg.analysis.series import build_series
+>>> from comgra_ndbg.store.schema import FIELD, identity_row
+>>> def rows(rms):
+...     r = np.tile(identity_row(), (len(rms), 1)); r[:, FIELD["count"]] = 1; r[:, FIELD["sum_sq"]] = np.square(rms)
+...     return np.arange(len(rms)), r
+>>> decay = np.logspace(0, -3, 100)  # the loss goes to 0: every gradient shrinks 1000×
+>>> s = build_series({("h", "grad"): rows(decay * 0.1), ("out", "grad"): rows(decay)},
+...                  roles={"h": "intermediate", "out": "output"}, kpis={})
+>>> gradient_events(s)
+[]
+>>> broken = decay * 0.1; broken[60:] *= 1e-3
+>>> s = build_series({("h", "grad"): rows(broken), ("out", "grad"): rows(decay)},
+...                  roles={"h": "intermediate", "out": "output"}, kpis={})
+>>> [(e.to_state, e.onset, round(e.magnitude, 1)) for e in gradient_events(s)]
+[('vanishing', 60, 3.0)]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.events import Event, Evidence
+from comgra_ndbg.analysis.series import NodeSeries, RunSeries
+from comgra_ndbg.analysis.shift import level_shifts, log_level, strength
+
+__all__ = ["gradient_events", "reference_node", "normalized_gradient", "FAMILY"]
+
+FAMILY = "gradient_health"
+
+
+def reference_node(series: RunSeries) -> NodeSeries | None:
+    """The node whose gradient normalises the others: the output node, else the last node with a gradient."""
+    with_grad = [n for n in series.nodes if n.has("grad") and n.role != "loss"]
+    outputs = [n for n in with_grad if n.role == "output"]
+    if outputs:
+        return outputs[-1]
+    computed = [n for n in with_grad if not n.is_parameter]
+    return computed[-1] if computed else None
+
+
+def normalized_gradient(series: RunSeries, node: NodeSeries, reference: NodeSeries) -> np.ndarray:
+    """``log10(rms grad of node / rms grad of reference)`` per step (NaN where either is missing)."""
+    return log_level(node.stats["grad"]["rms"]) - log_level(reference.stats["grad"]["rms"])
+
+
+def gradient_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, stop: int | None = None,
+                    settle: int = 0) -> list[Event]:
+    """Gradient events of every node with a gradient, over the steps before index ``stop``; relative rules
+    start at index ``settle``."""
+    t = thresholds
+    reference = reference_node(series)
+    if reference is None:
+        return []
+    events: list[Event] = []
+    for node in series.nodes:
+        if node is reference or not node.has("grad") or node.role == "loss":
+            continue
+        ratio = normalized_gradient(series, node, reference)[:stop]
+        events += _start_events(series, node, ratio, t)
+        x = ratio.copy()
+        x[:settle] = np.nan
+        for s in level_shifts(x, window=t.window, min_history=t.min_history, enter=t.enter_decades,
+                              exit=t.exit_decades, persist=t.persist):
+            state = "exploding" if s.direction > 0 else "vanishing"
+            window = slice(s.start, min(s.start + 3, len(x)))
+            evidence = Evidence(f"{node.name}/grad/rms÷{reference.name}/grad/rms",
+                                tuple(int(v) for v in series.steps[window]),
+                                tuple(float(10 ** v) for v in x[window]), float(10 ** s.baseline))
+            events.append(Event(FAMILY, node.name, "grad", "healthy", state, int(series.steps[s.start]),
+                                int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,)))
+    return events
+
+
+def _start_events(series: RunSeries, node: NodeSeries, ratio: np.ndarray, t: Thresholds) -> list[Event]:
+    head = ratio[:t.start_steps]
+    if not np.isfinite(head).any():
+        return []
+    level = float(np.nanmedian(head))
+    if abs(level) < t.start_gradient_decades:
+        return []
+    state = "exploding" if level > 0 else "vanishing"
+    same_side = np.sign(level) * ratio >= t.start_gradient_decades - t.exit_decades
+    leaving = np.flatnonzero(~np.nan_to_num(same_side, nan=True))
+    end = int(leaving[0]) - 1 if len(leaving) else len(ratio) - 1
+    window = slice(0, min(3, len(ratio)))
+    evidence = Evidence(f"{node.name}/grad/rms÷output/grad/rms", tuple(int(v) for v in series.steps[window]),
+                        tuple(float(10 ** v) for v in ratio[window]))
+    return [Event(FAMILY, node.name, "grad", "healthy", state, int(series.steps[0]), int(series.steps[max(end, 0)]),
+                  abs(level), strength(abs(level), t.start_gradient_decades), (evidence,), at_start=True)]

@@ -1,0 +1,169 @@
+"""Optimizer stability: update sizes, frozen parameters, and the loss (spikes, divergence).
+
+- *unstable*: a parameter node's update/weight ratio ‖ΔW‖/‖W‖ jumps up by ``enter_decades`` against its
+  recent history (relative, with hysteresis; drops are not failures — LR decay is legitimate), or stays
+  above ``update_ratio_high`` for ``persist`` steps (absolute band, from step 0);
+- *optimizer*: such jumps in at least ``optimizer_share`` of the parameter nodes within
+  ``optimizer_spread`` steps form one event of the node ``optimizer``;
+- *frozen*: exactly-zero updates for ``frozen_steps`` steps while the gradient is not zero;
+- loss *spike*: the loss above ``spike_factor`` × its recent median and back under
+  ``spike_recovery_factor`` × within ``spike_recovery_steps`` (transient); *diverging*: above
+  ``divergence_factor`` × for ``persist`` steps.
+
+>>> import numpy as np
+>>> from comgra_ndbg.analysis.series import build_series
+>>> loss = np.full(100, 1.0); loss[70] = 50.0
+>>> s = build_series({}, roles={}, kpis={"loss": (np.arange(100), loss)})
+>>> [(e.to_state, e.onset, e.end) for e in loss_events(s)]
+[('spike', 70, 70)]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.events import Event, Evidence
+from comgra_ndbg.analysis.series import NodeSeries, RunSeries
+from comgra_ndbg.analysis.shift import level_shifts, log_level, rolling_median, runs, strength
+
+__all__ = ["optimizer_events", "update_events", "cluster_events", "loss_events", "update_ratio", "FAMILY",
+           "OPTIMIZER"]
+
+FAMILY = "optimizer_stability"
+OPTIMIZER = "optimizer"
+
+
+def update_ratio(node: NodeSeries) -> np.ndarray:
+    """‖ΔW‖ / ‖W‖ per step (NaN where either is missing)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return node.stats["update"]["l2"] / node.stats["value"]["l2"]
+
+
+def optimizer_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, stop: int | None = None,
+                     settle: int = 0) -> list[Event]:
+    """Update, optimizer-cluster and loss events over the steps before index ``stop``."""
+    updates = update_events(series, thresholds, stop=stop, settle=settle)
+    return updates + cluster_events(series, updates, thresholds) + loss_events(series, thresholds, stop=stop,
+                                                                               settle=settle)
+
+
+def update_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, stop: int | None = None,
+                  settle: int = 0) -> list[Event]:
+    t = thresholds
+    steps = series.steps
+    events: list[Event] = []
+    for node in series.parameters:
+        if not (node.has("update") and node.has("value")):
+            continue
+        ratio = update_ratio(node)[:stop]
+        x = log_level(ratio)
+        relative = x.copy()
+        relative[:settle] = np.nan
+        for s in level_shifts(relative, window=t.window, min_history=t.min_history, enter=t.enter_decades,
+                              exit=t.exit_decades, persist=t.persist, directions=(1,)):
+            window = slice(s.start, min(s.start + 3, len(x)))
+            evidence = Evidence(f"{node.name}/update/l2÷value/l2", tuple(int(v) for v in steps[window]),
+                                tuple(float(v) for v in ratio[window]), float(10 ** s.baseline))
+            events.append(Event(FAMILY, node.name, "update", "stable", "unstable", int(steps[s.start]),
+                                int(steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,)))
+        for i, j in runs(np.nan_to_num(ratio, nan=0.0) > t.update_ratio_high, t.persist):
+            if any(e.onset <= steps[i] <= e.end for e in events if e.node == node.name):
+                continue
+            magnitude = float(np.log10(np.nanmax(ratio[i:j + 1]) / t.update_ratio_high))
+            evidence = Evidence(f"{node.name}/update/l2÷value/l2", tuple(int(v) for v in steps[i:i + 3]),
+                                tuple(float(v) for v in ratio[i:i + 3]))
+            events.append(Event(FAMILY, node.name, "update", "stable", "unstable", int(steps[i]), int(steps[j]),
+                                magnitude, strength(magnitude + t.enter_decades, t.enter_decades), (evidence,),
+                                at_start=i < t.start_steps))
+        events += _frozen_events(series, node, t, stop)
+    return events
+
+
+def _frozen_events(series: RunSeries, node: NodeSeries, t: Thresholds, stop: int | None) -> list[Event]:
+    if not node.has("grad"):
+        return []
+    update = node.stats["update"]["abs_max"][:stop]
+    grad = node.stats["grad"]["abs_max"][:stop]
+    frozen = (update == 0) & (grad > 0)
+    out = []
+    for i, j in runs(frozen, t.frozen_steps):
+        moved_before = bool(np.any(update[:i] > 0))
+        window = slice(i, min(i + 3, len(update)))
+        evidence = Evidence(f"{node.name}/update/abs_max", tuple(int(v) for v in series.steps[window]),
+                            tuple(float(v) for v in update[window]),
+                            float(np.nanmedian(update[max(0, i - t.window):i])) if moved_before else float("nan"))
+        out.append(Event(FAMILY, node.name, "update", "stable", "frozen", int(series.steps[i]), int(series.steps[j]),
+                         float(j - i + 1), strength(j - i + 1, t.frozen_steps), (evidence,),
+                         at_start=not moved_before and i < t.start_steps))
+    return out
+
+
+def cluster_events(series: RunSeries, updates: list[Event], thresholds: Thresholds = Thresholds()) -> list[Event]:
+    """One ``optimizer`` event where enough parameter nodes became unstable at (nearly) the same step."""
+    t = thresholds
+    total = sum(1 for n in series.parameters if n.has("update"))
+    unstable = sorted((e for e in updates if e.to_state == "unstable"), key=lambda e: e.onset)
+    if not total or not unstable:
+        return []
+    out: list[Event] = []
+    used: set[tuple] = set()
+    for first in unstable:
+        if first.key in used:
+            continue
+        group = [e for e in unstable if first.onset <= e.onset <= first.onset + t.optimizer_spread
+                 and e.key not in used]
+        nodes = {e.node for e in group}
+        if len(nodes) / total < t.optimizer_share:
+            continue
+        used.update(e.key for e in group)
+        magnitude = float(np.median([e.magnitude for e in group]))
+        evidence = tuple(e.evidence[0] for e in group[:4])
+        out.append(Event(FAMILY, OPTIMIZER, "update", "stable", "unstable", first.onset,
+                         max(e.end for e in group), magnitude,
+                         strength(magnitude * len(nodes) / total / t.optimizer_share, t.enter_decades), evidence,
+                         at_start=all(e.at_start for e in group)))
+    return out
+
+
+def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, stop: int | None = None,
+                settle: int = 0) -> list[Event]:
+    """Transient spikes and divergence of the loss (finite values; non-finite ones are the nonfinite
+    family's)."""
+    t = thresholds
+    loss = np.asarray(series.loss[:stop], dtype=np.float64)
+    loss = np.where(np.isfinite(loss), loss, np.nan)
+    if not np.isfinite(loss).any():
+        return []
+    steps = series.steps
+    base = rolling_median(loss, t.window, t.min_history)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = loss / base
+    factor[:settle] = np.nan
+    out: list[Event] = []
+    i, n = 0, len(loss)
+    while i < n:
+        if not (np.isfinite(factor[i]) and factor[i] >= t.spike_factor and base[i] > 0):
+            i += 1
+            continue
+        b = base[i]
+        after = loss[i:i + t.spike_recovery_steps + 1] / b
+        back = np.flatnonzero(after < t.spike_recovery_factor)
+        evidence = Evidence("kpi/loss", tuple(int(v) for v in steps[i:i + 3]), tuple(float(v) for v in loss[i:i + 3]),
+                            float(b))
+        if len(back):
+            end = i + int(back[0]) - 1
+            magnitude = float(np.nanmax(loss[i:end + 1]) / b)
+            out.append(Event(FAMILY, "loss", "kpi", "stable", "spike", int(steps[i]), int(steps[end]),
+                             magnitude, strength(np.log10(magnitude), np.log10(t.spike_factor)), (evidence,)))
+            i = end + 1
+            continue
+        high = np.nan_to_num(loss[i:] / b, nan=np.inf) >= t.divergence_factor
+        diverged = runs(high, t.persist)
+        if diverged:
+            start = i + diverged[0][0]
+            magnitude = float(np.nanmax(loss[i:]) / b)
+            out.append(Event(FAMILY, "loss", "kpi", "stable", "diverging", int(steps[start]), int(steps[n - 1]),
+                             magnitude, strength(np.log10(magnitude), np.log10(t.divergence_factor)), (evidence,)))
+            break
+        i += 1
+    return out

@@ -1,0 +1,200 @@
+"""``RunSeries``: the recorded summaries of one run as aligned arrays, in forward order of the graph.
+
+Built by :func:`build_series` from plain arrays (what the reader returns), so every detector works on one
+value object and never touches a file. Node-level rows merge the node's tensors (a Linear's weight and
+bias) by the sufficient-statistic merge, then every statistic of :mod:`comgra_ndbg.statistics` is derived.
+
+>>> import numpy as np
+>>> from comgra_ndbg.store.schema import FIELD, identity_row
+>>> rows = np.stack([identity_row(), identity_row()])
+>>> rows[:, FIELD["count"]], rows[:, FIELD["sum_sq"]] = 4, [4.0, 16.0]
+>>> s = build_series({("h", "value"): (np.array([0, 1]), rows)}, roles={"h": "intermediate"}, kpis={})
+>>> s.get("h", "value", "rms").tolist()
+[1.0, 2.0]
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from comgra_ndbg.errors import UnknownSeriesError
+from comgra_ndbg.graph.model import LAYERING_KINDS, PARAMETER_ROLE, DependencyGraph
+from comgra_ndbg.statistics import derive, merge_rows
+from comgra_ndbg.store.schema import NUM_FIELDS, identity_row
+
+__all__ = ["NodeSeries", "RunSeries", "build_series", "forward_order"]
+
+Rows = tuple[np.ndarray, np.ndarray]  # (steps [n], rows [n, NUM_FIELDS])
+
+
+@dataclass(frozen=True)
+class NodeSeries:
+    """One node: its role, its position in forward order, and ``stats[kind][statistic]`` aligned with the
+    run's steps (NaN where the kind was not recorded at a step)."""
+
+    name: str
+    role: str
+    order: int
+    stats: Mapping[str, Mapping[str, np.ndarray]]
+
+    @property
+    def is_parameter(self) -> bool:
+        return self.role == PARAMETER_ROLE
+
+    def has(self, kind: str) -> bool:
+        return kind in self.stats
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    """Aligned series of one run: ``steps`` sorted, ``nodes`` in forward order, ``kpis`` aligned with
+    ``steps`` (NaN where a KPI was not recorded), and the dependency ``graph`` when one was recorded."""
+
+    steps: np.ndarray
+    nodes: tuple[NodeSeries, ...]
+    kpis: Mapping[str, np.ndarray]
+    graph: DependencyGraph | None = None
+    trial: str = ""
+    kpi_present: Mapping[str, np.ndarray] | None = None  # per KPI: True at steps where it was recorded
+
+    def kpi_recorded(self, name: str) -> np.ndarray:
+        """Where KPI ``name`` was recorded (a recorded NaN is a non-finite value, an absent one is not)."""
+        if self.kpi_present is not None and name in self.kpi_present:
+            return self.kpi_present[name]
+        return np.isfinite(self.kpi(name))
+
+    def node(self, name: str) -> NodeSeries:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise UnknownSeriesError(f"no node {name!r} in the run; nodes are {[n.name for n in self.nodes]}")
+
+    def get(self, node: str, kind: str, stat: str) -> np.ndarray:
+        """Values of one statistic of one node and kind, aligned with :attr:`steps`."""
+        found = self.node(node)
+        if kind not in found.stats:
+            raise UnknownSeriesError(f"node {node!r} has no kind {kind!r}; it has {sorted(found.stats)}")
+        if stat not in found.stats[kind]:
+            raise UnknownSeriesError(f"unknown statistic {stat!r}; choose one of {sorted(found.stats[kind])}")
+        return found.stats[kind][stat]
+
+    def kpi(self, name: str) -> np.ndarray:
+        if name not in self.kpis:
+            raise UnknownSeriesError(f"no KPI {name!r}; KPIs are {sorted(self.kpis)}")
+        return self.kpis[name]
+
+    @property
+    def loss(self) -> np.ndarray:
+        """The loss per step: the KPI ``loss`` if recorded, else the mean value of the loss-role node, else
+        all NaN."""
+        if "loss" in self.kpis:
+            return self.kpis["loss"]
+        for node in self.nodes:
+            if node.role == "loss" and node.has("value"):
+                return node.stats["value"]["mean"]
+        return np.full(len(self.steps), np.nan)
+
+    @property
+    def parameters(self) -> tuple[NodeSeries, ...]:
+        return tuple(n for n in self.nodes if n.is_parameter)
+
+    @property
+    def activations(self) -> tuple[NodeSeries, ...]:
+        """Nodes computed in the forward pass (not parameters, not targets, not the loss)."""
+        return tuple(n for n in self.nodes if n.role in ("input", "intermediate", "output"))
+
+    def index(self, step: int) -> int:
+        """Position of ``step`` in :attr:`steps`."""
+        i = int(np.searchsorted(self.steps, step))
+        if i >= len(self.steps) or self.steps[i] != step:
+            raise UnknownSeriesError(f"step {step} is not among the analysed steps "
+                                     f"({self.steps[0] if len(self.steps) else '-'}…"
+                                     f"{self.steps[-1] if len(self.steps) else '-'})")
+        return i
+
+
+def forward_order(names: list[str], roles: Mapping[str, str], graph: DependencyGraph | None) -> list[str]:
+    """Nodes in forward order: inputs first, then a topological order of the computed nodes (ties keep
+    ``names`` order), each parameter node just before the first node that consumes it.
+
+    >>> from comgra_ndbg.graph.model import DependencyGraph, GraphEdge, GraphNode
+    >>> node = lambda n, r: GraphNode(n, r, "", (n,), r == "parameter")
+    >>> g = DependencyGraph((node("b", "intermediate"), node("a", "intermediate"), node("w", "parameter")),
+    ...                     (GraphEdge("a", "b", "forward"), GraphEdge("w", "b", "forward")))
+    >>> forward_order(["w", "b", "a", "x"], {"w": "parameter", "a": "intermediate", "b": "intermediate",
+    ...                                      "x": "input"}, g)
+    ['x', 'a', 'w', 'b']
+    """
+    position = {n: i for i, n in enumerate(names)}
+    computed = [n for n in names if roles.get(n) != PARAMETER_ROLE]
+    edges = [] if graph is None else [(e.source, e.target) for e in graph.edges
+                                      if e.kind in LAYERING_KINDS and e.source != e.target]
+    computed_set = set(computed)
+    indegree = {n: 0 for n in computed}
+    for s, t in edges:
+        if s in computed_set and t in computed_set:
+            indegree[t] += 1
+    ready = sorted((n for n in computed if indegree[n] == 0),
+                   key=lambda n: (roles.get(n) != "input", position[n]))
+    ordered: list[str] = []
+    while ready:
+        current = ready.pop(0)
+        ordered.append(current)
+        for s, t in edges:
+            if s == current and t in computed_set:
+                indegree[t] -= 1
+                if indegree[t] == 0:
+                    ready.append(t)
+                    ready.sort(key=lambda n: (roles.get(n) != "input", position[n]))
+    ordered += [n for n in computed if n not in ordered]  # cycles (none in a forward graph)
+    rank = {n: float(i) for i, n in enumerate(ordered)}
+    for n in names:
+        if roles.get(n) == PARAMETER_ROLE:
+            consumers = [rank[t] for s, t in edges if s == n and t in rank]
+            rank[n] = (min(consumers) if consumers else len(ordered)) - 0.5 + position[n] * 1e-6
+    return sorted(names, key=lambda n: rank[n])
+
+
+def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, str],
+                 kpis: Mapping[str, tuple[np.ndarray, np.ndarray]], graph: DependencyGraph | None = None,
+                 trial: str = "", node_order: list[str] | None = None) -> RunSeries:
+    """Align node-level summary rows on the union of their steps and derive every statistic.
+
+    ``rows`` maps ``(node, kind)`` to ``(steps, rows)``; several entries for one node (its tensors) may be
+    passed as a list of such pairs under one key. ``roles`` maps node -> role. ``kpis`` maps name ->
+    ``(steps, values)``.
+    """
+    all_steps = [np.asarray(s, dtype=np.int64) for entry in rows.values() for s, _ in _pairs(entry)]
+    all_steps += [np.asarray(s, dtype=np.int64) for s, _ in kpis.values()]
+    steps = np.unique(np.concatenate(all_steps)) if all_steps else np.zeros(0, np.int64)
+    per_node: dict[str, dict[str, Mapping[str, np.ndarray]]] = {}
+    for (node, kind), entry in rows.items():
+        aligned = []
+        for s, r in _pairs(entry):
+            full = np.tile(identity_row(), (len(steps), 1))
+            if len(s):
+                full[np.searchsorted(steps, np.asarray(s, dtype=np.int64))] = np.asarray(r, dtype=np.float64)
+            aligned.append(full)
+        merged = aligned[0] if len(aligned) == 1 else merge_rows(np.stack(aligned), axis=0)
+        per_node.setdefault(node, {})[kind] = derive(merged)
+    names = node_order or list(dict.fromkeys([n for n, _ in rows] + list(roles)))
+    names = [n for n in names if n in per_node]
+    order = forward_order(names, roles, graph)
+    nodes = tuple(NodeSeries(n, roles.get(n, "intermediate"), i, per_node[n]) for i, n in enumerate(order))
+    aligned_kpis, present = {}, {}
+    for name, (s, v) in kpis.items():
+        values, mask = np.full(len(steps), np.nan), np.zeros(len(steps), bool)
+        where = np.searchsorted(steps, np.asarray(s, dtype=np.int64))
+        values[where], mask[where] = np.asarray(v, dtype=np.float64), True
+        aligned_kpis[name], present[name] = values, mask
+    return RunSeries(steps, nodes, aligned_kpis, graph, trial, present)
+
+
+def _pairs(entry: Rows | list[Rows]) -> list[Rows]:
+    if isinstance(entry, list):
+        return entry
+    steps, r = entry
+    r = np.asarray(r, dtype=np.float64).reshape(-1, NUM_FIELDS)
+    return [(steps, r)]

@@ -1,0 +1,63 @@
+"""Gradient health on synthetic series: cross-layer ratio shifts, step-0 vanishing, legitimate decay."""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.gradient_health import gradient_events
+from comgra_ndbg.analysis.series import build_series
+from comgra_ndbg.analysis.synthetic import summary_rows
+
+ROLES = {"early": "intermediate", "late": "intermediate", "out": "output"}
+
+
+def series(early: np.ndarray, late: np.ndarray, out: np.ndarray):
+    return build_series({("early", "grad"): summary_rows(rms=early), ("late", "grad"): summary_rows(rms=late),
+                         ("out", "grad"): summary_rows(rms=out)}, roles=ROLES, kpis={})
+
+
+def test_loss_going_to_zero_shrinks_every_gradient_1000x_without_an_event() -> None:
+    decay = np.logspace(0, -3, 400)
+    noise = np.exp(np.random.default_rng(0).normal(0, 0.2, 400))
+    assert gradient_events(series(0.01 * decay * noise, 0.1 * decay, decay), settle=50) == []
+
+
+def test_block_attenuating_from_step_200_makes_earlier_gradients_vanish() -> None:
+    out = np.logspace(0, -1, 400)
+    early, late = 0.01 * out, 0.1 * out
+    early[200:] *= 1e-3
+    events = gradient_events(series(early, late, out), settle=50)
+    assert [(e.node, e.to_state, e.onset, e.end, e.at_start) for e in events] == [
+        ("early", "vanishing", 200, 399, False)]
+    assert round(events[0].magnitude, 6) == 3.0
+    assert events[0].evidence[0].steps == (200, 201, 202)
+
+
+def test_amplified_gradient_recovers_and_the_event_ends() -> None:
+    out = np.ones(300)
+    late = np.full(300, 0.1)
+    late[150:170] *= 1e4
+    [event] = gradient_events(series(np.full(300, 0.01), late, out), settle=50)
+    assert (event.node, event.to_state, event.onset, event.end) == ("late", "exploding", 150, 169)
+
+
+def test_brief_spike_of_two_steps_is_no_event() -> None:
+    out = np.ones(300)
+    late = np.full(300, 0.1)
+    late[150:152] *= 1e4
+    assert gradient_events(series(np.full(300, 0.01), late, out), settle=50) == []
+
+
+def test_vanishing_from_step_0_is_an_at_start_event() -> None:
+    out = np.ones(100)
+    events = gradient_events(series(np.full(100, 1e-6), np.full(100, 1e-2), out), Thresholds(), settle=50)
+    assert [(e.node, e.to_state, e.onset, e.end, e.at_start) for e in events] == [
+        ("early", "vanishing", 0, 99, True)]
+
+
+def test_settle_steps_hide_early_training_transients() -> None:
+    out = np.ones(300)
+    early = np.full(300, 1e-3)
+    early[30:] = 0.1  # early training moves the ratio by 2 decades
+    assert gradient_events(series(early, np.full(300, 0.1), out), settle=50) == []
+    assert [e.onset for e in gradient_events(series(early, np.full(300, 0.1), out), settle=0)] == [30]

@@ -1,0 +1,101 @@
+"""The reasoner: roots, their reading as type and origin, ranking, and the sentence."""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.calibration import calibrated_confidence
+from comgra_ndbg.analysis.causal import link_events
+from comgra_ndbg.analysis.events import Event, Evidence
+from comgra_ndbg.analysis.hypotheses import rank_hypotheses
+from comgra_ndbg.analysis.series import build_series
+from comgra_ndbg.analysis.synthetic import summary_rows
+from comgra_ndbg.graph.model import DependencyGraph, GraphEdge, GraphNode
+
+ROLES = {"x": "input", "w1": "parameter", "b1.pre": "intermediate", "b1.out": "intermediate",
+         "w2": "parameter", "b2.pre": "intermediate", "b2.out": "intermediate", "logits": "output", "loss": "loss"}
+EDGES = [("w1", "b1.pre"), ("b1.pre", "b1.out"), ("b1.out", "b2.pre"), ("w2", "b2.pre"), ("b2.pre", "b2.out"),
+         ("b2.out", "logits"), ("logits", "loss")]
+GRAPH = DependencyGraph(tuple(GraphNode(n, r, "", (n,), r == "parameter") for n, r in sorted(ROLES.items())),
+                        tuple(sorted(GraphEdge(a, b, "forward") for a, b in EDGES)))
+
+
+def run():
+    rows = {(n, "value"): summary_rows(rms=np.ones(300)) for n in ROLES}
+    loss = np.ones(300)
+    return build_series(rows, roles=ROLES, kpis={"loss": (np.arange(300), loss)}, graph=GRAPH)
+
+
+def event(family, node, kind, state, onset, magnitude=1.5, at_start=False):
+    return Event(family, node, kind, "normal", state, onset, 299, magnitude, 0.75,
+                 (Evidence(f"{node}/{kind}/rms", (onset,), (1.0,)),), at_start)
+
+
+def hypotheses(events):
+    series = run()
+    return rank_hypotheses(events, link_events(events, series), series)
+
+
+def summary(hs):
+    return [(h.type, h.origin, h.node, h.onset) for h in hs]
+
+
+def test_a_healthy_run_has_no_hypothesis() -> None:
+    assert hypotheses([]) == []
+
+
+def test_pre_activation_jump_with_dead_units_behind_it_reads_as_dead_units_with_its_sentence() -> None:
+    jump = event("activation_regime", "b2.pre", "value", "exploding", 200, magnitude=1.3)
+    dead = event("activation_regime", "b2.out", "value", "dead", 200, magnitude=1.0)
+    grad = event("gradient_health", "b1.out", "grad", "vanishing", 200, magnitude=30.0)
+    [h] = hypotheses([grad, dead, jump])
+    assert summary([h]) == [("dead_units", "node", "b2.pre", 200)]
+    assert [(x.effect.node, x.via) for x in h.chain.links] == [("b2.out", "forward"), ("b1.out", "backward")]
+    assert h.confidence == calibrated_confidence(h.features)
+    assert h.sentence == (
+        "Dead units originated in 'b2.pre' at step 200, after the value rms of 'b2.pre' rose 1.3 decades against "
+        "its recent history and 'b2.out' went dead; 2 later events in 2 nodes follow from it (first: activation "
+        f"regime dead in 'b2.out' at step 200) (confidence {h.confidence:.2f}).")
+
+
+def test_scale_collapse_alone_is_vanishing_and_the_earliest_root_ranks_first() -> None:
+    collapse = event("activation_regime", "b1.pre", "value", "vanishing", 200, magnitude=3.0)
+    later = event("optimizer_stability", "w2", "update", "frozen", 250, magnitude=40)
+    hs = hypotheses([later, collapse])
+    assert summary(hs) == [("vanishing", "node", "b1.pre", 200), ("update_stagnation", "node", "w2", 250)]
+    assert hs[0].features[3] == 0.0 and hs[1].features[3] == 1.0
+
+
+def test_gradient_only_roots_point_at_the_most_downstream_node() -> None:
+    late = event("gradient_health", "b2.pre", "grad", "exploding", 200, magnitude=4.0)
+    early = event("gradient_health", "b1.out", "grad", "exploding", 200, magnitude=4.0)
+    assert summary(hypotheses([early, late])) == [("exploding", "node", "b2.pre", 200)]
+
+
+def test_non_finite_origins_input_loss_and_node() -> None:
+    assert summary(hypotheses([event("nonfinite", "x", "value", "non-finite", 200),
+                               event("nonfinite", "b1.pre", "value", "non-finite", 200)])) == [
+        ("nonfinite_data", "data", "x", 200)]
+    assert summary(hypotheses([event("nonfinite", "loss", "value", "non-finite", 200),
+                               event("nonfinite", "b2.out", "grad", "non-finite", 200)])) == [
+        ("nonfinite_loss", "loss", "loss", 200)]
+    assert summary(hypotheses([event("nonfinite", "b2.out", "value", "non-finite", 120)])) == [
+        ("exploding", "node", "b2.out", 120)]
+
+
+def test_optimizer_instability_turns_into_divergence_when_values_go_non_finite() -> None:
+    cluster = event("optimizer_stability", "optimizer", "update", "unstable", 200, magnitude=2.0)
+    assert summary(hypotheses([cluster])) == [("optimizer_instability", "optimizer", "", 200)]
+    nan = event("nonfinite", "b1.pre", "value", "non-finite", 203)
+    [h] = hypotheses([cluster, nan])
+    assert summary([h]) == [("optimizer_divergence", "optimizer", "", 200)]
+    assert [(x.effect.node, x.via) for x in h.chain.links] == [("b1.pre", "optimizer")]
+
+
+def test_faults_from_step_0_come_first_and_dead_units_explain_vanishing_gradients() -> None:
+    dead = event("activation_regime", "b1.out", "value", "dead", 0, magnitude=1.0, at_start=True)
+    vanishing = event("gradient_health", "b1.pre", "grad", "vanishing", 0, magnitude=30.0, at_start=True)
+    spike = event("optimizer_stability", "loss", "kpi", "spike", 150, magnitude=40.0)
+    hs = hypotheses([spike, vanishing, dead])
+    assert summary(hs) == [("dead_units", "architecture", "b1.out", 0), ("loss_spike", "data", "x", 150)]
+    assert hs[0].sentence.startswith("Dead units originated in the architecture or initialisation (first seen in "
+                                     "'b1.out') from the first step, after 100% of the units of 'b1.out' went dead")

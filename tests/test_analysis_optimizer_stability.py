@@ -1,0 +1,79 @@
+"""Optimizer stability on synthetic series: update jumps, the optimizer cluster, frozen layers, LR
+schedules, loss spikes and divergence."""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER, loss_events, optimizer_events
+from comgra_ndbg.analysis.series import build_series
+from comgra_ndbg.analysis.synthetic import summary_rows
+
+
+def params(updates: dict[str, np.ndarray], grads: dict[str, np.ndarray] | None = None, loss=None):
+    rows, roles = {}, {}
+    for name, update in updates.items():
+        n = len(update)
+        rows[(name, "value")] = summary_rows(rms=np.ones(n))
+        rows[(name, "update")] = summary_rows(rms=update)
+        rows[(name, "grad")] = summary_rows(rms=(grads or {}).get(name, np.ones(n)))
+        roles[name] = "parameter"
+    kpis = {} if loss is None else {"loss": (np.arange(len(loss)), loss)}
+    return build_series(rows, roles=roles, kpis=kpis)
+
+
+def states(events):
+    return [(e.node, e.to_state, e.onset, e.at_start) for e in events]
+
+
+def test_learning_rate_jump_in_every_layer_is_one_optimizer_event() -> None:
+    update = np.full(400, 1e-3)
+    update[200:] = 1e-1
+    events = optimizer_events(params({"a": update, "b": update.copy(), "c": update.copy()}), settle=50)
+    assert states(events) == [("a", "unstable", 200, False), ("b", "unstable", 200, False),
+                              ("c", "unstable", 200, False), (OPTIMIZER, "unstable", 200, False)]
+
+
+def test_one_layer_jumping_is_not_the_optimizer() -> None:
+    quiet = np.full(400, 1e-3)
+    jump = quiet.copy()
+    jump[200:] = 1e-1
+    events = optimizer_events(params({"a": jump, "b": quiet, "c": quiet.copy()}), settle=50)
+    assert states(events) == [("a", "unstable", 200, False)]
+
+
+def test_warm_up_and_step_decay_are_legitimate() -> None:
+    lr = np.minimum(1.0, (np.arange(400) + 1) / 50) * np.where(np.arange(400) >= 250, 0.1, 1.0)
+    update = 1e-3 * lr
+    assert optimizer_events(params({"a": update, "b": update.copy()}), settle=50) == []
+
+
+def test_frozen_layer_after_step_200_under_non_zero_gradients() -> None:
+    update = np.full(400, 1e-3)
+    update[200:] = 0.0
+    events = optimizer_events(params({"a": update, "b": np.full(400, 1e-3)}), settle=50)
+    assert states(events) == [("a", "frozen", 200, False)]
+    assert events[0].end == 399
+
+
+def test_zero_updates_under_zero_gradients_are_not_frozen() -> None:
+    update = np.full(400, 1e-3)
+    update[200:] = 0.0
+    grad = np.ones(400)
+    grad[200:] = 0.0
+    assert optimizer_events(params({"a": update}, {"a": grad}), settle=50) == []
+
+
+def test_update_out_of_band_from_step_0() -> None:
+    events = optimizer_events(params({"a": np.full(100, 0.5)}), settle=50)
+    assert states(events) == [("a", "unstable", 0, True), (OPTIMIZER, "unstable", 0, True)]
+
+
+def test_transient_spike_and_divergence_of_the_loss() -> None:
+    loss = np.full(400, 1.0)
+    loss[250] = 30.0
+    s = build_series({}, roles={}, kpis={"loss": (np.arange(400), loss)})
+    [spike] = loss_events(s, settle=50)
+    assert (spike.to_state, spike.onset, spike.end, spike.magnitude) == ("spike", 250, 250, 30.0)
+    loss[300:] = 1e4
+    [spike, diverging] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(400), loss)}), settle=50)
+    assert (diverging.to_state, diverging.onset) == ("diverging", 300)
