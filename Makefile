@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 
-.PHONY: setup test bench clean
+.PHONY: setup test demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ setup: $(VENV)/.installed
 
 test: setup
 	$(PY) -m pytest
+
+demo: setup
+	$(PY) -m comgra_ndbg.cli demo $(DEMO_ARGS)
 
 bench: setup
 	$(PY) benchmarks/overhead.py

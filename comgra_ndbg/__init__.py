@@ -8,10 +8,12 @@ __version__ = "0.1.0"
 from comgra_ndbg.recorder import Recorder, RecorderWarning  # noqa: E402
 from comgra_ndbg.store import Recording, open_recording  # noqa: E402
 from comgra_ndbg.analysis import analyze  # noqa: E402
+from comgra_ndbg.neuraldbg import NeuralDbg  # noqa: E402
 
 __all__ = [
     "__version__",
     "Recorder",
+    "NeuralDbg",
     "open_recording",
     "Recording",
     "analyze",

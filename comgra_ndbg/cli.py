@@ -1,6 +1,11 @@
 """The ``comgra-ndbg`` command: one subcommand per task, each in its own small ``_add_*`` function.
 
-To add a subcommand (``demo``, ``explain``, ``export``, ...), write ``_add_<name>(subparsers)`` that
+``demo`` records and explains a buggy and a fixed run, then serves the explorer; ``gui`` serves the
+explorer for a recording; ``info`` says what a recording holds; ``explain`` prints the ranked hypotheses
+and events (running the analysis when none is stored or it is stale); ``export`` writes summaries, events
+and hypotheses as csv or json tables.
+
+To add a subcommand, write ``_add_<name>(subparsers)`` that
 creates its parser and sets ``handler`` to a function ``(args) -> exit code``, and append it to
 :data:`SUBCOMMANDS`. Library errors (:class:`~comgra_ndbg.errors.ComgraError`) are printed as one line
 and exit with status 2; nothing else is caught.
@@ -8,8 +13,10 @@ and exit with status 2; nothing else is caught.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from comgra_ndbg import __version__
@@ -47,6 +54,7 @@ def _add_gui(subparsers: Any) -> None:
 def _info(args: argparse.Namespace) -> int:
     from comgra_ndbg.store.reader import list_trials, open_recording
 
+    sizes: dict[str, int] = {}
     for trial in list_trials(args.path):
         with open_recording(args.path, trial) as recording:
             steps = recording.steps
@@ -61,17 +69,168 @@ def _info(args: argparse.Namespace) -> int:
                 print(f"  KPIs: {', '.join(recording.kpi_names)}")
             if recording.notes:
                 print(f"  {len(recording.notes)} notes")
+            sizes[trial] = _disk_size(recording.location)
+    parts = ", ".join(f"{trial} {_human_size(size)}" for trial, size in sizes.items())
+    print(f"on disk: {_human_size(sum(sizes.values()))} in {len(sizes)} trial{'s' * (len(sizes) != 1)} ({parts})")
     return 0
+
+
+def _disk_size(location: Path) -> int:
+    """Bytes of a recording: its file, or every file in its trial folder (segments, analysis results)."""
+    if location.is_file():
+        return location.stat().st_size
+    return sum(p.stat().st_size for p in location.rglob("*") if p.is_file())
+
+
+def _human_size(size: int) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    if size < 1024:
+        return f"{size} B"
+    value = size / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def _add_info(subparsers: Any) -> None:
     parser = subparsers.add_parser("info", help="summarize what a recording holds",
-                                   description="Print trials, steps, step types, nodes and KPIs of a recording.")
+                                   description="Print trials, steps, step types, nodes, KPIs and the size on disk of a "
+                                               "recording.")
     parser.add_argument("path", help="group folder, trial folder or .h5 file")
     parser.set_defaults(handler=_info)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_gui, _add_info]
+def _demo(args: argparse.Namespace) -> int:
+    from comgra_ndbg.demo import BUGGY, run_demo
+
+    result = run_demo(args.path, steps=args.steps)
+    if args.no_gui:
+        return 0
+    from comgra_ndbg.gui.app import create_app, serve
+
+    app = create_app(result.path)
+    top = result.diagnoses[BUGGY].top
+    mark = f"; in trial {BUGGY!r} the graph marks node {top.node!r}" if top is not None and top.node else ""
+    print(f"comgra_ndbg explorer for {result.path} on http://{args.host}:{args.port}/ (Ctrl+C to stop){mark}",
+          flush=True)
+    serve(app, host=args.host, port=args.port)
+    return 0
+
+
+def _add_demo(subparsers: Any) -> None:
+    from comgra_ndbg.demo import DEFAULT_STEPS
+    from comgra_ndbg.gui.app import DEFAULT_HOST, DEFAULT_PORT
+
+    parser = subparsers.add_parser("demo", help="record a buggy and a fixed run, explain both, open the GUI",
+                                   description="Train a small network twice - once with a hidden bug (a ReLU on "
+                                               "its output layer), once fixed - record both as trials of one "
+                                               "group, print the analysis's explanation of each, then serve "
+                                               "the explorer on them.")
+    parser.add_argument("--path", help="group folder to record into (default: a fresh runs/demo-<time>)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps per trial, at least 30 (default {DEFAULT_STEPS})")
+    parser.add_argument("--no-gui", action="store_true", help="stop after printing the explanations")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address the explorer binds (default {DEFAULT_HOST}: this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"explorer port (default {DEFAULT_PORT})")
+    parser.set_defaults(handler=_demo)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from comgra_ndbg.analysis import to_dict
+    from comgra_ndbg.export import current_diagnosis, json_safe
+    from comgra_ndbg.store.reader import list_trials, open_recording
+
+    trials = [args.trial] if args.trial is not None else list_trials(args.path)
+    reports = []
+    for trial in trials:
+        with open_recording(args.path, trial) as recording:
+            diagnosis, fresh = current_diagnosis(recording)
+        reports.append((trial, diagnosis, fresh))
+    if args.json:
+        print(json.dumps(json_safe({"path": str(args.path), "trials": [
+            {"trial": trial, "analysed_now": fresh, "diagnosis": to_dict(diagnosis)}
+            for trial, diagnosis, fresh in reports]}), indent=1, allow_nan=False))
+        return 0
+    for trial, diagnosis, fresh in reports:
+        print(_explain_text(trial, diagnosis, fresh=fresh, max_events=args.max_events))
+    return 0
+
+
+def _explain_text(trial: str, diagnosis: Any, *, fresh: bool, max_events: int) -> str:
+    """A trial's diagnosis for a terminal: hypotheses best first, then the events in step order."""
+    source = "analysed now" if fresh else "stored analysis"
+    lines = [f"trial {trial}: {diagnosis.num_steps} recorded steps ({source})"]
+    if diagnosis.healthy:
+        lines.append("  no failure found")
+    else:
+        lines.append("  hypotheses, best first:")
+        for rank, h in enumerate(diagnosis.hypotheses, start=1):
+            where = f"node {h.node!r}" if h.node else "the optimizer"
+            lines.append(f"  {rank}. [{h.type}, origin {h.origin}, {where}, step {h.onset}, "
+                         f"confidence {h.confidence:.2f}]")
+            lines.append(f"     {h.sentence}")
+    if diagnosis.events:
+        lines.append(f"  events ({len(diagnosis.events)}, in step order):")
+        for e in diagnosis.events[:max_events]:
+            span = f"steps {e.onset}-{e.end}" if e.end != e.onset else f"step {e.onset}"
+            lines.append(f"    {span}: {e.family} {e.from_state} -> {e.to_state} in {e.node!r} ({e.kind}), "
+                         f"magnitude {e.magnitude:.3g}{', from the start' if e.at_start else ''}")
+        if len(diagnosis.events) > max_events:
+            lines.append(f"    ... {len(diagnosis.events) - max_events} more (--max-events, or --json for all)")
+    return "\n".join(lines)
+
+
+def _add_explain(subparsers: Any) -> None:
+    parser = subparsers.add_parser("explain", help="why did training fail? ranked hypotheses and events",
+                                   description="Print the ranked failure hypotheses and the events of each "
+                                               "trial. The stored analysis is used when it covers every "
+                                               "recorded step; otherwise the analysis runs now and is stored.")
+    parser.add_argument("path", help="group folder, trial folder or .h5 file")
+    parser.add_argument("--trial", help="explain only this trial of a group folder")
+    parser.add_argument("--json", action="store_true", help="print the full diagnoses as JSON")
+    parser.add_argument("--max-events", type=int, default=20, metavar="N",
+                        help="events listed per trial in the text output (default 20)")
+    parser.set_defaults(handler=_explain)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from comgra_ndbg.export import export
+
+    out = Path(args.out) if args.out is not None else _default_export_folder(Path(args.path))
+    written = export(args.path, out, to=args.to, trial=args.trial, statistics=args.stat)
+    for path in written.values():
+        print(path)
+    return 0
+
+
+def _default_export_folder(path: Path) -> Path:
+    """``<folder>/export`` for a group or trial folder, ``<stem>-export`` beside a single ``.h5`` file."""
+    return path.with_name(path.stem + "-export") if path.is_file() else path / "export"
+
+
+def _add_export(subparsers: Any) -> None:
+    from comgra_ndbg.statistics import STATISTICS
+
+    parser = subparsers.add_parser("export", help="write summaries, events and hypotheses as csv or json",
+                                   description="Write tidy tables for analysis elsewhere: summaries (one row "
+                                               "per trial, step, tensor, kind and statistic: columns trial, "
+                                               "step, tensor, node, role, kind, statistic, value), events and "
+                                               "hypotheses. csv: summaries.csv, events.csv, hypotheses.csv; "
+                                               "json: export.json. Non-finite values are written as nan, inf, "
+                                               "-inf.")
+    parser.add_argument("path", help="group folder, trial folder or .h5 file")
+    parser.add_argument("--to", choices=("csv", "json"), required=True, help="output format")
+    parser.add_argument("--out", metavar="DIR", help="folder to write into (default: PATH/export)")
+    parser.add_argument("--trial", help="export only this trial of a group folder")
+    parser.add_argument("--stat", nargs="+", choices=sorted(STATISTICS), metavar="STAT",
+                        help=f"statistics to export (default: all of {', '.join(STATISTICS)})")
+    parser.set_defaults(handler=_export)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_explain, _add_export]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,12 +4,18 @@ Gradients are taken only from parameters whose ``.grad`` was accumulated since t
 post-accumulate-grad hook marks them), so a step without a backward pass never re-records the previous
 step's leftover gradient. Updates are ``W_end - W_start`` of the step, from a copy taken at its start
 (one fused ``_foreach_copy_`` over every parameter, only on steps that record).
+
+With ``on_gradient``, the hook hands each accumulated gradient to that callback at once instead of marking
+it fresh: for loops that clear ``.grad`` (``optimizer.zero_grad()`` at the top) before the recorder gets to
+read it, as ``NeuralDbg`` does.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
@@ -36,8 +42,11 @@ class ParameterTracker:
     _captured: bool = False
     _hooks: list[Any] = field(default_factory=list)
 
-    def track(self, name: str, module: torch.nn.Module) -> None:
-        """Add every parameter of ``module`` as tensor ``name.<path>`` in node ``name.<owning module>``."""
+    def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
+              on_gradient: Callable[[int, torch.Tensor], None] | None = None) -> None:
+        """Add every parameter of ``module`` as tensor ``name.<path>`` in node ``name.<owning module>`` (plus
+        ``node_suffix``). ``on_gradient(tensor id, grad)``, if given, receives each gradient as it is
+        accumulated, and ``take_gradients`` no longer returns it."""
         self.modules.add(name)
         for path, sub in module.named_modules():
             own = sum(p.numel() for p in sub.parameters(recurse=False))
@@ -48,12 +57,13 @@ class ParameterTracker:
             tid = self.catalog.tensor_id(full)
             if tid is None:
                 tid = self.catalog.add_tensor(TensorInfo(
-                    name=full, node=owner, role="parameter", module=owner,
+                    name=full, node=owner + node_suffix, role="parameter", module=owner,
                     dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
             entry = _Tracked(full, parameter, tid)
             self.tracked.append(entry)
             if parameter.requires_grad:
-                self._hooks.append(parameter.register_post_accumulate_grad_hook(_mark_fresh(entry)))
+                hook = _mark_fresh(entry) if on_gradient is None else _hand_over(entry, on_gradient)
+                self._hooks.append(parameter.register_post_accumulate_grad_hook(hook))
         self._buffers = None
 
     def names(self) -> dict[str, torch.nn.Parameter]:
@@ -64,14 +74,22 @@ class ParameterTracker:
         return [(t.tensor_id, t.parameter.detach()) for t in self.tracked]
 
     def capture(self) -> None:
-        """Copy every parameter now, so ``updates()`` can return what the optimizer changed since."""
+        """Copy every parameter now, so ``updates()`` can return what the optimizer changed since.
+
+        CPU parameters are copied and subtracted with numpy, which on the host is several times faster
+        than ``torch._foreach_copy_`` / ``_foreach_sub``; other devices use the fused foreach ops.
+        """
         params = [t.parameter.detach() for t in self.tracked]
         if not params:
             return
         if self._buffers is None or any(b.shape != p.shape or b.dtype != p.dtype or b.device != p.device
                                         for b, p in zip(self._buffers, params)):
             self._buffers = [torch.empty_like(p) for p in params]
-        torch._foreach_copy_(self._buffers, params)
+        if _on_host(params):
+            for buffer, param in zip(self._buffers, params):
+                np.copyto(buffer.numpy(), param.numpy())
+        else:
+            torch._foreach_copy_(self._buffers, params)
         self._captured = True
 
     def updates(self) -> list[tuple[int, torch.Tensor]]:
@@ -80,7 +98,10 @@ class ParameterTracker:
             return []
         self._captured = False
         params = [t.parameter.detach() for t in self.tracked]
-        deltas = torch._foreach_sub(params, self._buffers)
+        if _on_host(params):
+            deltas = [torch.from_numpy(np.subtract(p.numpy(), b.numpy())) for p, b in zip(params, self._buffers)]
+        else:
+            deltas = torch._foreach_sub(params, self._buffers)
         return [(t.tensor_id, d) for t, d in zip(self.tracked, deltas)]
 
     def has_fresh_gradients(self) -> bool:
@@ -108,9 +129,22 @@ class ParameterTracker:
         self._buffers = None
 
 
+def _on_host(tensors: list[torch.Tensor]) -> bool:
+    """Whether numpy can work on every tensor directly (CPU, a numpy dtype, no conjugate/negative view)."""
+    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in tensors)
+
+
 def _mark_fresh(entry: _Tracked) -> Any:
     def hook(_: torch.Tensor) -> None:
         entry.fresh = True
+
+    return hook
+
+
+def _hand_over(entry: _Tracked, on_gradient: Callable[[int, torch.Tensor], None]) -> Any:
+    def hook(parameter: torch.Tensor) -> None:
+        if parameter.grad is not None:
+            on_gradient(entry.tensor_id, parameter.grad)
 
     return hook
 

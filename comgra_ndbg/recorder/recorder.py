@@ -167,6 +167,8 @@ class Recorder:
         self._value_keys: list[tuple[int, int, int]] = []  # (series, iteration, row in the reducer)
         self._grad_keys: list[tuple[int, int, int]] = []  # (tensor, iteration, row in the reducer)
         self._grad_snaps: list[tuple[int, int, Any]] = []
+        self._parameter_grads: dict[int, int] = {}  # tensor id -> row in the reducer (gradients_in_hook)
+        self._parameter_grad_snaps: dict[int, Any] = {}
         self._deferred_values: list[_Deferred] = []
         self._deferred_grads: list[_Deferred] = []
         self._rows: list[tuple[int, int, np.ndarray]] = []
@@ -202,11 +204,14 @@ class Recorder:
         self._steps_since_flush = 0
 
     # ---- setup -----------------------------------------------------------------------------------------
-    def track_module(self, name: str, module: torch.nn.Module) -> None:
+    def track_module(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
+                     gradients_in_hook: bool = False) -> None:
         """Record every parameter of ``module`` (value, gradient, update), named ``name.<parameter path>``.
 
-        Each parameter belongs to the node named by its owning module's path, so a ``Linear`` is one node
-        holding ``weight`` and ``bias``.
+        Each parameter belongs to the node named by its owning module's path (plus ``node_suffix``), so a
+        ``Linear`` is one node holding ``weight`` and ``bias``. ``gradients_in_hook=True`` reduces each
+        gradient in its post-accumulate-grad hook as soon as it is accumulated (the last accumulation of a
+        step wins), for loops that clear ``.grad`` before ``record_gradients()`` or ``finish_step()`` runs.
         """
         if not self.enabled:
             return
@@ -220,7 +225,10 @@ class Recorder:
         if self._step_open:
             raise RecorderStateError(f"track_module({name!r}) was called inside step {self._step}; call it before "
                                      f"the first start_step()")
-        self._parameters.track(name, module)
+        if not isinstance(node_suffix, str):
+            raise InvalidArgumentError(f"node_suffix must be a str, got {type(node_suffix).__name__}")
+        self._parameters.track(name, module, node_suffix=node_suffix,
+                               on_gradient=self._on_parameter_grad if gradients_in_hook else None)
 
     # ---- steps -----------------------------------------------------------------------------------------
     @contextmanager
@@ -290,7 +298,7 @@ class Recorder:
         if not isinstance(step_type, str) or not step_type:
             raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
         categories = None
-        if sample_categories is not None:
+        if sample_categories is not None and (self._summarize or self._snapshot):  # else nothing can be kept
             categories = np.asarray(sample_categories.detach().cpu() if isinstance(sample_categories, torch.Tensor)
                                     else sample_categories).reshape(-1)
             if self._batch_size is not None and len(categories) != self._batch_size:
@@ -302,7 +310,7 @@ class Recorder:
         self._summary_decision = Decision(summary.record, f"retroactive decision: {summary.reason}", summary.rule)
         self._snapshot_decision = Decision(snapshot.record, f"retroactive decision: {snapshot.reason}", snapshot.rule)
         keep_snapshots = snapshot.record or self._forced or self.flight_recorder is not None
-        if categories is not None:
+        if categories is not None and keep_snapshots:
             self._sample_categories = categories
             self._sample_positions = balanced_samples(categories.tolist(), self.num_samples)
         if keep_snapshots:
@@ -362,6 +370,7 @@ class Recorder:
         node: str | None = None,
         batched: bool | None = None,
         bounds: tuple[float, float] | None | str = AUTO,
+        module: str = "",
     ) -> torch.Tensor:
         """Record ``tensor`` under ``name`` in the current iteration; returns ``tensor`` unchanged.
 
@@ -369,8 +378,8 @@ class Recorder:
         tensors into one graph node (default: the name). ``batched`` says whether dim 0 is the batch
         (default: yes if dim 0 matches the step's batch size, set by the first batched tensor). ``bounds``
         is the activation's output range for saturation statistics (default: known for tanh, sigmoid and
-        softmax outputs; None for no saturation statistics). Its gradient is recorded, through a hook, when
-        it requires one.
+        softmax outputs; None for no saturation statistics). ``module`` is the path of the module that
+        produced the tensor, if any. Its gradient is recorded, through a hook, when it requires one.
         """
         if not self.enabled:
             return tensor
@@ -391,14 +400,14 @@ class Recorder:
         self._names.add(name)
         try:
             self._guard(f"recording tensor {name!r}", partial(self._record_tensor, name, tensor, role, node,
-                                                               batched, bounds), key=name)
+                                                               batched, bounds, module), key=name)
         except ComgraError:
             self._names.discard(name)
             raise
         return tensor
 
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
-                       bounds: Any) -> None:
+                       bounds: Any, module: str = "") -> None:
         if tensor.is_sparse or tensor.layout != torch.strided:
             tensor = tensor.to_dense()
         if batched is None:
@@ -408,7 +417,7 @@ class Recorder:
             self._batch_size = int(tensor.shape[0])
         if isinstance(bounds, str):
             bounds = saturation_bounds(tensor)
-        tid = self._tensor_id(name, tensor, role, node or name, bool(batched), bounds)
+        tid = self._tensor_id(name, tensor, role, node or name, bool(batched), bounds, module)
         iteration = self._iteration
         sid = self.catalog.series_id(tid, schema.KIND_VALUE)
         if self._summarize:
@@ -424,9 +433,11 @@ class Recorder:
                                                             bool(batched))))
 
     def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
-                       target_iteration: int | None = None) -> None:
+                       target_iteration: int | None = None, discovered: bool = False) -> None:
         """Declare that ``target`` depends on ``source`` where autograd cannot see it (a detach, integer
         indices, a non-differentiable step). Both are tensor names; iterations default to the current one.
+        ``discovered=True`` marks an edge that autograd did show, elsewhere (an eager pass over a compiled
+        model): it counts as a forward edge, not a manual one.
         """
         if not self.enabled:
             return
@@ -438,14 +449,14 @@ class Recorder:
             raise InvalidArgumentError(f"iterations of add_dependency({source!r}, {target!r}) must be ints >= 0")
         if source == target and iterations[0] == iterations[1]:
             raise InvalidArgumentError(f"add_dependency({source!r}, {target!r}) connects a tensor to itself")
-        self._structure.add_edge(TensorEdge(source, target, iterations[0], iterations[1]))
+        self._structure.add_edge(TensorEdge(source, target, iterations[0], iterations[1]), discovered=discovered)
 
     def _tensor_id(self, name: str, tensor: torch.Tensor, role: str, node: str, batched: bool,
-                   bounds: tuple[float, float] | None) -> int:
+                   bounds: tuple[float, float] | None, module: str = "") -> int:
         tid = self.catalog.tensor_id(name)
         if tid is None:
             return self.catalog.add_tensor(TensorInfo(
-                name=name, node=node, role=role, dtype=str(tensor.dtype).replace("torch.", ""),
+                name=name, node=node, role=role, module=module, dtype=str(tensor.dtype).replace("torch.", ""),
                 shape=tuple(tensor.shape), batched=batched, bounds=bounds))
         info = self.catalog.tensors[tid]
         if info.role != role or info.node != node:
@@ -489,6 +500,37 @@ class Recorder:
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._warn("recording a gradient", error, key=str(tid))
 
+    def record_gradient(self, name: str, grad: torch.Tensor, *, iteration: int | None = None) -> None:
+        """Record ``grad`` as the gradient of the tensor registered as ``name`` (in ``iteration``, default
+        the current one), for gradients that reach you through a hook of your own rather than through
+        autograd on the registered tensor (e.g. a detached copy of a compiled region's output).
+        """
+        if not self.enabled:
+            return
+        self._check_step_open(f"record_gradient({name!r})")
+        if not isinstance(grad, torch.Tensor):
+            raise InvalidTensorError(f"record_gradient({name!r}, ...) needs a torch.Tensor, got {type(grad).__name__}")
+        if not (self._summarize or self._snapshot):
+            return
+        tid = self.catalog.tensor_id(name)
+        if tid is None:
+            raise InvalidArgumentError(f"record_gradient({name!r}): no tensor of that name was registered; call "
+                                       f"register_tensor({name!r}, ...) first")
+        self._on_grad(self._token, tid, self._iteration if iteration is None else iteration,
+                      self.catalog.tensors[tid].batched, grad)
+
+    def _on_parameter_grad(self, tid: int, grad: torch.Tensor) -> None:
+        """Post-accumulate-grad hook of ``gradients_in_hook``: reduce now, replacing an earlier accumulation."""
+        if not self._step_open or not (self._summarize or self._snapshot):
+            return
+        try:
+            if self._summarize:
+                self._parameter_grads[tid] = self._grads.add(grad)
+            if self._snapshot:
+                self._parameter_grad_snaps[tid] = self._take(grad, False)
+        except Exception as error:  # a recorder problem must not break the user's backward pass
+            self._warn("recording a parameter gradient", error, key=str(tid))
+
     def record_gradients(self, gradient_set: str | None = None) -> None:
         """Record the gradients produced since the last call, and the tracked parameters' ``.grad``.
 
@@ -510,6 +552,9 @@ class Recorder:
 
     def _collect_gradients(self, kind: str) -> None:
         self._guard("discovering the dependency graph", self._discover_graph)
+        self._grad_keys.extend((tid, 0, index) for tid, index in self._parameter_grads.items())
+        self._grad_snaps.extend((tid, 0, data) for tid, data in self._parameter_grad_snaps.items())
+        self._parameter_grads, self._parameter_grad_snaps = {}, {}
         for tid, grad in self._parameters.take_gradients():
             if self._summarize:
                 self._grad_keys.append((tid, 0, self._grads.add(grad)))
@@ -633,8 +678,9 @@ class Recorder:
             self.flush()
 
     def _build_record(self, type_id: int) -> StepRecord:
-        if self._grad_keys or self._grad_snaps or self._deferred_grads or (
-                not self._grad_kinds and self._parameters.has_fresh_gradients()):
+        pending = (self._grad_keys or self._grad_snaps or self._deferred_grads or self._parameter_grads
+                   or self._parameter_grad_snaps)
+        if pending or (not self._grad_kinds and self._parameters.has_fresh_gradients()):
             kind = schema.KIND_GRAD if not self._grad_kinds else self._grad_kinds[-1]
             self._collect_gradients(kind)
         self._guard("discovering the dependency graph", self._discover_graph)

@@ -86,7 +86,7 @@ class Reducer:
             if not np.isfinite(row[_MOMENT_COLUMNS]).all():
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(x, row)
-            elif _cancels(row):  # finite, but float32 sums cannot resolve the variance: redo them in float64
+            elif _row_cancels(row):  # finite, but float32 sums cannot resolve the variance: redo them in float64
                 wide = flat.numpy().astype(np.float64)
                 row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)
             return row_index
@@ -207,6 +207,12 @@ def _reduce_host(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float
         row[FIELD["saturated"]] = np.count_nonzero(mask)
         if batch:
             row[FIELD["saturated_units"]] = np.count_nonzero(mask.reshape(batch, -1).all(axis=0))
+
+
+def _row_cancels(row: np.ndarray) -> bool:
+    """``_cancels`` for one row, in plain floats (numpy's scalar machinery costs more than the test)."""
+    n, s, q = float(row[FIELD["count"]]), float(row[FIELD["sum"]]), float(row[FIELD["sum_sq"]])
+    return n > 1 and q > 0 and q - s * s / n < 1e-2 * q
 
 
 def _cancels(rows: np.ndarray) -> np.ndarray:

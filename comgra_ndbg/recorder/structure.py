@@ -13,6 +13,7 @@ import torch
 
 from comgra_ndbg.graph import (GraphCache, TensorEdge, build_graph, discover_edges, graph_to_dict, layered_layout,
                                merge_manual_edges, structure_signature)
+from comgra_ndbg.graph.discovery import validate_manual_edges
 from comgra_ndbg.store.catalog import Catalog
 
 __all__ = ["StructureTracker"]
@@ -26,16 +27,17 @@ class StructureTracker:
         self.cache = GraphCache()
         self._registered: list[tuple[str, int, torch.Tensor]] = []
         self._manual: list[TensorEdge] = []
+        self._found: list[TensorEdge] = []  # edges autograd showed elsewhere (an eager pass of a compiled model)
         self._discovered = (0, 0)  # (registrations, manual edges) covered by the last discovery
 
     def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
         self._registered.append((name, iteration, tensor))
 
-    def add_edge(self, edge: TensorEdge) -> None:
-        self._manual.append(edge)
+    def add_edge(self, edge: TensorEdge, *, discovered: bool = False) -> None:
+        (self._found if discovered else self._manual).append(edge)
 
     def clear(self) -> None:
-        self._registered, self._manual = [], []
+        self._registered, self._manual, self._found = [], [], []
         self._discovered = (0, 0)
 
     def discover(self, step_type: str, parameters: Mapping[str, torch.Tensor]) -> None:
@@ -45,13 +47,15 @@ class StructureTracker:
         saved for backward can still link inputs that need no gradient) and again at the end of the step,
         which only works if something was registered since.
         """
-        registered, manual = self._registered, self._manual
-        if not registered or self._discovered == (len(registered), len(manual)):
+        registered, manual, found = self._registered, self._manual, self._found
+        if not registered or self._discovered == (len(registered), len(manual) + len(found)):
             return
-        self._discovered = (len(registered), len(manual))
+        self._discovered = (len(registered), len(manual) + len(found))
         signature = structure_signature(registered, parameters) + repr(sorted(manual))
+        if found:
+            signature += "\x1d" + repr(sorted(set(found)))
         cached = self.cache.get_or_build(signature, step_type,
-                                         lambda: self._build(registered, parameters, manual))
+                                         lambda: self._build(registered, parameters, manual, found))
         if cached.new_structure:
             positions = layered_layout(cached.graph)
             self.catalog.add_graph(cached.structure_hash, json.dumps(
@@ -59,9 +63,11 @@ class StructureTracker:
                 sort_keys=True))
         self.catalog.set_graph_of_type(step_type, cached.structure_hash)
 
-    def _build(self, registered: list, parameters: Mapping[str, torch.Tensor], manual: list[TensorEdge]):
-        edges = merge_manual_edges(discover_edges(registered, parameters), manual)
+    def _build(self, registered: list, parameters: Mapping[str, torch.Tensor], manual: list[TensorEdge],
+               found: list[TensorEdge] = ()):
+        discovered = merge_manual_edges(discover_edges(registered, parameters), found)
         names = {name for name, _, _ in registered} | set(parameters)
         metadata = {info.name: (info.node, info.role, info.module) for info in self.catalog.tensors
                     if info.name in names}
-        return build_graph(edges, metadata, manual_edges=manual)
+        # only the discovered edges as tensor_edges: build_graph marks the manual ones autograd did not show
+        return build_graph(discovered, metadata, manual_edges=validate_manual_edges(manual))

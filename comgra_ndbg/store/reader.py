@@ -354,6 +354,11 @@ class Recording:
         """Every recorded step number, in recording order."""
         return self._index[schema.STEPS_STEP]
 
+    @property
+    def step_iterations(self) -> np.ndarray:
+        """How many iterations each step ran (int64), parallel to :attr:`steps`."""
+        return self._concat(schema.STEPS_ITERATIONS).astype(np.int64)
+
     def steps_of_type(self, step_type: str) -> np.ndarray:
         if step_type not in self.catalog.step_types:
             raise UnknownSeriesError(f"no step type {step_type!r}; step types are {self.step_types}")

@@ -1,0 +1,145 @@
+"""NeuralDbg overhead: the issue's unchanged training loop, bare and instrumented, measured side by side.
+
+Two CPU models: the 8-block 256-wide tanh MLP of ``benchmarks/overhead.py`` (batch 64, Adam; given a
+``forward`` here) and a small transformer (2 pre-norm ``nn.TransformerEncoderLayer`` of width 128, 4
+heads, feed-forward 256, over sequences of 32 tokens, batch 16, next-token loss). Each variant trains the
+same data with ``NeuralDbg(model, loss=criterion, optimizer=...)`` around the loop: every leaf module's
+output and gradient, every parameter's value, gradient and update, the input, target and loss. The
+variants run interleaved in rounds, so machine noise hits all of them alike; the printed ratios are the
+median step time over bare, in wall-clock time and in CPU time of this process (the second is steadier on
+a machine shared with other work).
+
+"hooks only" is NeuralDbg with a policy that skips every step: the hooks, step detection and the loss KPI
+run, no statistic is computed, so it isolates the instrumentation from the Recorder's reductions.
+
+Run: ``python benchmarks/neuraldbg_overhead.py [--steps 200] [--rounds 5] [--threads N]``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.overhead import BATCH, MLP, make_data  # noqa: E402
+from comgra_ndbg import NeuralDbg  # noqa: E402
+
+VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, LAYERS, TOKENS_BATCH = 256, 32, 128, 4, 256, 2, 16
+
+
+class TanhMLP(MLP):
+    """``benchmarks/overhead.py``'s MLP with the forward its explicit loop spells out."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.position = nn.Parameter(torch.randn(SEQUENCE, WIDTH) * 0.02)
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(WIDTH, HEADS, FEED_FORWARD, dropout=0.0,
+                                                               batch_first=True, norm_first=True)
+                                    for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SEQUENCE), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) + self.position
+        for layer in self.layers:
+            h = layer(h, src_mask=self.mask, is_causal=True)
+        return self.head(self.norm(h)).flatten(0, 1)
+
+
+def token_data(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(steps):
+        tokens = torch.randint(0, VOCAB, (TOKENS_BATCH, SEQUENCE + 1), generator=g)
+        out.append((tokens[:, :-1], tokens[:, 1:].flatten()))
+    return out
+
+
+def run(make_model: Callable[[], nn.Module], data: list, options: dict | None, folder: str,
+        trial: str) -> tuple[float, float]:
+    """Train over ``data`` with the issue's loop; returns the median wall-clock and CPU seconds per step
+    after 10 warm-up steps."""
+    torch.manual_seed(0)
+    model, criterion = make_model(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    dbg = None if options is None else NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer,
+                                                 **options)
+    wall, cpu = [], []
+    for inputs, targets in data:
+        t0, c0 = time.perf_counter(), time.process_time()
+        optimizer.zero_grad()
+        loss = criterion(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    if dbg is not None:
+        dbg.close()
+    return statistics.median(wall[10:]), statistics.median(cpu[10:])
+
+
+VARIANTS = {
+    "bare": None,
+    "disabled": dict(enabled=False),
+    "hooks only": dict(summaries=None, snapshots=None),
+    "summaries": dict(summaries=1, snapshots=None),
+    "summaries+snapshots": dict(summaries=1, snapshots=10),
+}
+LABELS = {
+    "bare": "bare training loop",
+    "disabled": "NeuralDbg(enabled=False)",
+    "hooks only": "NeuralDbg, hooks only (every step skipped)",
+    "summaries": "NeuralDbg, summaries every step",
+    "summaries+snapshots": "NeuralDbg, summaries every step, snapshots every 10th",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    models = {
+        "8-block 256-wide tanh MLP, batch 64": (TanhMLP, make_data(args.steps)),
+        f"transformer {LAYERS}x{WIDTH}, seq {SEQUENCE}, batch {TOKENS_BATCH}": (TinyTransformer,
+                                                                       token_data(args.steps)),
+    }
+    results = {(m, v): [] for m in models for v in VARIANTS}
+    with tempfile.TemporaryDirectory() as folder:
+        for r in range(args.rounds):
+            for i, (m, (make_model, data)) in enumerate(models.items()):
+                for v, options in VARIANTS.items():
+                    results[(m, v)].append(run(make_model, data, options, folder, f"{v}-{r}-{i}"))
+    print(f"NeuralDbg overhead, CPU ({torch.get_num_threads()} threads), {args.steps} steps x {args.rounds} rounds, "
+          f"median step time (batch {BATCH} for the MLP)")
+    for m in models:
+        bare_wall, bare_cpu = (statistics.median(x) for x in zip(*results[(m, "bare")]))
+        print(f"{m}")
+        for v in VARIANTS:
+            wall, cpu = (statistics.median(x) for x in zip(*results[(m, v)]))
+            print(f"  {LABELS[v]:<55} {wall * 1e3:8.3f} ms/step  ratio {wall / bare_wall:5.3f}x   "
+                  f"CPU {cpu * 1e3:8.3f} ms/step  ratio {cpu / bare_cpu:5.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Module-boundary instrumentation: forward hooks that hand chosen modules' outputs to a callback.
+
+This is the part of ``NeuralDbg`` that sits inside the model. Each chosen module gets one forward hook.
+In eager mode the hook calls ``on_output(path, output)`` at once (before a later in-place op can change
+the output). Inside a ``torch.compile`` region the hook is traced by Dynamo instead, so it must not call
+into the recorder: it appends ``(path, output, tapped)`` to :attr:`ModuleHooks.stash` — a list mutation Dynamo
+replays after the compiled graph ran, without a graph break — and the caller drains the stash after the
+root module's forward. Its gradient cannot be taken with ``Tensor.register_hook`` there (the hook would
+be traced too, and a side effect in it breaks the graph), so the traced hook wraps the output in the
+``comgra_ndbg::grad_tap`` custom op instead: an identity in the forward pass whose backward hands the
+gradient to a callback registered for the hook's slot. Custom ops are opaque to Dynamo and Inductor, so
+the side effect happens at run time, in the compiled backward, with no graph break.
+
+Hooks do nothing unless :attr:`ModuleHooks.capture` is true; Dynamo guards on that attribute, so a
+compiled model holds at most two variants (capturing or not) and flipping it never recompiles more.
+
+A compiled region's backward is one autograd node, so the edges between its outputs are invisible there:
+:func:`discover_compiled` runs the model once eagerly on the same inputs (``graph/eager.py``) and returns
+the edges and saturation bounds, under the same tensor names (:func:`output_names`, :func:`input_names`).
+
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.Tanh(), nn.Linear(4, 2)))
+>>> [path for path, _ in select_modules(model, None)]
+['0', '1.0', '1.1']
+>>> [path for path, _ in select_modules(model, ["1", nn.Linear])]
+['0', '1', '1.1']
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from comgra_ndbg.errors import InvalidArgumentError
+from comgra_ndbg.graph import TensorEdge
+from comgra_ndbg.graph.eager import discover_module_structure
+from comgra_ndbg.recorder.reduce import saturation_bounds
+
+__all__ = ["ROOT", "INPUT", "CompiledStructure", "ModuleHooks", "ModulePattern", "discover_compiled",
+           "from_compiled_code", "input_names", "node_name", "output_names", "select_modules", "tensor_leaves"]
+
+ROOT = "model"
+"""The model's node name; the module at path ``p`` inside it is node ``model.p``."""
+INPUT = "input"
+
+ModulePattern = str | type
+"""A module path pattern (``fnmatch`` syntax over the path inside the model, ``""`` is the model itself,
+e.g. ``"blocks.*"``) or a module class (its instances and subclasses' instances match)."""
+
+_SINKS: dict[int, Callable[[int, torch.Tensor], None]] = {}  # slot -> receiver of that tap's gradients
+_SLOTS = itertools.count(1)
+
+
+@torch.library.custom_op("comgra_ndbg::grad_tap", mutates_args=())
+def _grad_tap(x: torch.Tensor, slot: int) -> torch.Tensor:
+    """Identity (a copy: custom ops may not return their input) whose backward reports the gradient."""
+    return x.clone()
+
+
+@_grad_tap.register_fake
+def _grad_tap_fake(x: torch.Tensor, slot: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("comgra_ndbg::grad_sink", mutates_args=())
+def _grad_sink(grad: torch.Tensor, slot: int) -> torch.Tensor:
+    """The tap's backward: hand ``grad`` to the slot's receiver, pass it on unchanged."""
+    receiver = _SINKS.get(slot)
+    if receiver is not None:
+        receiver(slot, grad)
+    return grad.clone()
+
+
+@_grad_sink.register_fake
+def _grad_sink_fake(grad: torch.Tensor, slot: int) -> torch.Tensor:
+    return torch.empty_like(grad)
+
+
+def _tap_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.slot = inputs[1]
+
+
+def _tap_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return _grad_sink(grad, ctx.slot), None
+
+
+_grad_tap.register_autograd(_tap_backward, setup_context=_tap_setup)
+
+
+def select_modules(root: nn.Module, patterns: Sequence[ModulePattern] | None) -> list[tuple[str, nn.Module]]:
+    """``(path, module)`` of the modules to instrument: every leaf module (one without children) when
+    ``patterns`` is None, else every module matching one of the patterns, in ``named_modules`` order."""
+    named = list(root.named_modules())
+    if patterns is None:
+        return [(path, module) for path, module in named if next(module.children(), None) is None]
+    if isinstance(patterns, (str, type)):
+        patterns = [patterns]
+    for pattern in patterns:
+        if not (isinstance(pattern, str) or (isinstance(pattern, type) and issubclass(pattern, nn.Module))):
+            raise InvalidArgumentError(f"modules= takes path patterns (str, e.g. 'blocks.*') or nn.Module classes, "
+                                       f"got {pattern!r}")
+    chosen = [(path, module) for path, module in named if any(
+        fnmatchcase(path, p) if isinstance(p, str) else isinstance(module, p) for p in patterns)]
+    if not chosen:
+        paths = [path for path, _ in named if path][:12]
+        raise InvalidArgumentError(f"no module matches modules={list(patterns)!r}; module paths are {paths}"
+                                   f"{' …' if len(named) > 13 else ''} (the model itself is '')")
+    return chosen
+
+
+def tensor_leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(suffix, tensor)`` for each tensor in a module output: ``""`` for a tensor, ``[i]`` / ``[key]``
+    for tensors in tuples, lists and dicts (nested as deep as they go); anything else is skipped.
+
+    >>> [s for s, _ in tensor_leaves((torch.ones(1), {"h": torch.ones(1), "n": 3}))]
+    ['[0]', '[1][h]']
+    """
+    if isinstance(output, torch.Tensor):
+        yield prefix, output
+    elif isinstance(output, (tuple, list)):
+        for i, item in enumerate(output):
+            yield from tensor_leaves(item, f"{prefix}[{i}]")
+    elif isinstance(output, dict):
+        for key, item in output.items():
+            yield from tensor_leaves(item, f"{prefix}[{key}]")
+
+
+def node_name(path: str) -> str:
+    """The node of the module at ``path`` (``""`` is the model itself).
+
+    >>> node_name(""), node_name("blocks.0")
+    ('model', 'model.blocks.0')
+    """
+    return f"{ROOT}.{path}" if path else ROOT
+
+
+def output_names(base: str, leaves: list[tuple[str, torch.Tensor]], counts: dict[str, int]
+                 ) -> list[tuple[str, torch.Tensor]]:
+    """Tensor names of one call's output: the node name ``base``, ``#k`` for the k-th further call in the
+    same forward pass (``counts`` keeps the calls so far), and the position inside tuples and dicts.
+
+    >>> counts = {}
+    >>> [n for n, _ in output_names("model.fc", [("", None)], counts) + output_names("model.fc", [("[0]", None)],
+    ...                                                                             counts)]
+    ['model.fc', 'model.fc#1[0]']
+    """
+    calls = counts.get(base, 0)
+    counts[base] = calls + 1
+    stem = base if calls == 0 else f"{base}#{calls}"
+    return [(stem + suffix, tensor) for suffix, tensor in leaves]
+
+
+def input_names(args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """Names of the tensors a forward pass was called with: ``input``, or ``input[i]`` / ``input[key]``."""
+    leaves = list(tensor_leaves(tuple(args))) + list(tensor_leaves(kwargs))
+    return [(INPUT if len(leaves) == 1 else INPUT + suffix, tensor) for suffix, tensor in leaves]
+
+
+def from_compiled_code(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` was produced by a ``torch.compile`` region (its backward is one compiled node)."""
+    return tensor.grad_fn is not None and type(tensor.grad_fn).__name__.startswith("CompiledFunction")
+
+
+class ModuleHooks:
+    """One forward hook per chosen module; see the module docstring for eager and compiled behaviour.
+
+    ``on_output(path, output)`` receives outputs of eager modules; compiled ones land in :attr:`stash`,
+    and the gradients of their tapped outputs go to ``on_tap_grad(path, grad)`` once
+    :meth:`bind` was called.
+    """
+
+    def __init__(self, modules: Sequence[tuple[str, nn.Module]], on_output: Callable[[str, Any], None]) -> None:
+        self.capture = False
+        self.stash: list[tuple[str, Any, bool]] = []  # (path, output, whether its gradient goes through a tap)
+        self._on_output = on_output
+        self._collected: list[tuple[str, Any]] | None = None
+        self._paths: dict[int, str] = {}
+        self._handles = []
+        for path, module in modules:
+            slot = next(_SLOTS)
+            self._paths[slot] = path
+            self._handles.append(module.register_forward_hook(partial(self._hook, path, slot)))
+
+    def _hook(self, path: str, slot: int, module: nn.Module, args: Any, output: Any) -> Any:
+        if not self.capture:
+            return None
+        if torch.compiler.is_compiling():
+            tapped = isinstance(output, torch.Tensor) and output.requires_grad and output.is_floating_point()
+            self.stash.append((path, output, tapped))
+            return _grad_tap(output, slot) if tapped else None
+        if self._collected is not None:
+            self._collected.append((path, output))
+        else:
+            self._on_output(path, output)
+        return None
+
+    @contextmanager
+    def collecting(self) -> Iterator[list[tuple[str, Any]]]:
+        """Within the block, eager outputs go to the yielded list instead of ``on_output``."""
+        seen: list[tuple[str, Any]] = []
+        self._collected = seen
+        try:
+            yield seen
+        finally:
+            self._collected = None
+
+    @property
+    def collecting_now(self) -> bool:
+        return self._collected is not None
+
+    def drain(self) -> list[tuple[str, Any, bool]]:
+        """What compiled modules stashed since the last call, in call order; the stash is empty after."""
+        items = list(self.stash)
+        self.stash.clear()  # clear, never rebind: compiled code holds on to this very list
+        return items
+
+    def bind(self, on_tap_grad: Callable[[str, torch.Tensor], None]) -> None:
+        """Send the gradients reaching this instance's taps to ``on_tap_grad(path, grad)``."""
+        paths = self._paths
+
+        def receive(slot: int, grad: torch.Tensor) -> None:
+            on_tap_grad(paths[slot], grad)
+
+        for slot in paths:
+            _SINKS[slot] = receive
+
+    @property
+    def installed(self) -> int:
+        return len(self._handles)
+
+    def remove(self) -> None:
+        """Remove every hook and tap receiver; compiled code that still holds a traced hook sees
+        ``capture`` false (a guard), so it recompiles or takes the variant that does nothing."""
+        self.capture = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for slot in self._paths:
+            _SINKS.pop(slot, None)
+        self.stash.clear()
+
+
+@dataclass
+class CompiledStructure:
+    """What one eager pass over a compiled model found: tensor edges and each output's saturation bounds."""
+
+    edges: list[TensorEdge] = field(default_factory=list)
+    bounds: dict[str, tuple[float, float] | None] = field(default_factory=dict)
+
+
+def discover_compiled(root: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], hooks: ModuleHooks, *,
+                      root_output: bool) -> CompiledStructure:
+    """Run ``root`` (the eager module behind the compiled one) once on ``args``/``kwargs`` with ``hooks``
+    collecting, and find the edges between the inputs, the chosen modules' outputs (and the model's output
+    with ``root_output``) and the parameters, named as the training pass names them. Random number
+    generators and buffers are restored afterwards (see ``discover_module_structure``)."""
+    structure = CompiledStructure()
+
+    def forward(eager: nn.Module, register: Callable[..., None], *inputs: Any) -> None:
+        with hooks.collecting() as seen:
+            output = eager(*inputs, **kwargs)
+        counts: dict[str, int] = {}
+        named = input_names(inputs, kwargs)
+        for path, out in seen:
+            named += output_names(node_name(path), list(tensor_leaves(out)), counts)
+        if root_output:
+            named += output_names(ROOT, list(tensor_leaves(output)), counts)
+        for name, tensor in named:
+            register(name, tensor)
+            structure.bounds[name] = saturation_bounds(tensor)
+
+    structure.edges = discover_module_structure(root, list(args), forward, module_name=ROOT)
+    return structure

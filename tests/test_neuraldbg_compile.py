@@ -1,0 +1,200 @@
+"""NeuralDbg with torch.compile: the same recording as eager, no graph break, no recompilation per step.
+
+Most tests use the ``aot_eager`` backend (Dynamo and AOTAutograd, as with Inductor, without code
+generation); one test uses Inductor itself. Dynamo's caches are process-wide and keyed by code object, so
+every test starts and ends with ``torch._dynamo.reset()``.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+from comgra_ndbg import NeuralDbg, RecorderWarning, open_recording
+from comgra_ndbg.recorder import hooks as hooks_module
+
+STATS = ("mean", "abs_mean", "abs_max", "min", "max", "l2")
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.act = nn.Tanh()
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.act(h))
+
+
+def make(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "net":
+        return Net()
+    return nn.Sequential(nn.Linear(8, 16), Block(), Block(), nn.Tanh(), nn.Linear(16, 3))
+
+
+def data(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(steps)]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def record(folder: Path, kind: str, pattern: str, backend: str = "aot_eager", steps: int = 8,
+           accumulate: int = 1) -> tuple[dict, list[str]]:
+    """Train with the issue's loop under one compile pattern; returns Dynamo's counters and the warnings."""
+    model, criterion = make(kind), nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    counters.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if pattern == "compiled outside":
+            net = torch.compile(model, backend=backend)
+            dbg = NeuralDbg(net, folder, trial="t", loss=criterion)
+        else:
+            dbg = NeuralDbg(model, folder, trial="t", loss=criterion)
+            if pattern == "compiled inside":
+                net = torch.compile(model, backend=backend)
+            elif pattern == "module.compile":
+                model.compile(backend=backend)
+                net = model
+            else:
+                net = model
+        with dbg:
+            batches = data(steps * accumulate)
+            for step in range(steps):
+                optimizer.zero_grad()
+                for inputs, targets in batches[step * accumulate:(step + 1) * accumulate]:
+                    loss = criterion(net(inputs), targets)
+                    loss.backward()
+                optimizer.step()
+    seen = {key: dict(value) for key, value in counters.items()}
+    return seen, [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+
+
+def assert_same_recording(eager_folder: Path, compiled_folder: Path) -> None:
+    with open_recording(eager_folder) as eager, open_recording(compiled_folder) as compiled:
+        assert compiled.steps.tolist() == eager.steps.tolist()
+        layout = [(t.name, t.node, t.role, t.bounds) for t in eager.tensors]
+        assert [(t.name, t.node, t.role, t.bounds) for t in compiled.tensors] == layout
+        assert any(bounds == (-1.0, 1.0) for _, _, _, bounds in layout)  # the tanh module's output
+        compared = 0
+        for tensor in eager.tensors:
+            assert compiled.kinds(tensor.name) == eager.kinds(tensor.name), tensor.name
+            for kind in eager.kinds(tensor.name):
+                for stat in STATS:
+                    np.testing.assert_allclose(compiled.summary(tensor.name, kind, stat)[1],
+                                               eager.summary(tensor.name, kind, stat)[1], rtol=2e-4, atol=1e-7,
+                                               err_msg=f"{tensor.name} {kind} {stat}")
+                    compared += 1
+        assert compared > 100
+        eager_graph, compiled_graph = eager.graph().graph, compiled.graph().graph
+        assert compiled_graph.edges == eager_graph.edges
+
+
+@pytest.mark.parametrize("kind, pattern", [("net", "compiled inside"), ("net", "compiled outside"),
+                                           ("seq", "compiled outside"), ("seq", "compiled inside"),
+                                           ("net", "module.compile")])
+def test_compiled_model_records_what_eager_records_without_graph_breaks_or_recompiles(
+        tmp_path: Path, kind: str, pattern: str) -> None:
+    record(tmp_path / "eager", kind, "eager", steps=5)
+    seen, warned = record(tmp_path / "compiled", kind, pattern, steps=5)
+    assert warned == []
+    assert seen["stats"]["unique_graphs"] == 1  # one compilation for all 5 steps
+    breaks = sum(seen.get("graph_break", {}).values())
+    # A torch.nn container compiled by torch.compile(model) traces its own hooks, and NeuralDbg's root
+    # hooks (torch.compiler.disable'd) break the frame once, before the graph; elsewhere there is none.
+    assert breaks == (1 if (kind, pattern) == ("seq", "compiled inside") else 0)
+    assert_same_recording(tmp_path / "eager", tmp_path / "compiled")
+
+
+def test_compiled_gradient_accumulation_attributes_each_pass_to_its_iteration(tmp_path: Path) -> None:
+    record(tmp_path / "eager", "net", "eager", steps=4, accumulate=3)
+    seen, warned = record(tmp_path / "compiled", "net", "compiled inside", steps=4, accumulate=3)
+    assert warned == [] and seen["stats"]["unique_graphs"] == 1
+    assert_same_recording(tmp_path / "eager", tmp_path / "compiled")
+    with open_recording(tmp_path / "eager") as eager, open_recording(tmp_path / "compiled") as compiled:
+        for iteration in range(3):
+            np.testing.assert_allclose(compiled.summary("model.stem", "grad", "l2", iteration=iteration)[1],
+                                       eager.summary("model.stem", "grad", "l2", iteration=iteration)[1], rtol=2e-4)
+
+
+@pytest.mark.slow  # Inductor generates and compiles C++ for the forward and backward graphs: 10-20 s on 2 cores
+def test_inductor_records_what_eager_records(tmp_path: Path) -> None:
+    record(tmp_path / "eager", "net", "eager", steps=5)
+    seen, warned = record(tmp_path / "compiled", "net", "compiled inside", backend="inductor", steps=5)
+    assert warned == [] and seen["stats"]["unique_graphs"] == 1 and not seen.get("graph_break")
+    assert_same_recording(tmp_path / "eager", tmp_path / "compiled")
+
+
+def test_after_leaving_a_compiled_model_computes_exactly_as_an_uninstrumented_one(tmp_path: Path) -> None:
+    model, criterion = make("net"), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    net = torch.compile(model, backend="aot_eager")
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion) as dbg:
+        for inputs, targets in data(3):
+            optimizer.zero_grad()
+            criterion(net(inputs), targets).backward()
+            optimizer.step()
+    slots = set(dbg._hooks._paths)
+    assert not slots & set(hooks_module._SINKS)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    twin = make("net")
+    twin.load_state_dict(model.state_dict())
+    twin_net = torch.compile(twin, backend="aot_eager")
+    for inputs, targets in data(2):
+        model.zero_grad()
+        out_a, out_b = net(inputs), twin_net(inputs)
+        criterion(out_a, targets).backward()
+        criterion(out_b, targets).backward()
+        assert torch.equal(out_a, out_b)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))
+        twin.zero_grad()
+    assert dbg._hooks.stash == []  # compiled code that still held the hooks no longer runs them
+    with open_recording(tmp_path) as rec:
+        assert len(rec.steps) == 3
+
+
+def test_a_model_compiled_and_called_before_hooking_is_reported(tmp_path: Path) -> None:
+    """torch.compile does not guard on hooks: hooks added after a compiled model's first call never run."""
+    model, criterion = make("net"), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    net = torch.compile(model, backend="aot_eager")
+    net(data(1)[0][0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with NeuralDbg(net, tmp_path, trial="t", loss=criterion):
+            for inputs, targets in data(2):
+                optimizer.zero_grad()
+                criterion(net(inputs), targets).backward()
+                optimizer.step()
+    messages = [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+    assert len(messages) == 1 and "torch.compiler.reset()" in messages[0]
+    with open_recording(tmp_path) as rec:  # steps, the model's output, the loss and the parameters are there
+        assert rec.steps.tolist() == [0, 1]
+        assert {"model", "loss", "model.stem.parameters"} <= set(rec.nodes) and "model.stem" not in rec.nodes
