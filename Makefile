@@ -22,7 +22,12 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/overhead.py
+	$(PY) -m benchmarks.adaptive
+	$(PY) benchmarks/neuraldbg_overhead.py
 	$(PY) benchmarks/read_timeline.py
+	$(PY) benchmarks/graph_layout.py
+	$(PY) benchmarks/gui_latency.py
+	$(PY) -m benchmarks.diagbench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -27,7 +27,8 @@ import torch
 from comgra_ndbg.errors import (ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError,
                                 RecorderStateError)
 from comgra_ndbg.graph import TensorEdge
-from comgra_ndbg.recorder.flight import FlightRecorder, StepFacts
+from comgra_ndbg.recorder.dispatch import StepDispatcher
+from comgra_ndbg.recorder.flight import FlightRecorder
 from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
@@ -134,9 +135,7 @@ class Recorder:
         self._warned: set[tuple[str, str]] = set()
         self._token = 0
         self._hooks: list[Any] = []
-        self._forced_until = -1
-        self._trigger_step = -1
-        self._flight_armed = True
+        self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder)
         self._reset_step_state()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -274,7 +273,7 @@ class Recorder:
         self._token += 1
         self._summary_decision = self.summary_policy.decide(step, step_type)
         self._snapshot_decision = self.snapshot_policy.decide(step, step_type)
-        self._forced = step <= self._forced_until
+        self._forced = self._dispatcher.is_forced(step)
         flight = self.flight_recorder is not None
         self._summarize = self._summary_decision.record or self._forced or flight
         self._snapshot = self._snapshot_decision.record or self._forced or flight
@@ -667,7 +666,12 @@ class Recorder:
         write_summary = self._summary_decision.record or self._forced
         write_snapshot = self._snapshot_decision.record or self._forced
         if record is not None:
-            self._guard("writing the step", partial(self._dispatch, record, kpis, write_summary, write_snapshot))
+            written = self._guard("writing the step", partial(self._dispatcher.dispatch, record, kpis, write_summary,
+                                                              write_snapshot))
+            self._steps_since_flush += 1 if written else 0
+            if self._dispatcher.flush_now:
+                self._dispatcher.flush_now = False
+                self._last_flush = -float("inf")
         elif not (write_summary or write_snapshot):
             self._parameters.forget_gradients()
         self.summary_policy.commit(self._step, self._step_type, write_summary and record is not None)
@@ -688,56 +692,9 @@ class Recorder:
         self._collect_values()
         reasons = [d.reason for d in (self._summary_decision, self._snapshot_decision) if d.record]
         if self._forced:
-            reasons.insert(0, f"forced: step {self._step - self._trigger_step} of "
-                              f"{self.flight_recorder.after if self.flight_recorder else 0} after the trigger at step "
-                              f"{self._trigger_step}")
+            reasons.insert(0, self._dispatcher.forced_reason(self._step))
         return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
                           self._rows, self._snaps)
-
-    def _dispatch(self, record: StepRecord, kpis: dict[str, float], write_summary: bool,
-                  write_snapshot: bool) -> None:
-        """Write what the policies asked for; feed the flight recorder and dump it when a trigger fires."""
-        if write_summary or write_snapshot:
-            record.write(self._writer, summaries=write_summary, snapshots=write_snapshot)
-            self._steps_since_flush += 1
-        flight = self.flight_recorder
-        if flight is None:
-            return
-        reason = flight.check(self._facts(record, kpis))
-        if reason is None:
-            self._flight_armed = True  # the condition cleared: the next trigger may fire again
-        if reason is None or not self._flight_armed or record.step <= self._forced_until:
-            flight.push(record, summaries_written=write_summary, snapshots_written=write_snapshot)
-            return
-        self._flight_armed = False
-        dumped = f"flight recorder: retroactive, trigger at step {record.step}: {reason}"
-        for entry in flight.drain():
-            if not (entry.summaries_written or entry.snapshots_written):
-                entry.record.write(self._writer, summaries=True, snapshots=True, reason=dumped)
-            elif not entry.snapshots_written:
-                entry.record.write(self._writer, summaries=False, snapshots=True, step_entry=False)
-        if not (write_summary or write_snapshot):
-            record.write(self._writer, summaries=True, snapshots=True, reason=f"trigger: {reason}")
-        elif not write_snapshot:
-            record.write(self._writer, summaries=False, snapshots=True, step_entry=False)
-        self._writer.add_trigger(record.step, reason)
-        self._trigger_step = record.step
-        self._forced_until = record.step + flight.after
-        self._last_flush = -float("inf")  # flush at once: a crash often follows a trigger
-
-    def _facts(self, record: StepRecord, kpis: dict[str, float]) -> StepFacts:
-        labels = []
-        for sid in record.nonfinite_series():
-            tid, kind = self.catalog.series[sid]
-            labels.append(f"{self.catalog.tensors[tid].name!r} ({kind})")
-        norms = {}
-        sum_sq = schema.FIELD["sum_sq"]
-        for sid, _, row in record.rows:
-            tid, kind = self.catalog.series[sid]
-            if kind == schema.KIND_GRAD:
-                name = self.catalog.tensors[tid].name
-                norms[name] = float(np.sqrt(max(row[sum_sq], 0.0))) + norms.get(name, 0.0)
-        return StepFacts(record.step, kpis, labels, norms)
 
     def _write_kpis(self, type_id: int) -> dict[str, float]:
         if not self._kpis:

@@ -1,0 +1,85 @@
+"""Where a finished step goes: to the writer as the policies asked, and through the flight recorder.
+
+The flight recorder sees every step; when a trigger fires, the steps in its ring that were not written
+(or written without snapshots) are written now, marked retroactive, the trigger is stored, and the next
+``after`` steps are forced to be recorded in full. A trigger fires again only after its condition has
+cleared for a step, so a persistent NaN is one trigger, not one per step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.recorder.flight import FlightRecorder, StepFacts
+from comgra_ndbg.recorder.step_record import StepRecord
+from comgra_ndbg.store import schema
+from comgra_ndbg.store.catalog import Catalog
+from comgra_ndbg.store.writer import RecordingWriter
+
+__all__ = ["StepDispatcher"]
+
+
+class StepDispatcher:
+    """Writes finished steps and runs the flight recorder's triggers (the recorder owns one)."""
+
+    def __init__(self, writer: RecordingWriter, catalog: Catalog, flight: FlightRecorder | None) -> None:
+        self.writer = writer
+        self.catalog = catalog
+        self.flight = flight
+        self.forced_until = -1
+        self.trigger_step = -1
+        self.flush_now = False  # set when a trigger fired: the caller flushes at once
+        self._armed = True
+
+    def is_forced(self, step: int) -> bool:
+        """Whether ``step`` falls in the window recorded in full after a trigger."""
+        return step <= self.forced_until
+
+    def forced_reason(self, step: int) -> str:
+        after = self.flight.after if self.flight is not None else 0
+        return f"forced: step {step - self.trigger_step} of {after} after the trigger at step {self.trigger_step}"
+
+    def dispatch(self, record: StepRecord, kpis: dict[str, float], write_summary: bool,
+                 write_snapshot: bool) -> bool:
+        """Write what the policies asked for and feed the flight recorder; True when the step was written."""
+        written = write_summary or write_snapshot
+        if written:
+            record.write(self.writer, summaries=write_summary, snapshots=write_snapshot)
+        flight = self.flight
+        if flight is None:
+            return written
+        reason = flight.check(self._facts(record, kpis))
+        if reason is None:
+            self._armed = True  # the condition cleared: the next trigger may fire again
+        if reason is None or not self._armed or self.is_forced(record.step):
+            flight.push(record, summaries_written=write_summary, snapshots_written=write_snapshot)
+            return written
+        self._armed = False
+        dumped = f"flight recorder: retroactive, trigger at step {record.step}: {reason}"
+        for entry in flight.drain():
+            if not (entry.summaries_written or entry.snapshots_written):
+                entry.record.write(self.writer, summaries=True, snapshots=True, reason=dumped)
+            elif not entry.snapshots_written:
+                entry.record.write(self.writer, summaries=False, snapshots=True, step_entry=False)
+        if not written:
+            record.write(self.writer, summaries=True, snapshots=True, reason=f"trigger: {reason}")
+        elif not write_snapshot:
+            record.write(self.writer, summaries=False, snapshots=True, step_entry=False)
+        self.writer.add_trigger(record.step, reason)
+        self.trigger_step = record.step
+        self.forced_until = record.step + flight.after
+        self.flush_now = True  # a crash often follows a trigger
+        return True
+
+    def _facts(self, record: StepRecord, kpis: dict[str, float]) -> StepFacts:
+        labels = []
+        for sid in record.nonfinite_series():
+            tid, kind = self.catalog.series[sid]
+            labels.append(f"{self.catalog.tensors[tid].name!r} ({kind})")
+        norms: dict[str, float] = {}
+        sum_sq = schema.FIELD["sum_sq"]
+        for sid, _, row in record.rows:
+            tid, kind = self.catalog.series[sid]
+            if kind == schema.KIND_GRAD:
+                name = self.catalog.tensors[tid].name
+                norms[name] = float(np.sqrt(max(row[sum_sq], 0.0))) + norms.get(name, 0.0)
+        return StepFacts(record.step, kpis, labels, norms)
