@@ -2,8 +2,9 @@
 
 One server (a thread on a free port) and one browser serve every test of the module, in order: open the
 recording, click a node, step and pick selectors, see the values change, click the timeline, open the
-other tabs, follow a live recording. Screenshots go to ``docs/screenshots/``. Without Chromium,
-ChromeDriver or selenium the module is skipped with the reason; CI installs all three.
+other tabs, analyse a faulty trial and jump to its hypothesis, follow a live recording. Screenshots go to
+``docs/screenshots/``. Without Chromium, ChromeDriver or selenium the module is skipped with the reason; CI
+installs all three.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_gui_support import make_recording, new_model, train_steps
+from test_gui_support import FAULT_NODE, make_faulty, make_recording, new_model, train_steps
 
 from comgra_ndbg import Recorder
 from comgra_ndbg.gui import ids
@@ -56,7 +57,7 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Live]]:
-    folder = make_recording(tmp_path_factory.mktemp("group"), steps=8)
+    folder = make_faulty(make_recording(tmp_path_factory.mktemp("group"), steps=8))
     live = Live(folder)
     live.record(2)
     yield folder, live
@@ -160,6 +161,12 @@ def click_node(driver: Any, node: str) -> None:
                                                      int(y - size["height"] / 2)).click().perform()
 
 
+def node_classes(driver: Any, node: str) -> list[str]:
+    """The classes cytoscape holds for a graph node."""
+    return driver.execute_script("return document.getElementById(arguments[0])._cyreg.cy.getElementById(arguments[1])"
+                                 ".classes();", ids.GRAPH, node)
+
+
 def screenshot(driver: Any, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     wait_for(lambda: settled(driver), "callbacks to settle")
@@ -214,7 +221,8 @@ def test_clicking_the_timeline_moves_the_step(browser: Any) -> None:
     first = min(points, key=lambda p: p.location["x"])
     ActionChains(browser).move_to_element(first).click().perform()
     wait_for(lambda: text(browser, ids.STEP_LABEL) == "step 0 · 1 of 4 long steps", "step 0 from the timeline")
-    assert text(browser, ids.TENSOR_HEADER).startswith("model.2 / bias · update · step 0 (long)")
+    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("model.2 / bias · update · step 0 (long)"),
+             "the tensor panel at step 0")
     marker = wait_for(lambda: browser.execute_script(
         "return String(document.querySelector(arguments[0]).layout.shapes[0].x0);",
         f"#{ids.TIMELINE_BOX} .js-plotly-plot") == "0", "the step marker at step 0")
@@ -253,6 +261,46 @@ def test_other_tabs_render(browser: Any) -> None:
     wait_for(lambda: "Weight norm per layer" in text(browser, ids.CUSTOM)
              and browser.find_elements(By.CSS_SELECTOR, f"#{ids.CUSTOM} .js-plotly-plot"), "the docs' custom view")
     tabs["Tensors"].click()
+
+
+def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jumps_there(browser: Any) -> None:
+    choose(browser, ids.TRIAL, "fault")
+    wait_for(lambda: text(browser, ids.STATUS) == "fault: 24 recorded steps, last 23 · complete", "the faulty trial")
+    def nodes() -> set[str]:
+        return set(browser.execute_script(
+            "return document.getElementById(arguments[0])._cyreg.cy.nodes().map(n => n.id());", ids.GRAPH))
+    wait_for(lambda: FAULT_NODE in nodes(), "its graph")
+    if "model.2" not in nodes():
+        choose(browser, ids.COLLAPSE, "model")  # expand the module an earlier test collapsed
+    wait_for(lambda: "model.2" in nodes(), "its graph, expanded")
+    assert "has-event" not in node_classes(browser, FAULT_NODE)
+    tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
+    tabs["Diagnosis"].click()
+    wait_for(lambda: "No analysis stored for this trial yet" in text(browser, ids.DIAGNOSIS), "no analysis yet")
+    browser.find_element(By.ID, ids.ANALYZE).click()
+    wait_for(lambda: text(browser, ids.ANALYZE_STATUS).startswith("Analysed 24 steps of trial fault"), "the analysis")
+    card = f"#{ids.DIAGNOSIS} .hypothesis"
+    wait_for(lambda: f"Saturation originated in '{FAULT_NODE}' at step 10" in browser.find_element(
+        By.CSS_SELECTOR, card).text, "the hypothesis")
+    assert "95%" in browser.find_element(By.CSS_SELECTOR, card).text
+    wait_for(lambda: {"has-event", "event-origin"} <= set(node_classes(browser, FAULT_NODE)), "the event mark")
+    assert [n for n in ("input", "hidden0", "output", "loss") if "has-event" in node_classes(browser, n)] == []
+    wait_for(lambda: browser.find_element(By.CSS_SELECTOR, card).click() or True, "a click on the hypothesis")
+    wait_for(lambda: text(browser, ids.STEP_LABEL) == "step 10 · 11 of 24 default steps", "the onset step")
+    wait_for(lambda: text(browser, ids.NODE) == FAULT_NODE, "the node selector on the hypothesis' node")
+    wait_for(lambda: "current" in browser.find_element(By.CSS_SELECTOR, card).get_attribute("class"),
+             "the chosen hypothesis highlighted")
+    wait_for(lambda: browser.execute_script(  # figures.SELECTED_COLOR: the graph selected it too
+        "return document.getElementById(arguments[0])._cyreg.cy.getElementById(arguments[1]).style('border-color');",
+        ids.GRAPH, FAULT_NODE) == "rgb(17,17,17)", "the node selected in the graph")
+    screenshot(browser, "diagnosis.png")
+    tabs["Tensors"].click()
+    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith(f"{FAULT_NODE} / {FAULT_NODE} · value · step 10"),
+             "the tensor at the onset")
+    label = wait_for(lambda: browser.execute_script(
+        "const p = document.querySelector(arguments[0]); return p && p.layout.annotations.length && "
+        "p.layout.annotations[0].text;", f"#{ids.TIMELINE_BOX} .js-plotly-plot"), "the event on the timeline")
+    assert label == "⚑ saturated"
 
 
 def test_steps_recorded_while_the_explorer_is_open_appear(browser: Any, live: tuple[Path, Live]) -> None:

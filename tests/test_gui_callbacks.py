@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import plotly.io
 import pytest
 from dash import html, no_update
-from test_gui_support import make_recording
+from test_gui_support import FAULT_NODE, FAULT_STEP, make_faulty, make_recording
 
+import comgra_ndbg
 from comgra_ndbg import open_recording
 from comgra_ndbg.gui import callbacks, ids, tabs
 from comgra_ndbg.gui.app import create_app
 from comgra_ndbg.gui.custom import CustomVisualizationError, load_visualization
-from comgra_ndbg.gui.state import ReaderCache
+from comgra_ndbg.gui.state import ReaderCache, Selection
+from comgra_ndbg.store.results import results_path, write_results
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,8 @@ def test_graph_elements_are_sent_only_when_the_graph_changes(cache: ReaderCache)
     elements, key = callbacks.graph_view(cache, out["store"], None)
     assert sorted(e["data"]["id"] for e in elements if "source" not in e["data"]) == [
         "hidden", "input", "loss", "model.0", "model.2", "output", "target"]
-    assert key == ["a", "short", [], 0]
+    assert key == ["a", "short", [], 0, None]  # None: no analysis stored
+    assert not any("has-event" in e.get("classes", "") for e in elements)
     moved = callbacks.update_selection(cache, "graph", "hidden", out["store"])
     assert callbacks.graph_view(cache, moved["store"], key) == (no_update, no_update)
     collapsed = callbacks.update_selection(cache, "collapsed", ["model"], moved["store"])
@@ -121,7 +123,7 @@ def test_timeline_is_patched_when_only_the_step_moves(cache: ReaderCache) -> Non
                                "line": {"color": "#D62728", "width": 2}}]}}]
     restat = callbacks.update_selection(cache, "stat", "abs_max", clicked["store"])
     figure, new_key = callbacks.timeline_view(cache, restat["store"], key)
-    assert new_key[-1] == "abs_max" and figure["layout"]["yaxis"]["title"]["text"] == "abs_max"
+    assert new_key[-2:] == ["abs_max", None] and figure["layout"]["yaxis"]["title"]["text"] == "abs_max"
 
 
 def test_trigger_mapping_from_dash_ids() -> None:
@@ -129,7 +131,8 @@ def test_trigger_mapping_from_dash_ids() -> None:
     assert callbacks._trigger(ids.TIMELINE, {"points": [{"x": 7, "y": 1.0}]}, {}) == ("timeline", 7)
     assert callbacks._trigger(ids.stepper("kind", 1), 3, {}) == ("stepper", ("kind", 1))
     assert callbacks._trigger(ids.stepper("kind", 1), 0, {}) == (None, None)
-    assert callbacks._trigger(ids.diagnosis_jump("hidden", 5), 1, {}) == ("jump", ("hidden", 5))
+    assert callbacks._trigger(ids.diagnosis_jump("e0", "hidden", 5, "grad"), 1, {}) == ("jump", ("hidden", 5, "grad"))
+    assert callbacks._trigger(ids.diagnosis_jump("e0", "hidden", 5, "grad"), 0, {}) == (None, None)
     assert callbacks._trigger(ids.STEP, None, {"step": 3}) == ("step", 3)
     assert callbacks._trigger(None, None, {}) == (None, None)
     assert [callbacks._kind_label(k) for k in ("value", "grad", "grad:aux", "update")] == [
@@ -161,39 +164,92 @@ def test_tabs_compute_only_when_active(cache: ReaderCache) -> None:
         ["Sequential", "0", "58"], ["Linear", "40", "40"], ["Linear", "18", "18"]]
 
 
-def test_diagnosis_without_and_with_a_stored_analysis(cache: ReaderCache) -> None:
-    store = callbacks.update_selection(cache, None, None, None)["store"]
-    empty = tabs.diagnosis_tab(cache, store, ids.TAB_DIAGNOSIS)
-    assert empty.children == "No analysis stored for this trial yet — run `comgra_ndbg.analyze(path)`."
-
-    @dataclass(frozen=True)
-    class Event:
-        family: str
-        node: str
-        onset_step: int
-        confidence: float
-
-    cache.recording("a").analysis = lambda: {"hypotheses": [], "events": [Event("saturation", "hidden", 7, 0.8)]}
-    view = tabs.diagnosis_tab(cache, store, ids.TAB_DIAGNOSIS)
-    events = view.children[1]
-    assert events.children[0].children == "events (1)"
-    row = cells(events.children[1])[0]
-    assert row[1:] == ["saturation", "hidden", "7", "0.8"]
-    assert row[0].id == ids.diagnosis_jump("hidden", 7)
-    jumped = callbacks.update_selection(cache, "jump", ("hidden", 7), store)
-    assert (jumped["node"], jumped["step_label"]) == ("hidden", "step 7 · 4 of 6 short steps")
-
-
-def test_diagnosis_shows_what_comgra_ndbg_analyze_stored(tmp_path: Path) -> None:
-    import comgra_ndbg
-
+def test_a_healthy_run_says_so_and_marks_nothing(tmp_path: Path) -> None:
     group = make_recording(tmp_path, trials=("a",), steps=6)
     comgra_ndbg.analyze(group, trial="a")
     cache = ReaderCache(group)
     store = callbacks.update_selection(cache, None, None, None)["store"]
     view = tabs.diagnosis_tab(cache, store, ids.TAB_DIAGNOSIS)
-    titles = [part.children[0].children for part in view.children]
-    assert titles[0].startswith("hypotheses (") and titles[1].startswith("events (")
+    assert [getattr(c, "children", None) for c in view.children[1:3]] == [
+        "Hypotheses (0)", "Healthy run: no failure hypothesis."]
+    assert callbacks.graph_marks(cache, Selection.from_dict(store["selection"])) == {}
+    cache.close()
+
+
+def test_an_unreadable_analysis_is_reported_in_the_tab_and_marks_nothing(tmp_path: Path) -> None:
+    group = make_recording(tmp_path, trials=("a",), steps=4)
+    cache = ReaderCache(group)
+    store = callbacks.update_selection(cache, None, None, None)["store"]
+    location = cache.recording("a").location
+    write_results(location, {"trial": "a"}, num_steps=4, last_step=3)  # no events, no hypotheses: unreadable
+    error = tabs.diagnosis_tab(cache, store, ids.TAB_DIAGNOSIS).children[0]
+    assert error.className == "message error"
+    assert error.children.startswith(f"{results_path(location)} holds an analysis this version cannot read")
+    elements, _ = callbacks.graph_view(cache, store, None)
+    assert not any("event" in e.get("classes", "") for e in elements)
+    results_path(location).write_text("{")
+    unparsable = tabs.diagnosis_tab(cache, store, ids.TAB_DIAGNOSIS).children[0]
+    assert "holds no readable analysis results" in unparsable.children
+    cache.close()
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_faulty(tmp_path_factory.mktemp("faulty"))
+
+
+def test_analyze_now_stores_the_diagnosis_and_the_tab_marks_graph_and_timeline(faulty: Path) -> None:
+    cache = ReaderCache(faulty)
+    store = callbacks.update_selection(cache, None, None, None)["store"]
+    assert tabs.diagnosis_tab(cache, store, ids.TAB_DIAGNOSIS).children[0].children.startswith(
+        "No analysis stored for this trial yet")
+    assert tabs.analysis_state(cache, False, store, {"fault": None}) == (no_update, no_update)
+    stamps, status = tabs.analysis_state(cache, True, store, {"fault": None})
+    assert stamps == {"fault": cache.analysis_stamp("fault")} and stamps["fault"] is not None
+    assert status.startswith("Analysed 24 steps of trial fault in ") and status.endswith(": 1 hypothesis, 1 event.")
+    assert tabs.analysis_state(cache, False, store, stamps) == (no_update, no_update)
+
+    view = tabs.diagnosis_tab(cache, store, ids.TAB_DIAGNOSIS)
+    assert view.children[0].children == ("trial fault: 24 steps analysed (up to step 23) · 1 hypothesis · 1 event · "
+                                         "0 coupled failures")
+    card = view.children[2].children[0]
+    assert card.id == ids.diagnosis_jump("h0", FAULT_NODE, FAULT_STEP, "value")
+    assert card.children[0].children[3].children.startswith(f"Saturation originated in '{FAULT_NODE}' at step 10")
+
+    elements, key = callbacks.graph_view(cache, store, None)
+    classes = {e["data"]["id"]: e["classes"] for e in elements if "source" not in e["data"]}
+    assert classes[FAULT_NODE] == "role-intermediate has-event event-origin"
+    assert [n for n, c in classes.items() if "event" in c] == [FAULT_NODE]
+    assert key[-1] == stamps["fault"]
+
+    at_node = callbacks.update_selection(cache, "graph", FAULT_NODE, store)["store"]
+    figure, _ = callbacks.timeline_view(cache, at_node, None)
+    assert [s["x0"] for s in figure["layout"]["shapes"]] == [22, FAULT_STEP]  # the step marker, the event line
+    assert figure["layout"]["annotations"][0]["text"] == "⚑ saturated"
+    assert "activation_regime: normal → saturated · hidden1 (value) · steps 10–23" in (
+        figure["layout"]["annotations"][0]["hovertext"])
+    other = callbacks.update_selection(cache, "graph", "hidden0", store)["store"]
+    assert callbacks.timeline_view(cache, other, None)[0]["layout"]["annotations"] == []
+    cache.close()
+
+
+def test_choosing_a_hypothesis_selects_its_node_and_onset_step_and_keeps_the_rest(faulty: Path) -> None:
+    cache = ReaderCache(faulty)
+    comgra_ndbg.analyze(faulty, trial="fault")
+    out = callbacks.update_selection(cache, None, None, None)
+    out = callbacks.update_selection(cache, "stat", "abs_max", out["store"])
+    out = callbacks.update_selection(cache, "collapsed", ["model"], out["store"])
+    assert (out["node"], out["step_label"]) == ("output", "step 22 · 23 of 24 default steps")
+    view = tabs.diagnosis_tab(cache, out["store"], ids.TAB_DIAGNOSIS)
+    card = view.children[2].children[0]
+    trigger, value = callbacks._trigger(card.id, 1, {})
+    assert (trigger, value) == ("jump", (FAULT_NODE, FAULT_STEP, "value"))
+    jumped = callbacks.update_selection(cache, trigger, value, out["store"])
+    assert (jumped["node"], jumped["tensor"], jumped["kind"]) == (FAULT_NODE, FAULT_NODE, "value")
+    assert (jumped["step"], jumped["step_label"]) == (10, "step 10 · 11 of 24 default steps")
+    assert (jumped["stat"], jumped["collapse"], jumped["trial"]) == ("abs_max", ["model"], "fault")
+    highlighted = tabs.diagnosis_tab(cache, jumped["store"], ids.TAB_DIAGNOSIS)
+    assert highlighted.children[2].children[0].className == "hypothesis current"
     cache.close()
 
 
@@ -250,4 +306,5 @@ def test_create_app_registers_callbacks_and_serves_the_layout(group: Path) -> No
     layout = json.dumps(client.get("/_dash-layout").get_json())
     assert '"type": "Cytoscape"' in layout and f'"id": "{ids.GRAPH}"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
-    assert len(app.callback_map) == 13  # selection, graph ×2, tensors body and panel, timeline, refresh, 6 tabs
+    assert len(app.callback_map) == 15  # selection, graph ×2, tensors body and panel, timeline, refresh, 6 tabs,
+    # and the stored analyses: watched on the interval, made by Analyze now

@@ -8,8 +8,10 @@ import numpy as np
 
 from comgra_ndbg.graph import TensorEdge, build_graph
 from comgra_ndbg.gui import figures
-from comgra_ndbg.gui.figures import (as_matrix, graph_elements, graph_stylesheet, heatmap_figure, histogram_figure,
-                                     lineage, statistics_rows, step_marker, timeline_figure, value_rows)
+from comgra_ndbg.analysis.events import Event
+from comgra_ndbg.gui.figures import (as_matrix, event_annotations, event_classes, event_shapes, event_text,
+                                     graph_elements, graph_stylesheet, heatmap_figure, histogram_figure, lineage,
+                                     statistics_rows, step_marker, timeline_figure, value_rows)
 
 
 def small_graph():
@@ -46,6 +48,32 @@ def test_graph_elements_place_nodes_at_their_preset_positions_and_colour_by_role
     assert [e["data"]["id"] for e in edges] == ["h->h:iteration", "h->out:forward", "m.fc->h:forward",
                                                 "out->loss:forward", "x->h:forward"]
     assert nodes[2]["data"] == {"id": "m.fc", "label": "m.fc", "role": "parameter", "tensors": 1}
+
+
+def test_nodes_with_events_carry_classes_and_the_origin_is_emphasised() -> None:
+    positions = {"x": (0.0, 0.0), "m.fc": (0.0, 50.0), "h": (100.0, 0.0), "out": (200.0, 0.0),
+                 "loss": (300.0, 0.0)}
+    marks = event_classes(["h", "loss", "h"], "h")
+    assert marks == {"h": "has-event event-origin", "loss": "has-event"}
+    assert event_classes(["h"], "x") == {"h": "has-event", "x": "event-origin"}
+    assert event_classes([], None) == {}
+    nodes = [e for e in graph_elements(small_graph(), positions, marks) if "source" not in e["data"]]
+    assert [(n["data"]["id"], n["classes"]) for n in nodes] == [
+        ("h", "role-intermediate has-event event-origin"), ("loss", "role-loss has-event"),
+        ("m.fc", "role-parameter parameter"), ("out", "role-output"), ("x", "role-input")]
+
+
+def test_event_marks_are_styled_with_or_without_a_selection_and_stay_opaque() -> None:
+    halo = {"opacity": 1, "underlay-color": figures.EVENT_COLOR, "underlay-opacity": 0.55, "underlay-padding": 7,
+            "underlay-shape": "ellipse"}
+    origin = {"opacity": 1, "underlay-color": figures.ORIGIN_COLOR, "underlay-opacity": 0.6, "underlay-padding": 10,
+              "underlay-shape": "ellipse", "font-weight": "bold"}
+    for sheet in (graph_stylesheet(None), graph_stylesheet("out", ["h"], ["loss"], [("h", "out")])):
+        selectors = [rule["selector"] for rule in sheet]
+        by_selector = {rule["selector"]: rule["style"] for rule in sheet}
+        assert by_selector["node.has-event"] == halo and by_selector["node.event-origin"] == origin
+        if "node, edge" in selectors:  # after the fading rule, so marked nodes are not faded
+            assert selectors.index("node.has-event") > selectors.index("node, edge")
 
 
 def test_lineage_follows_dependencies_and_dependents_transitively() -> None:
@@ -120,3 +148,30 @@ def test_long_timelines_are_drawn_with_webgl() -> None:
     steps = np.arange(5000)
     figure = timeline_figure({"t": (steps, steps * 0.5)}, title="", y_label="", step=None)
     assert figure["data"][0]["type"] == "scattergl" and figure["data"][0]["mode"] == "lines"
+
+
+SATURATED = Event("activation_regime", "h", "value", "normal", "saturated", 10, 29, 0.9, 0.7)
+VANISHING = Event("gradient_health", "h", "grad", "healthy", "vanishing", 10, 12, -2.5, 1.0)
+DEAD = Event("activation_regime", "h", "value", "normal", "dead", 15, 29, 0.5, 0.25)
+
+
+def test_event_text_describes_an_event_in_one_line() -> None:
+    assert event_text(VANISHING) == ("gradient_health: healthy → vanishing · h (grad) · steps 10–12 · "
+                                     "magnitude -2.5 · strength 1")
+
+
+def test_timeline_marks_events_with_dashed_lines_and_hover_labels_at_their_onsets() -> None:
+    events = [DEAD, SATURATED, VANISHING]
+    line = {"type": "line", "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
+            "line": {"color": figures.EVENT_COLOR, "width": 1.5, "dash": "dash"}}
+    assert event_shapes(events) == [{**line, "x0": 10, "x1": 10}, {**line, "x0": 15, "x1": 15}]
+    labels = event_annotations(events)
+    assert [(a["x"], a["text"], a["hovertext"]) for a in labels] == [
+        (10, "⚑ saturated · ⚑ vanishing", f"{event_text(SATURATED)}<br>{event_text(VANISHING)}"),
+        (15, "⚑ dead", event_text(DEAD))]
+    assert (labels[0]["xref"], labels[0]["yref"], labels[0]["y"], labels[0]["showarrow"]) == ("x", "paper", 1, False)
+    curves = {"t": (np.array([0, 10, 20]), np.array([1.0, 2.0, 3.0]))}
+    figure = timeline_figure(curves, title="mean", y_label="mean", step=20, events=events)
+    assert figure["layout"]["shapes"] == step_marker(20) + event_shapes(events)
+    assert figure["layout"]["annotations"] == labels
+    assert timeline_figure(curves, title="", y_label="", step=None)["layout"]["annotations"] == []

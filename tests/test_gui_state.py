@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_gui_support import make_recording, make_recurrent, new_model, train_steps
 
+import comgra_ndbg
 from comgra_ndbg import Recorder, open_recording
 from comgra_ndbg.graph.structure import expand_modules
 from comgra_ndbg.gui.selection import resolve, step_neighbour, wanted_from_trigger
@@ -83,8 +84,20 @@ def test_triggers_update_only_what_the_user_changed(cache: ReaderCache) -> None:
     assert wanted_from_trigger({}, "stepper", ("node", 1), current, choices, cache) == {"node": "loss"}
     assert wanted_from_trigger({}, "stepper", ("sample", 1), current, choices, cache) == {"sample": 0}
     assert wanted_from_trigger({}, "timeline", 4, current, choices, cache) == {"step_type": "long", "step": 4}
-    assert wanted_from_trigger({}, "jump", ("hidden", 7), current, choices, cache) == {
+    assert wanted_from_trigger({}, "jump", ("hidden", 7, "grad"), current, choices, cache) == {
+        "step_type": "short", "step": 7, "node": "hidden", "kind": "grad"}
+    assert wanted_from_trigger({}, "jump", ("hidden", 7, ""), current, choices, cache) == {
         "step_type": "short", "step": 7, "node": "hidden"}
+
+
+def test_a_jump_goes_to_the_nearest_recorded_step_and_ignores_pseudo_nodes(cache: ReaderCache) -> None:
+    current, choices = resolve(cache, {})
+    kept = {"node": "model.2", "kind": "update"}
+    assert wanted_from_trigger(kept, "jump", ("optimizer", 30, "update"), current, choices, cache) == {
+        "node": "model.2", "kind": "update", "step_type": "short", "step": 11}
+    assert wanted_from_trigger(kept, "jump", ("", -3, ""), current, choices, cache) == {
+        "node": "model.2", "kind": "update", "step_type": "long", "step": 0}
+    assert wanted_from_trigger({}, "timeline", 4.4, current, choices, cache) == {"step_type": "long", "step": 4}
     assert wanted_from_trigger({"a": 1}, None, None, current, choices, cache) == {"a": 1}
 
 
@@ -131,6 +144,8 @@ def test_iterations_are_selectable_where_the_tensor_was_recorded(tmp_path: Path)
     assert (state.iteration, choices.iterations) == (1, [0, 1])
     readout, choices = resolve(cache, {"node": "readout", "iteration": 0})
     assert (readout.iteration, choices.iterations) == (1, [1])
+    assert open_recording(tmp_path).step_iterations.tolist() == [2, 2, 2]
+    assert cache.iterations("rnn") == {0: 2, 1: 2, 2: 2}
     first, _ = resolve(cache, {"node": "state", "iteration": 0})
     assert statistics_at(cache, first) != statistics_at(cache, state)
 
@@ -153,3 +168,35 @@ def test_refresh_is_cheap_when_nothing_changed_and_sees_new_steps(tmp_path: Path
     assert timeline_curves(cache, selection)["long"][0].tolist() == [0, 2, 4]
     recorder.close()
     cache.close()
+
+
+def test_the_stored_diagnosis_is_read_once_per_analysis_and_turns_stale_when_the_run_grows(tmp_path: Path) -> None:
+    model = new_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder = Recorder(tmp_path, trial="live", snapshots=1, flush_every_steps=1)
+    recorder.track_module("model", model)
+    train_steps(recorder, model, optimizer, range(6))
+    cache = ReaderCache(tmp_path)
+    assert (cache.diagnosis("live"), cache.analysis_stamp("live"), cache.analysis_stamps()) == (None, None,
+                                                                                                 {"live": None})
+    comgra_ndbg.analyze(cache.recording("live"))
+    stored = cache.diagnosis("live")
+    assert (stored.stale, stored.num_steps, stored.diagnosis.num_steps) == (False, 6, 6)
+    assert cache.diagnosis("live") is stored  # memoized while the stored file is unchanged
+    stamp = cache.analysis_stamp("live")
+    assert cache.analysis_stamps() == {"live": stamp}
+    train_steps(recorder, model, optimizer, range(6, 8))
+    assert cache.refresh() == {"live": 1}
+    grown = cache.diagnosis("live")
+    assert (grown.stale, grown.num_steps, grown.diagnosis.num_steps) == (True, 8, 6)
+    comgra_ndbg.analyze(cache.recording("live"))
+    assert cache.analysis_stamp("live") != stamp and cache.diagnosis("live").stale is False
+    recorder.close()
+    cache.close()
+
+
+def test_shown_nodes_follow_collapsed_modules(cache: ReaderCache) -> None:
+    assert cache.shown_nodes("a", "short") == {n: n for n in ("model.0", "model.2", "input", "target", "hidden",
+                                                               "output", "loss")}
+    collapsed = cache.shown_nodes("a", "short", ("model",))
+    assert (collapsed["model.0"], collapsed["model.2"], collapsed["hidden"]) == ("model", "model", "hidden")

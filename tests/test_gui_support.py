@@ -2,7 +2,8 @@
 
 ``make_recording`` trains a tiny MLP in two trials whose learning rates differ, so every statistic differs
 between trials and between steps; every step is summarized and snapshotted. ``make_recurrent`` records a
-step with two iterations. The two tests here pin what the other tests rely on.
+step with two iterations. ``make_faulty`` records a tanh MLP whose second block saturates at step 10 (its
+weights are multiplied by 50), a fault the analysis names. The tests here pin what the others rely on.
 """
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import comgra_ndbg
 from comgra_ndbg import Recorder, open_recording
 
 BATCH = 6
 NUM_SAMPLES = 4
+FAULT_STEP = 10
+FAULT_NODE = "hidden1"
 
 
 def train_steps(recorder: Recorder, model: nn.Sequential, optimizer: torch.optim.Optimizer, steps: range) -> None:
@@ -70,6 +74,33 @@ def make_recurrent(folder: Path, steps: int = 3) -> Path:
     return folder
 
 
+def make_faulty(folder: Path, *, trial: str = "fault", steps: int = 24) -> Path:
+    """One trial of a two-block tanh MLP; at step ``FAULT_STEP`` block 1's weights are multiplied by 50, so
+    ``FAULT_NODE`` (its output) saturates from then on. Snapshots every 2 steps; returns ``folder``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Recorder(folder, trial=trial, snapshots=2, num_samples=NUM_SAMPLES) as recorder:
+        recorder.track_module("model", model)
+        for step in range(steps):
+            if step == FAULT_STEP:
+                with torch.no_grad():
+                    model[2].weight.mul_(50.0)
+            with recorder.step(step):
+                x = recorder.register_tensor("input", torch.randn(16, 4), role="input")
+                y = recorder.register_tensor("target", torch.randn(16, 2), role="target")
+                hidden0 = recorder.register_tensor("hidden0", model[1](model[0](x)))
+                hidden1 = recorder.register_tensor(FAULT_NODE, model[3](model[2](hidden0)))
+                output = recorder.register_tensor("output", model[4](hidden1), role="output")
+                loss = recorder.register_tensor("loss", ((output - y) ** 2).mean(), role="loss")
+                optimizer.zero_grad()
+                loss.backward()
+                recorder.record_gradients()
+                optimizer.step()
+                recorder.record_kpi("loss", loss)
+    return folder
+
+
 def test_make_recording_holds_two_trials_with_every_step_snapshotted(tmp_path: Path) -> None:
     make_recording(tmp_path, steps=4)
     recording = open_recording(tmp_path, "b")
@@ -84,3 +115,13 @@ def test_make_recurrent_records_two_iterations(tmp_path: Path) -> None:
     recording = open_recording(tmp_path)
     assert recording.summary_rows("state", iteration=1)[0].tolist() == [0]
     assert recording.summary_rows("readout", iteration=0)[0].tolist() == []
+
+
+def test_make_faulty_is_diagnosed_as_saturation_of_the_faulty_block(tmp_path: Path) -> None:
+    make_faulty(tmp_path)
+    diagnosis = comgra_ndbg.analyze(tmp_path, trial="fault", store=False)
+    top = diagnosis.top
+    assert (top.type, top.origin, top.node, top.onset) == ("saturation", "node", FAULT_NODE, FAULT_STEP)
+    assert top.sentence.startswith(f"Saturation originated in '{FAULT_NODE}' at step {FAULT_STEP}")
+    assert [(e.family, e.node, e.to_state, e.onset) for e in diagnosis.events] == [
+        ("activation_regime", FAULT_NODE, "saturated", FAULT_STEP)]

@@ -50,7 +50,8 @@ def _page(cache: ReaderCache, *, source: str, interval_ms: int, has_custom: bool
         elements, key = graph_view(cache, first["store"], None)
         graph = {"elements": elements, "stylesheet": graph_style(cache, first["store"]), "key": key}
         return build_layout(cache.trials, title=TITLE, source=source, interval_ms=interval_ms,
-                            has_custom=has_custom, graph=graph, generations=generations)
+                            has_custom=has_custom, graph=graph, generations=generations,
+                            analyses=cache.analysis_stamps())
 
 
 def serve(app: Dash, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:

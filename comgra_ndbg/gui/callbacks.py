@@ -20,14 +20,16 @@ from dash import ALL, Dash, Input, Output, Patch, State, ctx, no_update
 
 from comgra_ndbg.gui import ids, tabs
 from comgra_ndbg.gui.custom import Visualization
-from comgra_ndbg.gui.figures import (as_matrix, graph_elements, graph_stylesheet, heatmap_figure, histogram_figure, lineage,
-                                     message_figure, statistics_rows, step_marker, timeline_figure, value_rows)
+from comgra_ndbg.gui.figures import (as_matrix, event_classes, event_shapes, graph_elements, graph_stylesheet,
+                                     heatmap_figure, histogram_figure, lineage, message_figure, statistics_rows,
+                                     step_marker, timeline_figure, value_rows)
 from comgra_ndbg.gui.selection import resolve, tensor_label, wanted_from_trigger
-from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, element_values, statistics_at, timeline_curves
+from comgra_ndbg.gui.state import (AGGREGATE, ReaderCache, Selection, element_values, node_events, statistics_at,
+                                   timeline_curves)
 from comgra_ndbg.gui.layout import tensors_tab
 from comgra_ndbg.gui.views import graph_of, message, table
 
-__all__ = ["graph_view", "graph_style", "refresh_generations", "register_callbacks", "tensor_panel",
+__all__ = ["graph_marks", "graph_view", "graph_style", "refresh_generations", "register_callbacks", "tensor_panel",
            "tensors_body", "timeline_view", "update_selection"]
 
 HEATMAP_LIMIT = 65_536  # cells above which element values are shown as a table
@@ -43,7 +45,7 @@ def update_selection(cache: ReaderCache, trigger: str | None, value: Any, store:
     """Apply one user action to the selection and return every selector's options and value.
 
     ``trigger`` is a key of :data:`TRIGGERS`' values, ``"stepper"`` (value ``(selector, delta)``),
-    ``"jump"`` (value ``(node, step)``) or None (first load, or the live recording grew).
+    ``"jump"`` (value ``(node, step, kind)``) or None (first load, or the live recording grew).
     """
     store = store or {}
     current, choices = None, None
@@ -93,16 +95,31 @@ def _kind_label(kind: str) -> str:
 
 # ---- graph ---------------------------------------------------------------------------------------------
 def graph_view(cache: ReaderCache, selection_data: dict[str, Any] | None, previous_key: Any) -> tuple[Any, Any]:
-    """``(elements, key)`` of the graph; ``no_update`` for both while trial, step type, grouping and
-    generation are unchanged, so picking a node or a step never resends the graph."""
+    """``(elements, key)`` of the graph, nodes with events marked (``has-event``; ``event-origin`` for the
+    top hypothesis' node); ``no_update`` for both while trial, step type, grouping, generation and stored
+    analysis are unchanged, so picking a node or a step never resends the graph."""
     if not selection_data:
         return no_update, no_update
     selection = Selection.from_dict(selection_data["selection"])
-    key = [selection.trial, selection.step_type, list(selection.collapsed), selection.generation]
+    key = [selection.trial, selection.step_type, list(selection.collapsed), selection.generation,
+           cache.analysis_stamp(selection.trial)]
     if key == previous_key:
         return no_update, no_update
     view = cache.view_graph(selection.trial, selection.step_type, selection.collapsed)
-    return ([] if view is None else graph_elements(view.graph, view.positions)), key
+    if view is None:
+        return [], key
+    return graph_elements(view.graph, view.positions, graph_marks(cache, selection)), key
+
+
+def graph_marks(cache: ReaderCache, selection: Selection) -> dict[str, str]:
+    """Displayed node -> its event classes, from the trial's stored diagnosis (none without one)."""
+    stored = cache.readable_diagnosis(selection.trial)
+    if stored is None:
+        return {}
+    shown = cache.shown_nodes(selection.trial, selection.step_type, selection.collapsed)
+    top = stored.diagnosis.top
+    return event_classes([shown[e.node] for e in stored.diagnosis.events if e.node in shown],
+                         shown.get(top.node) if top is not None else None)
 
 
 def graph_style(cache: ReaderCache, selection_data: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -179,16 +196,18 @@ def _no_snapshot_text(cache: ReaderCache, selection: Selection) -> str:
 
 def timeline_view(cache: ReaderCache, selection_data: dict[str, Any] | None, previous_key: Any
                   ) -> tuple[Any, Any]:
-    """``(figure, key)`` of the timeline; while the series is unchanged only the step marker is patched, so
+    """``(figure, key)`` of the timeline with the events of the selected node marked; while the series and
+    the stored analysis are unchanged only the step marker is patched (the event lines with it), so
     stepping through 10k steps never resends 10k points."""
     if not selection_data:
         return no_update, no_update
     selection = Selection.from_dict(selection_data["selection"])
-    key = [selection.trial, selection.generation, selection.tensor, selection.kind, selection.iteration,
-           selection.stat]
+    key = [selection.trial, selection.generation, selection.node, selection.tensor, selection.kind,
+           selection.iteration, selection.stat, cache.analysis_stamp(selection.trial)]
+    events = node_events(cache, selection)
     if key == previous_key:
         patch = Patch()
-        patch["layout"]["shapes"] = step_marker(selection.step)
+        patch["layout"]["shapes"] = step_marker(selection.step) + event_shapes(events)
         return patch, no_update
     if selection.tensor is None or selection.kind is None:
         return message_figure("no tensor selected"), key
@@ -196,7 +215,7 @@ def timeline_view(cache: ReaderCache, selection_data: dict[str, Any] | None, pre
     if not any(len(steps) for steps, _ in curves.values()):
         return message_figure(f"{selection.tensor} ({selection.kind}) has no summaries"), key
     title = f"{selection.stat} of {selection.tensor} ({_kind_label(selection.kind)}) over steps · click to select"
-    return timeline_figure(curves, title=title, y_label=selection.stat, step=selection.step), key
+    return timeline_figure(curves, title=title, y_label=selection.stat, step=selection.step, events=events), key
 
 
 def tensors_body(selection_data: dict[str, Any] | None, children: Any) -> Any:
@@ -217,7 +236,7 @@ def _trigger(triggered_id: Any, triggered_value: Any, inputs: dict[str, Any]) ->
         if triggered_id.get("type") == ids.STEPPER_TYPE and triggered_value:
             return "stepper", (triggered_id["selector"], int(triggered_id["delta"]))
         if triggered_id.get("type") == ids.DIAGNOSIS_JUMP_TYPE and triggered_value:
-            return "jump", (triggered_id["node"], int(triggered_id["step"]))
+            return "jump", (triggered_id["node"], int(triggered_id["step"]), triggered_id["kind"])
         if triggered_id.get("type") == ids.TIMELINE_TYPE:
             points = (triggered_value or {}).get("points") or []
             return ("timeline", points[0].get("x")) if points else (None, None)
@@ -255,7 +274,8 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
     selector_inputs.update(graph=Input(ids.GRAPH, "tapNodeData"),
                            timeline=Input({"type": ids.TIMELINE_TYPE, "index": ALL}, "clickData"),
                            steppers=Input({"type": ids.STEPPER_TYPE, "selector": ALL, "delta": ALL}, "n_clicks"),
-                           jumps=Input({"type": ids.DIAGNOSIS_JUMP_TYPE, "node": ALL, "step": ALL}, "n_clicks"),
+                           jumps=Input({"type": ids.DIAGNOSIS_JUMP_TYPE, "item": ALL, "node": ALL, "step": ALL,
+                                        "kind": ALL}, "n_clicks"),
                            generations=Input(ids.GENERATION, "data"))
 
     @app.callback(output=selector_outputs, inputs=selector_inputs, state={"store": State(ids.SELECTION, "data")})
@@ -267,8 +287,11 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
 
     app.callback(Output(ids.TENSORS_BODY, "children"), Input(ids.SELECTION, "data"),
                  State(ids.TENSORS_BODY, "children"))(tensors_body)
+    # The stored analyses' stamps only trigger the graph and the timeline: their keys read the stamp from the
+    # cache, so the plain functions do not take it.
     app.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_KEY, "data"), Input(ids.SELECTION, "data"),
-                 State(ids.GRAPH_KEY, "data"))(locked(functools.partial(graph_view, cache)))
+                 Input(ids.ANALYSES, "data"), State(ids.GRAPH_KEY, "data"))(
+        locked(lambda selection_data, _analyses, key: graph_view(cache, selection_data, key)))
     app.callback(Output(ids.GRAPH, "stylesheet"), Input(ids.SELECTION, "data"))(
         locked(functools.partial(graph_style, cache)))
     app.callback(output={"header": Output(ids.TENSOR_HEADER, "children"), "stats": Output(ids.STATS_TABLE, "children"),
@@ -276,7 +299,8 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
                  inputs=[Input(ids.SELECTION, "data"), Input(ids.VALUES_MODE, "value"),
                          Input(ids.VALUES_PAGE, "value")])(locked(functools.partial(tensor_panel, cache)))
     app.callback(Output(ids.TIMELINE, "figure"), Output(ids.TIMELINE_KEY, "data"), Input(ids.SELECTION, "data"),
-                 State(ids.TIMELINE_KEY, "data"))(locked(functools.partial(timeline_view, cache)))
+                 Input(ids.ANALYSES, "data"), State(ids.TIMELINE_KEY, "data"))(
+        locked(lambda selection_data, _analyses, key: timeline_view(cache, selection_data, key)))
     app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
                  prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
     tabs.register_tab_callbacks(app, cache, visualization, locked)

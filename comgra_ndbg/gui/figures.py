@@ -3,16 +3,21 @@ elements and stylesheets). No dash import, no I/O, so every builder is tested by
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.graph import DependencyGraph
 
 __all__ = [
     "ROLE_COLORS",
     "as_matrix",
+    "event_annotations",
+    "event_classes",
+    "event_shapes",
+    "event_text",
     "format_number",
     "graph_elements",
     "graph_stylesheet",
@@ -41,6 +46,8 @@ DOWNSTREAM_COLOR = "#D62728"
 SELECTED_COLOR = "#111111"
 STEP_TYPE_COLORS = ("#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#8C564B", "#E377C2", "#17BECF")
 MARKER_COLOR = "#D62728"
+EVENT_COLOR = "#F28C28"  # nodes with events, event lines on timelines
+ORIGIN_COLOR = "#D62728"  # the origin node of the top hypothesis
 LARGE_SERIES = 2000  # points above which a line trace is drawn with WebGL
 BASE_LAYOUT: dict[str, Any] = {"margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "template": "plotly_white"}
 TITLE_FONT: dict[str, Any] = {"size": 13}
@@ -53,20 +60,24 @@ def _title(text: str) -> dict[str, Any]:
 
 
 # ---- graph ------------------------------------------------------------------------------------------------
-def graph_elements(graph: DependencyGraph, positions: Mapping[str, tuple[float, float]]) -> list[dict[str, Any]]:
+def graph_elements(graph: DependencyGraph, positions: Mapping[str, tuple[float, float]],
+                   marks: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Cytoscape elements: one node per graph node at its preset position, one edge per node edge.
 
     Node data carries ``role`` (it drives the colour) and ``label`` (the name's last two dotted parts, so
-    long module paths stay readable); edge ids are ``source->target:kind``.
+    long module paths stay readable); edge ids are ``source->target:kind``. ``marks`` adds classes to
+    nodes (:func:`event_classes`: ``has-event``, ``event-origin``).
     """
+    marks = marks or {}
     elements: list[dict[str, Any]] = []
     for node in graph.nodes:
         x, y = positions.get(node.name, (0.0, 0.0))
+        classes = f"role-{node.role}" + (" parameter" if node.is_parameter_group else "")
         elements.append({
             "data": {"id": node.name, "label": _short(node.name), "role": node.role,
                      "tensors": len(node.tensors)},
             "position": {"x": float(x), "y": float(y)},
-            "classes": f"role-{node.role}" + (" parameter" if node.is_parameter_group else ""),
+            "classes": f"{classes} {marks[node.name]}" if marks.get(node.name) else classes,
         })
     for edge in graph.edges:
         elements.append({
@@ -75,6 +86,19 @@ def graph_elements(graph: DependencyGraph, positions: Mapping[str, tuple[float, 
             "classes": f"edge-{edge.kind}",
         })
     return elements
+
+
+def event_classes(event_nodes: Iterable[str], origin: str | None) -> dict[str, str]:
+    """Node -> the classes that mark it in the graph: ``has-event`` for every node with an event,
+    ``event-origin`` for the origin node of the top hypothesis.
+
+    >>> event_classes(["h", "out", "h"], "h")
+    {'h': 'has-event event-origin', 'out': 'has-event'}
+    """
+    marks = {node: "has-event" for node in event_nodes}
+    if origin:
+        marks[origin] = f"{marks[origin]} event-origin" if origin in marks else "event-origin"
+    return marks
 
 
 def lineage(graph: DependencyGraph, node: str) -> tuple[list[str], list[str]]:
@@ -96,7 +120,8 @@ def graph_stylesheet(selected: str | None, dependencies: Sequence[str] = (), dep
                      edges: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
     """The cytoscape stylesheet: colours by role, edge styles by kind, and the selected node's lineage when a
     node is selected: dependencies ringed blue, dependents red, the ``(source, target)`` edges among them
-    drawn bold, everything else faded."""
+    drawn bold, everything else faded. Nodes marked by :func:`event_classes` always carry a halo (orange: it
+    has events; red: origin of the top hypothesis)."""
     sheet: list[dict[str, Any]] = [
         {"selector": "node", "style": {"label": "data(label)", "background-color": OTHER_ROLE_COLOR,
                                        "font-size": 11, "text-valign": "bottom", "text-margin-y": 4,
@@ -111,7 +136,7 @@ def graph_stylesheet(selected: str | None, dependencies: Sequence[str] = (), dep
     sheet += [{"selector": f".role-{role}", "style": {"background-color": color}}
               for role, color in ROLE_COLORS.items()]
     if selected is None:
-        return sheet
+        return sheet + _event_styles()
     sheet.append({"selector": "node, edge", "style": {"opacity": 0.25}})
     for name, color in [(n, UPSTREAM_COLOR) for n in dependencies] + [(n, DOWNSTREAM_COLOR) for n in dependents]:
         sheet.append({"selector": f'node[id = "{name}"]', "style": {"opacity": 1, "border-width": 3,
@@ -121,10 +146,24 @@ def graph_stylesheet(selected: str | None, dependencies: Sequence[str] = (), dep
         if {source, target} <= upstream or {source, target} <= downstream:
             sheet.append({"selector": f'edge[source = "{source}"][target = "{target}"]',
                           "style": {"opacity": 1, "width": 2.5}})
+    sheet += _event_styles()
     sheet.append({"selector": f'node[id = "{selected}"]', "style": {
         "opacity": 1, "border-width": 4, "border-color": SELECTED_COLOR, "width": 34, "height": 34,
         "font-weight": "bold"}})
     return sheet
+
+
+def _event_styles() -> list[dict[str, Any]]:
+    """Marked nodes get a halo (cytoscape's underlay), so the mark never competes with the lineage rings,
+    and stay opaque when a selection fades the rest: the diagnosis is never faded out."""
+    return [
+        {"selector": "node.has-event", "style": {"opacity": 1, "underlay-color": EVENT_COLOR,
+                                                 "underlay-opacity": 0.55, "underlay-padding": 7,
+                                                 "underlay-shape": "ellipse"}},
+        {"selector": "node.event-origin", "style": {"opacity": 1, "underlay-color": ORIGIN_COLOR,
+                                                    "underlay-opacity": 0.6, "underlay-padding": 10,
+                                                    "underlay-shape": "ellipse", "font-weight": "bold"}},
+    ]
 
 
 def _short(name: str) -> str:
@@ -241,9 +280,42 @@ def step_marker(step: int | None) -> list[dict[str, Any]]:
              "line": {"color": MARKER_COLOR, "width": 2}}]
 
 
+def event_text(event: Event) -> str:
+    """One line describing an event, as hover text and table titles.
+
+    >>> event_text(Event("activation_regime", "h", "value", "normal", "saturated", 10, 29, 0.9, 0.7))
+    'activation_regime: normal → saturated · h (value) · steps 10–29 · magnitude 0.9 · strength 0.7'
+    """
+    return (f"{event.family}: {event.from_state} → {event.to_state} · {event.node} ({event.kind}) · steps "
+            f"{event.onset}–{event.end} · magnitude {format_number(event.magnitude)} · strength "
+            f"{format_number(event.strength)}")
+
+
+def _by_onset(events: Sequence[Event]) -> dict[int, list[Event]]:
+    grouped: dict[int, list[Event]] = {}
+    for event in sorted(events, key=lambda e: (e.onset, e.node, e.family, e.kind)):
+        grouped.setdefault(int(event.onset), []).append(event)
+    return grouped
+
+
+def event_shapes(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """A dashed vertical line at each distinct onset step of ``events`` (a timeline's event marks)."""
+    return [{"type": "line", "xref": "x", "yref": "paper", "x0": onset, "x1": onset, "y0": 0, "y1": 1,
+             "line": {"color": EVENT_COLOR, "width": 1.5, "dash": "dash"}} for onset in _by_onset(events)]
+
+
+def event_annotations(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """A label at the top of each event line: the new states, with every event of that onset as hover text."""
+    return [{"x": onset, "xref": "x", "y": 1, "yref": "paper", "yanchor": "top", "xanchor": "left",
+             "showarrow": False, "text": " · ".join(dict.fromkeys(f"⚑ {e.to_state}" for e in group)),
+             "hovertext": "<br>".join(event_text(e) for e in group), "font": {"size": 10, "color": EVENT_COLOR},
+             "bgcolor": "rgba(255,255,255,0.85)"} for onset, group in _by_onset(events).items()]
+
+
 def timeline_figure(curves: Mapping[str, tuple[np.ndarray, np.ndarray]], *, title: str, y_label: str,
-                    step: int | None) -> dict[str, Any]:
-    """One line per step type (its steps against a statistic), the current step marked.
+                    step: int | None, events: Sequence[Event] = ()) -> dict[str, Any]:
+    """One line per step type (its steps against a statistic), the current step marked, and ``events`` (of
+    the tensor's node) marked by dashed lines at their onsets, described on hover.
 
     Clicking a point selects its step (``clickData.points[0].x``); long series are drawn with WebGL.
     """
@@ -258,7 +330,8 @@ def timeline_figure(curves: Mapping[str, tuple[np.ndarray, np.ndarray]], *, titl
             "line": {"width": 1.5, "color": STEP_TYPE_COLORS[index % len(STEP_TYPE_COLORS)]},
         })
     return {"data": data, "layout": {
-        **BASE_LAYOUT, "title": _title(title), "shapes": step_marker(step),
+        **BASE_LAYOUT, "title": _title(title), "shapes": step_marker(step) + event_shapes(events),
+        "annotations": event_annotations(events),
         "hovermode": "closest", "clickmode": "event", "showlegend": len(data) > 1,
         "xaxis": {"title": {"text": "step"}}, "yaxis": {"title": {"text": y_label}},
         "legend": {"orientation": "h", "y": 1.02, "x": 1, "xanchor": "right", "yanchor": "bottom"},

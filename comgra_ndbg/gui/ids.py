@@ -79,6 +79,9 @@ TIMELINE_BOX = "timeline-box"
 # ---- other tabs ------------------------------------------------------------------------------------------
 DIAGNOSIS = "diagnosis"
 DIAGNOSIS_JUMP_TYPE = "diagnosis-jump"
+ANALYZE = "analyze-now"  # the Diagnosis tab's button that runs comgra_ndbg.analyze for the trial
+ANALYZE_STATUS = "analyze-status"
+ANALYSES = "analyses-store"  # {trial: stamp of its stored analysis}, changes when an analysis is stored
 KPIS = "kpis"
 NOTES = "notes"
 NETWORK = "network"
@@ -89,6 +92,7 @@ COMPARE = "compare"
 CUSTOM = "custom"
 
 
-def diagnosis_jump(node: str, step: int) -> dict[str, str | int]:
-    """The id of a diagnosis row's button that selects ``node`` at ``step``."""
-    return {"type": DIAGNOSIS_JUMP_TYPE, "node": node, "step": step}
+def diagnosis_jump(item: str, node: str, step: int, kind: str) -> dict[str, str | int]:
+    """The id of a clickable hypothesis or event (``item``: ``h0``, ``e3``, … unique in the tab) that selects
+    ``node`` (``""``: keep the node) with ``kind`` (``""``: keep the kind) at ``step``."""
+    return {"type": DIAGNOSIS_JUMP_TYPE, "item": item, "node": node, "step": step, "kind": kind}

@@ -55,7 +55,26 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 .message { color: #555; padding: 12px; font-style: italic; }
 .message.error { color: #b91c1c; font-style: normal; white-space: pre-wrap; font-family: monospace; }
 .values-controls { display: flex; gap: 12px; align-items: center; font-size: 12px; }
-.jump { font-size: 11px; }
+.message.warning { color: #92400e; background: #fef3c7; font-style: normal; border-radius: 4px; }
+.message.healthy { color: #166534; background: #dcfce7; font-style: normal; border-radius: 4px; }
+.analyze { border: 1px solid #1f2937; background: #1f2937; color: #fff; border-radius: 4px; padding: 3px 10px;
+           cursor: pointer; font-size: 12px; }
+.analyze-status { font-size: 12px; color: #555; }
+.hypothesis { border: 1px solid #e5e7eb; border-left: 4px solid #F28C28; border-radius: 4px; padding: 6px 10px;
+              margin: 6px 0; cursor: pointer; }
+.hypothesis:hover, .event-row:hover { background: #fff7ed; }
+.hypothesis.current { border-left-color: #D62728; background: #fff1f2; }
+.hypothesis-head { display: flex; align-items: center; gap: 8px; }
+.hypothesis .rank { font-weight: 700; min-width: 24px; }
+.hypothesis .bar { display: inline-block; width: 60px; height: 8px; background: #e5e7eb; border-radius: 4px;
+                   overflow: hidden; flex: 0 0 60px; }
+.hypothesis .bar span { display: block; height: 100%; background: #D62728; }
+.hypothesis .percent { font-variant-numeric: tabular-nums; min-width: 36px; font-weight: 600; }
+.hypothesis .sentence { font-weight: 600; }
+.hypothesis .facts { font-size: 12px; color: #555; margin: 2px 0 2px 32px; }
+.hypothesis .chain { font-size: 12px; margin-left: 32px; font-family: monospace; color: #374151; }
+.event-row { cursor: pointer; }
+.event-row.current td { background: #fff1f2; }
 """
 
 ROLE_LEGEND = ("input", "target", "parameter", "intermediate", "output", "loss")
@@ -83,8 +102,10 @@ def _selector(label: str, selector: str, component_id: str, *, wide: bool = Fals
 
 
 def _legend() -> html.Div:
+    notes = ["blue ring: dependency · red ring: dependent",
+             "orange halo: events · red halo: origin of the top hypothesis"]
     return html.Div([html.Span([html.Span(className="dot", style={"background": ROLE_COLORS[r]}), r])
-                     for r in ROLE_LEGEND] + [html.Span("blue ring: dependency · red ring: dependent")],
+                     for r in ROLE_LEGEND] + [html.Span(note) for note in notes],
                     className="legend")
 
 
@@ -113,6 +134,17 @@ def tensors_tab() -> html.Div:
     ])
 
 
+def _diagnosis_tab() -> html.Div:
+    return html.Div([
+        html.Div([html.Button("Analyze now", id=ids.ANALYZE, n_clicks=0, className="analyze",
+                              title="run comgra_ndbg.analyze on this trial and store the results"),
+                  dcc.Loading(html.Span(id=ids.ANALYZE_STATUS, className="analyze-status"), type="dot",
+                              parent_style={"display": "inline-block", "minWidth": "60px"})],
+                 className="values-controls", style={"marginTop": "8px"}),
+        html.Div(id=ids.DIAGNOSIS),
+    ])
+
+
 def _compare_tab(trials: list[str]) -> html.Div:
     return html.Div([
         html.Div([
@@ -130,16 +162,18 @@ def _compare_tab(trials: list[str]) -> html.Div:
 
 
 def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int, has_custom: bool,
-                 graph: dict[str, Any] | None = None, generations: dict[str, int] | None = None) -> html.Div:
+                 graph: dict[str, Any] | None = None, generations: dict[str, int] | None = None,
+                 analyses: dict[str, str | None] | None = None) -> html.Div:
     """The whole page. ``interval_ms`` is how often the live recording is checked for new steps.
 
     ``graph`` (``elements``, ``stylesheet``, ``key``) paints the graph with the page itself, before any
-    callback answered; ``generations`` are the trials' generations the page starts from.
+    callback answered; ``generations`` and ``analyses`` are the trials' generations and stored analyses'
+    stamps the page starts from.
     """
     graph = graph or {"elements": [], "stylesheet": graph_stylesheet(None), "key": None}
     tabs = [
         dcc.Tab(label="Tensors", value=ids.TAB_TENSORS, children=html.Div(id=ids.TENSORS_BODY)),
-        dcc.Tab(label="Diagnosis", value=ids.TAB_DIAGNOSIS, children=html.Div(id=ids.DIAGNOSIS)),
+        dcc.Tab(label="Diagnosis", value=ids.TAB_DIAGNOSIS, children=_diagnosis_tab()),
         dcc.Tab(label="KPIs", value=ids.TAB_KPIS, children=html.Div(id=ids.KPIS)),
         dcc.Tab(label="Notes", value=ids.TAB_NOTES, children=html.Div(id=ids.NOTES)),
         dcc.Tab(label="Network", value=ids.TAB_NETWORK, children=html.Div(id=ids.NETWORK)),
@@ -149,6 +183,7 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
     return html.Div([
         dcc.Store(id=ids.SELECTION, data=None),
         dcc.Store(id=ids.GENERATION, data=generations or {}),
+        dcc.Store(id=ids.ANALYSES, data=analyses or {}),
         dcc.Store(id=ids.GRAPH_KEY, data=graph["key"]),
         dcc.Store(id=ids.TIMELINE_KEY, data=None),
         dcc.Interval(id=ids.INTERVAL, interval=interval_ms, n_intervals=0),

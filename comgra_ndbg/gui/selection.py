@@ -103,7 +103,9 @@ def resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choi
 def wanted_from_trigger(wanted: dict[str, Any], trigger: Any, value: Any, current: Selection | None,
                         choices: Choices | None, cache: ReaderCache) -> dict[str, Any]:
     """``wanted`` after the user acted on ``trigger`` (a selector name, ``"stepper"`` with a ``(selector,
-    delta)`` value, ``"graph"``, ``"timeline"`` or ``"jump"``) with ``value``; never mutates its input."""
+    delta)`` value, ``"graph"``, ``"timeline"`` with a step, or ``"jump"`` with ``(node, step, kind)``) with
+    ``value``; never mutates its input. A timeline or jump step goes to the nearest recorded step; a jump
+    keeps the node and kind when it names no node, or one the recording lacks (the optimizer)."""
     wanted = dict(wanted)
     if trigger is None or value is None:
         return wanted
@@ -123,16 +125,17 @@ def wanted_from_trigger(wanted: dict[str, Any], trigger: Any, value: Any, curren
     elif trigger in ("graph", "node"):
         wanted["node"] = value
     elif trigger in ("timeline", "jump"):
-        node, step = value if trigger == "jump" else (None, value)
-        trial = current.trial if current is not None else cache.trials[0]
-        step = int(step)
-        try:
-            wanted["step_type"] = cache.recording(trial).step_type_of(step)
-        except KeyError:
+        node, step, kind = value if trigger == "jump" else (None, value, None)
+        recording = cache.recording(current.trial if current is not None else cache.trials[0])
+        step = _nearest(np.sort(recording.steps), step, default=None)
+        if step is None:
             return wanted
+        wanted["step_type"] = recording.step_type_of(step)
         wanted["step"] = step
-        if node is not None:
+        if node and node in recording.nodes:  # not a pseudo-node such as the optimizer
             wanted["node"] = node
+            if kind:
+                wanted["kind"] = kind
     elif trigger == "collapsed":
         wanted["collapsed"] = list(value)
     else:

@@ -20,15 +20,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict
 from comgra_ndbg.errors import RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
 from comgra_ndbg.graph import DependencyGraph
 from comgra_ndbg.graph.structure import collapse_modules
 from comgra_ndbg.statistics import derive, derive_one
-from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, Snapshot, list_trials, open_recording
+from comgra_ndbg.store.results import results_path
 
-__all__ = ["ElementValues", "ReaderCache", "Selection", "ViewGraph", "element_values", "statistics_at", "timeline_curves",
-           "view_graph"]
+__all__ = ["ElementValues", "ReaderCache", "Selection", "StoredDiagnosis", "ViewGraph", "element_values", "node_events",
+           "statistics_at", "timeline_curves", "view_graph"]
 
 T = TypeVar("T")
 AGGREGATE = "batch"  # the sample selector's value for "statistics over the whole batch"
@@ -108,6 +109,16 @@ def view_graph(graph: DependencyGraph, positions: dict[str, tuple[float, float]]
     return ViewGraph(graph, {n: placed[n] for n in graph.node_names})
 
 
+@dataclass(frozen=True)
+class StoredDiagnosis:
+    """A diagnosis as stored for a trial: ``stale`` when the recording has grown since (it now holds
+    ``num_steps`` steps; the analysis saw ``diagnosis.num_steps``)."""
+
+    diagnosis: Diagnosis
+    stale: bool
+    num_steps: int
+
+
 class ReaderCache:
     """One open :class:`Recording` per trial of ``path`` and a bounded memo of what was read from them.
 
@@ -185,15 +196,62 @@ class ReaderCache:
         return self.memo(trial, ("steps", step_type), lambda r: np.sort(r.steps_of_type(step_type)))
 
     def iterations(self, trial: str) -> dict[int, int]:
-        """Step -> number of iterations it ran.
-
-        The reader exposes the step table's ``iterations`` column only through its internal concatenation,
-        so this is the one place the GUI reaches into it.
-        """
+        """Step -> number of iterations it ran."""
         def compute(recording: Recording) -> dict[int, int]:
-            counts = recording._concat(schema.STEPS_ITERATIONS)  # noqa: SLF001 - see docstring
-            return {int(s): int(n) for s, n in zip(recording.steps, counts)}
+            return {int(s): int(n) for s, n in zip(recording.steps, recording.step_iterations)}
         return self.memo(trial, ("iterations",), compute)
+
+    def analysis_stamp(self, trial: str) -> str | None:
+        """What identifies the analysis stored for ``trial`` (its file's time, size and inode), or None when
+        there is none; it changes whenever ``comgra_ndbg.analyze`` stores results again."""
+        try:
+            stat = results_path(self.recording(trial).location).stat()
+        except FileNotFoundError:
+            return None
+        return f"{stat.st_mtime_ns}:{stat.st_size}:{stat.st_ino}"
+
+    def analysis_stamps(self) -> dict[str, str | None]:
+        """:meth:`analysis_stamp` of every trial opened so far (a ``stat`` each)."""
+        with self.lock:
+            return {trial: self.analysis_stamp(trial) for trial in self._recordings}
+
+    def diagnosis(self, trial: str) -> StoredDiagnosis | None:
+        """The diagnosis ``comgra_ndbg.analyze`` stored for ``trial`` (``Recording.analysis()``), read once
+        per stored file and recording generation; None when none is stored. Raises
+        ``RecordingFormatError`` when the stored file cannot be read."""
+        stamp = self.analysis_stamp(trial)
+        if stamp is None:
+            return None
+
+        def compute(recording: Recording) -> StoredDiagnosis | None:
+            stored = recording.analysis()
+            if stored is None:
+                return None
+            try:
+                diagnosis = diagnosis_from_dict(stored.diagnosis)
+            except (KeyError, TypeError, ValueError) as error:
+                raise RecordingFormatError(f"{stored.path} holds an analysis this version cannot read ({error!r}); "
+                                           f"run comgra_ndbg.analyze() again") from None
+            return StoredDiagnosis(diagnosis, stored.stale, len(recording.steps))
+        return self.memo(trial, ("diagnosis", stamp), compute)
+
+    def readable_diagnosis(self, trial: str) -> StoredDiagnosis | None:
+        """:meth:`diagnosis`, or None when the stored file cannot be read (the Diagnosis tab says why)."""
+        try:
+            return self.diagnosis(trial)
+        except RecordingFormatError:
+            return None
+
+    def shown_nodes(self, trial: str, step_type: str, collapsed: tuple[str, ...] = ()) -> dict[str, str]:
+        """Recorded node -> the node of the displayed graph that shows its tensors (itself, or the collapsed
+        module holding it); nodes the graph of the step type lacks are left out."""
+        def compute(recording: Recording) -> dict[str, str]:
+            view = self.view_graph(trial, step_type, collapsed)
+            if view is None:
+                return {}
+            holder = {tensor: node.name for node in view.graph.nodes for tensor in node.tensors}
+            return {t.node: holder[t.name] for t in recording.tensors if t.name in holder}
+        return self.memo(trial, ("shown", step_type, collapsed), compute)
 
     def view_graph(self, trial: str, step_type: str, collapsed: tuple[str, ...] = ()) -> ViewGraph | None:
         """The displayed graph of a step type, or None when none was discovered for it."""
@@ -239,6 +297,16 @@ def timeline_curves(cache: ReaderCache, selection: Selection) -> dict[str, tuple
                 curves[step_type] = (steps[mask], values[mask])
         return curves
     return cache.memo(selection.trial, ("curves", tensor, kind, selection.iteration, selection.stat), compute)
+
+
+def node_events(cache: ReaderCache, selection: Selection) -> list[Event]:
+    """The stored events of the recorded nodes that the selected (displayed) node shows, in step order."""
+    stored = cache.readable_diagnosis(selection.trial)
+    if stored is None or selection.node is None:
+        return []
+    shown = cache.shown_nodes(selection.trial, selection.step_type, selection.collapsed)
+    return sorted((e for e in stored.diagnosis.events if shown.get(e.node, e.node) == selection.node),
+                  key=lambda e: (e.onset, e.node, e.family))
 
 
 def statistics_at(cache: ReaderCache, selection: Selection) -> dict[str, float] | None:

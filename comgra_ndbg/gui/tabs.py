@@ -3,6 +3,11 @@
 Like :mod:`comgra_ndbg.gui.callbacks`, each is a plain function of (cache, selection, ...) that tests call
 directly. A tab is computed only while it is the active one (otherwise ``no_update``), and again when it
 is opened, so an open Tensors tab never pays for the KPI curves.
+
+:func:`analysis_state` owns the stored analyses: it runs ``comgra_ndbg.analyze`` when Analyze now is
+pressed, and on the live interval notices analyses stored from elsewhere (the CLI, a notebook). Either
+way it writes the analyses' stamps, which the Diagnosis tab, the graph's event marks and the timeline's
+event lines listen to.
 """
 from __future__ import annotations
 
@@ -11,16 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from dash import Dash, Input, Output, html, no_update
+from dash import Dash, Input, Output, State, html, no_update
 
+from comgra_ndbg.analysis import analyze
+from comgra_ndbg.errors import ComgraError, RecordingFormatError
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.custom import Visualization
+from comgra_ndbg.gui.diagnosis import diagnosis_view, plural
 from comgra_ndbg.gui.figures import format_number, histogram_figure, kpi_figure, message_figure
 from comgra_ndbg.gui.selection import resolve
 from comgra_ndbg.gui.state import ReaderCache, Selection, element_values, statistics_at
-from comgra_ndbg.gui.views import diagnosis_view, graph_of, message, module_table, notes_table, table
+from comgra_ndbg.gui.views import graph_of, message, module_table, notes_table, table
 
-__all__ = ["compare_tab", "custom_tab", "diagnosis_tab", "kpis_tab", "network_tab", "notes_tab",
+__all__ = ["analysis_state", "compare_tab", "custom_tab", "diagnosis_tab", "kpis_tab", "network_tab", "notes_tab",
            "register_tab_callbacks"]
 
 
@@ -29,12 +37,38 @@ def _selection(selection_data: dict[str, Any] | None) -> Selection | None:
 
 
 def diagnosis_tab(cache: ReaderCache, selection_data: dict[str, Any] | None, tab: str | None) -> Any:
-    """Ranked hypotheses and events of the trial, as the analysis stored them (``Recording.analysis()``)."""
+    """Ranked hypotheses, events and coupled failures of the trial as the analysis stored them
+    (``Recording.analysis()``), the selected node's rows highlighted."""
     selection = _selection(selection_data)
     if tab != ids.TAB_DIAGNOSIS or selection is None:
         return no_update
-    analysis = getattr(cache.recording(selection.trial), "analysis", None)
-    return diagnosis_view(analysis() if callable(analysis) else None)
+    try:
+        stored = cache.diagnosis(selection.trial)
+    except RecordingFormatError as error:
+        return html.Div([message(str(error), error=True)])
+    return diagnosis_view(stored, selected=selection.node,
+                          shown=cache.shown_nodes(selection.trial, selection.step_type, selection.collapsed))
+
+
+def analysis_state(cache: ReaderCache, analyze_now: bool, selection_data: dict[str, Any] | None,
+                   previous: dict[str, Any] | None) -> tuple[Any, Any]:
+    """``(stamps, status)``: with ``analyze_now``, run ``comgra_ndbg.analyze`` on the selected trial (it
+    stores ``analysis.json``) and say what it found; otherwise only look whether a stored analysis changed.
+    ``no_update`` for what did not change."""
+    selection = _selection(selection_data)
+    status: Any = no_update
+    if analyze_now and selection is not None:
+        try:
+            diagnosis = analyze(cache.recording(selection.trial))
+        except (ComgraError, OSError) as error:
+            return no_update, message(f"Analysis of trial {selection.trial} failed: {error}", error=True)
+        found = ("healthy run: no failure hypothesis" if diagnosis.healthy else
+                 f"{plural(len(diagnosis.hypotheses), 'hypothesis', 'hypotheses')}, "
+                 f"{plural(len(diagnosis.events), 'event')}")
+        status = (f"Analysed {diagnosis.num_steps} steps of trial {selection.trial} in {diagnosis.seconds:.2f} s: "
+                  f"{found}.")
+    stamps = cache.analysis_stamps()
+    return (no_update if stamps == (previous or {}) else stamps), status
 
 
 def kpis_tab(cache: ReaderCache, selection_data: dict[str, Any] | None, tab: str | None) -> Any:
@@ -129,8 +163,24 @@ def register_tab_callbacks(app: Dash, cache: ReaderCache, visualization: Visuali
                            locked: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Wire the tab callbacks; ``locked`` serializes them on the cache's lock."""
     selection, tab = Input(ids.SELECTION, "data"), Input(ids.TABS, "value")
-    for output, function in ((ids.DIAGNOSIS, diagnosis_tab), (ids.KPIS, kpis_tab), (ids.NOTES, notes_tab),
-                             (ids.NETWORK, network_tab)):
+    # The stamps of analysis_state only trigger the tab: the cache notices a new analysis by itself.
+    app.callback(Output(ids.DIAGNOSIS, "children"), selection, tab, Input(ids.ANALYSES, "data"))(
+        locked(lambda selection_data, active, _analyses: diagnosis_tab(cache, selection_data, active)))
+
+    # One callback per trigger: the live interval only looks, the button analyses. (In one callback, a
+    # click arriving with an interval tick could be read as the tick.)
+    def _watch(_n_intervals: int, selection_data: dict[str, Any] | None, previous: dict[str, Any] | None) -> Any:
+        return analysis_state(cache, False, selection_data, previous)[0]
+
+    def _analyze(_n_clicks: int, selection_data: dict[str, Any] | None, previous: dict[str, Any] | None
+                 ) -> tuple[Any, Any]:
+        return analysis_state(cache, True, selection_data, previous)
+    app.callback(Output(ids.ANALYSES, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.SELECTION, "data"),
+                 State(ids.ANALYSES, "data"), prevent_initial_call=True)(locked(_watch))
+    app.callback(Output(ids.ANALYSES, "data", allow_duplicate=True), Output(ids.ANALYZE_STATUS, "children"),
+                 Input(ids.ANALYZE, "n_clicks"), State(ids.SELECTION, "data"), State(ids.ANALYSES, "data"),
+                 prevent_initial_call=True)(locked(_analyze))
+    for output, function in ((ids.KPIS, kpis_tab), (ids.NOTES, notes_tab), (ids.NETWORK, network_tab)):
         app.callback(Output(output, "children"), selection, tab)(locked(functools.partial(function, cache)))
     app.callback(Output(ids.COMPARE, "children"), selection, tab, Input(ids.COMPARE_MODE, "value"),
                  Input(ids.COMPARE_TRIAL, "value"), Input(ids.COMPARE_STEP, "value"))(
