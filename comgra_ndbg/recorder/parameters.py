@@ -1,7 +1,7 @@
 """Tracked parameters: their values at the start of a step, fresh gradients, and updates (ΔW).
 
 Gradients are taken only from parameters whose ``.grad`` was accumulated since the last look (a
-post-accumulate-grad hook marks them), so a step without a backward pass never re-records the previous
+post-accumulate-grad hook, attached only during recorded steps, marks them), so a step without a backward pass never re-records the previous
 step's leftover gradient. Updates are ``W_end - W_start`` of the step, from a copy taken at its start
 (one fused ``_foreach_copy_`` over every parameter, only on steps that record).
 
@@ -41,6 +41,7 @@ class ParameterTracker:
     _buffers: list[torch.Tensor] | None = None
     _captured: bool = False
     _hooks: list[Any] = field(default_factory=list)
+    _step_hooks: list[Any] = field(default_factory=list)
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
               on_gradient: Callable[[int, torch.Tensor], None] | None = None) -> None:
@@ -61,10 +62,25 @@ class ParameterTracker:
                     dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
             entry = _Tracked(full, parameter, tid)
             self.tracked.append(entry)
-            if parameter.requires_grad:
-                hook = _mark_fresh(entry) if on_gradient is None else _hand_over(entry, on_gradient)
-                self._hooks.append(parameter.register_post_accumulate_grad_hook(hook))
+            if parameter.requires_grad and on_gradient is not None:
+                self._hooks.append(parameter.register_post_accumulate_grad_hook(_hand_over(entry, on_gradient)))
         self._buffers = None
+
+    def watch(self) -> None:
+        """Mark gradients accumulated from now until ``unwatch()`` as fresh.
+
+        The marking hooks live only during recorded steps, so a step the policies skip pays nothing for
+        them in its backward pass.
+        """
+        if self._step_hooks:
+            return
+        self._step_hooks = [t.parameter.register_post_accumulate_grad_hook(_mark_fresh(t))
+                            for t in self.tracked if t.parameter.requires_grad]
+
+    def unwatch(self) -> None:
+        for handle in self._step_hooks:
+            handle.remove()
+        self._step_hooks = []
 
     def names(self) -> dict[str, torch.nn.Parameter]:
         return {t.name: t.parameter for t in self.tracked}
@@ -122,6 +138,7 @@ class ParameterTracker:
 
     def close(self) -> None:
         """Remove every hook this tracker added and drop the parameter references."""
+        self.unwatch()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()

@@ -140,6 +140,7 @@ class Recorder:
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def _reset_step_state(self) -> None:
+        self._parameters.unwatch()
         for handle in self._hooks:  # a hook on a leaf (parameter, input) would otherwise stay for good
             handle.remove()
         self._hooks = []
@@ -584,6 +585,7 @@ class Recorder:
 
     # ---- parameters ------------------------------------------------------------------------------------
     def _start_parameters(self) -> None:
+        self._parameters.watch()
         for tid, value in self._parameters.values():
             sid = self.catalog.series_id(tid, schema.KIND_VALUE)
             if self._summarize:
