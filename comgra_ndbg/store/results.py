@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comgra_ndbg.errors import RecordingFormatError
+from comgra_ndbg.store.segment import fsync_directory
 
 __all__ = ["RESULTS_NAME", "RESULTS_FORMAT", "RESULTS_VERSION", "StoredAnalysis", "results_path",
            "write_results", "read_results"]
@@ -64,7 +65,7 @@ def write_results(location: str | Path, diagnosis: dict, *, num_steps: int, last
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
     return path
 
 
@@ -99,16 +100,3 @@ def _clean(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
-
-
-def _fsync_directory(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -127,7 +127,7 @@ def write_segment(path: Path, content: SegmentContent, attrs: dict) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_directory(path.parent)
 
 
 def _write_array(f: h5py.File, path: str, data: np.ndarray, *, text: bool) -> None:
@@ -144,7 +144,8 @@ def _write_array(f: h5py.File, path: str, data: np.ndarray, *, text: bool) -> No
     f.create_dataset(path, data=data, **kwargs)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort: not every file system allows it)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
