@@ -6,6 +6,7 @@ therefore complete and immutable, which is what makes a recording crash-safe and
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -151,9 +152,8 @@ def fsync_directory(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
