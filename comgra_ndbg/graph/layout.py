@@ -8,7 +8,7 @@ browser does not scale. Steps, all deterministic (ties are broken by node name):
    reversing the edges that close it in a depth-first search in name order;
 2. *layering*: longest path from the sources gives each node its column; then every source that is not
    an input (parameters, targets, constants) moves to the column just before its first consumer;
-3. *ordering*: edges longer than one column get placeholder points in the columns they cross, and a few
+3. *ordering*: edges longer than one column get dummy points in the columns they cross, and a few
    barycenter sweeps (down, then up) reorder each column; the order with the fewest crossings is kept;
 4. *coordinates*: ``column_spacing`` pixels between columns, ``row_spacing`` between rows, each column
    centred on ``y = 0``.
@@ -162,24 +162,24 @@ def _layers(count: int, edges: Sequence[tuple[int, int]], pulls_right: Sequence[
 
 
 def _order(count: int, layer: Sequence[int], edges: Sequence[tuple[int, int]], sweeps: int) -> list[list[int]]:
-    """Columns of node indices (placeholders have indices >= ``count``), ordered to reduce crossings."""
+    """Columns of node indices (dummy points have indices >= ``count``), ordered to reduce crossings."""
     layer = list(layer)
     successors: list[list[int]] = [[] for _ in range(count)]
     predecessors: list[list[int]] = [[] for _ in range(count)]
     for u, v in edges:
         previous = u
         for column in range(layer[u] + 1, layer[v]):
-            placeholder = len(layer)
+            dummy = len(layer)
             layer.append(column)
             successors.append([])
             predecessors.append([])
-            successors[previous].append(placeholder)
-            predecessors[placeholder].append(previous)
-            previous = placeholder
+            successors[previous].append(dummy)
+            predecessors[dummy].append(previous)
+            previous = dummy
         successors[previous].append(v)
         predecessors[v].append(previous)
     columns: list[list[int]] = [[] for _ in range(max(layer, default=-1) + 1)]
-    for v in range(len(layer)):  # names are sorted, so index order is name order; placeholders last
+    for v in range(len(layer)):  # names are sorted, so index order is name order; dummy points last
         columns[layer[v]].append(v)
     best = [list(column) for column in columns]
     best_crossings = _total_crossings(columns, successors)
