@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import contextlib
 import os
 import queue
 import random
@@ -187,10 +188,8 @@ class Forker:
 
     def stop(self) -> None:
         for pid in self.unreaped:  # recording processes a failed test left running
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.stdin.close()
         self.proc.kill()  # it holds nothing worth a clean exit, and unloading torch takes seconds
         self.proc.wait()
