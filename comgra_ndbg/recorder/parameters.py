@@ -3,7 +3,8 @@
 Gradients are taken only from parameters whose ``.grad`` was accumulated since the last look (a
 post-accumulate-grad hook, attached only during recorded steps, marks them), so a step without a backward pass never re-records the previous
 step's leftover gradient. Updates are ``W_end - W_start`` of the step, from a copy taken at its start
-(one fused ``_foreach_copy_`` over every parameter, only on steps that record).
+(only on steps that record); on the host the copy is made in the same pass that summarises the value,
+and the update is summarised from the parameter and the copy without materialising ``W_end - W_start``.
 
 With ``on_gradient``, the hook hands each accumulated gradient to that callback at once instead of marking
 it fresh: for loops that clear ``.grad`` (``optimizer.zero_grad()`` at the top) before the recorder gets to
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from comgra_ndbg.recorder.reduce import Reducer
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 
 __all__ = ["ParameterTracker"]
@@ -69,8 +71,8 @@ class ParameterTracker:
     def watch(self) -> None:
         """Mark gradients accumulated from now until ``unwatch()`` as fresh.
 
-        The marking hooks live only during recorded steps, so a step the policies skip pays nothing for
-        them in its backward pass.
+        The marking hooks stay attached from one recorded step to the next and are removed when a step
+        is skipped, so a step the policies skip pays nothing for them in its backward pass.
         """
         if self._step_hooks:
             return
@@ -89,36 +91,57 @@ class ParameterTracker:
         """(tensor id, detached value) of every tracked parameter."""
         return [(t.tensor_id, t.parameter.detach()) for t in self.tracked]
 
-    def capture(self) -> None:
-        """Copy every parameter now, so ``updates()`` can return what the optimizer changed since.
+    def capture(self, reducer: Reducer | None = None) -> list[tuple[int, int]]:
+        """Copy every parameter now, so updates can be measured against this point.
 
-        CPU parameters are copied and subtracted with numpy, which on the host is several times faster
-        than ``torch._foreach_copy_`` / ``_foreach_sub``; other devices use the fused foreach ops.
+        With ``reducer``, each value's summary is queued in the same pass as its copy (one read of the
+        parameter on the host); returns (tensor id, row index) of those summaries. Without, CPU parameters
+        are copied with numpy (several times faster on the host than ``torch._foreach_copy_``), other
+        devices with the fused foreach copy.
         """
         params = [t.parameter.detach() for t in self.tracked]
         if not params:
-            return
+            return []
         if self._buffers is None or any(b.shape != p.shape or b.dtype != p.dtype or b.device != p.device
                                         for b, p in zip(self._buffers, params)):
-            self._buffers = [torch.empty_like(p) for p in params]
+            self._buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+        self._captured = True
+        if reducer is not None:
+            return list(zip([t.tensor_id for t in self.tracked], reducer.add_many(params, copies=self._buffers)))
         if _on_host(params):
             for buffer, param in zip(self._buffers, params):
                 np.copyto(buffer.numpy(), param.numpy())
         else:
             torch._foreach_copy_(self._buffers, params)
-        self._captured = True
+        return []
+
+    @property
+    def captured(self) -> bool:
+        """Whether a copy taken by ``capture()`` awaits its updates."""
+        return self._captured and self._buffers is not None
+
+    def summarize_updates(self, reducer: Reducer) -> list[tuple[int, int]]:
+        """Queue the summary of every ΔW since ``capture()`` without materialising it; returns (tensor id,
+        row index) pairs."""
+        if not self.captured:
+            return []
+        params = [t.parameter.detach() for t in self.tracked]
+        return list(zip([t.tensor_id for t in self.tracked], reducer.add_many(params, starts=self._buffers)))
 
     def updates(self) -> list[tuple[int, torch.Tensor]]:
-        """(tensor id, ΔW) since ``capture()``; empty when nothing was captured."""
-        if not self._captured or self._buffers is None:
+        """(tensor id, ΔW) since ``capture()``, as tensors; empty when nothing was captured."""
+        if not self.captured:
             return []
-        self._captured = False
         params = [t.parameter.detach() for t in self.tracked]
         if _on_host(params):
             deltas = [torch.from_numpy(np.subtract(p.numpy(), b.numpy())) for p, b in zip(params, self._buffers)]
         else:
             deltas = torch._foreach_sub(params, self._buffers)
         return [(t.tensor_id, d) for t, d in zip(self.tracked, deltas)]
+
+    def release(self) -> None:
+        """End the capture: the next updates need a new ``capture()``."""
+        self._captured = False
 
     def has_fresh_gradients(self) -> bool:
         return any(t.fresh for t in self.tracked)

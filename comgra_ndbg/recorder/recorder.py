@@ -140,7 +140,6 @@ class Recorder:
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def _reset_step_state(self) -> None:
-        self._parameters.unwatch()
         for handle in self._hooks:  # a hook on a leaf (parameter, input) would otherwise stay for good
             handle.remove()
         self._hooks = []
@@ -281,6 +280,8 @@ class Recorder:
         self._deferring = self._snapshot and step_type is None
         if self._summarize or self._snapshot:
             self._guard("recording parameters", self._start_parameters)
+        else:
+            self._parameters.unwatch()  # a skipped step's backward pass pays nothing for them
 
     def decide_step(self, step_type: str, *, sample_categories: Sequence | torch.Tensor | np.ndarray | None = None
                     ) -> bool:
@@ -555,11 +556,12 @@ class Recorder:
         self._grad_keys.extend((tid, 0, index) for tid, index in self._parameter_grads.items())
         self._grad_snaps.extend((tid, 0, data) for tid, data in self._parameter_grad_snaps.items())
         self._parameter_grads, self._parameter_grad_snaps = {}, {}
-        for tid, grad in self._parameters.take_gradients():
-            if self._summarize:
-                self._grad_keys.append((tid, 0, self._grads.add(grad)))
-            if self._snapshot:
-                self._grad_snaps.append((tid, 0, self._take(grad, False)))
+        gradients = self._parameters.take_gradients()
+        if self._summarize:
+            indices = self._grads.add_many([grad for _, grad in gradients])
+            self._grad_keys.extend((tid, 0, index) for (tid, _), index in zip(gradients, indices))
+        if self._snapshot:
+            self._grad_snaps.extend((tid, 0, self._take(grad, False)) for tid, grad in gradients)
         rows = self._grads.collect()
         for tid, iteration, index in self._grad_keys:
             self._rows.append((self.catalog.series_id(tid, kind), iteration, rows[index]))
@@ -581,35 +583,37 @@ class Recorder:
         self._value_keys = []
 
     def _discover_graph(self) -> None:
-        self._structure.discover(self._step_type or self._last_step_type, self._parameters.names())
+        if self._structure.pending:
+            self._structure.discover(self._step_type or self._last_step_type, self._parameters.names())
 
     # ---- parameters ------------------------------------------------------------------------------------
     def _start_parameters(self) -> None:
         self._parameters.watch()
+        self._parameters.forget_gradients()  # accumulated between steps: not this step's
+        summarized = {}
+        if self.record_updates:
+            summarized = dict(self._parameters.capture(self._values if self._summarize else None))
         for tid, value in self._parameters.values():
             sid = self.catalog.series_id(tid, schema.KIND_VALUE)
             if self._summarize:
-                self._value_keys.append((sid, 0, self._values.add(value)))
+                index = summarized[tid] if tid in summarized else self._values.add(value)
+                self._value_keys.append((sid, 0, index))
             if self._snapshot:
                 self._snaps.append((sid, 0, self._take(value, False)))
-        if self.record_updates:
-            self._parameters.capture()
 
     def _finish_parameters(self) -> None:
-        updates = self._parameters.updates()
-        if not updates:
+        if not self._parameters.captured:
             return
-        reducer = Reducer(self._saturation_margin)
-        keys = []
-        for tid, delta in updates:
-            sid = self.catalog.series_id(tid, schema.KIND_UPDATE)
-            if self._summarize:
-                keys.append((sid, reducer.add(delta)))
-            if self._snapshot:
-                self._snaps.append((sid, 0, self._take(delta, False)))
-        rows = reducer.collect()
-        for sid, index in keys:
-            self._rows.append((sid, 0, rows[index]))
+        if self._summarize:
+            reducer = Reducer(self._saturation_margin)
+            keys = self._parameters.summarize_updates(reducer)
+            rows = reducer.collect()
+            for tid, index in keys:
+                self._rows.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0, rows[index]))
+        if self._snapshot:
+            for tid, delta in self._parameters.updates():
+                self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0, self._take(delta, False)))
+        self._parameters.release()
 
     # ---- KPIs and notes ----------------------------------------------------------------------------------
     def record_kpi(self, name: str, value: float | torch.Tensor) -> None:

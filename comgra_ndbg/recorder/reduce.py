@@ -4,19 +4,24 @@ Each ``add`` issues a handful of fused full reductions (``sum``, ``dot``, ``amin
 that stay on the device as 0-d tensors; ``collect`` stacks every pending scalar into one buffer and moves
 it to the host in a single copy, so a step costs one synchronisation, not one ``.item()`` per tensor.
 
-CPU tensors take a numpy path instead: the same reductions on a zero-copy view, written straight into the
-row, because on the host a torch op's dispatch costs more than the arithmetic on typical layer sizes.
+CPU tensors are summarised at once by the single-pass kernels of ``kernels`` (numpy when numba is
+missing), written straight into the row: on the host a torch op's dispatch costs more than the arithmetic
+on typical layer sizes. ``add`` can also copy the tensor in the same pass (``copy_to``) or summarise its
+difference to another tensor without materialising it (``start``): that is how parameter values and
+updates cost one read each.
 
 NaN and ±Inf are rare, so the fast path does not look for them: any row whose moments come out non-finite
 (which NaN, Inf and float32 overflow all cause) is recomputed exactly, in float64, on its tensor.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from comgra_ndbg.recorder import kernels
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
 __all__ = ["Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
@@ -33,6 +38,7 @@ _KNOWN_BOUNDS = {
 }
 _FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
 _MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
+_COUNT = FIELD["count"]
 
 
 def saturation_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
@@ -68,12 +74,25 @@ class Reducer:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[float, float] | None = None) -> int:
-        """Queue the summary of ``tensor``; returns its row index in the next ``collect()``."""
-        x = tensor.detach()
+    def add(self, tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[float, float] | None = None,
+            start: torch.Tensor | None = None, copy_to: torch.Tensor | None = None) -> int:
+        """Queue the summary of ``tensor`` (of ``tensor - start`` when ``start`` is given); returns its row
+        index in the next ``collect()``. ``copy_to`` (same shape, dtype and device) receives a copy of
+        ``tensor`` in the same pass."""
         row_index = len(self._rows)
         row = identity_row()
         self._rows.append(row)
+        if (start is None and copy_to is None and kernels.AVAILABLE and tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu
+                and tensor.is_contiguous() and tensor.numel()):  # the common case, with the least Python around it
+            a = tensor.detach().numpy()
+            row[_COUNT] = a.size
+            batch = a.shape[0] if batched and a.ndim and a.shape[0] else 0
+            thresholds = None if bounds is None else _thresholds(bounds, self.saturation_margin, a.dtype)
+            if kernels.summarize(a.reshape(batch or 1, -1), row, thresholds, batch > 0):
+                row[_MOMENT_COLUMNS] = np.nan
+                _exact_moments(tensor.detach(), row)
+            return row_index
+        x = tensor.detach()
         numel = x.numel()
         row[FIELD["count"]] = numel
         if numel == 0:
@@ -81,15 +100,16 @@ class Reducer:
         flat = _work_view(x)
         is_batched = batched and x.dim() >= 1 and x.shape[0] > 0
         if flat.device.type == "cpu":
-            with np.errstate(all="ignore"):  # float32 overflow is expected here; the exact recompute handles it
-                _reduce_host(flat.numpy(), row, x.shape[0] if is_batched else 0, bounds, self.saturation_margin)
-            if not np.isfinite(row[_MOMENT_COLUMNS]).all():
-                row[_MOMENT_COLUMNS] = np.nan
-                _exact_moments(x, row)
-            elif _row_cancels(row):  # finite, but float32 sums cannot resolve the variance: redo them in float64
-                wide = flat.numpy().astype(np.float64)
-                row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)
+            if start is None and copy_to is None:
+                _reduce_cpu(flat, row, x.shape[0] if is_batched else 0, bounds, self.saturation_margin)
+            else:
+                _reduce_cpu_fused(x, flat, row, start, copy_to)
             return row_index
+        if copy_to is not None:
+            copy_to.copy_(x)
+        if start is not None:
+            x = x - start.detach()
+            flat = _work_view(x)
         self._push(row_index, FIELD["sum"], flat.sum())
         self._push(row_index, FIELD["sum_sq"], torch.dot(flat, flat))
         self._push(row_index, FIELD["sum_abs"], flat.abs().sum())
@@ -112,6 +132,40 @@ class Reducer:
                 self._push(row_index, FIELD["saturated_units"], torch.count_nonzero(units))
         self._pending.append(_Pending(x, row_index, is_batched, bounds))
         return row_index
+
+    def add_many(self, tensors: Sequence[torch.Tensor], *, starts: Sequence[torch.Tensor] | None = None,
+                 copies: Sequence[torch.Tensor] | None = None) -> list[int]:
+        """``add`` for many batch-less tensors (parameters, their gradients, their updates); returns their row
+        indices. Contiguous float CPU tensors are summarised by one kernel call for all of them, which saves
+        the per-tensor dispatch that dominates on small tensors. ``starts`` and ``copies`` pair up with
+        ``tensors`` as ``add``'s ``start`` and ``copy_to`` do."""
+        indices: list[int] = []
+        groups: dict[torch.dtype, list[int]] = {}
+        fast = kernels.AVAILABLE
+        for j, tensor in enumerate(tensors):
+            start = None if starts is None else starts[j]
+            copy_to = None if copies is None else copies[j]
+            if fast and _batchable(tensor, start, copy_to):
+                indices.append(len(self._rows))
+                self._rows.append(None)
+                groups.setdefault(tensor.dtype, []).append(j)
+            else:
+                indices.append(self.add(tensor, start=start, copy_to=copy_to))
+        for dtype, members in groups.items():
+            group = [tensors[j] for j in members]
+            rows = np.tile(identity_row(), (len(members), 1))
+            rows[:, FIELD["count"]] = sizes = np.array([t.numel() for t in group], dtype=np.int64)
+            addresses = np.array([t.data_ptr() for t in group], dtype=np.int64)
+            begins = None if starts is None else np.array([starts[j].data_ptr() for j in members], dtype=np.int64)
+            targets = None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64)
+            exact = kernels.moments_many(_NUMPY_DTYPE[dtype], addresses, sizes, rows, starts=begins, copies=targets)
+            for position, (j, row) in enumerate(zip(members, rows)):
+                self._rows[indices[j]] = row
+                if exact[position]:
+                    row[_MOMENT_COLUMNS] = np.nan
+                    start = None if starts is None else starts[j].detach().double()
+                    _exact_moments(tensors[j].detach() if start is None else tensors[j].detach().double() - start, row)
+        return indices
 
     def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:
         self._scalars.setdefault(scalar.dtype, []).append(scalar)
@@ -141,6 +195,84 @@ class Reducer:
         return rows
 
 
+def _reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
+                saturation_margin: float) -> None:
+    """Summarise a flat CPU tensor into ``row``: with the fused kernels when they apply, else with numpy."""
+    a = np.ascontiguousarray(flat.numpy())  # a flat view can still be strided (a column, an expanded scalar)
+    if kernels.AVAILABLE and a.dtype in _KERNEL_DTYPES:
+        thresholds = None if bounds is None else _thresholds(bounds, saturation_margin, a.dtype)
+        exact = kernels.summarize(a.reshape(batch or 1, -1), row, thresholds, batch > 0)
+    else:
+        with np.errstate(all="ignore"):  # float32 overflow is expected here; the exact recompute handles it
+            _reduce_host(a, row, batch, bounds, saturation_margin)
+        exact = not np.isfinite(row[_MOMENT_COLUMNS]).all()
+        if not exact and _row_cancels(row):  # float32 sums cannot resolve the variance: redo them in float64
+            wide = a.astype(np.float64)
+            row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)
+    if exact:
+        row[_MOMENT_COLUMNS] = np.nan
+        _exact_moments(flat, row)
+
+
+_THRESHOLDS: dict[tuple[float, float, float, np.dtype], np.ndarray] = {}
+
+
+def _thresholds(bounds: tuple[float, float], saturation_margin: float, dtype: np.dtype) -> np.ndarray:
+    """The saturation thresholds of ``bounds`` (margin applied) as a kernel argument of ``dtype``, cached:
+    one activation's bounds recur on every step."""
+    key = (bounds[0], bounds[1], saturation_margin, dtype)
+    cached = _THRESHOLDS.get(key)
+    if cached is None:
+        margin = saturation_margin * (bounds[1] - bounds[0])
+        cached = _THRESHOLDS[key] = np.array([bounds[0] + margin, bounds[1] - margin], dtype=dtype)
+    return cached
+
+
+def _reduce_cpu_fused(x: torch.Tensor, flat: torch.Tensor, row: np.ndarray, start: torch.Tensor | None,
+                      copy_to: torch.Tensor | None) -> None:
+    """Summarise ``x - start`` (or ``x``) while copying ``x`` into ``copy_to``, in one pass when the
+    kernels take these arrays, else in separate numpy/torch steps."""
+    a = np.ascontiguousarray(flat.numpy())
+    begin = None if start is None else _host_array(start.detach(), a)
+    target = None if copy_to is None else _host_array(copy_to, a)
+    fused = (kernels.AVAILABLE and a.dtype in _KERNEL_DTYPES and (start is None or begin is not None)
+             and (copy_to is None or target is not None))
+    if fused:
+        if kernels.moments(a, row, start=begin, copy_to=target):
+            row[_MOMENT_COLUMNS] = np.nan
+            _exact_moments(x if start is None else x.double() - start.detach().double(), row)
+        return
+    if copy_to is not None:
+        copy_to.copy_(x)
+    summand = x if start is None else x - start.detach()
+    _reduce_cpu(_work_view(summand), row, 0, None, DEFAULT_SATURATION_MARGIN)
+
+
+_NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+
+
+def _batchable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
+    """Whether ``add_many`` can hand ``tensor`` (and its start and copy) to the kernels by address."""
+    if tensor.dtype not in _NUMPY_DTYPE or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():
+        return False
+    for other in (start, copy_to):
+        if other is not None and not (other.dtype == tensor.dtype and other.is_cpu and other.is_contiguous()
+                                      and other.numel() == tensor.numel()):
+            return False
+    return True
+
+
+def _host_array(tensor: torch.Tensor, like: np.ndarray) -> np.ndarray | None:
+    """``tensor`` as a flat numpy view matching ``like`` (size and dtype), or None if it is not one."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() != like.size:
+        return None
+    view = tensor.reshape(-1).numpy()
+    return view if view.dtype == like.dtype else None
+
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def summarize(tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[float, float] | None = None,
               saturation_margin: float = DEFAULT_SATURATION_MARGIN) -> np.ndarray:
     """The sufficient-statistic row of one tensor (a convenience over ``Reducer`` for tests and tools).
@@ -157,6 +289,8 @@ def summarize(tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[floa
 
 def _work_view(x: torch.Tensor) -> torch.Tensor:
     """A flat view in a dtype whose reductions neither overflow early nor lose integer exactness."""
+    if x.dtype is torch.float32 or x.dtype is torch.float64:
+        return x.reshape(-1)
     if x.is_complex():
         x = x.abs()
     if x.dtype in (torch.float32, torch.float64):
@@ -231,20 +365,21 @@ def _complement(rows: np.ndarray, slots: np.ndarray, packed: np.ndarray, field: 
 
 
 def _exact_moments(tensor: torch.Tensor, row: np.ndarray) -> None:
-    """Recompute counts of NaN/Inf and the moments of the finite elements, in float64."""
+    """Recompute counts of NaN/Inf/zeros and the moments of the finite elements, in float64."""
     flat = _work_view(tensor).double()
     finite = torch.isfinite(flat)
     nan = torch.isnan(flat).sum()
     values = flat[finite]
     stats = torch.stack([
+        (flat == 0).sum().double(),
         nan.double(),
         (~finite).sum().double() - nan.double(),
         values.sum(),
         torch.dot(values, values),
         values.abs().sum(),
     ]).cpu().numpy()
-    row[FIELD["nan"]], row[FIELD["inf"]] = stats[0], stats[1]
-    row[FIELD["sum"]], row[FIELD["sum_sq"]], row[FIELD["sum_abs"]] = stats[2:5]
+    row[FIELD["zeros"]], row[FIELD["nan"]], row[FIELD["inf"]] = stats[0], stats[1], stats[2]
+    row[FIELD["sum"]], row[FIELD["sum_sq"]], row[FIELD["sum_abs"]] = stats[3:6]
     if values.numel():
         low, high = torch.aminmax(values)
         row[FIELD["min"]], row[FIELD["max"]] = float(low), float(high)

@@ -40,6 +40,12 @@ class StructureTracker:
         self._registered, self._manual, self._found = [], [], []
         self._discovered = (0, 0)
 
+    @property
+    def pending(self) -> bool:
+        """Whether something was registered since the last discovery (``discover`` would do work)."""
+        return bool(self._registered) and self._discovered != (len(self._registered),
+                                                               len(self._manual) + len(self._found))
+
     def discover(self, step_type: str, parameters: Mapping[str, torch.Tensor]) -> None:
         """Find this step's graph (from the cache when its signature was seen).
 
@@ -47,9 +53,9 @@ class StructureTracker:
         saved for backward can still link inputs that need no gradient) and again at the end of the step,
         which only works if something was registered since.
         """
-        registered, manual, found = self._registered, self._manual, self._found
-        if not registered or self._discovered == (len(registered), len(manual) + len(found)):
+        if not self.pending:
             return
+        registered, manual, found = self._registered, self._manual, self._found
         self._discovered = (len(registered), len(manual) + len(found))
         signature = structure_signature(registered, parameters) + repr(sorted(manual))
         if found:

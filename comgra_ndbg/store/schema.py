@@ -92,10 +92,12 @@ MAX_FIELDS = (FIELD["max"],)
 
 def identity_row() -> np.ndarray:
     """The merge identity: what an absent tensor contributes (no elements, +inf min, -inf max)."""
-    row = np.zeros(NUM_FIELDS, dtype=np.float64)
-    row[FIELD["min"]] = np.inf
-    row[FIELD["max"]] = -np.inf
-    return row
+    return _IDENTITY.copy()
+
+
+_IDENTITY = np.zeros(NUM_FIELDS, dtype=np.float64)
+_IDENTITY[FIELD["min"]] = np.inf
+_IDENTITY[FIELD["max"]] = -np.inf
 
 
 # ---- snapshots -------------------------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""The compiled single-pass kernels (``recorder.kernels``) and ``Reducer.add_many`` against numpy in float64.
+
+The kernels take liberties for speed (float32 partial sums, fast-math, min/max from bit patterns, no NaN
+checks); these tests pin down where that is safe: block boundaries, signs and signed zeros, integer data,
+a mean that dwarfs the spread, values whose squares overflow, and the fused copy and difference.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from comgra_ndbg.recorder import kernels
+from comgra_ndbg.recorder.reduce import Reducer, summarize
+from comgra_ndbg.store.schema import FIELD, identity_row
+
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
+
+MOMENT_FIELDS = ("zeros", "sum", "sum_sq", "sum_abs", "min", "max")
+
+
+def reference(values: np.ndarray) -> dict[str, float]:
+    w = np.asarray(values, dtype=np.float64).reshape(-1)
+    return {"zeros": float((w == 0).sum()), "sum": float(w.sum()), "sum_sq": float((w * w).sum()),
+            "sum_abs": float(np.abs(w).sum()), "min": float(w.min()), "max": float(w.max())}
+
+
+def check(row: np.ndarray, values: np.ndarray, *, rtol: float) -> None:
+    expected = reference(values)
+    scale = float(np.abs(np.asarray(values, dtype=np.float64)).sum()) or 1.0
+    for name in ("zeros", "min", "max"):
+        assert row[FIELD[name]] == expected[name], (name, row[FIELD[name]], expected[name])
+    np.testing.assert_allclose(row[FIELD["sum"]], expected["sum"], rtol=rtol, atol=rtol * scale)
+    np.testing.assert_allclose(row[FIELD["sum_sq"]], expected["sum_sq"], rtol=rtol)
+    np.testing.assert_allclose(row[FIELD["sum_abs"]], expected["sum_abs"], rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("size", [1, 2, 63, 64, 65, kernels.BLOCK - 1, kernels.BLOCK, kernels.BLOCK + 1,
+                                  3 * kernels.BLOCK + 17, 250_000])
+def test_moments_equal_numpy_across_block_boundaries(size: int, dtype: type) -> None:
+    a = np.random.default_rng(size).standard_normal(size).astype(dtype)
+    row = identity_row()
+    assert kernels.moments(a, row) is False
+    check(row, a, rtol=2e-6 if dtype is np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", ["negative", "positive", "signed zeros", "one negative", "tiny", "huge"])
+def test_minimum_and_maximum_from_bit_patterns_are_exact(case: str, dtype: type) -> None:
+    rng = np.random.default_rng(1)
+    a = {
+        "negative": -np.abs(rng.standard_normal(1000)) - 0.5,
+        "positive": np.abs(rng.standard_normal(1000)) + 0.5,
+        "signed zeros": np.array([0.0, -0.0, 0.0, -0.0]),
+        "one negative": np.concatenate([np.abs(rng.standard_normal(999)), [-1e-30]]),
+        "tiny": rng.standard_normal(1000) * 1e-40,  # subnormal in float32
+        "huge": rng.standard_normal(1000) * 1e18,
+    }[case].astype(dtype)
+    row = identity_row()
+    kernels.moments(a, row)
+    assert row[FIELD["min"]] == a.min() and row[FIELD["max"]] == a.max()
+    assert row[FIELD["zeros"]] == (a == 0).sum()
+
+
+def test_integer_valued_data_is_summed_exactly() -> None:
+    a = np.random.default_rng(2).integers(-1000, 1000, 100_000).astype(np.float64)
+    row = identity_row()
+    kernels.moments(a, row)
+    for name, value in reference(a).items():
+        assert row[FIELD[name]] == value, name
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_a_mean_that_dwarfs_the_spread_keeps_the_variance(dtype: type) -> None:
+    a = (1.0 + 1e-4 * np.random.default_rng(3).standard_normal(100_000)).astype(dtype)
+    row = identity_row()
+    assert kernels.moments(a, row) is False
+    n = a.size
+    variance = row[FIELD["sum_sq"]] / n - (row[FIELD["sum"]] / n) ** 2
+    np.testing.assert_allclose(variance, a.astype(np.float64).var(), rtol=1e-3)
+
+
+def test_probes_that_all_hit_an_outlier_still_give_the_right_mean_and_spread() -> None:
+    a = np.full(4096, 1.0, dtype=np.float32)
+    a[::64] = 1e6  # every probe is the outlier: the sums are shifted far from most elements
+    a[1::64] = 1.0 + 1e-3
+    row = identity_row()
+    exact = kernels.moments(a, row)
+    if not exact:  # trusted shifted sums carry float32 rounding only, well below what the statistics show
+        n, wide = a.size, a.astype(np.float64)
+        mean = row[FIELD["sum"]] / n
+        np.testing.assert_allclose(mean, wide.mean(), rtol=1e-4)
+        np.testing.assert_allclose(np.sqrt(row[FIELD["sum_sq"]] / n - mean ** 2), wide.std(), rtol=1e-3)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 3e38])
+def test_non_finite_values_and_overflowing_squares_ask_for_the_exact_recompute(bad: float) -> None:
+    a = np.random.default_rng(4).standard_normal(10_000).astype(np.float32)
+    a[1234] = bad
+    assert kernels.moments(a, identity_row()) is True
+
+
+def test_the_fused_copy_is_exact_and_the_moments_are_those_of_the_source() -> None:
+    a = np.random.default_rng(5).standard_normal(70_001).astype(np.float32)
+    target = np.full_like(a, np.nan)
+    row = identity_row()
+    kernels.moments(a, row, copy_to=target)
+    np.testing.assert_array_equal(target, a)
+    check(row, a, rtol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_the_difference_is_summarised_without_materialising_it(dtype: type) -> None:
+    rng = np.random.default_rng(6)
+    before = rng.standard_normal(70_001).astype(dtype)
+    after = (before + 1e-3 * rng.standard_normal(before.size)).astype(dtype)
+    after[::7] = before[::7]  # unchanged elements are zeros of the difference
+    row = identity_row()
+    kernels.moments(after, row, start=before)
+    check(row, after - before, rtol=2e-6 if dtype is np.float32 else 1e-12)
+
+
+def test_units_count_dead_and_saturated_units_and_nan_is_alive() -> None:
+    a = np.array([[0.0, 0.999, np.nan, -0.0, 0.5],
+                  [-0.0, 0.998, 0.0, 0.0, -0.9999]], dtype=np.float32)
+    row = identity_row()
+    kernels.units(a, row, (-0.99, 0.99))
+    counts = {f: int(row[FIELD[f]]) for f in ("units", "dead_units", "bounded", "saturated", "saturated_units")}
+    assert counts == {"units": 5, "dead_units": 2, "bounded": 10, "saturated": 3, "saturated_units": 1}
+
+
+def test_add_many_equals_add_one_by_one_and_keeps_the_order() -> None:
+    rng = torch.Generator().manual_seed(7)
+    tensors = [torch.randn(300, 200, generator=rng), torch.randn(5, generator=rng, dtype=torch.float64),
+               torch.randn(64, 32, generator=rng).t(),  # not contiguous: summarised one by one
+               torch.randn(10, generator=rng).half(),  # no kernel dtype: one by one
+               torch.zeros(0), torch.randn(7, generator=rng), torch.tensor([1.0, float("nan")])]
+    reducer = Reducer()
+    first = reducer.add(torch.ones(3))
+    indices = reducer.add_many(tensors)
+    rows = reducer.collect()
+    assert first == 0 and indices == list(range(1, len(tensors) + 1))
+    for tensor, index in zip(tensors, indices):
+        np.testing.assert_allclose(rows[index], summarize(tensor), rtol=2e-6, atol=1e-6)
+    assert rows[indices[-1], FIELD["nan"]] == 1 and rows[indices[-1], FIELD["sum"]] == 1.0
+
+
+def test_add_many_copies_and_differences_pair_up_with_their_tensors() -> None:
+    rng = torch.Generator().manual_seed(8)
+    params = [torch.randn(256, 256, generator=rng), torch.randn(256, generator=rng), torch.randn(3, 3, generator=rng)]
+    buffers = [torch.full_like(p, float("nan")) for p in params]
+    reducer = Reducer()
+    values = reducer.add_many(params, copies=buffers)
+    for p, b in zip(params, buffers):
+        torch.testing.assert_close(b, p, rtol=0, atol=0)
+        p.add_(0.01 * torch.randn(p.shape, generator=rng))
+    updates = reducer.add_many(params, starts=buffers)
+    rows = reducer.collect()
+    for p, b, v, u in zip(params, buffers, values, updates):
+        np.testing.assert_allclose(rows[u], summarize(p - b), rtol=2e-6, atol=1e-9)
+        np.testing.assert_allclose(rows[v], summarize(b), rtol=2e-6, atol=1e-9)
