@@ -45,6 +45,7 @@ from comgra_ndbg.graph.eager import unwrap_compiled
 from comgra_ndbg.recorder.hooks import (INPUT, ROOT, CompiledStructure, ModuleHooks, ModulePattern, discover_compiled,
                                         from_compiled_code, input_names, node_name, output_names, select_modules,
                                         tensor_leaves)
+from comgra_ndbg.recorder.grad_hook import on_gradient
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
 
 __all__ = ["NeuralDbg"]
@@ -253,7 +254,7 @@ class NeuralDbg:
     def _watch_backward(self, output: Any) -> None:
         for _, tensor in tensor_leaves(output):
             if tensor.requires_grad and tensor.grad_fn is not None:
-                self._tensor_handles.append(tensor.register_hook(self._on_backward))
+                self._tensor_handles.append(on_gradient(tensor, self._on_backward))
                 return
 
     def _on_backward(self, grad: torch.Tensor) -> None:
@@ -330,7 +331,8 @@ class NeuralDbg:
                 if tapped:
                     self._taps.setdefault(path, []).append((name, iteration))
                 else:
-                    self._tensor_handles.append(tensor.register_hook(partial(self._on_grad, name, iteration)))
+                    self._tensor_handles.append(on_gradient(tensor, partial(self._on_grad, name, iteration,
+                                                                            not self._compiled_pass)))
         for edge in structure.edges:
             if edge.source in known and edge.target in known:
                 rec.add_dependency(edge.source, edge.target, discovered=True)
@@ -351,12 +353,13 @@ class NeuralDbg:
         pending = self._taps.get(path)
         if pending:
             name, iteration = pending.pop()  # backward meets a module's calls in reverse order
-            self._on_grad(name, iteration, grad)
+            self._on_grad(name, iteration, False, grad)
 
-    def _on_grad(self, name: str, iteration: int, grad: torch.Tensor) -> None:
+    def _on_grad(self, name: str, iteration: int, deferred: bool, grad: torch.Tensor) -> None:
+        """``deferred`` for eager passes: summarised with the other gradients when the backward pass ends."""
         if not self._closed and self.recorder.current_step is not None:
             self._safely("recording a gradient", partial(self.recorder.record_gradient, name, grad,
-                                                         iteration=iteration))
+                                                         iteration=iteration, deferred=deferred))
 
     # ---- the loss ----------------------------------------------------------------------------------------
     def _after_loss(self, module: nn.Module, args: tuple, output: Any) -> None:
@@ -385,7 +388,7 @@ class NeuralDbg:
         for source in sources:
             rec.add_dependency(source, name, discovered=True)
         if output.requires_grad:
-            self._tensor_handles.append(output.register_hook(partial(self._on_grad, name, self._iteration)))
+            self._tensor_handles.append(on_gradient(output, partial(self._on_grad, name, self._iteration, False)))
 
     # ---- analysis ----------------------------------------------------------------------------------------
     def diagnose(self) -> Diagnosis:

@@ -10,22 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg.recorder import kernels
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds, summarize
 from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups, merge_rows
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, STAT_FIELDS, identity_row
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
-
-@pytest.fixture(autouse=True, params=["kernels", "numpy"])
-def host_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on both host paths: the compiled kernels and the numpy code used without numba."""
-    if request.param == "numpy":
-        monkeypatch.setattr(kernels, "AVAILABLE", False)
-    elif not kernels.AVAILABLE:
-        pytest.skip("numba is not installed")
-    return request.param
+pytestmark = pytest.mark.usefixtures("host_path")  # the compiled kernels and the numpy code alike
 EXACT_FIELDS = [f for f in STAT_FIELDS if f not in ("sum", "sum_sq", "sum_abs")]
 MOMENTS = ("sum", "sum_sq", "sum_abs")
 SHAPES = [(), (7,), (5, 6), (4, 3, 5), (3, 4, 2, 5), (4, 3, 5, 6, 2)]

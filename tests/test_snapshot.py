@@ -13,6 +13,7 @@ from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SHAPES = [(), (7,), (5, 6), (4, 3, 5), (3, 4, 2, 5), (4, 3, 5, 6, 2)]
 MARGIN = 0.005
+pytestmark = pytest.mark.usefixtures("host_path")  # per-sample statistics by the kernels and by torch alike
 
 
 def sample_reference(sample: np.ndarray, bounds: tuple[float, float] | None = None) -> np.ndarray:

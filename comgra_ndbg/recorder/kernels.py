@@ -24,7 +24,7 @@ import numpy as np
 
 from comgra_ndbg.store.schema import FIELD
 
-__all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "summarize", "units"]
+__all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "per_row", "summarize", "units"]
 
 BLOCK = 4096
 """Elements summed in the array's dtype before the partial sums move to float64."""
@@ -187,8 +187,10 @@ if AVAILABLE:
         return target(address, like), codegen
 
     @numba.njit(nogil=True, cache=True)
-    def _moments_many(like, addresses, starts, copies, sizes, rows, exact):  # pragma: no cover - compiled
-        """``_moments`` over arrays given by address; ``starts``/``copies`` hold 0 where there is none."""
+    def _moments_many(like, addresses, starts, copies, sizes, batches, rows, exact):  # pragma: no cover
+        """``_moments`` over arrays given by address (``starts``/``copies`` hold 0 where there is none), and
+        the unit counts of those with a batch size in ``batches`` (0: batch-less)."""
+        out = np.empty(3)
         for j in range(sizes.size):
             a = numba.carray(_pointer(addresses[j], like), (sizes[j],))
             if starts[j] != 0:
@@ -197,6 +199,11 @@ if AVAILABLE:
                 exact[j] = _moments(a, None, numba.carray(_pointer(copies[j], like), (sizes[j],)), rows[j])
             else:
                 exact[j] = _moments(a, None, None, rows[j])
+            if batches[j] > 0:
+                _unit_counts(a.reshape((batches[j], sizes[j] // batches[j])), None, out)
+                row = rows[j]
+                row[_UNITS] = sizes[j] // batches[j]
+                row[_DEAD] = out[0]
 
     @numba.njit(fastmath=True, nogil=True, cache=True)
     def _unit_counts(a, bounds, out):  # pragma: no cover - compiled
@@ -251,6 +258,39 @@ if AVAILABLE:
         return exact
 
 
+if AVAILABLE:
+    @numba.njit(nogil=True, cache=True)
+    def _per_row(a, thresholds, rows, exact):  # pragma: no cover - compiled
+        """``_moments`` of every row of a C-contiguous ``[n, m]`` array (m >= 1), plus saturation counts."""
+        n, m = a.shape
+        for i in range(n):
+            values = a[i]
+            row = rows[i]
+            exact[i] = _moments(values, None, None, row)
+            if thresholds is not None:
+                saturated = 0
+                for j in range(m):
+                    saturated += (values[j] <= thresholds[0]) | (values[j] >= thresholds[1])
+                row[_BOUNDED] = m
+                row[_SATURATED] = saturated
+
+
+def per_row(a: np.ndarray, rows: np.ndarray, thresholds: np.ndarray | None) -> np.ndarray:
+    """The moments of every row of a C-contiguous ``[n, m]`` array (m >= 1) into ``rows`` (``[n, fields]``,
+    counts and the merge identity already set), with saturation counts when ``thresholds`` are given (as
+    for ``summarize``): the per-sample statistics of a snapshot. Returns the per-row exact flags.
+
+    >>> rows = np.zeros((2, 14))
+    >>> per_row(np.array([[0.5, 0.0], [-2.0, 0.995]]), rows, np.array([-0.99, 0.99]))
+    array([False, False])
+    >>> rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["saturated"]].tolist()
+    ([0.5, -1.005], [0.0, 2.0])
+    """
+    exact = np.zeros(a.shape[0], dtype=np.bool_)
+    _per_row(a, thresholds, rows, exact)
+    return exact
+
+
 def summarize(a: np.ndarray, row: np.ndarray, thresholds: np.ndarray | None, batched: bool) -> bool:
     """All host statistics of a C-contiguous ``[batch, units]`` array (``[1, n]`` for a batch-less one) in
     one compiled call: ``moments`` plus, when ``batched``, units and dead units, and with ``thresholds``
@@ -285,10 +325,12 @@ def moments(a: np.ndarray, row: np.ndarray, *, start: np.ndarray | None = None,
 
 
 def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: np.ndarray, *,
-                 starts: np.ndarray | None = None, copies: np.ndarray | None = None) -> np.ndarray:
+                 starts: np.ndarray | None = None, copies: np.ndarray | None = None,
+                 batches: np.ndarray | None = None) -> np.ndarray:
     """``moments`` for many contiguous host arrays of one dtype in one call, given by the address of their
-    first element and their size (int64 arrays); ``starts`` and ``copies`` are addresses too, 0 for none.
-    Row ``j`` of ``rows`` receives array ``j``'s fields; returns the boolean "recompute exactly" flags.
+    first element and their size (int64 arrays); ``starts`` and ``copies`` are addresses too, 0 for none;
+    ``batches`` holds the batch size of arrays whose units are counted (0 for none). Row ``j`` of ``rows``
+    receives array ``j``'s fields; returns the boolean "recompute exactly" flags.
 
     The caller keeps the arrays alive and unchanged during the call.
 
@@ -302,7 +344,7 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     none = np.zeros(len(sizes), dtype=np.int64)
     exact = np.zeros(len(sizes), dtype=np.bool_)
     _moments_many(np.empty(0, dtype=dtype), addresses, none if starts is None else starts,
-                  none if copies is None else copies, sizes, rows, exact)
+                  none if copies is None else copies, sizes, none if batches is None else batches, rows, exact)
     return exact
 
 

@@ -1,8 +1,8 @@
 """Tracked parameters: their values at the start of a step, fresh gradients, and updates (ΔW).
 
 Gradients are taken only from parameters whose ``.grad`` was accumulated since the last look (a
-post-accumulate-grad hook, attached only during recorded steps, marks them), so a step without a backward pass never re-records the previous
-step's leftover gradient. Updates are ``W_end - W_start`` of the step, from a copy taken at its start
+post-accumulate-grad hook, attached while steps are recorded and removed when one is skipped, marks
+them), so a step without a backward pass never re-records the previous step's leftover gradient. Updates are ``W_end - W_start`` of the step, from a copy taken at its start
 (only on steps that record); on the host the copy is made in the same pass that summarises the value,
 and the update is summarised from the parameter and the copy without materialising ``W_end - W_start``.
 
@@ -91,15 +91,19 @@ class ParameterTracker:
         """(tensor id, detached value) of every tracked parameter."""
         return [(t.tensor_id, t.parameter.detach()) for t in self.tracked]
 
-    def capture(self, reducer: Reducer | None = None) -> list[tuple[int, int]]:
+    def tensor_ids(self) -> list[int]:
+        """The tensor ids of the tracked parameters, in the order of ``values()`` and ``capture()``."""
+        return [t.tensor_id for t in self.tracked]
+
+    def capture(self, reducer: Reducer | None = None) -> list[int]:
         """Copy every parameter now, so updates can be measured against this point.
 
         With ``reducer``, each value's summary is queued in the same pass as its copy (one read of the
-        parameter on the host); returns (tensor id, row index) of those summaries. Without, CPU parameters
-        are copied with numpy (several times faster on the host than ``torch._foreach_copy_``), other
-        devices with the fused foreach copy.
+        parameter on the host); returns the row indices of those summaries, in ``tensor_ids()`` order.
+        Without, CPU parameters are copied with numpy (several times faster on the host than
+        ``torch._foreach_copy_``), other devices with the fused foreach copy.
         """
-        params = [t.parameter.detach() for t in self.tracked]
+        params = [t.parameter for t in self.tracked]
         if not params:
             return []
         if self._buffers is None or any(b.shape != p.shape or b.dtype != p.dtype or b.device != p.device
@@ -107,7 +111,8 @@ class ParameterTracker:
             self._buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
         self._captured = True
         if reducer is not None:
-            return list(zip([t.tensor_id for t in self.tracked], reducer.add_many(params, copies=self._buffers)))
+            return reducer.add_many(params, copies=self._buffers)
+        params = [p.detach() for p in params]
         if _on_host(params):
             for buffer, param in zip(self._buffers, params):
                 np.copyto(buffer.numpy(), param.numpy())
@@ -120,13 +125,12 @@ class ParameterTracker:
         """Whether a copy taken by ``capture()`` awaits its updates."""
         return self._captured and self._buffers is not None
 
-    def summarize_updates(self, reducer: Reducer) -> list[tuple[int, int]]:
-        """Queue the summary of every ΔW since ``capture()`` without materialising it; returns (tensor id,
-        row index) pairs."""
+    def summarize_updates(self, reducer: Reducer) -> list[int]:
+        """Queue the summary of every ΔW since ``capture()`` without materialising it; returns the row
+        indices, in ``tensor_ids()`` order."""
         if not self.captured:
             return []
-        params = [t.parameter.detach() for t in self.tracked]
-        return list(zip([t.tensor_id for t in self.tracked], reducer.add_many(params, starts=self._buffers)))
+        return reducer.add_many([t.parameter for t in self.tracked], starts=self._buffers)
 
     def updates(self) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ΔW) since ``capture()``, as tensors; empty when nothing was captured."""

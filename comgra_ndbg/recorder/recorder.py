@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from comgra_ndbg.errors import (ComgraError, DuplicateTensorError, InvalidArgume
 from comgra_ndbg.graph import TensorEdge
 from comgra_ndbg.recorder.dispatch import StepDispatcher
 from comgra_ndbg.recorder.flight import FlightRecorder
+from comgra_ndbg.recorder.grad_hook import on_gradient
+from comgra_ndbg.recorder.gradient_batch import GradientBatch
 from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
@@ -136,10 +139,13 @@ class Recorder:
         self._token = 0
         self._hooks: list[Any] = []
         self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder)
+        self._grad_batch = GradientBatch(self._flush_gradients)
+        self._series_of_parameters: dict[tuple[str, int], list[int]] = {}
         self._reset_step_state()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def _reset_step_state(self) -> None:
+        self._grad_batch.clear()
         for handle in self._hooks:  # a hook on a leaf (parameter, input) would otherwise stay for good
             handle.remove()
         self._hooks = []
@@ -430,8 +436,8 @@ class Recorder:
                 self._snaps.append((sid, iteration, self._take(tensor, bool(batched), bounds)))
         self._structure.add(name, iteration, tensor)
         if tensor.requires_grad:
-            self._hooks.append(tensor.register_hook(partial(self._on_grad, self._token, tid, iteration,
-                                                            bool(batched))))
+            self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
+                                                           not _compiled_region(tensor))))
 
     def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
                        target_iteration: int | None = None, discovered: bool = False) -> None:
@@ -485,14 +491,19 @@ class Recorder:
                 self._snaps.append((self.catalog.series_id(item.key, item.kind), item.iteration,
                                     self._take(item.tensor, True)))
 
-    def _on_grad(self, token: int, tid: int, iteration: int, batched: bool, grad: torch.Tensor) -> None:
-        """Autograd hook: reduce the gradient as it is produced; never alters it, never raises."""
+    def _on_grad(self, token: int, tid: int, iteration: int, batched: bool, deferred: bool, grad: torch.Tensor
+                 ) -> None:
+        """Autograd hook: keep the gradient for the summaries at the end of the backward pass (``deferred``)
+        or reduce it now; never alters it, never raises."""
         if token != self._token or not self._step_open:
             return
         try:
             self._discover_graph()
             if self._summarize:
-                self._grad_keys.append((tid, iteration, self._grads.add(grad, batched=batched)))
+                if deferred:
+                    self._grad_batch.add((tid, iteration), grad, batched)
+                else:
+                    self._grad_keys.append((tid, iteration, self._grads.add(grad, batched=batched)))
             if self._snapshot:
                 if self._deferring and batched:
                     self._deferred_grads.append(_Deferred(tid, iteration, grad.detach(), True, None))
@@ -501,10 +512,16 @@ class Recorder:
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._warn("recording a gradient", error, key=str(tid))
 
-    def record_gradient(self, name: str, grad: torch.Tensor, *, iteration: int | None = None) -> None:
+    def record_gradient(self, name: str, grad: torch.Tensor, *, iteration: int | None = None,
+                        deferred: bool = False) -> None:
         """Record ``grad`` as the gradient of the tensor registered as ``name`` (in ``iteration``, default
         the current one), for gradients that reach you through a hook of your own rather than through
         autograd on the registered tensor (e.g. a detached copy of a compiled region's output).
+
+        It is summarised at once. ``deferred=True``, from inside a backward pass, keeps a reference and
+        summarises it with the pass's other gradients when the pass ends, which is cheaper; only for
+        gradients nothing writes to afterwards (not the incoming gradient of a ``torch.compile`` region,
+        whose backward may reuse that buffer).
         """
         if not self.enabled:
             return
@@ -518,7 +535,7 @@ class Recorder:
             raise InvalidArgumentError(f"record_gradient({name!r}): no tensor of that name was registered; call "
                                        f"register_tensor({name!r}, ...) first")
         self._on_grad(self._token, tid, self._iteration if iteration is None else iteration,
-                      self.catalog.tensors[tid].batched, grad)
+                      self.catalog.tensors[tid].batched, deferred, grad)
 
     def _on_parameter_grad(self, tid: int, grad: torch.Tensor) -> None:
         """Post-accumulate-grad hook of ``gradients_in_hook``: reduce now, replacing an earlier accumulation."""
@@ -526,11 +543,31 @@ class Recorder:
             return
         try:
             if self._summarize:
-                self._parameter_grads[tid] = self._grads.add(grad)
+                self._grad_batch.add(tid, grad, False)
             if self._snapshot:
                 self._parameter_grad_snaps[tid] = self._take(grad, False)
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._warn("recording a parameter gradient", error, key=str(tid))
+
+    def _flush_gradients(self) -> None:
+        """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end)."""
+        if not self._step_open or not self._summarize:
+            self._grad_batch.clear()
+            return
+        try:
+            keyed, dropped = self._grad_batch.flush(self._grads)
+        except Exception as error:  # a recorder problem must not break the user's backward pass
+            self._grad_batch.clear()
+            self._warn("recording gradients", error)
+            return
+        for key, index in keyed:
+            if isinstance(key, tuple):  # a registered tensor's gradient: (tensor id, iteration)
+                self._grad_keys.append((key[0], key[1], index))
+            else:  # a parameter's accumulated gradient replaces an earlier accumulation
+                self._parameter_grads[key] = index
+        for key in dropped:
+            self._warn("recording a gradient", RuntimeError("it was changed in place before the backward pass "
+                                                            "ended; that gradient is not recorded"), key=str(key))
 
     def record_gradients(self, gradient_set: str | None = None) -> None:
         """Record the gradients produced since the last call, and the tracked parameters' ``.grad``.
@@ -552,6 +589,8 @@ class Recorder:
         self._guard("recording gradients", partial(self._collect_gradients, kind))
 
     def _collect_gradients(self, kind: str) -> None:
+        if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
+            self._flush_gradients()
         self._guard("discovering the dependency graph", self._discover_graph)
         self._grad_keys.extend((tid, 0, index) for tid, index in self._parameter_grads.items())
         self._grad_snaps.extend((tid, 0, data) for tid, data in self._parameter_grad_snaps.items())
@@ -559,7 +598,7 @@ class Recorder:
         gradients = self._parameters.take_gradients()
         if self._summarize:
             indices = self._grads.add_many([grad for _, grad in gradients])
-            self._grad_keys.extend((tid, 0, index) for (tid, _), index in zip(gradients, indices))
+            self._grad_keys.extend(zip([tid for tid, _ in gradients], repeat(0), indices))
         if self._snapshot:
             self._grad_snaps.extend((tid, 0, self._take(grad, False)) for tid, grad in gradients)
         rows = self._grads.collect()
@@ -588,28 +627,40 @@ class Recorder:
 
     # ---- parameters ------------------------------------------------------------------------------------
     def _start_parameters(self) -> None:
-        self._parameters.watch()
-        self._parameters.forget_gradients()  # accumulated between steps: not this step's
-        summarized = {}
-        if self.record_updates:
-            summarized = dict(self._parameters.capture(self._values if self._summarize else None))
-        for tid, value in self._parameters.values():
-            sid = self.catalog.series_id(tid, schema.KIND_VALUE)
-            if self._summarize:
-                index = summarized[tid] if tid in summarized else self._values.add(value)
-                self._value_keys.append((sid, 0, index))
-            if self._snapshot:
+        tracker = self._parameters
+        tracker.watch()
+        tracker.forget_gradients()  # accumulated between steps: not this step's
+        series = self._parameter_series(schema.KIND_VALUE)
+        if self._summarize:
+            if self.record_updates:
+                indices = tracker.capture(self._values)
+            else:
+                indices = self._values.add_many([value for _, value in tracker.values()])
+            self._value_keys.extend(zip(series, repeat(0), indices))
+        elif self.record_updates:
+            tracker.capture()
+        if self._snapshot:
+            for sid, (_, value) in zip(series, tracker.values()):
                 self._snaps.append((sid, 0, self._take(value, False)))
+
+    def _parameter_series(self, kind: str) -> list[int]:
+        """Series ids of every tracked parameter's ``kind``, in ``ParameterTracker.tensor_ids()`` order."""
+        tids = self._parameters.tensor_ids()
+        key = (kind, len(tids))
+        cached = self._series_of_parameters.get(key)
+        if cached is None:
+            cached = self._series_of_parameters[key] = [self.catalog.series_id(tid, kind) for tid in tids]
+        return cached
 
     def _finish_parameters(self) -> None:
         if not self._parameters.captured:
             return
+        series = self._parameter_series(schema.KIND_UPDATE)
         if self._summarize:
             reducer = Reducer(self._saturation_margin)
-            keys = self._parameters.summarize_updates(reducer)
+            indices = self._parameters.summarize_updates(reducer)
             rows = reducer.collect()
-            for tid, index in keys:
-                self._rows.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0, rows[index]))
+            self._rows.extend((sid, 0, rows[index]) for sid, index in zip(series, indices))
         if self._snapshot:
             for tid, delta in self._parameters.updates():
                 self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0, self._take(delta, False)))
@@ -688,6 +739,8 @@ class Recorder:
             self.flush()
 
     def _build_record(self, type_id: int) -> StepRecord:
+        if len(self._grad_batch):
+            self._flush_gradients()
         pending = (self._grad_keys or self._grad_snaps or self._deferred_grads or self._parameter_grads
                    or self._parameter_grad_snaps)
         if pending or (not self._grad_kinds and self._parameters.has_fresh_gradients()):
@@ -747,6 +800,12 @@ class Recorder:
         self._warned.add(tag)
         warnings.warn(f"comgra_ndbg: {what} failed at step {self._step} ({type(error).__name__}: {error}); "
                       f"training continues and this part is not recorded", RecorderWarning, stacklevel=3)
+
+
+def _compiled_region(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` comes out of a ``torch.compile`` region, whose backward may write into the buffer
+    of the gradient it receives (so that gradient must be summarised inside its hook)."""
+    return tensor.grad_fn is not None and "CompiledFunction" in type(tensor.grad_fn).__name__
 
 
 def _check_name(name: object) -> None:

@@ -133,12 +133,13 @@ class Reducer:
         self._pending.append(_Pending(x, row_index, is_batched, bounds))
         return row_index
 
-    def add_many(self, tensors: Sequence[torch.Tensor], *, starts: Sequence[torch.Tensor] | None = None,
-                 copies: Sequence[torch.Tensor] | None = None) -> list[int]:
-        """``add`` for many batch-less tensors (parameters, their gradients, their updates); returns their row
-        indices. Contiguous float CPU tensors are summarised by one kernel call for all of them, which saves
-        the per-tensor dispatch that dominates on small tensors. ``starts`` and ``copies`` pair up with
-        ``tensors`` as ``add``'s ``start`` and ``copy_to`` do."""
+    def add_many(self, tensors: Sequence[torch.Tensor], *, batched: Sequence[bool] | None = None,
+                 starts: Sequence[torch.Tensor] | None = None, copies: Sequence[torch.Tensor] | None = None
+                 ) -> list[int]:
+        """``add`` for many tensors (parameters, their gradients and updates, the gradients of one backward
+        pass); returns their row indices. Contiguous float CPU tensors are summarised by one kernel call for
+        all of them, which saves the per-tensor dispatch that dominates on small tensors. ``batched``,
+        ``starts`` and ``copies`` pair up with ``tensors`` as ``add``'s arguments of those names do."""
         indices: list[int] = []
         groups: dict[torch.dtype, list[int]] = {}
         fast = kernels.AVAILABLE
@@ -150,21 +151,31 @@ class Reducer:
                 self._rows.append(None)
                 groups.setdefault(tensor.dtype, []).append(j)
             else:
-                indices.append(self.add(tensor, start=start, copy_to=copy_to))
+                indices.append(self.add(tensor, batched=bool(batched and batched[j]), start=start, copy_to=copy_to))
         for dtype, members in groups.items():
             group = [tensors[j] for j in members]
             rows = np.tile(identity_row(), (len(members), 1))
-            rows[:, FIELD["count"]] = sizes = np.array([t.numel() for t in group], dtype=np.int64)
+            rows[:, _COUNT] = sizes = np.array([t.numel() for t in group], dtype=np.int64)
             addresses = np.array([t.data_ptr() for t in group], dtype=np.int64)
             begins = None if starts is None else np.array([starts[j].data_ptr() for j in members], dtype=np.int64)
             targets = None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64)
-            exact = kernels.moments_many(_NUMPY_DTYPE[dtype], addresses, sizes, rows, starts=begins, copies=targets)
-            for position, (j, row) in enumerate(zip(members, rows)):
-                self._rows[indices[j]] = row
-                if exact[position]:
-                    row[_MOMENT_COLUMNS] = np.nan
-                    start = None if starts is None else starts[j].detach().double()
-                    _exact_moments(tensors[j].detach() if start is None else tensors[j].detach().double() - start, row)
+            batches = None
+            if batched is not None and any(batched[j] for j in members):
+                batches = np.array([t.shape[0] if batched[j] and t.dim() else 0 for j, t in zip(members, group)],
+                                   dtype=np.int64)
+            exact = kernels.moments_many(_NUMPY_DTYPE[dtype], addresses, sizes, rows, starts=begins, copies=targets,
+                                         batches=batches)
+            first = indices[members[0]]
+            if indices[members[-1]] - first == len(members) - 1:  # one run of rows (every tensor took this path)
+                self._rows[first:first + len(members)] = list(rows)
+            else:
+                for j, row in zip(members, rows):
+                    self._rows[indices[j]] = row
+            for position in np.flatnonzero(exact):
+                j, row = members[position], rows[position]
+                row[_MOMENT_COLUMNS] = np.nan
+                start = None if starts is None else starts[j].detach().double()
+                _exact_moments(tensors[j].detach() if start is None else tensors[j].detach().double() - start, row)
         return indices
 
     def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:

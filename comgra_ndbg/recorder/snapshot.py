@@ -7,23 +7,34 @@ must not touch any random number generator of the training run.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
-from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
+from comgra_ndbg.recorder import kernels
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 from comgra_ndbg.store.segment import SnapshotData
 
 __all__ = ["SnapshotData", "take_snapshot", "evenly_spaced", "balanced_samples"]
 
 
+@lru_cache(maxsize=1024)
 def evenly_spaced(total: int, count: int) -> np.ndarray:
-    """``count`` distinct, evenly spaced indices in ``range(total)`` that include both ends.
+    """``count`` distinct, evenly spaced indices in ``range(total)`` that include both ends (read-only:
+    the same shapes recur every recorded step, so the result is cached).
 
     >>> evenly_spaced(10, 4).tolist()
     [0, 3, 6, 9]
     >>> evenly_spaced(3, 5).tolist()
     [0, 1, 2]
     """
+    indices = _evenly_spaced(total, count)
+    indices.setflags(write=False)
+    return indices
+
+
+def _evenly_spaced(total: int, count: int) -> np.ndarray:
     if count >= total:
         return np.arange(total, dtype=np.int64)
     if count <= 1:
@@ -94,7 +105,7 @@ def take_snapshot(
         if len(keep_units) == units:
             values, index = per_sample.reshape(-1), None
         else:
-            cols = torch.as_tensor(keep_units, device=x.device)
+            cols = torch.from_numpy(keep_units.copy()).to(x.device)
             values = per_sample.index_select(1, cols).reshape(-1)
             index = (np.arange(n, dtype=np.int64)[:, None] * units + keep_units[None, :]).reshape(-1)
         sample_index = positions
@@ -106,12 +117,33 @@ def take_snapshot(
         if len(keep) == flat.numel():
             values, index = flat, None
         else:
-            values, index = flat.index_select(0, torch.as_tensor(keep, device=x.device)), keep
+            values, index = flat.index_select(0, torch.from_numpy(keep.copy()).to(x.device)), keep
     host_values = values.to(torch.float32).cpu().numpy().copy()
     return SnapshotData(shape, sample_index, stats, host_values, index)
 
 
 def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float) -> np.ndarray:
+    """Sufficient statistics of every row of ``x`` (``[samples, units]``), in float64: with the compiled
+    kernels for float CPU tensors (rows holding NaN or Inf, or whose sums cancel, are redone with torch),
+    else with float64 torch ops."""
+    if (kernels.AVAILABLE and x.dtype in (torch.float32, torch.float64) and x.is_cpu and x.shape[0]
+            and x.shape[1]):
+        a = x.numpy().astype(np.float64)  # a few samples: float64 sums are exact enough and cheap here
+        out = np.tile(identity_row(), (a.shape[0], 1))
+        out[:, FIELD["count"]] = a.shape[1]
+        thresholds = None
+        if bounds is not None:
+            margin = margin_fraction * (bounds[1] - bounds[0])
+            thresholds = np.array([bounds[0] + margin, bounds[1] - margin], dtype=a.dtype)
+        redo = np.flatnonzero(kernels.per_row(a, out, thresholds))
+        if len(redo):
+            out[redo] = _exact_per_sample_stats(x[torch.as_tensor(redo)], bounds, margin_fraction)
+        return out
+    return _exact_per_sample_stats(x, bounds, margin_fraction)
+
+
+def _exact_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float
+                            ) -> np.ndarray:
     x = x.double() if not x.dtype == torch.float64 else x
     finite = torch.isfinite(x)
     zeroed = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))

@@ -1,0 +1,74 @@
+"""Gradients handed over by autograd hooks, summarised together when the backward pass ends.
+
+Reducing each gradient inside its hook paid the reducer's per-call cost once per tensor, in the middle of
+the backward pass. Here a hook only keeps a reference to the gradient (and its version counter) and asks
+the autograd engine to call back once the whole backward pass is over (``queue_callback``, the hook DDP
+uses to synchronise gradients); one ``Reducer.add_many`` then summarises every gradient of the pass.
+
+The reference also stops autograd from accumulating another gradient into that tensor in place (it only
+does so for tensors nobody else holds). A gradient that is still changed in place before the callback,
+which its version counter shows, is dropped with a warning instead of being recorded wrong.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import NamedTuple
+
+import torch
+from torch.autograd import Variable
+
+from comgra_ndbg.recorder.reduce import Reducer
+
+__all__ = ["GradientBatch"]
+
+
+class _Pending(NamedTuple):
+    key: Hashable
+    grad: torch.Tensor
+    batched: bool
+    version: int
+
+
+class GradientBatch:
+    """Pending gradients of the running backward pass and the callback that summarises them.
+
+    ``on_end`` is what the engine calls when the backward pass ends (the owner flushes there); outside a
+    backward pass (a gradient handed over by hand) the owner is told to flush at once.
+    """
+
+    def __init__(self, on_end: Callable[[], None]) -> None:
+        self._on_end = on_end
+        self._pending: list[_Pending] = []
+        self._queued = False
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, key: Hashable, grad: torch.Tensor, batched: bool) -> None:
+        """Keep ``grad`` under ``key`` until the backward pass ends."""
+        self._pending.append(_Pending(key, grad.detach(), batched, grad._version))
+        if self._queued:
+            return
+        try:
+            Variable._execution_engine.queue_callback(self._end_of_backward)
+        except RuntimeError:  # not inside a backward pass
+            self._on_end()
+        else:
+            self._queued = True
+
+    def _end_of_backward(self) -> None:
+        self._queued = False
+        self._on_end()
+
+    def flush(self, reducer: Reducer) -> tuple[list[tuple[Hashable, int]], list[Hashable]]:
+        """Summarise every pending gradient into ``reducer``: returns (key, row index) pairs and the keys of
+        gradients dropped because they changed in place after their hook."""
+        pending, self._pending = self._pending, []
+        kept = [p for p in pending if p.grad._version == p.version]
+        dropped = [p.key for p in pending if p.grad._version != p.version]
+        indices = reducer.add_many([p.grad for p in kept], batched=[p.batched for p in kept])
+        return [(p.key, index) for p, index in zip(kept, indices)], dropped
+
+    def clear(self) -> None:
+        """Forget what is pending (the step ended without it)."""
+        self._pending = []

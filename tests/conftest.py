@@ -1,0 +1,17 @@
+"""Fixtures shared by several test modules."""
+from __future__ import annotations
+
+import pytest
+
+from comgra_ndbg.recorder import kernels
+
+
+@pytest.fixture(params=["kernels", "numpy"])
+def host_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test on both host paths: the compiled kernels and the numpy/torch code used without numba.
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("host_path")``."""
+    if request.param == "numpy":
+        monkeypatch.setattr(kernels, "AVAILABLE", False)
+    elif not kernels.AVAILABLE:
+        pytest.skip("numba is not installed")
+    return request.param
