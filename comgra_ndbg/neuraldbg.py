@@ -129,9 +129,10 @@ class NeuralDbg:
         self._counts: dict[str, int] = {}
         self._outputs_seen = 0
         self._output_names: list[str] = []
+        self._eager_names: list[str] = []  # module outputs of this pass registered eagerly (not compiled)
         self._input_names: list[str] = []
         self._structures: dict[tuple[str, ...], CompiledStructure] = {}
-        self._taps: dict[str, list[tuple[str, int]]] = {}
+        self._taps: dict[tuple[str, int], list[tuple[str, int]]] = {}  # (path, leaf) -> (name, iteration)
         self._tensor_handles: list[Any] = []
         self._losses: list[torch.Tensor] = []
         self._backward_seen = False
@@ -203,7 +204,7 @@ class NeuralDbg:
         self._pass_open = True
         self._callback_queued = False
         self._compiled_pass = False
-        self._counts, self._outputs_seen, self._output_names = {}, 0, []
+        self._counts, self._outputs_seen, self._output_names, self._eager_names = {}, 0, [], []
         capture = rec.is_recording
         self._pass_args = (args, kwargs) if capture else None
         self._input_names = []
@@ -291,7 +292,7 @@ class NeuralDbg:
         """Forward hook of a chosen module, eager: register its output now."""
         leaves = list(tensor_leaves(output))
         if any(from_compiled_code(tensor) for _, tensor in leaves):
-            self._hooks.stash.append((path, output, False))  # a compiled region's output: registered with the rest
+            self._hooks.stash.append((path, output, ()))  # a compiled region's output: registered with the rest
             return
         self._safely("recording a module output", self._register_outputs, path, leaves,
                      "output" if path == "" else "intermediate")
@@ -300,26 +301,30 @@ class NeuralDbg:
         node = node_name(path)
         for name, tensor in output_names(node, leaves, self._counts):
             self.recorder.register_tensor(name, tensor, role=role, node=node, module=node)
+            self._eager_names.append(name)
             self._outputs_seen += path != ""
             if path == "":
                 self._output_names.append(name)
 
-    def _register_compiled(self, stashed: list[tuple[str, Any, bool]], output: Any) -> None:
+    def _register_compiled(self, stashed: list[tuple[str, Any, tuple[int, ...]]], output: Any) -> None:
         """Register what a compiled forward pass stashed, detached, with the edges of an eager pass."""
         rec = self.recorder
         self._compiled_pass = True
+        rec._declare_all_edges()
         key = tuple(path for path, _, _ in stashed)
         structure = self._structures.get(key)
         if structure is None:
             structure = self._structures[key] = self._discover()
         iteration = self._iteration
-        known = self._parameter_names | set(self._input_names)
+        # Eagerly registered outputs count too: with only some submodules compiled, the eager pass's edges
+        # are the only link between them and the compiled region's outputs (registered detached).
+        known = self._parameter_names | set(self._input_names) | set(self._eager_names)
         items = [(path, list(tensor_leaves(out)), tapped) for path, out, tapped in stashed]
         if not self._root_selected:
-            items.append(("", list(tensor_leaves(output)), False))
+            items.append(("", list(tensor_leaves(output)), ()))
         for path, leaves, tapped in items:
             node = node_name(path)
-            for name, tensor in output_names(node, leaves, self._counts):
+            for leaf, (name, tensor) in enumerate(output_names(node, leaves, self._counts)):
                 rec.register_tensor(name, tensor.detach(), role="output" if path == "" else "intermediate",
                                     node=node, module=node, bounds=structure.bounds.get(name))
                 known.add(name)
@@ -328,8 +333,8 @@ class NeuralDbg:
                     self._output_names.append(name)
                 if not tensor.requires_grad:
                     continue
-                if tapped:
-                    self._taps.setdefault(path, []).append((name, iteration))
+                if leaf in tapped:
+                    self._taps.setdefault((path, leaf), []).append((name, iteration))
                 else:
                     self._tensor_handles.append(on_gradient(tensor, partial(self._on_grad, name, iteration,
                                                                             not self._compiled_pass)))
@@ -349,8 +354,8 @@ class NeuralDbg:
                                          f"({type(error).__name__}: {error}); it is recorded without edges")
             return CompiledStructure()
 
-    def _on_tap_grad(self, path: str, grad: torch.Tensor) -> None:
-        pending = self._taps.get(path)
+    def _on_tap_grad(self, path: str, leaf: int, grad: torch.Tensor) -> None:
+        pending = self._taps.get((path, leaf))
         if pending:
             name, iteration = pending.pop()  # backward meets a module's calls in reverse order
             self._on_grad(name, iteration, False, grad)

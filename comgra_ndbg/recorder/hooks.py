@@ -54,41 +54,42 @@ ModulePattern = str | type
 """A module path pattern (``fnmatch`` syntax over the path inside the model, ``""`` is the model itself,
 e.g. ``"blocks.*"``) or a module class (its instances and subclasses' instances match)."""
 
-_SINKS: dict[int, Callable[[int, torch.Tensor], None]] = {}  # slot -> receiver of that tap's gradients
+_SINKS: dict[int, Callable[[int, int, torch.Tensor], None]] = {}  # slot -> receiver of that tap's gradients
 _SLOTS = itertools.count(1)
 
 
 @torch.library.custom_op("comgra_ndbg::grad_tap", mutates_args=())
-def _grad_tap(x: torch.Tensor, slot: int) -> torch.Tensor:
-    """Identity (a copy: custom ops may not return their input) whose backward reports the gradient."""
+def _grad_tap(x: torch.Tensor, slot: int, leaf: int) -> torch.Tensor:
+    """Identity (a copy: custom ops may not return their input) whose backward reports the gradient of
+    tensor number ``leaf`` (in ``tensor_leaves`` order) of the output of the module hooked at ``slot``."""
     return x.clone()
 
 
 @_grad_tap.register_fake
-def _grad_tap_fake(x: torch.Tensor, slot: int) -> torch.Tensor:
+def _grad_tap_fake(x: torch.Tensor, slot: int, leaf: int) -> torch.Tensor:
     return torch.empty_like(x)
 
 
 @torch.library.custom_op("comgra_ndbg::grad_sink", mutates_args=())
-def _grad_sink(grad: torch.Tensor, slot: int) -> torch.Tensor:
+def _grad_sink(grad: torch.Tensor, slot: int, leaf: int) -> torch.Tensor:
     """The tap's backward: hand ``grad`` to the slot's receiver, pass it on unchanged."""
     receiver = _SINKS.get(slot)
     if receiver is not None:
-        receiver(slot, grad)
+        receiver(slot, leaf, grad)
     return grad.clone()
 
 
 @_grad_sink.register_fake
-def _grad_sink_fake(grad: torch.Tensor, slot: int) -> torch.Tensor:
+def _grad_sink_fake(grad: torch.Tensor, slot: int, leaf: int) -> torch.Tensor:
     return torch.empty_like(grad)
 
 
 def _tap_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    ctx.slot = inputs[1]
+    ctx.slot, ctx.leaf = inputs[1], inputs[2]
 
 
-def _tap_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-    return _grad_sink(grad, ctx.slot), None
+def _tap_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    return _grad_sink(grad, ctx.slot, ctx.leaf), None, None
 
 
 _grad_tap.register_autograd(_tap_backward, setup_context=_tap_setup)
@@ -132,6 +133,26 @@ def tensor_leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, torch.Te
             yield from tensor_leaves(item, f"{prefix}[{key}]")
 
 
+def _tap_leaves(output: Any, slot: int, counter: Iterator[int], tapped: list[int]) -> Any:
+    """``output`` with each floating tensor that requires grad wrapped in a tap, in the same containers
+    (tuples, named tuples, lists, dicts) and the same ``tensor_leaves`` order; ``tapped`` collects the
+    positions of the wrapped tensors."""
+    if isinstance(output, torch.Tensor):
+        position = next(counter)
+        if not (output.requires_grad and output.is_floating_point()):
+            return output
+        tapped.append(position)
+        return _grad_tap(output, slot, position)
+    if isinstance(output, (tuple, list)):
+        items = [_tap_leaves(item, slot, counter, tapped) for item in output]
+        if isinstance(output, list):
+            return items
+        return type(output)(*items) if hasattr(output, "_fields") else tuple(items)
+    if isinstance(output, dict):
+        return {key: _tap_leaves(item, slot, counter, tapped) for key, item in output.items()}
+    return output
+
+
 def node_name(path: str) -> str:
     """The node of the module at ``path`` (``""`` is the model itself).
 
@@ -172,13 +193,14 @@ class ModuleHooks:
     """One forward hook per chosen module; see the module docstring for eager and compiled behaviour.
 
     ``on_output(path, output)`` receives outputs of eager modules; compiled ones land in :attr:`stash`,
-    and the gradients of their tapped outputs go to ``on_tap_grad(path, grad)`` once
-    :meth:`bind` was called.
+    and the gradients of their tapped output tensors go to ``on_tap_grad(path, leaf, grad)`` once
+    :meth:`bind` was called (``leaf``: the tensor's position in ``tensor_leaves`` order).
     """
 
     def __init__(self, modules: Sequence[tuple[str, nn.Module]], on_output: Callable[[str, Any], None]) -> None:
         self.capture = False
-        self.stash: list[tuple[str, Any, bool]] = []  # (path, output, whether its gradient goes through a tap)
+        # (path, output, positions in tensor_leaves order of the tensors whose gradients go through a tap)
+        self.stash: list[tuple[str, Any, tuple[int, ...]]] = []
         self._on_output = on_output
         self._collected: list[tuple[str, Any]] | None = None
         self._paths: dict[int, str] = {}
@@ -192,9 +214,11 @@ class ModuleHooks:
         if not self.capture:
             return None
         if torch.compiler.is_compiling():
-            tapped = isinstance(output, torch.Tensor) and output.requires_grad and output.is_floating_point()
-            self.stash.append((path, output, tapped))
-            return _grad_tap(output, slot) if tapped else None
+            tapped: list[int] = []
+            counter = itertools.count()
+            replaced = _tap_leaves(output, slot, counter, tapped)
+            self.stash.append((path, output, tuple(tapped)))
+            return replaced if tapped else None
         if self._collected is not None:
             self._collected.append((path, output))
         else:
@@ -215,18 +239,18 @@ class ModuleHooks:
     def collecting_now(self) -> bool:
         return self._collected is not None
 
-    def drain(self) -> list[tuple[str, Any, bool]]:
+    def drain(self) -> list[tuple[str, Any, tuple[int, ...]]]:
         """What compiled modules stashed since the last call, in call order; the stash is empty after."""
         items = list(self.stash)
         self.stash.clear()  # clear, never rebind: compiled code holds on to this very list
         return items
 
-    def bind(self, on_tap_grad: Callable[[str, torch.Tensor], None]) -> None:
-        """Send the gradients reaching this instance's taps to ``on_tap_grad(path, grad)``."""
+    def bind(self, on_tap_grad: Callable[[str, int, torch.Tensor], None]) -> None:
+        """Send the gradients reaching this instance's taps to ``on_tap_grad(path, leaf, grad)``."""
         paths = self._paths
 
-        def receive(slot: int, grad: torch.Tensor) -> None:
-            on_tap_grad(paths[slot], grad)
+        def receive(slot: int, leaf: int, grad: torch.Tensor) -> None:
+            on_tap_grad(paths[slot], leaf, grad)
 
         for slot in paths:
             _SINKS[slot] = receive

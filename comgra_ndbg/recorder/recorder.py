@@ -458,6 +458,12 @@ class Recorder:
             raise InvalidArgumentError(f"add_dependency({source!r}, {target!r}) connects a tensor to itself")
         self._structure.add_edge(TensorEdge(source, target, iterations[0], iterations[1]), discovered=discovered)
 
+    def _declare_all_edges(self) -> None:
+        """This step's edges all come through ``add_dependency`` (NeuralDbg's eager pass over a partly
+        compiled model): walking autograd would add shortcuts across the compiled region, whose backward is
+        one opaque node."""
+        self._structure.autograd = False
+
     def _tensor_id(self, name: str, tensor: torch.Tensor, role: str, node: str, batched: bool,
                    bounds: tuple[float, float] | None, module: str = "") -> int:
         tid = self.catalog.tensor_id(name)

@@ -29,6 +29,7 @@ class StructureTracker:
         self._manual: list[TensorEdge] = []
         self._found: list[TensorEdge] = []  # edges autograd showed elsewhere (an eager pass of a compiled model)
         self._discovered = (0, 0)  # (registrations, manual edges) covered by the last discovery
+        self.autograd = True  # False: this step's edges are all declared (an eager pass of a compiled model)
 
     def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
         self._registered.append((name, iteration, tensor))
@@ -39,6 +40,7 @@ class StructureTracker:
     def clear(self) -> None:
         self._registered, self._manual, self._found = [], [], []
         self._discovered = (0, 0)
+        self.autograd = True
 
     @property
     def pending(self) -> bool:
@@ -60,6 +62,8 @@ class StructureTracker:
         signature = structure_signature(registered, parameters) + repr(sorted(manual))
         if found:
             signature += "\x1d" + repr(sorted(set(found)))
+        if not self.autograd:
+            signature += "\x1e"
         cached = self.cache.get_or_build(signature, step_type,
                                          lambda: self._build(registered, parameters, manual, found))
         if cached.new_structure:
@@ -71,7 +75,8 @@ class StructureTracker:
 
     def _build(self, registered: list, parameters: Mapping[str, torch.Tensor], manual: list[TensorEdge],
                found: list[TensorEdge] = ()):
-        discovered = merge_manual_edges(discover_edges(registered, parameters), found)
+        walked = discover_edges(registered, parameters) if self.autograd else []
+        discovered = merge_manual_edges(walked, found)
         names = {name for name, _, _ in registered} | set(parameters)
         metadata = {info.name: (info.node, info.role, info.module) for info in self.catalog.tensors
                     if info.name in names}
