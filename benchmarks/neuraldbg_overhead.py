@@ -1,4 +1,4 @@
-"""NeuralDbg overhead: the issue's unchanged training loop, bare and instrumented, measured side by side.
+"""NeuralDbg overhead: an unchanged training loop, bare and instrumented, measured side by side.
 
 Two CPU models: the 8-block 256-wide tanh MLP of ``benchmarks/overhead.py`` (batch 64, Adam; given a
 ``forward`` here) and a small transformer (2 pre-norm ``nn.TransformerEncoderLayer`` of width 128, 4
@@ -75,7 +75,7 @@ def token_data(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def run(make_model: Callable[[], nn.Module], data: list, options: dict | None, folder: str,
         trial: str) -> tuple[float, float]:
-    """Train over ``data`` with the issue's loop; returns the median wall-clock and CPU seconds per step
+    """Train over ``data`` with the plain training loop; returns the median wall-clock and CPU seconds per step
     after 10 warm-up steps."""
     torch.manual_seed(0)
     model, criterion = make_model(), nn.CrossEntropyLoss()

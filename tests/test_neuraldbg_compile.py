@@ -102,7 +102,7 @@ def fresh_dynamo():
 
 def record(folder: Path, kind: str, pattern: str, backend: str = "aot_eager", steps: int = 8,
            accumulate: int = 1) -> tuple[dict, list[str]]:
-    """Train with the issue's loop under one compile pattern; returns Dynamo's counters and the warnings."""
+    """Train with the plain training loop under one compile pattern; returns Dynamo's counters and the warnings."""
     model, criterion = make(kind), nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     counters.clear()
