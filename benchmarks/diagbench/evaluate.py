@@ -15,6 +15,7 @@ from benchmarks.diagbench.checks import secondary_effects, validate
 from benchmarks.diagbench.runs import TRUTH_FILE, RunSpec, train_run, truth
 from comgra_ndbg import open_recording
 from comgra_ndbg.analysis import analyze
+from comgra_ndbg.recorder import kernels
 
 
 def evaluate_run(spec: RunSpec, folder: Path, reuse: bool = False) -> dict:
@@ -51,8 +52,10 @@ def evaluate_run(spec: RunSpec, folder: Path, reuse: bool = False) -> dict:
 
 
 def recording_overhead(folder: Path) -> float:
-    """Wall time of one 400-step run with the recorder on, divided by the same run with it disabled."""
+    """Wall time of one 400-step run with the recorder on, divided by the same run with it disabled (the
+    summary kernels compiled beforehand: a one-time cost per process, not a recording cost)."""
     torch.set_num_threads(1)
+    kernels.warm_up()
     from benchmarks.diagbench.runs import HEALTHY_CONFIGS, healthy_spec
 
     spec = healthy_spec(HEALTHY_CONFIGS[0], 0)
