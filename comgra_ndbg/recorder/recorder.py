@@ -1,9 +1,10 @@
 """The Recorder: explicit registration of tensors inside a training loop, written to an HDF5 recording.
 
 This is the only code that runs inside the user's loop. It validates calls at the boundary, asks its
-policies whether the step is recorded (a skipped step costs a few attribute checks), reduces tensors on
-their device (``reduce.Reducer``), reduces gradients inside autograd hooks as they are produced, and hands
-plain numpy rows to the store writer. Problems of its own (a full disk, an odd tensor type) are reported
+policies whether the step is recorded (a skipped step costs a few attribute checks), summarises tensors
+(``reduce.Reducer``: compiled kernels on the host, fused reductions on other devices) and their gradients
+(``gradients``: kept by autograd hooks, summarised when the backward pass ends), and hands plain numpy rows
+to the store writer. Problems of its own (a full disk, an odd tensor type) are reported
 as warnings and never stop the training run; wrong calls raise typed errors that say what to do.
 
 A step's type may be left open (``start_step(i, step_type=None)``) and decided at its end with
@@ -16,7 +17,6 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from pathlib import Path
@@ -32,10 +32,11 @@ from comgra_ndbg.recorder.dispatch import StepDispatcher
 from comgra_ndbg.recorder.flight import FlightRecorder
 from comgra_ndbg.recorder.grad_hook import on_gradient
 from comgra_ndbg.recorder.gradient_batch import GradientBatch
+from comgra_ndbg.recorder.gradients import GradientRecording
 from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
-from comgra_ndbg.recorder.snapshot import balanced_samples, take_snapshot
+from comgra_ndbg.recorder.snapshot import DeferredSnapshot, balanced_samples, take_snapshot
 from comgra_ndbg.recorder.step_record import StepRecord
 from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.store import schema
@@ -52,19 +53,7 @@ class RecorderWarning(UserWarning):
     """The recorder hit a problem of its own and carried on without it; training is unaffected."""
 
 
-@dataclass
-class _Deferred:
-    """A snapshot waiting for the step's sample choice (steps whose type is decided at their end)."""
-
-    key: int  # series id for values, tensor id for gradients
-    iteration: int
-    tensor: torch.Tensor
-    batched: bool
-    bounds: tuple[float, float] | None
-    kind: str | None = None  # a gradient's kind, once record_gradients() has collected its set
-
-
-class Recorder:
+class Recorder(GradientRecording):
     """Records registered tensors, their gradients, tracked parameters and their updates, per step.
 
     ``path`` is a group folder; the trial's recording goes to ``path/trial``. ``summaries`` and
@@ -174,8 +163,8 @@ class Recorder:
         self._grad_snaps: list[tuple[int, int, Any]] = []
         self._parameter_grads: dict[int, int] = {}  # tensor id -> row in the reducer (gradients_in_hook)
         self._parameter_grad_snaps: dict[int, Any] = {}
-        self._deferred_values: list[_Deferred] = []
-        self._deferred_grads: list[_Deferred] = []
+        self._deferred_values: list[DeferredSnapshot] = []
+        self._deferred_grads: list[DeferredSnapshot] = []
         self._rows: list[tuple[int, int, np.ndarray]] = []
         self._snaps: list[tuple[int, int, Any]] = []
         self._kpis: list[tuple[int, Any]] = []
@@ -431,7 +420,7 @@ class Recorder:
             self._value_keys.append((sid, iteration, self._values.add(tensor, batched=bool(batched), bounds=bounds)))
         if self._snapshot:
             if self._deferring and batched:
-                self._deferred_values.append(_Deferred(sid, iteration, tensor.detach().clone(), True, bounds))
+                self._deferred_values.append(DeferredSnapshot(sid, iteration, tensor.detach().clone(), True, bounds))
             else:
                 self._snaps.append((sid, iteration, self._take(tensor, bool(batched), bounds)))
         self._structure.add(name, iteration, tensor)
@@ -496,140 +485,6 @@ class Recorder:
             else:
                 self._snaps.append((self.catalog.series_id(item.key, item.kind), item.iteration,
                                     self._take(item.tensor, True)))
-
-    def _on_grad(self, token: int, tid: int, iteration: int, batched: bool, deferred: bool, grad: torch.Tensor
-                 ) -> None:
-        """Autograd hook: keep the gradient for the summaries at the end of the backward pass (``deferred``)
-        or reduce it now; never alters it, never raises."""
-        if token != self._token or not self._step_open:
-            return
-        try:
-            self._discover_graph()
-            if self._summarize:
-                if deferred:
-                    self._grad_batch.add((tid, iteration), grad, batched)
-                else:
-                    self._grad_keys.append((tid, iteration, self._grads.add(grad, batched=batched)))
-            if self._snapshot:
-                if self._deferring and batched:
-                    self._deferred_grads.append(_Deferred(tid, iteration, grad.detach(), True, None))
-                else:
-                    self._grad_snaps.append((tid, iteration, self._take(grad, batched)))
-        except Exception as error:  # a recorder problem must not break the user's backward pass
-            self._warn("recording a gradient", error, key=str(tid))
-
-    def record_gradient(self, name: str, grad: torch.Tensor, *, iteration: int | None = None,
-                        deferred: bool = False) -> None:
-        """Record ``grad`` as the gradient of the tensor registered as ``name`` (in ``iteration``, default
-        the current one), for gradients that reach you through a hook of your own rather than through
-        autograd on the registered tensor (e.g. a detached copy of a compiled region's output).
-
-        It is summarised at once. ``deferred=True``, from inside a backward pass, keeps a reference and
-        summarises it with the pass's other gradients when the pass ends, which is cheaper; only for
-        gradients nothing writes to afterwards (not the incoming gradient of a ``torch.compile`` region,
-        whose backward may reuse that buffer).
-        """
-        if not self.enabled:
-            return
-        self._check_step_open(f"record_gradient({name!r})")
-        if not isinstance(grad, torch.Tensor):
-            raise InvalidTensorError(f"record_gradient({name!r}, ...) needs a torch.Tensor, got {type(grad).__name__}")
-        if not (self._summarize or self._snapshot):
-            return
-        tid = self.catalog.tensor_id(name)
-        if tid is None:
-            raise InvalidArgumentError(f"record_gradient({name!r}): no tensor of that name was registered; call "
-                                       f"register_tensor({name!r}, ...) first")
-        self._on_grad(self._token, tid, self._iteration if iteration is None else iteration,
-                      self.catalog.tensors[tid].batched, deferred, grad)
-
-    def _on_parameter_grad(self, tid: int, grad: torch.Tensor) -> None:
-        """Post-accumulate-grad hook of ``gradients_in_hook``: reduce now, replacing an earlier accumulation."""
-        if not self._step_open or not (self._summarize or self._snapshot):
-            return
-        try:
-            if self._summarize:
-                self._grad_batch.add(tid, grad, False)
-            if self._snapshot:
-                self._parameter_grad_snaps[tid] = self._take(grad, False)
-        except Exception as error:  # a recorder problem must not break the user's backward pass
-            self._warn("recording a parameter gradient", error, key=str(tid))
-
-    def _flush_gradients(self) -> None:
-        """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end)."""
-        if not self._step_open or not self._summarize:
-            self._grad_batch.clear()
-            return
-        try:
-            keyed, dropped = self._grad_batch.flush(self._grads)
-        except Exception as error:  # a recorder problem must not break the user's backward pass
-            self._grad_batch.clear()
-            self._warn("recording gradients", error)
-            return
-        for key, index in keyed:
-            if isinstance(key, tuple):  # a registered tensor's gradient: (tensor id, iteration)
-                self._grad_keys.append((key[0], key[1], index))
-            else:  # a parameter's accumulated gradient replaces an earlier accumulation
-                self._parameter_grads[key] = index
-        for key in dropped:
-            self._warn("recording a gradient", RuntimeError("it was changed in place before the backward pass "
-                                                            "ended; that gradient is not recorded"), key=str(key))
-
-    def record_gradients(self, gradient_set: str | None = None) -> None:
-        """Record the gradients produced since the last call, and the tracked parameters' ``.grad``.
-
-        Call it after ``loss.backward()``. With several losses, call ``record_gradients("name")`` after each
-        backward pass to keep one gradient set per loss (kind ``grad:name``).
-        """
-        if not self.enabled:
-            return
-        self._check_step_open("record_gradients()")
-        kind = schema.grad_kind(gradient_set)
-        if kind in self._grad_kinds:
-            raise DuplicateTensorError(f"gradient set {kind!r} was already recorded in step {self._step}; give each "
-                                       f"backward pass its own gradient_set name")
-        self._grad_kinds.append(kind)
-        if not (self._summarize or self._snapshot):
-            self._parameters.forget_gradients()
-            return
-        self._guard("recording gradients", partial(self._collect_gradients, kind))
-
-    def _collect_gradients(self, kind: str) -> None:
-        if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
-            self._flush_gradients()
-        self._guard("discovering the dependency graph", self._discover_graph)
-        self._grad_keys.extend((tid, 0, index) for tid, index in self._parameter_grads.items())
-        self._grad_snaps.extend((tid, 0, data) for tid, data in self._parameter_grad_snaps.items())
-        self._parameter_grads, self._parameter_grad_snaps = {}, {}
-        gradients = self._parameters.take_gradients()
-        if self._summarize:
-            indices = self._grads.add_many([grad for _, grad in gradients])
-            self._grad_keys.extend(zip([tid for tid, _ in gradients], repeat(0), indices))
-        if self._snapshot:
-            self._grad_snaps.extend((tid, 0, self._take(grad, False)) for tid, grad in gradients)
-        rows = self._grads.collect()
-        for tid, iteration, index in self._grad_keys:
-            self._rows.append((self.catalog.series_id(tid, kind), iteration, rows[index]))
-        if not self._deferring:
-            for tid, iteration, data in self._grad_snaps:
-                self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
-            self._grad_snaps = []
-        else:
-            for item in self._deferred_grads:
-                if item.kind is None:
-                    item.kind = kind
-        self._grad_keys = []
-        self._collect_values()
-
-    def _collect_values(self) -> None:
-        rows = self._values.collect()
-        for sid, iteration, index in self._value_keys:
-            self._rows.append((sid, iteration, rows[index]))
-        self._value_keys = []
-
-    def _discover_graph(self) -> None:
-        if self._structure.pending:
-            self._structure.discover(self._step_type or self._last_step_type, self._parameters.names())
 
     # ---- parameters ------------------------------------------------------------------------------------
     def _start_parameters(self) -> None:

@@ -7,6 +7,7 @@ must not touch any random number generator of the training run.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -16,7 +17,19 @@ from comgra_ndbg.recorder import kernels
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 from comgra_ndbg.store.segment import SnapshotData
 
-__all__ = ["SnapshotData", "take_snapshot", "evenly_spaced", "balanced_samples"]
+__all__ = ["DeferredSnapshot", "SnapshotData", "take_snapshot", "evenly_spaced", "balanced_samples"]
+
+
+@dataclass
+class DeferredSnapshot:
+    """A tensor kept until its step's sample choice is known (steps whose type is decided at their end)."""
+
+    key: int  # series id for values, tensor id for gradients
+    iteration: int
+    tensor: torch.Tensor
+    batched: bool
+    bounds: tuple[float, float] | None
+    kind: str | None = None  # a gradient's kind, once record_gradients() has collected its set
 
 
 @lru_cache(maxsize=1024)

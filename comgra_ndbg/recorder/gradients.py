@@ -1,0 +1,159 @@
+"""The Recorder's gradient side: hooks on registered tensors and tracked parameters, gradient sets, and
+the collection of a step's gradient rows.
+
+``GradientRecording`` is a mixin of ``Recorder`` and works on its step state. Gradients that hooks receive
+during a backward pass are kept (``gradient_batch``) and summarised together when the pass ends, except
+those entering a ``torch.compile`` region, whose backward may reuse the buffer: they are reduced in the hook.
+``record_gradients()`` turns what was collected into rows of one gradient set (kind ``grad`` or
+``grad:<name>``), together with the tracked parameters' fresh ``.grad``.
+"""
+from __future__ import annotations
+
+from functools import partial
+from itertools import repeat
+
+import torch
+
+from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
+from comgra_ndbg.recorder.snapshot import DeferredSnapshot
+from comgra_ndbg.store import schema
+
+__all__ = ["GradientRecording"]
+
+
+class GradientRecording:
+    """Gradient recording of ``Recorder`` (see the module docstring); not used on its own."""
+
+    def _on_grad(self, token: int, tid: int, iteration: int, batched: bool, deferred: bool, grad: torch.Tensor
+                 ) -> None:
+        """Autograd hook: keep the gradient for the summaries at the end of the backward pass (``deferred``)
+        or reduce it now; never alters it, never raises."""
+        if token != self._token or not self._step_open:
+            return
+        try:
+            self._discover_graph()
+            if self._summarize:
+                if deferred:
+                    self._grad_batch.add((tid, iteration), grad, batched)
+                else:
+                    self._grad_keys.append((tid, iteration, self._grads.add(grad, batched=batched)))
+            if self._snapshot:
+                if self._deferring and batched:
+                    self._deferred_grads.append(DeferredSnapshot(tid, iteration, grad.detach(), True, None))
+                else:
+                    self._grad_snaps.append((tid, iteration, self._take(grad, batched)))
+        except Exception as error:  # a recorder problem must not break the user's backward pass
+            self._warn("recording a gradient", error, key=str(tid))
+
+    def record_gradient(self, name: str, grad: torch.Tensor, *, iteration: int | None = None,
+                        deferred: bool = False) -> None:
+        """Record ``grad`` as the gradient of the tensor registered as ``name`` (in ``iteration``, default
+        the current one), for gradients that reach you through a hook of your own rather than through
+        autograd on the registered tensor (e.g. a detached copy of a compiled region's output).
+
+        It is summarised at once. ``deferred=True``, from inside a backward pass, keeps a reference and
+        summarises it with the pass's other gradients when the pass ends, which is cheaper; only for
+        gradients nothing writes to afterwards (not the incoming gradient of a ``torch.compile`` region,
+        whose backward may reuse that buffer).
+        """
+        if not self.enabled:
+            return
+        self._check_step_open(f"record_gradient({name!r})")
+        if not isinstance(grad, torch.Tensor):
+            raise InvalidTensorError(f"record_gradient({name!r}, ...) needs a torch.Tensor, got {type(grad).__name__}")
+        if not (self._summarize or self._snapshot):
+            return
+        tid = self.catalog.tensor_id(name)
+        if tid is None:
+            raise InvalidArgumentError(f"record_gradient({name!r}): no tensor of that name was registered; call "
+                                       f"register_tensor({name!r}, ...) first")
+        self._on_grad(self._token, tid, self._iteration if iteration is None else iteration,
+                      self.catalog.tensors[tid].batched, deferred, grad)
+
+    def _on_parameter_grad(self, tid: int, grad: torch.Tensor) -> None:
+        """Post-accumulate-grad hook of ``gradients_in_hook``: reduce now, replacing an earlier accumulation."""
+        if not self._step_open or not (self._summarize or self._snapshot):
+            return
+        try:
+            if self._summarize:
+                self._grad_batch.add(tid, grad, False)
+            if self._snapshot:
+                self._parameter_grad_snaps[tid] = self._take(grad, False)
+        except Exception as error:  # a recorder problem must not break the user's backward pass
+            self._warn("recording a parameter gradient", error, key=str(tid))
+
+    def _flush_gradients(self) -> None:
+        """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end)."""
+        if not self._step_open or not self._summarize:
+            self._grad_batch.clear()
+            return
+        try:
+            keyed, dropped = self._grad_batch.flush(self._grads)
+        except Exception as error:  # a recorder problem must not break the user's backward pass
+            self._grad_batch.clear()
+            self._warn("recording gradients", error)
+            return
+        for key, index in keyed:
+            if isinstance(key, tuple):  # a registered tensor's gradient: (tensor id, iteration)
+                self._grad_keys.append((key[0], key[1], index))
+            else:  # a parameter's accumulated gradient replaces an earlier accumulation
+                self._parameter_grads[key] = index
+        for key in dropped:
+            self._warn("recording a gradient", RuntimeError("it was changed in place before the backward pass "
+                                                            "ended; that gradient is not recorded"), key=str(key))
+
+    def record_gradients(self, gradient_set: str | None = None) -> None:
+        """Record the gradients produced since the last call, and the tracked parameters' ``.grad``.
+
+        Call it after ``loss.backward()``. With several losses, call ``record_gradients("name")`` after each
+        backward pass to keep one gradient set per loss (kind ``grad:name``).
+        """
+        if not self.enabled:
+            return
+        self._check_step_open("record_gradients()")
+        kind = schema.grad_kind(gradient_set)
+        if kind in self._grad_kinds:
+            raise DuplicateTensorError(f"gradient set {kind!r} was already recorded in step {self._step}; give each "
+                                       f"backward pass its own gradient_set name")
+        self._grad_kinds.append(kind)
+        if not (self._summarize or self._snapshot):
+            self._parameters.forget_gradients()
+            return
+        self._guard("recording gradients", partial(self._collect_gradients, kind))
+
+    def _collect_gradients(self, kind: str) -> None:
+        if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
+            self._flush_gradients()
+        self._guard("discovering the dependency graph", self._discover_graph)
+        self._grad_keys.extend((tid, 0, index) for tid, index in self._parameter_grads.items())
+        self._grad_snaps.extend((tid, 0, data) for tid, data in self._parameter_grad_snaps.items())
+        self._parameter_grads, self._parameter_grad_snaps = {}, {}
+        gradients = self._parameters.take_gradients()
+        if self._summarize:
+            indices = self._grads.add_many([grad for _, grad in gradients])
+            self._grad_keys.extend(zip([tid for tid, _ in gradients], repeat(0), indices))
+        if self._snapshot:
+            self._grad_snaps.extend((tid, 0, self._take(grad, False)) for tid, grad in gradients)
+        rows = self._grads.collect()
+        for tid, iteration, index in self._grad_keys:
+            self._rows.append((self.catalog.series_id(tid, kind), iteration, rows[index]))
+        if not self._deferring:
+            for tid, iteration, data in self._grad_snaps:
+                self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
+            self._grad_snaps = []
+        else:
+            for item in self._deferred_grads:
+                if item.kind is None:
+                    item.kind = kind
+        self._grad_keys = []
+        self._collect_values()
+
+    def _collect_values(self) -> None:
+        rows = self._values.collect()
+        for sid, iteration, index in self._value_keys:
+            self._rows.append((sid, iteration, rows[index]))
+        self._value_keys = []
+
+    def _discover_graph(self) -> None:
+        if self._structure.pending:
+            self._structure.discover(self._step_type or self._last_step_type, self._parameters.names())
