@@ -224,3 +224,12 @@ def test_the_console_script_reports_errors_without_a_traceback(tmp_path: Path) -
     assert done.stderr.startswith(f"comgra-ndbg explain: {tmp_path / 'nothing'} does not exist")
     done = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and all(name in done.stdout for name in SUBCOMMAND_NAMES)
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(group: Path) -> None:
+    script = Path(sys.executable).with_name("comgra-ndbg")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "comgra_ndbg.cli"]
+    process = subprocess.Popen([*command, "explain", str(group)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # like `| head -0`: gone before the command writes anything
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 141 and b"Traceback" not in stderr and b"BrokenPipe" not in stderr
