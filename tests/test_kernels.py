@@ -160,3 +160,14 @@ def test_add_many_copies_and_differences_pair_up_with_their_tensors() -> None:
     for p, b, v, u in zip(params, buffers, values, updates):
         np.testing.assert_allclose(rows[u], summarize(p - b), rtol=2e-6, atol=1e-9)
         np.testing.assert_allclose(rows[v], summarize(b), rtol=2e-6, atol=1e-9)
+
+
+def test_a_lazily_negated_view_is_summarised_with_its_sign() -> None:
+    values = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    negated = torch._neg_view(values)  # memory holds +x, the tensor means -x
+    assert negated.is_neg()
+    reducer = Reducer()
+    indices = reducer.add_many([negated]) + [reducer.add(negated)]
+    rows = reducer.collect()
+    for index in indices:
+        assert rows[index, FIELD["sum"]] == -6.0 and rows[index, FIELD["min"]] == -3.0

@@ -227,3 +227,10 @@ def test_evenly_spaced_examples() -> None:
     assert evenly_spaced(5, 1).tolist() == [0]
     assert evenly_spaced(5, 2).tolist() == [0, 4]
     assert evenly_spaced(3, 5).tolist() == [0, 1, 2]
+
+
+def test_a_lazily_negated_view_is_snapshotted_with_its_sign() -> None:
+    negated = torch._neg_view(torch.arange(6.0).view(2, 3))
+    data = take_snapshot(negated, batched=True, num_samples=2, max_elements=100)
+    assert data.values.tolist() == [-0.0, -1.0, -2.0, -3.0, -4.0, -5.0]
+    assert data.sample_stats[:, FIELD["sum"]].tolist() == [-3.0, -12.0]

@@ -83,7 +83,7 @@ class Reducer:
         row = identity_row()
         self._rows.append(row)
         if (start is None and copy_to is None and kernels.AVAILABLE and tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu
-                and tensor.is_contiguous() and tensor.numel()):  # the common case, with the least Python around it
+                and tensor.is_contiguous() and tensor.numel() and not tensor.is_neg()):  # the common case, lean
             a = tensor.detach().numpy()
             row[_COUNT] = a.size
             batch = a.shape[0] if batched and a.ndim and a.shape[0] else 0
@@ -264,11 +264,12 @@ _NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.
 
 def _batchable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
     """Whether ``add_many`` can hand ``tensor`` (and its start and copy) to the kernels by address."""
-    if tensor.dtype not in _NUMPY_DTYPE or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():
+    if (tensor.dtype not in _NUMPY_DTYPE or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel()
+            or tensor.is_neg()):  # a lazily negated view holds the other sign in memory
         return False
     for other in (start, copy_to):
         if other is not None and not (other.dtype == tensor.dtype and other.is_cpu and other.is_contiguous()
-                                      and other.numel() == tensor.numel()):
+                                      and other.numel() == tensor.numel() and not other.is_neg()):
             return False
     return True
 
@@ -299,7 +300,10 @@ def summarize(tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[floa
 
 
 def _work_view(x: torch.Tensor) -> torch.Tensor:
-    """A flat view in a dtype whose reductions neither overflow early nor lose integer exactness."""
+    """A flat view in a dtype whose reductions neither overflow early nor lose integer exactness (and with a
+    lazy negation or conjugation applied: the memory of such a view holds the other sign)."""
+    if x.is_neg() or x.is_conj():
+        x = x.resolve_neg().resolve_conj()
     if x.dtype is torch.float32 or x.dtype is torch.float64:
         return x.reshape(-1)
     if x.is_complex():

@@ -99,7 +99,7 @@ def take_snapshot(
     >>> s.sample_index.tolist(), s.values.tolist(), s.value_index.tolist()
     ([0, 1], [0.0, 3.0, 4.0, 7.0], [0, 3, 4, 7])
     """
-    x = tensor.detach()
+    x = tensor.detach().resolve_neg()  # a lazily negated view holds the other sign in memory
     if x.is_complex():
         x = x.abs()
     shape = tuple(int(d) for d in x.shape)
