@@ -9,6 +9,7 @@ merged file already covers.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections import defaultdict
@@ -20,8 +21,8 @@ import numpy as np
 from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
-from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, parse_segment_name, read_segment,
-                                       segment_name, write_segment)
+from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, fsync_directory, parse_segment_name,
+                                       read_segment, segment_name, write_segment)
 
 __all__ = ["RecordingWriter", "list_live_segments", "FINAL_LEVEL"]
 
@@ -211,10 +212,32 @@ class RecordingWriter:
             self._sequence += 1
             write_segment(self.directory / schema.FINAL_NAME, SegmentContent(catalog=catalog),
                           self._attrs(self._sequence, (self._sequence,), FINAL_LEVEL, complete=True))
+        elif len(inputs) == 1:
+            self._promote(*inputs[0])
         else:
             self._merge(inputs, FINAL_LEVEL, complete=True)
         self._levels.clear()
         return self.directory / schema.FINAL_NAME
+
+    def _promote(self, sequence: int, path: Path) -> None:
+        """Make the one remaining segment the final file: a byte copy with the final attributes, renamed into
+        place (crash-safe like ``write_segment``), instead of reading and recompressing all of it."""
+        with h5py.File(path, "r") as f:
+            covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
+        out = self.directory / schema.FINAL_NAME
+        tmp = out.with_name(out.name + schema.TEMP_SUFFIX)
+        shutil.copyfile(path, tmp)
+        with h5py.File(tmp, "r+") as f:
+            for key, value in self._attrs(sequence, covers, FINAL_LEVEL, complete=True).items():
+                f.attrs[key] = value
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, out)
+        fsync_directory(out.parent)
+        path.unlink(missing_ok=True)
 
     def _attrs(self, sequence: int, covers: tuple[int, ...], level: int, *, complete: bool) -> dict:
         from comgra_ndbg import __version__
