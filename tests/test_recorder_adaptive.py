@@ -440,6 +440,26 @@ def test_grad_norm_above_names_the_largest_gradient(tmp_path: Path) -> None:
         assert recording.steps.tolist() == [13, 14, 15]
 
 
+def test_grad_norm_above_takes_one_norm_over_the_iterations_and_sees_named_gradient_sets(tmp_path: Path) -> None:
+    flight = FlightRecorder(steps=2, after=0, triggers=[GradNormAbove(6.0)])
+    with Recorder(tmp_path, trial="t", summaries=None, snapshots=None, flight_recorder=flight) as rec:
+        w = torch.zeros(2, requires_grad=True)
+        with rec.step(0):  # gradients of norm 3 and 4 in two iterations: together 5, under the threshold
+            for scale in (3.0, 4.0):
+                rec.start_iteration()
+                h = rec.register_tensor("h", w + 0.0)
+                (h * torch.tensor([scale, 0.0])).sum().backward()
+                rec.finish_iteration()
+            rec.record_gradients()
+        with rec.step(1):  # a named gradient set of norm 7
+            h = rec.register_tensor("h", w + 0.0)
+            (h * torch.tensor([0.0, 7.0])).sum().backward()
+            rec.record_gradients("aux")
+    with open_recording(tmp_path) as recording:
+        [mark] = recording.triggers
+        assert mark.step == 1 and mark.reason == "gradient norm of 'h (grad:aux)' is 7 > 6"
+
+
 def test_a_raising_predicate_warns_once_and_never_breaks_training(tmp_path: Path) -> None:
     def broken(facts: StepFacts) -> bool:
         return 1 / 0 > facts.step

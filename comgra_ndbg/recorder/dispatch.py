@@ -75,11 +75,13 @@ class StepDispatcher:
         for sid in record.nonfinite_series():
             tid, kind = self.catalog.series[sid]
             labels.append(f"{self.catalog.tensors[tid].name!r} ({kind})")
-        norms: dict[str, float] = {}
+        squares: dict[str, float] = {}
         sum_sq = schema.FIELD["sum_sq"]
         for sid, _, row in record.rows:
             tid, kind = self.catalog.series[sid]
-            if kind == schema.KIND_GRAD:
+            if kind == schema.KIND_GRAD or kind.startswith(schema.KIND_GRAD + schema.GRAD_SET_SEPARATOR):
                 name = self.catalog.tensors[tid].name
-                norms[name] = float(np.sqrt(max(row[sum_sq], 0.0))) + norms.get(name, 0.0)
-        return StepFacts(record.step, kpis, labels, norms)
+                label = name if kind == schema.KIND_GRAD else f"{name} ({kind})"
+                # one norm over the step's iterations: the square root of the summed squares, not a sum of norms
+                squares[label] = squares.get(label, 0.0) + max(float(row[sum_sq]), 0.0)
+        return StepFacts(record.step, kpis, labels, {label: float(np.sqrt(q)) for label, q in squares.items()})

@@ -32,7 +32,8 @@ class StepFacts:
     step: int
     kpis: dict[str, float]
     nonfinite: list[str]  # "tensor (kind)" labels of series with NaN or Inf elements
-    grad_norms: dict[str, float]  # tensor name -> L2 norm of its gradient (default gradient set)
+    # tensor name -> L2 norm of its gradient over the step's iterations; "name (grad:set)" for named sets
+    grad_norms: dict[str, float]
 
 
 class Trigger(abc.ABC):
