@@ -619,11 +619,15 @@ class Recorder(GradientRecording):
     def _write_kpis(self, type_id: int) -> dict[str, float]:
         if not self._kpis:
             return {}
-        tensors = [v for _, v in self._kpis if isinstance(v, torch.Tensor)]
+        # Device tensors are read in one copy; a CPU tensor is read directly (no device to wait for).
+        tensors = [v for _, v in self._kpis if isinstance(v, torch.Tensor) and not v.is_cpu]
         host = iter(torch.stack([t.to(torch.float64) for t in tensors]).cpu().tolist()) if tensors else iter(())
         values = {}
         for kpi, value in self._kpis:
-            number = next(host) if isinstance(value, torch.Tensor) else float(value)
+            if isinstance(value, torch.Tensor):
+                number = float(value.double()) if value.is_cpu else next(host)
+            else:
+                number = float(value)
             self._writer.add_kpi(self._step, kpi, number, type_id)
             values[self.catalog.kpi_names[kpi]] = number
         return values
