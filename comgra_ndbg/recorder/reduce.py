@@ -87,8 +87,7 @@ class Reducer:
             a = tensor.detach().numpy()
             row[_COUNT] = a.size
             batch = a.shape[0] if batched and a.ndim and a.shape[0] else 0
-            thresholds = None if bounds is None else _thresholds(bounds, self.saturation_margin, a.dtype)
-            if kernels.summarize(a.reshape(batch or 1, -1), row, thresholds, batch > 0):
+            if _kernel_summary(a, row, batch, bounds, self.saturation_margin):
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(tensor.detach(), row)
             return row_index
@@ -211,8 +210,7 @@ def _reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[f
     """Summarise a flat CPU tensor into ``row``: with the fused kernels when they apply, else with numpy."""
     a = np.ascontiguousarray(flat.numpy())  # a flat view can still be strided (a column, an expanded scalar)
     if kernels.AVAILABLE and a.dtype in _KERNEL_DTYPES:
-        thresholds = None if bounds is None else _thresholds(bounds, saturation_margin, a.dtype)
-        exact = kernels.summarize(a.reshape(batch or 1, -1), row, thresholds, batch > 0)
+        exact = _kernel_summary(a, row, batch, bounds, saturation_margin)
     else:
         with np.errstate(all="ignore"):  # float32 overflow is expected here; the exact recompute handles it
             _reduce_host(a, row, batch, bounds, saturation_margin)
@@ -223,6 +221,13 @@ def _reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[f
     if exact:
         row[_MOMENT_COLUMNS] = np.nan
         _exact_moments(flat, row)
+
+
+def _kernel_summary(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
+                    saturation_margin: float) -> bool:
+    """``kernels.summarize`` of a C-contiguous host array seen as ``[batch, units]``; True: recompute exactly."""
+    thresholds = None if bounds is None else _thresholds(bounds, saturation_margin, a.dtype)
+    return kernels.summarize(a.reshape(batch or 1, -1), row, thresholds, batch > 0)
 
 
 _THRESHOLDS: dict[tuple[float, float, float, np.dtype], np.ndarray] = {}

@@ -122,6 +122,12 @@ def write_segment(path: Path, content: SegmentContent, attrs: dict) -> None:
         content.catalog.write(f)
         for name in _ARRAYS:
             _write_array(f, _PATHS[name], getattr(content, name), text=name in _TEXT)
+    commit_file(tmp, path)
+
+
+def commit_file(tmp: Path, path: Path) -> None:
+    """Make the finished temporary file ``tmp`` durable and put it in place as ``path`` (fsync, rename,
+    fsync of the directory): a reader sees the old state or the whole new file, never a partial one."""
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -9,7 +9,6 @@ merged file already covers.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections import defaultdict
@@ -21,7 +20,7 @@ import numpy as np
 from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
-from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, fsync_directory, parse_segment_name,
+from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, commit_file, concat, parse_segment_name,
                                        read_segment, segment_name, write_segment)
 
 __all__ = ["RecordingWriter", "list_live_segments", "FINAL_LEVEL"]
@@ -230,13 +229,7 @@ class RecordingWriter:
         with h5py.File(tmp, "r+") as f:
             for key, value in self._attrs(sequence, covers, FINAL_LEVEL, complete=True).items():
                 f.attrs[key] = value
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, out)
-        fsync_directory(out.parent)
+        commit_file(tmp, out)
         path.unlink(missing_ok=True)
 
     def _attrs(self, sequence: int, covers: tuple[int, ...], level: int, *, complete: bool) -> dict:
