@@ -146,8 +146,8 @@ def click_stepper(driver: Any, selector: str, delta: int) -> None:
 
 
 def choose(driver: Any, dropdown_id: str, label: str) -> None:
-    """Open a Dash 4 dropdown and click the option with ``label``."""
-    driver.find_element(By.ID, dropdown_id).click()
+    """Open a Dash 4 dropdown (once the page has rendered it) and click the option with ``label``."""
+    wait_for(lambda: driver.find_elements(By.ID, dropdown_id), f"dropdown {dropdown_id}")[0].click()
     option = wait_for(lambda: next(o for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']")
                                    if o.text.strip() == label), f"option {label!r} of {dropdown_id}")
     option.click()

@@ -624,6 +624,26 @@ def test_a_failed_step_does_not_shift_the_rows_of_later_steps(tmp_path: Path) ->
         assert dict(zip(steps.tolist(), counts.tolist()))[0] == 6.0
 
 
+def test_values_and_updates_follow_parameters_whose_storage_is_replaced(tmp_path: Path) -> None:
+    layer = nn.Linear(3, 2)
+    nn.init.constant_(layer.weight, 0.5)
+    with Recorder(tmp_path, trial="t") as rec:
+        rec.track_module("layer", layer)
+        for step in range(4):
+            if step == 2:  # between steps: the next step starts from the new storage
+                layer.weight.data = torch.full((2, 3), 4.0)
+            with rec.step(step):
+                rec.register_tensor("x", torch.ones(2, 3))
+                if step == 1:  # inside a step, same shape: the update is measured against the old storage
+                    layer.weight.data = layer.weight.data + 1.0
+                if step == 3:
+                    with torch.no_grad():
+                        layer.weight.mul_(2.0)
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.summary("layer.weight", "value", "mean")[1].tolist() == [0.5, 0.5, 4.0, 4.0]
+        assert recording.summary("layer.weight", "update", "mean")[1].tolist() == [0.0, 1.0, 0.0, 4.0]
+
+
 def test_gradients_are_collected_at_finish_step_without_record_gradients(tmp_path: Path) -> None:
     torch.manual_seed(7)
     layer = nn.Linear(3, 2)

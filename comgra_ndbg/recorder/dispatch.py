@@ -77,11 +77,11 @@ class StepDispatcher:
             labels.append(f"{self.catalog.tensors[tid].name!r} ({kind})")
         squares: dict[str, float] = {}
         sum_sq = schema.FIELD["sum_sq"]
-        for sid, _, row in record.rows:
+        for sid, row_sum_sq in zip(record.rows.series.tolist(), record.rows.data[:, sum_sq].tolist()):
             tid, kind = self.catalog.series[sid]
             if kind == schema.KIND_GRAD or kind.startswith(schema.KIND_GRAD + schema.GRAD_SET_SEPARATOR):
                 name = self.catalog.tensors[tid].name
                 label = name if kind == schema.KIND_GRAD else f"{name} ({kind})"
                 # one norm over the step's iterations: the square root of the summed squares, not a sum of norms
-                squares[label] = squares.get(label, 0.0) + max(float(row[sum_sq]), 0.0)
+                squares[label] = squares.get(label, 0.0) + max(row_sum_sq, 0.0)
         return StepFacts(record.step, kpis, labels, {label: float(np.sqrt(q)) for label, q in squares.items()})

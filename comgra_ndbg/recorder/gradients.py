@@ -12,10 +12,12 @@ from __future__ import annotations
 from functools import partial
 from itertools import repeat
 
+import numpy as np
 import torch
 
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
+from comgra_ndbg.recorder.step_record import SummaryRows
 from comgra_ndbg.store import schema
 
 __all__ = ["GradientRecording"]
@@ -135,8 +137,10 @@ class GradientRecording:
         if self._snapshot:
             self._grad_snaps.extend((tid, 0, self._take(grad, False)) for tid, grad in gradients)
         rows = self._grads.collect()
-        for tid, iteration, index in self._grad_keys:
-            self._rows.append((self.catalog.series_id(tid, kind), iteration, rows[index]))
+        if self._grad_keys:
+            keys = np.array(self._grad_keys, dtype=np.int64)
+            series = np.array([self.catalog.series_id(tid, kind) for tid in keys[:, 0].tolist()], dtype=np.int64)
+            self._rows.append(SummaryRows(series, keys[:, 1], rows[keys[:, 2]]))
         if not self._deferring:
             for tid, iteration, data in self._grad_snaps:
                 self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
@@ -150,8 +154,9 @@ class GradientRecording:
 
     def _collect_values(self) -> None:
         rows = self._values.collect()
-        for sid, iteration, index in self._value_keys:
-            self._rows.append((sid, iteration, rows[index]))
+        if self._value_keys:
+            keys = np.array(self._value_keys, dtype=np.int64)
+            self._rows.append(SummaryRows(keys[:, 0], keys[:, 1], rows[keys[:, 2]]))
         self._value_keys = []
 
     def _discover_graph(self) -> None:

@@ -41,6 +41,8 @@ class ParameterTracker:
     tracked: list[_Tracked] = field(default_factory=list)
     modules: set[str] = field(default_factory=set)
     _buffers: list[torch.Tensor] | None = None
+    _layout: _HostLayout | None = None
+    _layout_key: list[tuple] | None = None
     _captured: bool = False
     _hooks: list[Any] = field(default_factory=list)
     _step_hooks: list[Any] = field(default_factory=list)
@@ -106,11 +108,16 @@ class ParameterTracker:
         params = [t.parameter for t in self.tracked]
         if not params:
             return []
-        if self._buffers is None or any(b.shape != p.shape or b.dtype != p.dtype or b.device != p.device
-                                        for b, p in zip(self._buffers, params)):
+        key = _layout_key(params)
+        if self._buffers is None or key != self._layout_key:
             self._buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+            self._layout_key, self._layout = key, _HostLayout.of(params, self._buffers)
         self._captured = True
         if reducer is not None:
+            layout = self._layout
+            if layout is not None:
+                return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
+                                                  copies=layout.copies))
             return reducer.add_many(params, copies=self._buffers)
         params = [p.detach() for p in params]
         if _on_host(params):
@@ -130,7 +137,12 @@ class ParameterTracker:
         indices, in ``tensor_ids()`` order."""
         if not self.captured:
             return []
-        return reducer.add_many([t.parameter for t in self.tracked], starts=self._buffers)
+        params = [t.parameter for t in self.tracked]
+        layout = self._layout
+        if layout is not None and _layout_key(params) == self._layout_key:  # no parameter moved during the step
+            return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
+                                              starts=self._buffers))
+        return reducer.add_many(params, starts=self._buffers)
 
     def updates(self) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ΔW) since ``capture()``, as tensors; empty when nothing was captured."""
@@ -171,6 +183,34 @@ class ParameterTracker:
         self._hooks.clear()
         self.tracked.clear()
         self._buffers = None
+
+
+@dataclass(frozen=True)
+class _HostLayout:
+    """Where the kernels find every parameter and its start-of-step copy, when all of them are contiguous
+    host arrays of one float dtype: computed once, reused while ``_layout_key`` stays the same."""
+
+    dtype: np.dtype
+    addresses: np.ndarray
+    sizes: np.ndarray
+    copies: np.ndarray
+
+    @staticmethod
+    def of(params: list[torch.nn.Parameter], buffers: list[torch.Tensor]) -> _HostLayout | None:
+        dtype = params[0].dtype
+        if dtype not in (torch.float32, torch.float64) or not all(
+                p.dtype == dtype and p.is_cpu and p.is_contiguous() and not p.is_neg() and p.numel() for p in params):
+            return None
+        return _HostLayout(np.dtype(np.float32 if dtype == torch.float32 else np.float64),
+                           np.array([p.data_ptr() for p in params], dtype=np.int64),
+                           np.array([p.numel() for p in params], dtype=np.int64),
+                           np.array([b.data_ptr() for b in buffers], dtype=np.int64))
+
+
+def _layout_key(params: list[torch.nn.Parameter]) -> list[tuple]:
+    """What must stay the same for a cached layout (and the copies) to remain valid: a parameter whose
+    ``.data`` was replaced, moved, cast, reshaped or made non-contiguous changes it."""
+    return [(p.data_ptr(), p.shape, p.dtype, p.device, p.is_contiguous(), p.is_neg()) for p in params]
 
 
 def _on_host(tensors: list[torch.Tensor]) -> bool:

@@ -37,7 +37,7 @@ from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot, balanced_samples, take_snapshot
-from comgra_ndbg.recorder.step_record import StepRecord
+from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, TensorInfo
@@ -165,7 +165,7 @@ class Recorder(GradientRecording):
         self._parameter_grad_snaps: dict[int, Any] = {}
         self._deferred_values: list[DeferredSnapshot] = []
         self._deferred_grads: list[DeferredSnapshot] = []
-        self._rows: list[tuple[int, int, np.ndarray]] = []
+        self._rows: list[SummaryRows] = []
         self._snaps: list[tuple[int, int, Any]] = []
         self._kpis: list[tuple[int, Any]] = []
         self._grad_kinds: list[str] = []
@@ -521,7 +521,7 @@ class Recorder(GradientRecording):
             reducer = Reducer(self._saturation_margin)
             indices = self._parameters.summarize_updates(reducer)
             rows = reducer.collect()
-            self._rows.extend((sid, 0, rows[index]) for sid, index in zip(series, indices))
+            self._rows.append(SummaryRows(np.asarray(series, np.int64), np.zeros(len(series), np.int64), rows[indices]))
         if self._snapshot:
             for tid, delta in self._parameters.updates():
                 self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0, self._take(delta, False)))
@@ -614,7 +614,7 @@ class Recorder(GradientRecording):
         if self._forced:
             reasons.insert(0, self._dispatcher.forced_reason(self._step))
         return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
-                          self._rows, self._snaps)
+                          SummaryRows.join(self._rows), self._snaps)
 
     def _write_kpis(self, type_id: int) -> dict[str, float]:
         if not self._kpis:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.recorder import kernels
-from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
+from comgra_ndbg.store.schema import FIELD, identity_row
 
 __all__ = ["Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
 
@@ -66,22 +66,40 @@ class Reducer:
 
     def __init__(self, saturation_margin: float = DEFAULT_SATURATION_MARGIN) -> None:
         self.saturation_margin = saturation_margin
-        self._rows: list[np.ndarray] = []
+        self._buffer = _identity_rows(64)  # rows [0, _size) are queued; the rest hold the merge identity
+        self._size = 0
         self._pending: list[_Pending] = []
         self._scalars: dict[torch.dtype, list[torch.Tensor]] = {}
         self._slots: dict[torch.dtype, list[tuple[int, int]]] = {}
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._size
+
+    def _claim(self, count: int) -> int:
+        """Reserve ``count`` identity rows; returns the index of the first. Rows live in one buffer that
+        ``collect`` copies out in one piece (no per-row array to allocate and stack)."""
+        first = self._size
+        end = first + count
+        if end > len(self._buffer):
+            grown = _identity_rows(max(end, 2 * len(self._buffer)))
+            grown[:first] = self._buffer[:first]
+            self._buffer = grown
+        self._size = end
+        return first
 
     def add(self, tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[float, float] | None = None,
             start: torch.Tensor | None = None, copy_to: torch.Tensor | None = None) -> int:
         """Queue the summary of ``tensor`` (of ``tensor - start`` when ``start`` is given); returns its row
         index in the next ``collect()``. ``copy_to`` (same shape, dtype and device) receives a copy of
         ``tensor`` in the same pass."""
-        row_index = len(self._rows)
-        row = identity_row()
-        self._rows.append(row)
+        row_index = self._claim(1)
+        self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
+        return row_index
+
+    def _add_at(self, row_index: int, tensor: torch.Tensor, *, batched: bool = False,
+                bounds: tuple[float, float] | None = None, start: torch.Tensor | None = None,
+                copy_to: torch.Tensor | None = None) -> None:
+        row = self._buffer[row_index]
         if (start is None and copy_to is None and kernels.AVAILABLE and tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu
                 and tensor.is_contiguous() and tensor.numel() and not tensor.is_neg()):  # the common case, lean
             a = tensor.detach().numpy()
@@ -90,12 +108,12 @@ class Reducer:
             if _kernel_summary(a, row, batch, bounds, self.saturation_margin):
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(tensor.detach(), row)
-            return row_index
+            return
         x = tensor.detach()
         numel = x.numel()
         row[FIELD["count"]] = numel
         if numel == 0:
-            return row_index
+            return
         flat = _work_view(x)
         is_batched = batched and x.dim() >= 1 and x.shape[0] > 0
         if flat.device.type == "cpu":
@@ -103,7 +121,7 @@ class Reducer:
                 _reduce_cpu(flat, row, x.shape[0] if is_batched else 0, bounds, self.saturation_margin)
             else:
                 _reduce_cpu_fused(x, flat, row, start, copy_to)
-            return row_index
+            return
         if copy_to is not None:
             copy_to.copy_(x)
         if start is not None:
@@ -130,7 +148,7 @@ class Reducer:
                 units = mask.view(x.shape[0], -1).all(0)
                 self._push(row_index, FIELD["saturated_units"], torch.count_nonzero(units))
         self._pending.append(_Pending(x, row_index, is_batched, bounds))
-        return row_index
+        return
 
     def add_many(self, tensors: Sequence[torch.Tensor], *, batched: Sequence[bool] | None = None,
                  starts: Sequence[torch.Tensor] | None = None, copies: Sequence[torch.Tensor] | None = None
@@ -139,43 +157,62 @@ class Reducer:
         pass); returns their row indices. Contiguous float CPU tensors are summarised by one kernel call for
         all of them, which saves the per-tensor dispatch that dominates on small tensors. ``batched``,
         ``starts`` and ``copies`` pair up with ``tensors`` as ``add``'s arguments of those names do."""
-        indices: list[int] = []
-        groups: dict[torch.dtype, list[int]] = {}
+        count = len(tensors)
+        first = self._claim(count)
         fast = kernels.AVAILABLE
+        if fast and starts is None and copies is None:
+            lean = [t.dtype in _NUMPY_DTYPE and t.is_cpu and t.is_contiguous() and t.numel() > 0 and not t.is_neg()
+                    for t in tensors]
+        else:
+            lean = [fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
+                    for j, t in enumerate(tensors)]
+        groups: dict[torch.dtype, list[int]] = {}
         for j, tensor in enumerate(tensors):
-            start = None if starts is None else starts[j]
-            copy_to = None if copies is None else copies[j]
-            if fast and _batchable(tensor, start, copy_to):
-                indices.append(len(self._rows))
-                self._rows.append(None)
+            if lean[j]:
                 groups.setdefault(tensor.dtype, []).append(j)
-            else:
-                indices.append(self.add(tensor, batched=bool(batched and batched[j]), start=start, copy_to=copy_to))
+        for j in range(count):
+            if not lean[j]:
+                self._add_at(first + j, tensors[j], batched=bool(batched and batched[j]),
+                             start=None if starts is None else starts[j], copy_to=None if copies is None else copies[j])
         for dtype, members in groups.items():
-            group = [tensors[j] for j in members]
-            rows = np.tile(identity_row(), (len(members), 1))
-            rows[:, _COUNT] = sizes = np.array([t.numel() for t in group], dtype=np.int64)
-            addresses = np.array([t.data_ptr() for t in group], dtype=np.int64)
-            begins = None if starts is None else np.array([starts[j].data_ptr() for j in members], dtype=np.int64)
-            targets = None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64)
+            group = tensors if len(members) == count else [tensors[j] for j in members]
             batches = None
             if batched is not None and any(batched[j] for j in members):
                 batches = np.array([t.shape[0] if batched[j] and t.dim() else 0 for j, t in zip(members, group)],
                                    dtype=np.int64)
-            exact = kernels.moments_many(_NUMPY_DTYPE[dtype], addresses, sizes, rows, starts=begins, copies=targets,
-                                         batches=batches)
-            first = indices[members[0]]
-            if indices[members[-1]] - first == len(members) - 1:  # one run of rows (every tensor took this path)
-                self._rows[first:first + len(members)] = list(rows)
-            else:
-                for j, row in zip(members, rows):
-                    self._rows[indices[j]] = row
-            for position in np.flatnonzero(exact):
-                j, row = members[position], rows[position]
-                row[_MOMENT_COLUMNS] = np.nan
-                start = None if starts is None else starts[j].detach().double()
-                _exact_moments(tensors[j].detach() if start is None else tensors[j].detach().double() - start, row)
-        return indices
+            rows = self.add_addressed(
+                _NUMPY_DTYPE[dtype], np.array([t.data_ptr() for t in group], dtype=np.int64),
+                np.array([t.numel() for t in group], dtype=np.int64), group,
+                starts=None if starts is None else [starts[j] for j in members],
+                copies=None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64),
+                batches=batches, first=first if len(members) == count else None)
+            if len(members) != count:
+                self._buffer[[first + j for j in members]] = self._buffer[rows]
+                self._size -= len(members)  # the rows were summarised at the end, then moved into place
+        return list(range(first, first + count))
+
+    def add_addressed(self, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, tensors: Sequence[torch.Tensor],
+                      *, starts: Sequence[torch.Tensor] | None = None, copies: np.ndarray | None = None,
+                      batches: np.ndarray | None = None, first: int | None = None) -> range:
+        """Summarise contiguous host arrays of ``dtype`` given by address and size in one kernel call (what
+        ``add_many`` does once it has checked its tensors; a caller that knows the addresses are still
+        valid, as ``ParameterTracker`` does for parameters that did not move, skips those checks).
+        ``tensors`` (and ``starts``) are the tensors behind the addresses, read again only for the exact
+        recompute; ``copies`` are addresses receiving a copy. Returns the row indices, rows claimed now
+        unless ``first`` names rows already claimed."""
+        count = len(sizes)
+        if first is None:
+            first = self._claim(count)
+        rows = self._buffer[first:first + count]
+        rows[:, _COUNT] = sizes
+        begins = None if starts is None else np.array([t.data_ptr() for t in starts], dtype=np.int64)
+        exact = kernels.moments_many(dtype, addresses, sizes, rows, starts=begins, copies=copies, batches=batches)
+        for position in np.flatnonzero(exact).tolist():
+            row = rows[position]
+            row[_MOMENT_COLUMNS] = np.nan
+            value = tensors[position].detach()
+            _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row)
+        return range(first, first + count)
 
     def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:
         self._scalars.setdefault(scalar.dtype, []).append(scalar)
@@ -183,7 +220,9 @@ class Reducer:
 
     def collect(self) -> np.ndarray:
         """All queued rows, ``[n, NUM_FIELDS]``; the reducer is empty afterwards."""
-        rows = np.stack(self._rows) if self._rows else np.zeros((0, NUM_FIELDS))
+        rows = self._buffer[:self._size].copy()
+        self._buffer[:self._size] = _IDENTITY
+        self._size = 0
         if self._scalars:
             dtypes = list(self._scalars)
             packed = torch.cat([torch.stack(self._scalars[d]).to(torch.float64) for d in dtypes]).cpu().numpy()
@@ -198,7 +237,6 @@ class Reducer:
                     if suspicious[pending.row]:
                         rows[pending.row, _MOMENT_COLUMNS] = np.nan
                         _exact_moments(pending.tensor, rows[pending.row])
-        self._rows.clear()
         self._pending.clear()
         self._scalars.clear()
         self._slots.clear()
@@ -262,6 +300,14 @@ def _reduce_cpu_fused(x: torch.Tensor, flat: torch.Tensor, row: np.ndarray, star
         copy_to.copy_(x)
     summand = x if start is None else x - start.detach()
     _reduce_cpu(_work_view(summand), row, 0, None, DEFAULT_SATURATION_MARGIN)
+
+
+_IDENTITY = identity_row()
+
+
+def _identity_rows(count: int) -> np.ndarray:
+    """``count`` rows of the merge identity, ``[count, NUM_FIELDS]``."""
+    return np.repeat(_IDENTITY[None], count, axis=0)
 
 
 _NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}

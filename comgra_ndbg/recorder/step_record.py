@@ -1,7 +1,9 @@
 """One step's recorded data on the host, before it goes to the writer (or to the flight recorder's ring)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -9,7 +11,33 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import SnapshotData
 from comgra_ndbg.store.writer import RecordingWriter
 
-__all__ = ["StepRecord"]
+__all__ = ["StepRecord", "SummaryRows"]
+
+
+class SummaryRows(NamedTuple):
+    """Summary rows of one step as arrays: row ``i`` is the summary of series ``series[i]`` in iteration
+    ``iterations[i]``."""
+
+    series: np.ndarray  # int64 [k]
+    iterations: np.ndarray  # int64 [k]
+    data: np.ndarray  # float64 [k, NUM_FIELDS]
+
+    def __len__(self) -> int:  # type: ignore[override] - the number of rows, not of fields
+        return len(self.series)
+
+    @staticmethod
+    def empty() -> SummaryRows:
+        return SummaryRows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, schema.NUM_FIELDS)))
+
+    @staticmethod
+    def join(blocks: Sequence[SummaryRows]) -> SummaryRows:
+        """The rows of ``blocks`` one after the other."""
+        if not blocks:
+            return SummaryRows.empty()
+        if len(blocks) == 1:
+            return blocks[0]
+        return SummaryRows(np.concatenate([b.series for b in blocks]), np.concatenate([b.iterations for b in blocks]),
+                           np.concatenate([b.data for b in blocks]))
 
 
 @dataclass
@@ -21,13 +49,13 @@ class StepRecord:
     iterations: int
     reason: str
     time: float
-    rows: list[tuple[int, int, np.ndarray]] = field(default_factory=list)  # (series, iteration, row)
+    rows: SummaryRows = field(default_factory=SummaryRows.empty)
     snapshots: list[tuple[int, int, SnapshotData]] = field(default_factory=list)  # (series, iteration, data)
 
     @property
     def nbytes(self) -> int:
         """Host memory held by the record's arrays (what the flight recorder's byte bound counts)."""
-        total = sum(row.nbytes for _, _, row in self.rows)
+        total = self.rows.data.nbytes + self.rows.series.nbytes + self.rows.iterations.nbytes
         for _, _, data in self.snapshots:
             total += data.values.nbytes + data.sample_stats.nbytes + data.sample_index.nbytes
             total += 0 if data.value_index is None else data.value_index.nbytes
@@ -37,16 +65,18 @@ class StepRecord:
               step_entry: bool = True) -> None:
         """Hand the parts asked for to the writer; ``step_entry`` adds the row of the steps table."""
         if step_entry:
-            flags = (schema.FLAG_SUMMARY if summaries and self.rows else 0) | (
+            flags = (schema.FLAG_SUMMARY if summaries and len(self.rows) else 0) | (
                 schema.FLAG_SNAPSHOT if snapshots and self.snapshots else 0)
             writer.add_step(self.step, self.step_type, self.iterations, flags, reason or self.reason, when=self.time)
-        if summaries and self.rows:
-            by_iteration: dict[int, list[tuple[int, np.ndarray]]] = {}
-            for sid, iteration, row in self.rows:
-                by_iteration.setdefault(iteration, []).append((sid, row))
-            for iteration, items in sorted(by_iteration.items()):
-                writer.add_summaries(self.step, iteration, np.array([s for s, _ in items], np.int64),
-                                     np.stack([r for _, r in items]))
+        rows = self.rows
+        if summaries and len(rows):
+            first, last = int(rows.iterations.min()), int(rows.iterations.max())
+            if first == last:
+                writer.add_summaries(self.step, first, rows.series, rows.data)
+            else:
+                for iteration in np.unique(rows.iterations).tolist():
+                    mask = rows.iterations == iteration
+                    writer.add_summaries(self.step, iteration, rows.series[mask], rows.data[mask])
         if snapshots:
             for sid, iteration, data in self.snapshots:
                 writer.add_snapshot(self.step, iteration, sid, data)
@@ -54,4 +84,5 @@ class StepRecord:
     def nonfinite_series(self) -> list[int]:
         """Series ids whose rows count NaN or Inf elements."""
         nan, inf = schema.FIELD["nan"], schema.FIELD["inf"]
-        return sorted({sid for sid, _, row in self.rows if row[nan] + row[inf] > 0})
+        data = self.rows.data
+        return sorted(set(self.rows.series[data[:, nan] + data[:, inf] > 0].tolist()))
