@@ -8,16 +8,14 @@ type)``: only a signature not seen before pays for discovery.
 The signature covers what cheaply tells structures apart: registered names and iterations, rank, dtype,
 whether grad is required, the type of the producing autograd function and its output index, and the
 parameter names with whether each is frozen (a frozen parameter is reached only through saved tensors). It leaves out
-sizes, so a changed batch size or sequence length does not trigger a rediscovery, and object ids, so it is
-the same across processes. Control flow that changes edges without
+sizes, so a changed batch size or sequence length does not trigger a rediscovery. Control flow that changes edges without
 changing any of these (a branch between two ops of the same type) is not detected; give such steps
 different step types.
 """
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,8 +30,9 @@ __all__ = ["CachedGraph", "GraphCache", "structure_signature"]
 
 def structure_signature(
     tensors: Sequence[tuple[str, int, torch.Tensor]], parameters: Mapping[str, torch.Tensor]
-) -> str:
-    """A short deterministic key for the structure a step's registrations imply (see the module doc).
+) -> tuple:
+    """A key for the structure a step's registrations imply (see the module doc), for this process's
+    cache: a tuple of attribute reads, no string formatting and no hashing beyond the dict lookup.
 
     >>> import torch
     >>> a = torch.ones(2, 3, requires_grad=True) * 2
@@ -43,16 +42,9 @@ def structure_signature(
     >>> structure_signature([("h", 0, a)], {}) == structure_signature([("h", 1, a)], {})
     False
     """
-    parts = []
-    for name, iteration, tensor in tensors:
-        grad_fn = tensor.grad_fn
-        producer = f"{type(grad_fn).__name__}:{tensor.output_nr}" if grad_fn is not None else "-"
-        parts.append(
-            f"{name}\x1f{iteration}\x1f{tensor.ndim}\x1f{tensor.dtype}\x1f{tensor.requires_grad}\x1f{producer}"
-        )
-    parts.append("\x1d")
-    parts.extend(name if parameter.requires_grad else f"{name}\x1ffrozen" for name, parameter in parameters.items())
-    return hashlib.blake2b("\x1e".join(parts).encode("utf-8"), digest_size=16).hexdigest()
+    registered = tuple((name, iteration, tensor.ndim, tensor.dtype, tensor.requires_grad, type(tensor.grad_fn),
+                        tensor.output_nr) for name, iteration, tensor in tensors)
+    return registered, tuple(parameters), tuple(parameter.requires_grad for parameter in parameters.values())
 
 
 @dataclass(frozen=True)
@@ -86,7 +78,7 @@ class GraphCache:
         if max_entries < 1:
             raise GraphError(f"GraphCache needs max_entries >= 1, got {max_entries}")
         self._max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, str], tuple[DependencyGraph, str]] = OrderedDict()
+        self._entries: OrderedDict[tuple[Hashable, str], tuple[DependencyGraph, str]] = OrderedDict()
         self._known_hashes: set[str] = set()
         self.hits = 0
         self.misses = 0
@@ -94,7 +86,7 @@ class GraphCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, signature: str, step_type: str) -> CachedGraph | None:
+    def get(self, signature: Hashable, step_type: str) -> CachedGraph | None:
         """The cached graph for this key, or ``None``; counts a hit or a miss."""
         entry = self._entries.get((signature, step_type))
         if entry is None:
@@ -104,7 +96,7 @@ class GraphCache:
         self._entries.move_to_end((signature, step_type))
         return CachedGraph(entry[0], entry[1], built=False, new_structure=False)
 
-    def put(self, signature: str, step_type: str, graph: DependencyGraph) -> CachedGraph:
+    def put(self, signature: Hashable, step_type: str, graph: DependencyGraph) -> CachedGraph:
         """Remember ``graph`` for this key; returns it with its hash and whether the hash is new."""
         digest = structure_hash(graph)
         new_structure = digest not in self._known_hashes
@@ -116,7 +108,7 @@ class GraphCache:
         return CachedGraph(graph, digest, built=True, new_structure=new_structure)
 
     def get_or_build(
-        self, signature: str, step_type: str, build: Callable[[], DependencyGraph]
+        self, signature: Hashable, step_type: str, build: Callable[[], DependencyGraph]
     ) -> CachedGraph:
         """The cached graph for this key, or ``build()``'s graph, remembered; ``build`` runs only on a miss."""
         cached = self.get(signature, step_type)

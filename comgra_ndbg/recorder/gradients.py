@@ -157,7 +157,9 @@ class GradientRecording:
         if self._value_keys:
             keys = np.array(self._value_keys, dtype=np.int64)
             self._rows.append(SummaryRows(keys[:, 0], keys[:, 1], rows[keys[:, 2]]))
-        self._value_keys = []
+        for series, indices in self._value_blocks:
+            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
+        self._value_keys, self._value_blocks = [], []
 
     def _discover_graph(self) -> None:
         if self._structure.pending:

@@ -18,7 +18,6 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +116,7 @@ class Recorder(GradientRecording):
         self._saturation_margin = saturation_margin
         self._values = Reducer(saturation_margin)
         self._grads = Reducer(saturation_margin)
+        self._updates = Reducer(saturation_margin)
         self._parameters = ParameterTracker(self.catalog)
         self._structure = StructureTracker(self.catalog)
         self._seen_steps: set[int] = set()
@@ -129,7 +129,8 @@ class Recorder(GradientRecording):
         self._hooks: list[Any] = []
         self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder)
         self._grad_batch = GradientBatch(self._flush_gradients)
-        self._series_of_parameters: dict[tuple[str, int], list[int]] = {}
+        self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
+        self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
         self._reset_step_state()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -138,9 +139,10 @@ class Recorder(GradientRecording):
         for handle in self._hooks:  # a hook on a leaf (parameter, input) would otherwise stay for good
             handle.remove()
         self._hooks = []
-        if len(self._values) or len(self._grads):  # rows left by a step whose recording failed midway
+        if len(self._values) or len(self._grads) or len(self._updates):  # left by a step that failed midway
             self._values = Reducer(self._saturation_margin)
             self._grads = Reducer(self._saturation_margin)
+            self._updates = Reducer(self._saturation_margin)
         self._structure.clear()
         self._step_open = False
         self._step = -1
@@ -159,6 +161,7 @@ class Recorder(GradientRecording):
         self._sample_positions: np.ndarray | None = None
         self._sample_categories: np.ndarray | None = None
         self._value_keys: list[tuple[int, int, int]] = []  # (series, iteration, row in the reducer)
+        self._value_blocks: list[tuple[np.ndarray, list[int]]] = []  # (series, rows in the reducer), iteration 0
         self._grad_keys: list[tuple[int, int, int]] = []  # (tensor, iteration, row in the reducer)
         self._grad_snaps: list[tuple[int, int, Any]] = []
         self._parameter_grads: dict[int, int] = {}  # tensor id -> row in the reducer (gradients_in_hook)
@@ -379,11 +382,13 @@ class Recorder(GradientRecording):
         """
         if not self.enabled:
             return tensor
-        self._check_step_open(f"register_tensor({name!r})")
+        if not self._step_open:
+            self._check_step_open(f"register_tensor({name!r})")
         if not isinstance(tensor, torch.Tensor):
             raise InvalidTensorError(f"register_tensor({name!r}, ...) needs a torch.Tensor, got "
                                      f"{type(tensor).__name__}; convert it with torch.as_tensor(...) first")
-        _check_name(name)
+        if not isinstance(name, str) or not name:
+            _check_name(name)
         if name in self._names:
             raise DuplicateTensorError(
                 f"tensor {name!r} was already registered in iteration {self._iteration} of step {self._step}; "
@@ -395,16 +400,17 @@ class Recorder(GradientRecording):
             return tensor
         self._names.add(name)
         try:
-            self._guard(f"recording tensor {name!r}", partial(self._record_tensor, name, tensor, role, node,
-                                                               batched, bounds, module), key=name)
+            self._record_tensor(name, tensor, role, node, batched, bounds, module)
         except ComgraError:
             self._names.discard(name)
             raise
+        except Exception as error:  # a recorder problem must not break the training run
+            self._warn(f"recording tensor {name!r}", error, name)
         return tensor
 
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
                        bounds: Any, module: str = "") -> None:
-        if tensor.is_sparse or tensor.layout != torch.strided:
+        if tensor.layout != torch.strided:
             tensor = tensor.to_dense()
         if batched is None:
             batched = (role != "parameter" and tensor.dim() >= 1
@@ -413,9 +419,13 @@ class Recorder(GradientRecording):
             self._batch_size = int(tensor.shape[0])
         if isinstance(bounds, str):
             bounds = saturation_bounds(tensor)
-        tid = self._tensor_id(name, tensor, role, node or name, bool(batched), bounds, module)
+        node = node or name
+        known = self._known_tensors.get(name)
+        if known is None or known[0] != role or known[1] != node:
+            tid = self._tensor_id(name, tensor, role, node, bool(batched), bounds, module)
+            known = self._known_tensors[name] = (role, node, tid, self.catalog.series_id(tid, schema.KIND_VALUE))
+        tid, sid = known[2], known[3]
         iteration = self._iteration
-        sid = self.catalog.series_id(tid, schema.KIND_VALUE)
         if self._summarize:
             self._value_keys.append((sid, iteration, self._values.add(tensor, batched=bool(batched), bounds=bounds)))
         if self._snapshot:
@@ -425,8 +435,10 @@ class Recorder(GradientRecording):
                 self._snaps.append((sid, iteration, self._take(tensor, bool(batched), bounds)))
         self._structure.add(name, iteration, tensor)
         if tensor.requires_grad:
-            self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
-                                                           not _compiled_region(tensor))))
+            handle = on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
+                                                 not _compiled_region(tensor)))
+            if tensor.grad_fn is None:  # a leaf keeps its hooks for good; a graph node goes with its graph
+                self._hooks.append(handle)
 
     def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
                        target_iteration: int | None = None, discovered: bool = False) -> None:
@@ -497,20 +509,21 @@ class Recorder(GradientRecording):
                 indices = tracker.capture(self._values)
             else:
                 indices = self._values.add_many([value for _, value in tracker.values()])
-            self._value_keys.extend(zip(series, repeat(0), indices))
+            self._value_blocks.append((series, indices))
         elif self.record_updates:
             tracker.capture()
         if self._snapshot:
-            for sid, (_, value) in zip(series, tracker.values()):
+            for sid, (_, value) in zip(series.tolist(), tracker.values()):
                 self._snaps.append((sid, 0, self._take(value, False)))
 
-    def _parameter_series(self, kind: str) -> list[int]:
+    def _parameter_series(self, kind: str) -> np.ndarray:
         """Series ids of every tracked parameter's ``kind``, in ``ParameterTracker.tensor_ids()`` order."""
         tids = self._parameters.tensor_ids()
         key = (kind, len(tids))
         cached = self._series_of_parameters.get(key)
         if cached is None:
-            cached = self._series_of_parameters[key] = [self.catalog.series_id(tid, kind) for tid in tids]
+            cached = self._series_of_parameters[key] = np.array([self.catalog.series_id(tid, kind) for tid in tids],
+                                                                dtype=np.int64)
         return cached
 
     def _finish_parameters(self) -> None:
@@ -518,10 +531,9 @@ class Recorder(GradientRecording):
             return
         series = self._parameter_series(schema.KIND_UPDATE)
         if self._summarize:
-            reducer = Reducer(self._saturation_margin)
-            indices = self._parameters.summarize_updates(reducer)
-            rows = reducer.collect()
-            self._rows.append(SummaryRows(np.asarray(series, np.int64), np.zeros(len(series), np.int64), rows[indices]))
+            indices = self._parameters.summarize_updates(self._updates)
+            rows = self._updates.collect()
+            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
         if self._snapshot:
             for tid, delta in self._parameters.updates():
                 self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0, self._take(delta, False)))

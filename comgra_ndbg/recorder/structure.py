@@ -59,11 +59,8 @@ class StructureTracker:
             return
         registered, manual, found = self._registered, self._manual, self._found
         self._discovered = (len(registered), len(manual) + len(found))
-        signature = structure_signature(registered, parameters) + repr(sorted(manual))
-        if found:
-            signature += "\x1d" + repr(sorted(set(found)))
-        if not self.autograd:
-            signature += "\x1e"
+        signature = (structure_signature(registered, parameters), tuple(sorted(manual)), tuple(sorted(set(found))),
+                     self.autograd)
         cached = self.cache.get_or_build(signature, step_type,
                                          lambda: self._build(registered, parameters, manual, found))
         if cached.new_structure:
