@@ -10,7 +10,6 @@ those entering a ``torch.compile`` region, whose backward may reuse the buffer: 
 from __future__ import annotations
 
 from functools import partial
-from itertools import repeat
 
 import numpy as np
 import torch
@@ -131,9 +130,9 @@ class GradientRecording:
         self._grad_snaps.extend((tid, 0, data) for tid, data in self._parameter_grad_snaps.items())
         self._parameter_grads, self._parameter_grad_snaps = {}, {}
         gradients = self._parameters.take_gradients()
+        parameter_rows: list[int] = []
         if self._summarize:
-            indices = self._grads.add_many([grad for _, grad in gradients])
-            self._grad_keys.extend(zip([tid for tid, _ in gradients], repeat(0), indices))
+            parameter_rows = self._grads.add_many([grad for _, grad in gradients])
         if self._snapshot:
             self._grad_snaps.extend((tid, 0, self._take(grad, False)) for tid, grad in gradients)
         rows = self._grads.collect()
@@ -141,6 +140,12 @@ class GradientRecording:
             keys = np.array(self._grad_keys, dtype=np.int64)
             series = np.array([self.catalog.series_id(tid, kind) for tid in keys[:, 0].tolist()], dtype=np.int64)
             self._rows.append(SummaryRows(series, keys[:, 1], rows[keys[:, 2]]))
+        if parameter_rows:
+            if len(gradients) == len(self._parameters.tracked):  # every parameter got one: the cached series
+                series = self._parameter_series(kind)
+            else:
+                series = np.array([self.catalog.series_id(tid, kind) for tid, _ in gradients], dtype=np.int64)
+            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[parameter_rows]))
         if not self._deferring:
             for tid, iteration, data in self._grad_snaps:
                 self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))

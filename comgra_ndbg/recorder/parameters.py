@@ -166,8 +166,9 @@ class ParameterTracker:
         """(tensor id, ``.grad``) of parameters whose gradient was accumulated since the last call."""
         out = []
         for t in self.tracked:
-            if t.fresh and t.parameter.grad is not None:
-                out.append((t.tensor_id, t.parameter.grad.detach()))
+            grad = t.parameter.grad if t.fresh else None
+            if grad is not None:
+                out.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))
             t.fresh = False
         return out
 
@@ -210,7 +211,7 @@ class _HostLayout:
 def _layout_key(params: list[torch.nn.Parameter]) -> list[tuple]:
     """What must stay the same for a cached layout (and the copies) to remain valid: a parameter whose
     ``.data`` was replaced, moved, cast, reshaped or made non-contiguous changes it."""
-    return [(p.data_ptr(), p.shape, p.dtype, p.device, p.is_contiguous(), p.is_neg()) for p in params]
+    return [(p.data_ptr(), p.shape, p.stride(), p.dtype, p.is_cpu, p.is_neg()) for p in params]
 
 
 def _on_host(tensors: list[torch.Tensor]) -> bool:

@@ -637,7 +637,7 @@ class Recorder(GradientRecording):
         values = {}
         for kpi, value in self._kpis:
             if isinstance(value, torch.Tensor):
-                number = float(value.double()) if value.is_cpu else next(host)
+                number = float(value.item()) if value.is_cpu else next(host)
             else:
                 number = float(value)
             self._writer.add_kpi(self._step, kpi, number, type_id)

@@ -70,9 +70,8 @@ class StepRecord:
             writer.add_step(self.step, self.step_type, self.iterations, flags, reason or self.reason, when=self.time)
         rows = self.rows
         if summaries and len(rows):
-            first, last = int(rows.iterations.min()), int(rows.iterations.max())
-            if first == last:
-                writer.add_summaries(self.step, first, rows.series, rows.data)
+            if not rows.iterations.any():  # the common case: one iteration
+                writer.add_summaries(self.step, 0, rows.series, rows.data)
             else:
                 for iteration in np.unique(rows.iterations).tolist():
                     mask = rows.iterations == iteration
