@@ -46,7 +46,7 @@ class GradientBatch:
 
     def add(self, key: Hashable, grad: torch.Tensor, batched: bool) -> None:
         """Keep ``grad`` under ``key`` until the backward pass ends."""
-        self._pending.append(_Pending(key, grad.detach(), batched, grad._version))
+        self._pending.append(_Pending(key, grad.detach() if grad.requires_grad else grad, batched, grad._version))
         if self._queued:
             return
         try:

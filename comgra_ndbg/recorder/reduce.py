@@ -50,7 +50,17 @@ def saturation_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
     True
     """
     fn = tensor.grad_fn
-    return None if fn is None else _KNOWN_BOUNDS.get(type(fn).__name__)
+    if fn is None:
+        return None
+    kind = type(fn)
+    bounds = _BOUNDS_BY_TYPE.get(kind, _UNKNOWN)
+    if bounds is _UNKNOWN:
+        bounds = _BOUNDS_BY_TYPE[kind] = _KNOWN_BOUNDS.get(kind.__name__)
+    return bounds
+
+
+_BOUNDS_BY_TYPE: dict[type, tuple[float, float] | None] = {}
+_UNKNOWN = object()
 
 
 @dataclass
@@ -93,6 +103,17 @@ class Reducer:
         index in the next ``collect()``. ``copy_to`` (same shape, dtype and device) receives a copy of
         ``tensor`` in the same pass."""
         row_index = self._claim(1)
+        if (start is None and copy_to is None and kernels.AVAILABLE and tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu
+                and tensor.is_contiguous() and not tensor.is_neg()):  # the common case, kept lean
+            count = tensor.numel()
+            if count:
+                row = self._buffer[row_index]
+                row[_COUNT] = count
+                batch = tensor.shape[0] if batched and tensor.dim() else 0
+                if _kernel_summary(tensor.detach().numpy(), row, batch, bounds, self.saturation_margin):
+                    row[_MOMENT_COLUMNS] = np.nan
+                    _exact_moments(tensor.detach(), row)
+                return row_index
         self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
         return row_index
 
@@ -100,15 +121,6 @@ class Reducer:
                 bounds: tuple[float, float] | None = None, start: torch.Tensor | None = None,
                 copy_to: torch.Tensor | None = None) -> None:
         row = self._buffer[row_index]
-        if (start is None and copy_to is None and kernels.AVAILABLE and tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu
-                and tensor.is_contiguous() and tensor.numel() and not tensor.is_neg()):  # the common case, lean
-            a = tensor.detach().numpy()
-            row[_COUNT] = a.size
-            batch = a.shape[0] if batched and a.ndim and a.shape[0] else 0
-            if _kernel_summary(a, row, batch, bounds, self.saturation_margin):
-                row[_MOMENT_COLUMNS] = np.nan
-                _exact_moments(tensor.detach(), row)
-            return
         x = tensor.detach()
         numel = x.numel()
         row[FIELD["count"]] = numel

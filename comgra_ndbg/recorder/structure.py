@@ -28,25 +28,21 @@ class StructureTracker:
         self._registered: list[tuple[str, int, torch.Tensor]] = []
         self._manual: list[TensorEdge] = []
         self._found: list[TensorEdge] = []  # edges autograd showed elsewhere (an eager pass of a compiled model)
-        self._discovered = (0, 0)  # (registrations, manual edges) covered by the last discovery
+        self.pending = False  # something was registered or declared since the last discovery (it would do work)
         self.autograd = True  # False: this step's edges are all declared (an eager pass of a compiled model)
 
     def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
         self._registered.append((name, iteration, tensor))
+        self.pending = True
 
     def add_edge(self, edge: TensorEdge, *, discovered: bool = False) -> None:
         (self._found if discovered else self._manual).append(edge)
+        self.pending = bool(self._registered)
 
     def clear(self) -> None:
         self._registered, self._manual, self._found = [], [], []
-        self._discovered = (0, 0)
+        self.pending = False
         self.autograd = True
-
-    @property
-    def pending(self) -> bool:
-        """Whether something was registered since the last discovery (``discover`` would do work)."""
-        return bool(self._registered) and self._discovered != (len(self._registered),
-                                                               len(self._manual) + len(self._found))
 
     def discover(self, step_type: str, parameters: Mapping[str, torch.Tensor]) -> None:
         """Find this step's graph (from the cache when its signature was seen).
@@ -58,7 +54,7 @@ class StructureTracker:
         if not self.pending:
             return
         registered, manual, found = self._registered, self._manual, self._found
-        self._discovered = (len(registered), len(manual) + len(found))
+        self.pending = False
         signature = (structure_signature(registered, parameters), tuple(sorted(manual)), tuple(sorted(set(found))),
                      self.autograd)
         cached = self.cache.get_or_build(signature, step_type,
