@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from comgra_ndbg import Recorder, open_recording
-from comgra_ndbg.recorder.snapshot import evenly_spaced, take_snapshot
+from comgra_ndbg.recorder.snapshot import evenly_spaced, take_snapshot, take_update_snapshot
 from comgra_ndbg.statistics import derive
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
@@ -234,3 +234,31 @@ def test_a_lazily_negated_view_is_snapshotted_with_its_sign() -> None:
     data = take_snapshot(negated, batched=True, num_samples=2, max_elements=100)
     assert data.values.tolist() == [-0.0, -1.0, -2.0, -3.0, -4.0, -5.0]
     assert data.sample_stats[:, FIELD["sum"]].tolist() == [-3.0, -12.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5,), (64, 48), (3, 4, 5)])
+def test_update_snapshot_equals_the_snapshot_of_the_materialised_difference(dtype: torch.dtype,
+                                                                            shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(3)
+    start = torch.randn(shape, generator=gen).to(dtype)
+    value = (start.float() + 0.01 * torch.randn(shape, generator=gen)).to(dtype)
+    value[(0,) * len(shape)] = float("nan")
+    for max_elements in (7, 100_000):
+        got = take_update_snapshot(value, start, max_elements=max_elements)
+        want = take_snapshot(value - start, batched=False, num_samples=4, max_elements=max_elements)
+        assert got.shape == want.shape and got.sample_stats.shape == want.sample_stats.shape == (0, NUM_FIELDS)
+        assert got.values.dtype == np.float32
+        np.testing.assert_array_equal(got.values, want.values)  # NaN where NaN (its payload may differ)
+        if want.value_index is None:
+            assert got.value_index is None
+        else:
+            np.testing.assert_array_equal(got.value_index, want.value_index)
+
+
+def test_update_snapshot_of_a_transposed_parameter_follows_its_logical_order() -> None:
+    start = torch.arange(12.0).view(3, 4).t()
+    value = start * 3
+    got = take_update_snapshot(value, start, max_elements=5)
+    want = take_snapshot(value - start, batched=False, num_samples=4, max_elements=5)
+    np.testing.assert_array_equal(got.values, want.values)

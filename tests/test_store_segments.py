@@ -196,21 +196,24 @@ def test_write_segment_overwrites_a_stale_temporary_file(tmp_path):
         assert f[schema.STEPS_STEP][()].tolist() == [0, 1]
 
 
-def test_summary_data_is_chunked_per_series_and_compressed_losslessly(tmp_path):
+def test_summary_data_and_large_pools_are_compressed_losslessly_element_values_stored_raw(tmp_path):
     content = _steps_content(_catalog(3), list(range(5000)))
     content.summary_data[2, F["sum"], 17] = np.nan
     content.summary_data[2, F["sum"], 18] = -np.inf
     content.values = np.linspace(-1, 1, 70000, dtype=np.float32)
     content.values[[5, 6, 7]] = np.nan, np.inf, -np.inf
+    content.value_index = np.arange(0, 140000, 2, dtype=np.int64)
     path = tmp_path / segment_name(1, 0)
     write_segment(path, content, _attrs(1, [1], 0))
     with h5py.File(path, "r") as f:
-        data, values = f[schema.SUMMARY_DATA], f[schema.VALUE_POOL]
+        data, values, index = f[schema.SUMMARY_DATA], f[schema.VALUE_POOL], f[schema.VALUE_INDEX_POOL]
         assert data.chunks == (1, schema.NUM_FIELDS, schema.SUMMARY_CHUNK_ROWS)
         assert (data.compression, data.compression_opts, data.shuffle) == ("gzip", 1, True)
-        assert (values.compression, values.shuffle) == ("gzip", True)
+        assert (index.compression, index.shuffle) == ("gzip", True)
+        assert values.compression is None
         np.testing.assert_array_equal(data[()].view(np.uint64), content.summary_data.view(np.uint64))
         np.testing.assert_array_equal(values[()].view(np.uint32), content.values.view(np.uint32))
+        np.testing.assert_array_equal(index[()], content.value_index)
 
 
 # ---- concat -----------------------------------------------------------------------------------------------

@@ -144,16 +144,12 @@ class ParameterTracker:
                                               starts=self._buffers))
         return reducer.add_many(params, starts=self._buffers)
 
-    def updates(self) -> list[tuple[int, torch.Tensor]]:
-        """(tensor id, ΔW) since ``capture()``, as tensors; empty when nothing was captured."""
+    def update_pairs(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(tensor id, parameter now, its copy from ``capture()``) of every parameter, for snapshots of ΔW
+        that need only a few of its elements; empty when nothing was captured."""
         if not self.captured:
             return []
-        params = [t.parameter.detach() for t in self.tracked]
-        if _on_host(params):
-            deltas = [torch.from_numpy(np.subtract(p.numpy(), b.numpy())) for p, b in zip(params, self._buffers)]
-        else:
-            deltas = torch._foreach_sub(params, self._buffers)
-        return [(t.tensor_id, d) for t, d in zip(self.tracked, deltas)]
+        return [(t.tensor_id, t.parameter.detach(), b) for t, b in zip(self.tracked, self._buffers)]
 
     def release(self) -> None:
         """End the capture: the next updates need a new ``capture()``."""

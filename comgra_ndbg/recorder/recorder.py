@@ -35,7 +35,7 @@ from comgra_ndbg.recorder.gradients import GradientRecording
 from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
-from comgra_ndbg.recorder.snapshot import DeferredSnapshot, balanced_samples, take_snapshot
+from comgra_ndbg.recorder.snapshot import DeferredSnapshot, balanced_samples, take_snapshot, take_update_snapshot
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.store import schema
@@ -535,8 +535,9 @@ class Recorder(GradientRecording):
             rows = self._updates.collect()
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
         if self._snapshot:
-            for tid, delta in self._parameters.updates():
-                self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0, self._take(delta, False)))
+            for tid, value, start in self._parameters.update_pairs():
+                self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
+                                    take_update_snapshot(value, start, max_elements=self.max_elements)))
         self._parameters.release()
 
     # ---- KPIs and notes ----------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from comgra_ndbg.recorder import kernels
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 from comgra_ndbg.store.segment import SnapshotData
 
-__all__ = ["DeferredSnapshot", "SnapshotData", "take_snapshot", "evenly_spaced", "balanced_samples"]
+__all__ = ["DeferredSnapshot", "SnapshotData", "take_snapshot", "take_update_snapshot", "evenly_spaced",
+           "balanced_samples"]
 
 
 @dataclass
@@ -115,24 +116,62 @@ def take_snapshot(
         stats = _per_sample_stats(per_sample, bounds, saturation_margin)
         units = per_sample.shape[1]
         keep_units = evenly_spaced(units, max(1, max_elements // max(n, 1)))
-        if len(keep_units) == units:
-            values, index = per_sample.reshape(-1), None
-        else:
-            cols = torch.from_numpy(keep_units.copy()).to(x.device)
-            values = per_sample.index_select(1, cols).reshape(-1)
-            index = (np.arange(n, dtype=np.int64)[:, None] * units + keep_units[None, :]).reshape(-1)
+        every = len(keep_units) == units
+        index = None if every else (np.arange(n, dtype=np.int64)[:, None] * units + keep_units[None, :]).reshape(-1)
+        values = _values(per_sample, None if every else keep_units, 1)
         sample_index = positions
     else:
         stats = np.zeros((0, NUM_FIELDS))
         sample_index = np.zeros(0, dtype=np.int64)
         flat = x.reshape(-1)
         keep = evenly_spaced(flat.numel(), max_elements)
-        if len(keep) == flat.numel():
-            values, index = flat, None
-        else:
-            values, index = flat.index_select(0, torch.from_numpy(keep.copy()).to(x.device)), keep
-    host_values = values.to(torch.float32).cpu().numpy().copy()
-    return SnapshotData(shape, sample_index, stats, host_values, index)
+        index = None if len(keep) == flat.numel() else keep
+        values = _values(flat, index, 0)
+    return SnapshotData(shape, sample_index, stats, values, index)
+
+
+def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elements: int) -> SnapshotData:
+    """The snapshot of the batch-less difference ``value - start`` (a parameter update), computed only at the
+    at most ``max_elements`` evenly spaced elements it keeps; the same as ``take_snapshot(value - start)``.
+
+    >>> s = take_update_snapshot(torch.arange(6.0), torch.ones(6), max_elements=3)
+    >>> s.values.tolist(), s.value_index.tolist()
+    ([-1.0, 1.0, 4.0], [0, 2, 5])
+    """
+    value, start = value.detach().resolve_neg(), start.detach().resolve_neg()
+    numel = value.numel()
+    keep = evenly_spaced(numel, max_elements)
+    index = None if len(keep) == numel else keep
+    flat_value, flat_start = value.reshape(-1), start.reshape(-1)
+    if value.dtype == start.dtype and value.dtype in _HOST_VIEWABLE and value.is_cpu and start.is_cpu:
+        a, b = flat_value.numpy(), flat_start.numpy()
+        if index is not None:
+            a, b = a[index], b[index]
+        values = np.subtract(a, b).astype(np.float32, copy=False)
+    else:
+        if index is not None:
+            positions = torch.from_numpy(index.copy()).to(value.device)
+            flat_value, flat_start = flat_value.index_select(0, positions), flat_start.index_select(0, positions)
+        values = (flat_value - flat_start).to(torch.float32).cpu().numpy()
+    return SnapshotData(tuple(int(d) for d in value.shape), np.zeros(0, dtype=np.int64), np.zeros((0, NUM_FIELDS)),
+                        values, index)
+
+
+_HOST_VIEWABLE = (torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
+                  torch.int64, torch.bool)
+
+
+def _values(x: torch.Tensor, keep: np.ndarray | None, axis: int) -> np.ndarray:
+    """The elements of ``x`` at positions ``keep`` along ``axis`` (all when None), flattened, as a new float32
+    host array: with numpy on a host tensor (no per-op dispatch), else with torch on its device."""
+    if x.is_cpu and x.dtype in _HOST_VIEWABLE:
+        a = x.numpy()
+        if keep is None:
+            return np.array(a.reshape(-1), dtype=np.float32)
+        return np.take(a, keep, axis=axis).reshape(-1).astype(np.float32, copy=False)
+    if keep is not None:
+        x = x.index_select(axis, torch.from_numpy(keep.copy()).to(x.device))
+    return x.reshape(-1).to(torch.float32).cpu().numpy().copy()
 
 
 def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float) -> np.ndarray:

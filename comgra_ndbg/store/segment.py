@@ -145,7 +145,7 @@ def _write_array(f: h5py.File, path: str, data: np.ndarray, *, text: bool) -> No
     if path == schema.SUMMARY_DATA and data.size:
         kwargs = dict(chunks=(1, data.shape[1], min(data.shape[2], schema.SUMMARY_CHUNK_ROWS)),
                       compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL, shuffle=True)
-    elif data.size > 65536:
+    elif data.size > 65536 and path != schema.VALUE_POOL:  # element values barely compress: stored raw
         kwargs = dict(chunks=True, compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL,
                       shuffle=True)
     f.create_dataset(path, data=data, **kwargs)
