@@ -644,6 +644,32 @@ def test_values_and_updates_follow_parameters_whose_storage_is_replaced(tmp_path
         assert recording.summary("layer.weight", "update", "mean")[1].tolist() == [0.0, 1.0, 0.0, 4.0]
 
 
+def test_parameter_values_gradients_and_updates_on_both_host_paths(tmp_path: Path, host_path: str) -> None:
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected: dict[tuple[str, str], list[float]] = {}
+    with Recorder(tmp_path, trial=host_path) as rec:
+        rec.track_module("m", model)
+        for step in range(3):
+            with rec.step(step):
+                start = {name: p.detach().clone() for name, p in model.named_parameters()}
+                loss = model(torch.randn(4, 6)).pow(2).mean()
+                rec.register_tensor("loss", loss, role="loss")
+                opt.zero_grad()
+                loss.backward()
+                rec.record_gradients()
+                opt.step()
+                for name, p in model.named_parameters():
+                    for kind, tensor in (("value", start[name]), ("grad", p.grad), ("update", p.detach() - start[name])):
+                        expected.setdefault((f"m.{name}", kind), []).append(tensor.double().abs().max().item())
+    with open_recording(tmp_path, host_path) as recording:
+        for (name, kind), values in expected.items():
+            steps, got = recording.summary(name, kind, "abs_max")
+            assert steps.tolist() == [0, 1, 2], (name, kind)
+            np.testing.assert_allclose(got, values, rtol=1e-6, err_msg=f"{name} {kind}")
+
+
 def test_gradients_are_collected_at_finish_step_without_record_gradients(tmp_path: Path) -> None:
     torch.manual_seed(7)
     layer = nn.Linear(3, 2)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from comgra_ndbg.recorder import kernels
 from comgra_ndbg.recorder.reduce import Reducer
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 
@@ -114,7 +115,7 @@ class ParameterTracker:
             self._layout_key, self._layout = key, _HostLayout.of(params, self._buffers)
         self._captured = True
         if reducer is not None:
-            layout = self._layout
+            layout = self._layout if kernels.AVAILABLE else None
             if layout is not None:
                 return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
                                                   copies=layout.copies))
@@ -138,7 +139,7 @@ class ParameterTracker:
         if not self.captured:
             return []
         params = [t.parameter for t in self.tracked]
-        layout = self._layout
+        layout = self._layout if kernels.AVAILABLE else None
         if layout is not None and _layout_key(params) == self._layout_key:  # no parameter moved during the step
             return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
                                               starts=self._buffers))
