@@ -670,6 +670,22 @@ def test_parameter_values_gradients_and_updates_on_both_host_paths(tmp_path: Pat
             np.testing.assert_allclose(got, values, rtol=1e-6, err_msg=f"{name} {kind}")
 
 
+def test_a_graph_node_kept_across_steps_does_not_collect_hooks(tmp_path: Path) -> None:
+    weight = nn.Parameter(torch.randn(3, 3))
+    shared = torch.tanh(weight * 2)  # computed once, registered and backpropagated through every step
+    with Recorder(tmp_path, trial="t") as rec:
+        calls = []
+        on_grad = rec._on_grad
+        rec._on_grad = lambda *args: (calls.append(args[0]), on_grad(*args))[1]
+        for step in range(5):
+            with rec.step(step):
+                rec.register_tensor("shared", shared)
+                (shared * (step + 1)).sum().backward(retain_graph=True)
+    assert len(calls) == 5  # one hook per step, not one more for every earlier step
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.summary("shared", "grad", "mean")[1].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 def test_gradients_are_collected_at_finish_step_without_record_gradients(tmp_path: Path) -> None:
     torch.manual_seed(7)
     layer = nn.Linear(3, 2)

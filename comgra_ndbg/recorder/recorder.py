@@ -136,7 +136,7 @@ class Recorder(GradientRecording):
     # ---- lifecycle -------------------------------------------------------------------------------------
     def _reset_step_state(self) -> None:
         self._grad_batch.clear()
-        for handle in self._hooks:  # a hook on a leaf (parameter, input) would otherwise stay for good
+        for handle in self._hooks:  # a leaf, or a graph node kept across steps, would otherwise keep it for good
             handle.remove()
         self._hooks = []
         if len(self._values) or len(self._grads) or len(self._updates):  # left by a step that failed midway
@@ -435,10 +435,8 @@ class Recorder(GradientRecording):
                 self._snaps.append((sid, iteration, self._take(tensor, bool(batched), bounds)))
         self._structure.add(name, iteration, tensor)
         if tensor.requires_grad:
-            handle = on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
-                                                 not _compiled_region(tensor)))
-            if tensor.grad_fn is None:  # a leaf keeps its hooks for good; a graph node goes with its graph
-                self._hooks.append(handle)
+            self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
+                                                           not _compiled_region(tensor))))
 
     def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
                        target_iteration: int | None = None, discovered: bool = False) -> None:
