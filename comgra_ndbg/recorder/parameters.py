@@ -142,7 +142,7 @@ class ParameterTracker:
         layout = self._layout if kernels.AVAILABLE else None
         if layout is not None and _layout_key(params) == self._layout_key:  # no parameter moved during the step
             return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
-                                              starts=self._buffers))
+                                              starts=self._buffers, start_addresses=layout.copies))
         return reducer.add_many(params, starts=self._buffers)
 
     def update_pairs(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:

@@ -103,17 +103,14 @@ class Reducer:
         index in the next ``collect()``. ``copy_to`` (same shape, dtype and device) receives a copy of
         ``tensor`` in the same pass."""
         row_index = self._claim(1)
-        if (start is None and copy_to is None and kernels.AVAILABLE and tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu
-                and tensor.is_contiguous() and not tensor.is_neg()):  # the common case, kept lean
-            count = tensor.numel()
-            if count:
-                row = self._buffer[row_index]
-                row[_COUNT] = count
-                batch = tensor.shape[0] if batched and tensor.dim() else 0
-                if _kernel_summary(tensor.detach().numpy(), row, batch, bounds, self.saturation_margin):
-                    row[_MOMENT_COLUMNS] = np.nan
-                    _exact_moments(tensor.detach(), row)
-                return row_index
+        if start is None and copy_to is None and kernels.AVAILABLE and _lean(tensor):  # the common case
+            row = self._buffer[row_index]
+            row[_COUNT] = tensor.numel()
+            batch = tensor.shape[0] if batched and tensor.dim() else 0
+            if _kernel_summary(tensor.detach().numpy(), row, batch, bounds, self.saturation_margin):
+                row[_MOMENT_COLUMNS] = np.nan
+                _exact_moments(tensor.detach(), row)
+            return row_index
         self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
         return row_index
 
@@ -160,7 +157,6 @@ class Reducer:
                 units = mask.view(x.shape[0], -1).all(0)
                 self._push(row_index, FIELD["saturated_units"], torch.count_nonzero(units))
         self._pending.append(_Pending(x, row_index, is_batched, bounds))
-        return
 
     def add_many(self, tensors: Sequence[torch.Tensor], *, batched: Sequence[bool] | None = None,
                  starts: Sequence[torch.Tensor] | None = None, copies: Sequence[torch.Tensor] | None = None
@@ -173,8 +169,7 @@ class Reducer:
         first = self._claim(count)
         fast = kernels.AVAILABLE
         if fast and starts is None and copies is None:
-            lean = [t.dtype in _NUMPY_DTYPE and t.is_cpu and t.is_contiguous() and t.numel() > 0 and not t.is_neg()
-                    for t in tensors]
+            lean = [_lean(t) for t in tensors]
         else:
             lean = [fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
                     for j, t in enumerate(tensors)]
@@ -182,49 +177,39 @@ class Reducer:
         for j, tensor in enumerate(tensors):
             if lean[j]:
                 groups.setdefault(tensor.dtype, []).append(j)
-        for j in range(count):
-            if not lean[j]:
-                self._add_at(first + j, tensors[j], batched=bool(batched and batched[j]),
+            else:
+                self._add_at(first + j, tensor, batched=bool(batched and batched[j]),
                              start=None if starts is None else starts[j], copy_to=None if copies is None else copies[j])
         for dtype, members in groups.items():
-            group = tensors if len(members) == count else [tensors[j] for j in members]
+            whole = len(members) == count  # every tensor is in this group: its rows are one slice of the buffer
+            group = tensors if whole else [tensors[j] for j in members]
             batches = None
             if batched is not None and any(batched[j] for j in members):
                 batches = np.array([t.shape[0] if batched[j] and t.dim() else 0 for j, t in zip(members, group)],
                                    dtype=np.int64)
-            rows = self.add_addressed(
-                _NUMPY_DTYPE[dtype], np.array([t.data_ptr() for t in group], dtype=np.int64),
-                np.array([t.numel() for t in group], dtype=np.int64), group,
-                starts=None if starts is None else [starts[j] for j in members],
-                copies=None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64),
-                batches=batches, first=first if len(members) == count else None)
-            if len(members) != count:
-                self._buffer[[first + j for j in members]] = self._buffer[rows]
-                self._size -= len(members)  # the rows were summarised at the end, then moved into place
+            group_starts = None if starts is None else [starts[j] for j in members]
+            rows = self._buffer[first:first + count] if whole else _identity_rows(len(members))
+            _summarize_addressed(
+                rows, _NUMPY_DTYPE[dtype], np.array([t.data_ptr() for t in group], dtype=np.int64),
+                np.array([t.numel() for t in group], dtype=np.int64), group, group_starts,
+                None if starts is None else np.array([t.data_ptr() for t in group_starts], dtype=np.int64),
+                None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64), batches)
+            if not whole:
+                self._buffer[[first + j for j in members]] = rows
         return list(range(first, first + count))
 
     def add_addressed(self, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, tensors: Sequence[torch.Tensor],
-                      *, starts: Sequence[torch.Tensor] | None = None, copies: np.ndarray | None = None,
-                      batches: np.ndarray | None = None, first: int | None = None) -> range:
-        """Summarise contiguous host arrays of ``dtype`` given by address and size in one kernel call (what
-        ``add_many`` does once it has checked its tensors; a caller that knows the addresses are still
-        valid, as ``ParameterTracker`` does for parameters that did not move, skips those checks).
-        ``tensors`` (and ``starts``) are the tensors behind the addresses, read again only for the exact
-        recompute; ``copies`` are addresses receiving a copy. Returns the row indices, rows claimed now
-        unless ``first`` names rows already claimed."""
-        count = len(sizes)
-        if first is None:
-            first = self._claim(count)
-        rows = self._buffer[first:first + count]
-        rows[:, _COUNT] = sizes
-        begins = None if starts is None else np.array([t.data_ptr() for t in starts], dtype=np.int64)
-        exact = kernels.moments_many(dtype, addresses, sizes, rows, starts=begins, copies=copies, batches=batches)
-        for position in np.flatnonzero(exact).tolist():
-            row = rows[position]
-            row[_MOMENT_COLUMNS] = np.nan
-            value = tensors[position].detach()
-            _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row)
-        return range(first, first + count)
+                      *, starts: Sequence[torch.Tensor] | None = None, start_addresses: np.ndarray | None = None,
+                      copies: np.ndarray | None = None) -> range:
+        """Summarise contiguous host arrays of ``dtype`` given by address and size in one kernel call, for a
+        caller that knows the addresses are valid (``ParameterTracker``, for parameters that did not move),
+        skipping ``add_many``'s checks. ``tensors`` (and ``starts``, at ``start_addresses``) are the tensors
+        behind the addresses, read again only for the exact recompute; ``copies`` are addresses receiving a
+        copy. Returns the row indices."""
+        first = self._claim(len(sizes))
+        _summarize_addressed(self._buffer[first:first + len(sizes)], dtype, addresses, sizes, tensors, starts,
+                             start_addresses, copies, None)
+        return range(first, first + len(sizes))
 
     def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:
         self._scalars.setdefault(scalar.dtype, []).append(scalar)
@@ -325,10 +310,32 @@ def _identity_rows(count: int) -> np.ndarray:
 _NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 
 
+def _summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray,
+                         tensors: Sequence[torch.Tensor], starts: Sequence[torch.Tensor] | None,
+                         start_addresses: np.ndarray | None, copies: np.ndarray | None,
+                         batches: np.ndarray | None) -> None:
+    """One kernel call over arrays given by address, into ``rows`` (identity rows, one per array); rows the
+    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``)."""
+    rows[:, _COUNT] = sizes
+    exact = kernels.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
+                                 batches=batches)
+    for position in np.flatnonzero(exact).tolist():
+        row = rows[position]
+        row[_MOMENT_COLUMNS] = np.nan
+        value = tensors[position].detach()
+        _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row)
+
+
+def _lean(tensor: torch.Tensor) -> bool:
+    """Whether the kernels can read ``tensor`` in place: a non-empty contiguous float32/float64 host tensor
+    (a lazily negated view holds the other sign in memory)."""
+    return (tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_neg()
+            and tensor.numel() > 0)
+
+
 def _batchable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
     """Whether ``add_many`` can hand ``tensor`` (and its start and copy) to the kernels by address."""
-    if (tensor.dtype not in _NUMPY_DTYPE or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel()
-            or tensor.is_neg()):  # a lazily negated view holds the other sign in memory
+    if not _lean(tensor):
         return False
     for other in (start, copy_to):
         if other is not None and not (other.dtype == tensor.dtype and other.is_cpu and other.is_contiguous()
