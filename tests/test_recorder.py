@@ -509,7 +509,7 @@ def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: p
 
     def on_step(step: int) -> None:
         if step == 20:
-            monkeypatch.setattr(rec._writer, "flush", disk_full)
+            monkeypatch.setattr(rec._writer, "_write_buffered", disk_full)  # every segment write fails
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

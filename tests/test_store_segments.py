@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import h5py
@@ -297,6 +298,7 @@ def test_writer_merges_every_fanout_segments_into_the_next_level(tmp_path):
         writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
         writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
         writer.flush(catalog)
+    writer.wait_for_merges()
     directory = tmp_path / "trial"
     assert sorted(os.listdir(directory)) == ["seg-00000009-L2.h5", "seg-00000010-L0.h5"]
     assert _names(list_live_segments(directory)) == ["seg-00000009-L2.h5", "seg-00000010-L0.h5"]
@@ -389,11 +391,89 @@ def test_a_reader_follows_segments_across_merges(tmp_path):
         writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
         writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
         writer.flush(catalog)
+        writer.wait_for_merges()
         assert rec.refresh() is True
         assert rec.steps.tolist() == list(range(step + 1))
     assert rec.refresh() is False
     assert rec.files != first_files and [p.name for p in rec.files] == ["seg-00000004-L2.h5"]
     rec.close()
+
+
+# ---- merges on the worker thread ---------------------------------------------------------------------------
+def _gated_writer(directory: Path, fanout: int, fail: bool = False) -> tuple[RecordingWriter, threading.Event, list]:
+    """A writer whose merges wait for the returned gate (and then fail, with ``fail``); the list collects the
+    threads they ran on."""
+    writer = RecordingWriter(directory, directory.name, fanout=fanout)
+    gate, threads = threading.Event(), []
+    merge = writer._merger._merge
+
+    def gated(inputs: list, level: int) -> tuple[int, Path]:
+        threads.append(threading.current_thread())
+        assert gate.wait(timeout=30), "the test never opened the gate"
+        if fail:
+            raise OSError(28, "No space left on device")
+        return merge(inputs, level)
+
+    writer._merger._merge = gated
+    return writer, gate, threads
+
+
+def _flush_steps(writer: RecordingWriter, catalog: Catalog, steps: range) -> None:
+    for step in steps:
+        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
+        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+        writer.flush(catalog)
+
+
+def test_a_merge_runs_on_a_worker_thread_while_flushes_and_readers_go_on(tmp_path):
+    catalog = _catalog(1)
+    writer, gate, threads = _gated_writer(tmp_path / "t", fanout=2)
+    _flush_steps(writer, catalog, range(5))  # the first merge is held at the gate: flushes do not wait for it
+    assert threads and all(t is not threading.main_thread() for t in threads)
+    assert sorted(os.listdir(tmp_path / "t")) == [f"seg-0000000{i}-L0.h5" for i in range(1, 6)]
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.steps.tolist() == [0, 1, 2, 3, 4]
+    gate.set()
+    writer.wait_for_merges()
+    assert sorted(os.listdir(tmp_path / "t")) == ["seg-00000004-L2.h5", "seg-00000005-L0.h5"]
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.summary("t0", stat="max")[1].tolist() == [0, 1, 2, 3, 4]
+    writer.close(catalog)
+    assert os.listdir(tmp_path / "t") == [schema.FINAL_NAME]
+
+
+def test_close_waits_for_a_running_merge_and_consolidates_everything(tmp_path):
+    catalog = _catalog(1)
+    writer, gate, _ = _gated_writer(tmp_path / "t", fanout=2)
+    _flush_steps(writer, catalog, range(3))
+    closing = threading.Thread(target=writer.close, args=(catalog,))
+    closing.start()
+    closing.join(timeout=0.3)
+    assert closing.is_alive()  # waiting for the merge at the gate
+    gate.set()
+    closing.join(timeout=30)
+    assert not closing.is_alive()
+    assert os.listdir(tmp_path / "t") == [schema.FINAL_NAME]
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.is_complete and rec.steps.tolist() == [0, 1, 2]
+
+
+def test_a_failed_background_merge_is_reported_once_and_close_merges_its_inputs(tmp_path):
+    catalog = _catalog(1)
+    writer, gate, threads = _gated_writer(tmp_path / "t", fanout=2, fail=True)
+    _flush_steps(writer, catalog, range(2))
+    gate.set()
+    writer.wait_for_merges()
+    with pytest.raises(RuntimeError, match="merging segment files in the background failed .*No space left"):
+        _flush_steps(writer, catalog, range(2, 3))
+    _flush_steps(writer, catalog, range(3, 6))  # reported once; no merge is tried again
+    writer.wait_for_merges()
+    assert len(threads) == 1
+    assert sorted(os.listdir(tmp_path / "t")) == [f"seg-0000000{i}-L0.h5" for i in range(1, 7)]
+    writer._merger._merge = writer._merge  # the disk has space again
+    writer.close(catalog)
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.is_complete and rec.steps.tolist() == list(range(6))
 
 
 # ---- the schema, read with raw h5py -----------------------------------------------------------------------

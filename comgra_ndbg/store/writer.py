@@ -1,8 +1,8 @@
 """The recording writer: buffers rows in numpy, flushes them as atomically renamed segment files.
 
 Flushes happen when the recorder asks (by time or step count), segments of one level are merged into one
-of the next level once ``fanout`` of them exist (so a long run keeps a logarithmic number of files), and
-``close`` merges everything into ``recording.h5``. A process killed at any moment leaves every flushed
+of the next level once ``fanout`` of them exist (so a long run keeps a logarithmic number of files; on
+a worker thread, see ``merger``), and ``close`` merges everything into ``recording.h5``. A process killed at any moment leaves every flushed
 step readable: files with final names are complete, and a merge only deletes what a complete, renamed
 merged file already covers.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import h5py
@@ -20,6 +19,7 @@ import numpy as np
 from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
+from comgra_ndbg.store.merger import BackgroundMerger
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, commit_file, concat, parse_segment_name,
                                        read_segment, segment_name, write_segment)
 
@@ -102,7 +102,7 @@ class RecordingWriter:
         self.config_json = json.dumps(config or {}, sort_keys=True, default=str)
         self._prepare(mode)
         self._sequence = 0
-        self._levels: dict[int, list[tuple[int, Path]]] = defaultdict(list)
+        self._merger = BackgroundMerger(self._merge, fanout)
         self._reset_buffers()
         self._failures = 0
         self.closed = False
@@ -154,7 +154,13 @@ class RecordingWriter:
 
     # ---- flushing --------------------------------------------------------------------------------------
     def flush(self, catalog: Catalog) -> Path | None:
-        """Write everything buffered as one new segment; returns its path (None when nothing was buffered)."""
+        """Write everything buffered as one new segment; returns its path (None when nothing was buffered).
+        Raises the error of a merge that failed in the background since the last call (after writing)."""
+        path = self._write_buffered(catalog)
+        self._merger.raise_error()
+        return path
+
+    def _write_buffered(self, catalog: Catalog) -> Path | None:
         content = self._build(catalog)
         if content.is_empty():
             self._reset_buffers()
@@ -172,17 +178,12 @@ class RecordingWriter:
         self._failures = 0
         self._reset_buffers()
         self._sequence += 1
-        self._levels[0].append((self._sequence, path))
-        self._compact()
+        self._merger.add(self._sequence, path)
         return path
 
-    def _compact(self) -> None:
-        level = 0
-        while len(self._levels[level]) >= self.fanout:
-            inputs = self._levels.pop(level)
-            merged = self._merge(inputs, level + 1)
-            self._levels[level + 1].append(merged)
-            level += 1
+    def wait_for_merges(self) -> None:
+        """Return once no segment merge runs in the background (they start when a level fills up)."""
+        self._merger.wait()
 
     def _merge(self, inputs: list[tuple[int, Path]], level: int, complete: bool = False) -> tuple[int, Path]:
         parts, covers = [], []
@@ -203,8 +204,10 @@ class RecordingWriter:
         """Flush, then merge every segment into ``recording.h5``; idempotent."""
         if self.closed:
             return self.directory / schema.FINAL_NAME
-        self.flush(catalog)
-        inputs = sorted((s, p) for items in self._levels.values() for s, p in items)
+        try:
+            self._write_buffered(catalog)
+        finally:
+            inputs = self._merger.drain()  # a failed background merge left its inputs: merged here
         self.closed = True
         if not inputs:
             # An empty recording still gets a file, so readers can tell "nothing recorded" from "no recording".
@@ -215,7 +218,6 @@ class RecordingWriter:
             self._promote(*inputs[0])
         else:
             self._merge(inputs, FINAL_LEVEL, complete=True)
-        self._levels.clear()
         return self.directory / schema.FINAL_NAME
 
     def _promote(self, sequence: int, path: Path) -> None:
