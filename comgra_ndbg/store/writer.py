@@ -1,10 +1,10 @@
 """The recording writer: buffers rows in numpy, flushes them as atomically renamed segment files.
 
 Flushes happen when the recorder asks (by time or step count), segments of one level are merged into one
-of the next level once ``fanout`` of them exist (so a long run keeps a logarithmic number of files; on
-a worker thread, see ``merger``), and ``close`` merges everything into ``recording.h5``. A process killed at any moment leaves every flushed
-step readable: files with final names are complete, and a merge only deletes what a complete, renamed
-merged file already covers.
+of the next level once ``fanout`` of them exist (so a long run keeps a logarithmic number of files; on a
+worker thread, see ``merger``), and ``close`` merges everything into ``recording.h5``. A process killed at
+any moment leaves every flushed step readable: files with final names are complete, and a merge only
+deletes what a complete, renamed merged file already covers.
 """
 from __future__ import annotations
 
