@@ -6,6 +6,7 @@ import warnings
 import weakref
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -362,6 +363,34 @@ def test_policy_shorthands_record_exactly_those_steps(tmp_path: Path) -> None:
         assert recording.summary("x")[1].tolist() == [0.0, 3.0]
         assert recording.snapshot_steps("x").tolist() == []
         assert recording.kpi("loss")[0].tolist() == list(range(6))  # KPIs are kept on skipped steps
+
+
+def test_sub_sampled_snapshots_store_each_element_index_once_per_recording(tmp_path: Path) -> None:
+    with Recorder(tmp_path, trial="t", summaries=None, snapshots=1, num_samples=2, max_elements=4,
+                  flush_every_steps=3) as rec:
+        train(rec, steps=9)
+    with open_recording(tmp_path, "t") as recording:
+        weight = [recording.snapshot(s, "model.0", "update", tensor="model.0.weight") for s in (1, 8)]
+        hidden = [recording.snapshot(s, "hidden", "grad") for s in (1, 8)]
+        for first, last in (weight, hidden):
+            assert first.value_index is not None and len(first.value_index) == 4
+            np.testing.assert_array_equal(first.value_index, last.value_index)
+            assert not np.array_equal(first.values, last.values)
+        np.testing.assert_array_equal(weight[0].value_index, [0, 32, 63, 95])  # evenly spaced over 16 x 6
+        np.testing.assert_array_equal(hidden[0].value_index, [0, 15, 16, 31])  # 2 units of 2 samples of 16
+    with h5py.File(tmp_path / "t" / schema.FINAL_NAME, "r") as f:
+        pool = f[schema.VALUE_INDEX_POOL][()]
+        subsampled = int(f[schema.SNAP_SUBSAMPLED][()].sum())
+    assert subsampled > 9 * 5  # every step snapshots parameters and activations alike
+    distinct = {tuple(pool[o:o + n]) for o, n in zip(*_index_slices(tmp_path / "t" / schema.FINAL_NAME))}
+    assert len(pool) == sum(len(d) for d in distinct)  # one copy of each distinct index in the whole file
+
+
+def _index_slices(path: Path) -> tuple[list[int], list[int]]:
+    with h5py.File(path, "r") as f:
+        offsets, counts = f[schema.SNAP_INDEX_OFFSET][()], f[schema.SNAP_VALUES_COUNT][()]
+    keep = offsets >= 0
+    return offsets[keep].tolist(), counts[keep].tolist()
 
 
 def test_snapshots_only_steps(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from comgra_ndbg import RecordingNotFoundError, __version__, open_recording
 from comgra_ndbg.store import reader, schema
+from comgra_ndbg.store import writer as writer_module
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, parse_segment_name, read_segment,
                                        segment_name, write_segment)
@@ -283,6 +284,73 @@ def test_concat_shifts_pool_offsets_and_keeps_minus_one_for_full_snapshots():
         if out.snap_index_offset[i] >= 0:
             x0 = out.snap_index_offset[i]
             np.testing.assert_array_equal(out.value_index[x0:x0 + vn], part.value_index)
+
+
+def test_concat_stores_an_index_that_several_segments_share_once():
+    a = _snapshot_part([1.0, 2.0, 3.0], 0, [0, 5, 9])
+    b = _snapshot_part([4.0, 5.0, 6.0], 0, [0, 5, 9])
+    c = _snapshot_part([7.0, 8.0], 0, [0, 5])  # a prefix of the others: a slice of its own all the same
+    out = concat([a, b, c])
+    np.testing.assert_array_equal(out.value_index, [0, 5, 9, 0, 5])
+    np.testing.assert_array_equal(out.snap_index_offset, [0, 0, 3])
+    for i, part in enumerate([a, b, c]):
+        x0, vn = out.snap_index_offset[i], out.snap_values_count[i]
+        np.testing.assert_array_equal(out.value_index[x0:x0 + vn], part.value_index)
+
+
+def test_the_writer_stores_each_distinct_value_index_once_and_reads_every_snapshot_back(tmp_path):
+    catalog = _catalog(2)
+    writer = RecordingWriter(tmp_path / "trial", "trial")
+    index = np.array([0, 4, 8, 11], np.int64)
+    for step in range(3):
+        writer.add_step(step, 0, 1, schema.FLAG_SNAPSHOT, "")
+        for series in (0, 1):
+            values = np.full(4, 10.0 * step + series, np.float32)
+            own = index if series == 0 else index.copy()  # equal content, another array
+            writer.add_snapshot(step, 0, series, SnapshotData((4, 3), np.zeros(0, np.int64),
+                                                              np.zeros((0, schema.NUM_FIELDS)), values, own))
+        writer.add_snapshot(step, 1, 1, SnapshotData((4, 3), np.zeros(0, np.int64), np.zeros((0, schema.NUM_FIELDS)),
+                                                     np.ones(2, np.float32), np.array([1, 2 + step])))
+        writer.flush(catalog)
+    writer.close(catalog)
+    with h5py.File(tmp_path / "trial" / schema.FINAL_NAME, "r") as f:
+        assert f[schema.VALUE_INDEX_POOL][()].tolist() == [0, 4, 8, 11, 1, 2, 1, 3, 1, 4]
+        assert len(f[schema.SNAP_STEP]) == 9
+    with open_recording(tmp_path / "trial") as rec:
+        for step in range(3):
+            snap = rec.snapshot(step, "t1", "value")
+            np.testing.assert_array_equal(snap.value_index, index)
+            np.testing.assert_array_equal(snap.values, np.full(4, 10.0 * step + 1, np.float32))
+
+
+@pytest.mark.parametrize("flushes", [0, 1])
+def test_close_writes_a_run_that_never_flushed_straight_into_the_final_file(tmp_path, monkeypatch, flushes):
+    written = []
+
+    def recording_write(path, content, attrs):
+        written.append(Path(path).name)
+        write_segment(path, content, attrs)
+
+    monkeypatch.setattr(writer_module, "write_segment", recording_write)
+    catalog = _catalog(1)
+    writer = RecordingWriter(tmp_path / "trial", "trial")
+    for step in range(4):
+        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
+        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+        if step == 1 and flushes:
+            writer.flush(catalog)
+    writer.close(catalog)
+    if flushes:  # the rest is flushed and both segments merged, as before
+        assert written == [segment_name(1, 0), segment_name(2, 0), schema.FINAL_NAME]
+    else:  # one write, no segment to copy or merge
+        assert written == [schema.FINAL_NAME]
+    assert os.listdir(tmp_path / "trial") == [schema.FINAL_NAME]
+    with h5py.File(tmp_path / "trial" / schema.FINAL_NAME, "r") as f:
+        assert f.attrs[schema.ATTR_COMPLETE] and f.attrs[schema.ATTR_LEVEL] == FINAL_LEVEL
+        assert f.attrs[schema.ATTR_COVERS].tolist() == ([1, 2] if flushes else [1])
+    with open_recording(tmp_path / "trial") as rec:
+        assert rec.summary("t0", "value", "max")[1].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert writer.close(catalog) == tmp_path / "trial" / schema.FINAL_NAME  # idempotent
 
 
 def test_concat_of_nothing_is_an_error():

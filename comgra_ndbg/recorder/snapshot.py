@@ -7,6 +7,7 @@ must not touch any random number generator of the training run.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,6 +57,17 @@ def _evenly_spaced(total: int, count: int) -> np.ndarray:
     spaced = np.round(np.linspace(0, total - 1, count)).astype(np.int64)
     # already sorted: drop repeats directly (np.unique sorts again and costs ~0.6 ms for 4096 indices)
     return spaced[np.concatenate(([True], spaced[1:] != spaced[:-1]))]
+
+
+@lru_cache(maxsize=1024)
+def _sample_positions(samples: int, units: int, count: int) -> np.ndarray:
+    """Flat positions ``row × units + unit`` of the same ``evenly_spaced(units, count)`` units in each of
+    ``samples`` rows (read-only and cached: one array per pattern, which the store keeps once however many snapshots
+    use it)."""
+    keep = evenly_spaced(units, count)
+    index = (np.arange(samples, dtype=np.int64)[:, None] * units + keep[None, :]).reshape(-1)
+    index.setflags(write=False)
+    return index
 
 
 def balanced_samples(categories: list, count: int) -> np.ndarray:
@@ -112,12 +124,13 @@ def take_snapshot(
             positions = np.asarray(sample_positions, dtype=np.int64)
             chosen = x.index_select(0, torch.as_tensor(positions, device=x.device))
         n = len(positions)
-        per_sample = chosen.reshape(n, int(np.prod(shape[1:], dtype=np.int64)))  # not -1: n may be 0
+        per_sample = chosen.reshape(n, math.prod(shape[1:]))  # not -1: n may be 0
         stats = _per_sample_stats(per_sample, bounds, saturation_margin)
         units = per_sample.shape[1]
-        keep_units = evenly_spaced(units, max(1, max_elements // max(n, 1)))
+        per_sample_count = max(1, max_elements // max(n, 1))
+        keep_units = evenly_spaced(units, per_sample_count)
         every = len(keep_units) == units
-        index = None if every else (np.arange(n, dtype=np.int64)[:, None] * units + keep_units[None, :]).reshape(-1)
+        index = None if every else _sample_positions(n, units, per_sample_count)
         values = _values(per_sample, None if every else keep_units, 1)
         sample_index = positions
     else:
@@ -181,17 +194,27 @@ def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margi
     if (kernels.AVAILABLE and x.dtype in (torch.float32, torch.float64) and x.is_cpu and x.shape[0]
             and x.shape[1]):
         a = x.numpy().astype(np.float64)  # a few samples: float64 sums are exact enough and cheap here
-        out = np.tile(identity_row(), (a.shape[0], 1))
+        out = np.empty((a.shape[0], NUM_FIELDS))
+        out[:] = _IDENTITY
         out[:, FIELD["count"]] = a.shape[1]
-        thresholds = None
-        if bounds is not None:
-            margin = margin_fraction * (bounds[1] - bounds[0])
-            thresholds = np.array([bounds[0] + margin, bounds[1] - margin], dtype=a.dtype)
+        thresholds = None if bounds is None else _float64_thresholds(bounds, margin_fraction)
         redo = np.flatnonzero(kernels.per_row(a, out, thresholds))
         if len(redo):
             out[redo] = _exact_per_sample_stats(x[torch.as_tensor(redo)], bounds, margin_fraction)
         return out
     return _exact_per_sample_stats(x, bounds, margin_fraction)
+
+
+_IDENTITY = identity_row()
+
+
+@lru_cache(maxsize=256)
+def _float64_thresholds(bounds: tuple[float, float], margin_fraction: float) -> np.ndarray:
+    """The saturation thresholds of ``bounds`` with the margin applied, as the kernel's float64 argument
+    (cached: one activation's bounds recur on every snapshot; left writable, since numba compiles a
+    separate kernel for read-only arrays)."""
+    margin = margin_fraction * (bounds[1] - bounds[0])
+    return np.array([bounds[0] + margin, bounds[1] - margin], dtype=np.float64)
 
 
 def _exact_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float

@@ -17,6 +17,7 @@ import numpy as np
 
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
+from comgra_ndbg.store.index_pool import merge_index_pools
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name", "parse_segment_name"]
 
@@ -181,7 +182,8 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
     """Concatenate segments in order; the last segment's catalog (the largest) is kept.
 
     Summary data of older segments has fewer series: missing series are filled with the merge identity.
-    Offsets into the sample and value pools are shifted so they stay valid in the concatenated pools.
+    Offsets into the sample and value pools are shifted so they stay valid in the concatenated pools; the
+    value-index pool keeps one copy of each distinct index (``index_pool``).
     """
     if not parts:
         raise ValueError("nothing to concatenate")
@@ -197,10 +199,13 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
             data = np.concatenate([data, pad], axis=0)
         blocks.append(data)
     out.summary_data = np.concatenate(blocks, axis=2)
-    pools = {"snap_samples_offset": "sample_index", "snap_values_offset": "values",
-             "snap_index_offset": "value_index"}
+    pools = {"snap_samples_offset": "sample_index", "snap_values_offset": "values"}
+    out.value_index, index_offsets = merge_index_pools([p.value_index for p in parts],
+                                                       [p.snap_index_offset for p in parts],
+                                                       [p.snap_values_count for p in parts])
+    out.snap_index_offset = np.concatenate(index_offsets)
     for name in _ARRAYS:
-        if name == "summary_data":
+        if name in ("summary_data", "value_index", "snap_index_offset"):
             continue
         if name in pools:
             shifted, base = [], 0

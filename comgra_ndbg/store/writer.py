@@ -20,6 +20,7 @@ from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.merger import BackgroundMerger
+from comgra_ndbg.store.index_pool import SharedPool
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, commit_file, concat, parse_segment_name,
                                        read_segment, segment_name, write_segment)
 
@@ -160,14 +161,18 @@ class RecordingWriter:
         self._merger.raise_error()
         return path
 
-    def _write_buffered(self, catalog: Catalog) -> Path | None:
+    def _write_buffered(self, catalog: Catalog, *, final: bool = False) -> Path | None:
+        """Write the buffered rows as the next level-0 segment, or with ``final`` (nothing else on disk) as the
+        consolidated file itself."""
         content = self._build(catalog)
         if content.is_empty():
             self._reset_buffers()
             return None
-        path = self.directory / segment_name(self._sequence + 1, 0)
+        sequence = self._sequence + 1
+        path = self.directory / (schema.FINAL_NAME if final else segment_name(sequence, 0))
         try:
-            write_segment(path, content, self._attrs(self._sequence + 1, (self._sequence + 1,), 0, complete=False))
+            write_segment(path, content, self._attrs(sequence, (sequence,), FINAL_LEVEL if final else 0,
+                                                     complete=final))
         except Exception:
             # Keep the rows for the next flush (a full disk may get space back), but not forever.
             self._failures += 1
@@ -177,8 +182,9 @@ class RecordingWriter:
             raise
         self._failures = 0
         self._reset_buffers()
-        self._sequence += 1
-        self._merger.add(self._sequence, path)
+        self._sequence = sequence
+        if not final:
+            self._merger.add(sequence, path)
         return path
 
     def wait_for_merges(self) -> None:
@@ -201,14 +207,21 @@ class RecordingWriter:
         return sequence, out
 
     def close(self, catalog: Catalog) -> Path | None:
-        """Flush, then merge every segment into ``recording.h5``; idempotent."""
+        """Flush, then merge every segment into ``recording.h5`` (or, when nothing was flushed yet, write the
+        buffered steps as ``recording.h5`` directly); idempotent."""
         if self.closed:
             return self.directory / schema.FINAL_NAME
+        direct = False
         try:
-            self._write_buffered(catalog)
+            # A run that never flushed writes its steps straight into the final file: one write, not a
+            # segment and a copy of it.
+            direct = not self._merger.drain()
+            written = self._write_buffered(catalog, final=direct)
         finally:
             inputs = self._merger.drain()  # a failed background merge left its inputs: merged here
         self.closed = True
+        if direct and written is not None:
+            return written
         if not inputs:
             # An empty recording still gets a file, so readers can tell "nothing recorded" from "no recording".
             self._sequence += 1
@@ -287,38 +300,34 @@ class RecordingWriter:
         return c
 
     def _build_snapshots(self, c: SegmentContent) -> None:
-        n = len(self._snapshots)
-        c.snap_step = np.array([s[0] for s in self._snapshots], np.int64)
-        c.snap_iteration = np.array([s[1] for s in self._snapshots], np.int32)
-        c.snap_series = np.array([s[2] for s in self._snapshots], np.int32)
-        c.snap_shape = np.full((n, schema.MAX_RANK), -1, np.int64)
-        c.snap_samples_offset = np.zeros(n, np.int64)
-        c.snap_samples_count = np.zeros(n, np.int32)
-        c.snap_values_offset = np.zeros(n, np.int64)
-        c.snap_values_count = np.zeros(n, np.int64)
-        c.snap_subsampled = np.zeros(n, np.bool_)
-        c.snap_index_offset = np.full(n, -1, np.int64)
-        samples_at = values_at = index_at = 0
-        sample_index, sample_stats, values, value_index, categories = [], [], [], [], []
-        for i, (_, _, _, data) in enumerate(self._snapshots):
-            shape = data.shape[: schema.MAX_RANK]
-            c.snap_shape[i, : len(shape)] = shape
-            c.snap_samples_offset[i], c.snap_samples_count[i] = samples_at, len(data.sample_index)
-            c.snap_values_offset[i], c.snap_values_count[i] = values_at, len(data.values)
-            sample_index.append(data.sample_index)
-            categories.append(data.sample_category if data.sample_category is not None
-                              else np.full(len(data.sample_index), "", dtype=object))
-            sample_stats.append(data.sample_stats)
-            values.append(data.values)
-            samples_at += len(data.sample_index)
-            values_at += len(data.values)
-            if data.value_index is not None:
-                c.snap_subsampled[i] = True
-                c.snap_index_offset[i] = index_at
-                value_index.append(data.value_index)
-                index_at += len(data.value_index)
-        c.sample_index = np.concatenate(sample_index).astype(np.int64)
-        c.sample_category = np.concatenate(categories).astype(object)
-        c.sample_stats = np.concatenate(sample_stats).reshape(-1, schema.NUM_FIELDS)
-        c.values = np.concatenate(values).astype(np.float32)
-        c.value_index = np.concatenate(value_index).astype(np.int64) if value_index else np.zeros(0, np.int64)
+        snapshots = self._snapshots
+        n = len(snapshots)
+        datas = [s[3] for s in snapshots]
+        c.snap_step = np.array([s[0] for s in snapshots], np.int64)
+        c.snap_iteration = np.array([s[1] for s in snapshots], np.int32)
+        c.snap_series = np.array([s[2] for s in snapshots], np.int32)
+        c.snap_shape = np.array([_padded_shape(d.shape) for d in datas], np.int64).reshape(n, schema.MAX_RANK)
+        sample_counts = np.fromiter((len(d.sample_index) for d in datas), np.int64, n)
+        value_counts = np.fromiter((len(d.values) for d in datas), np.int64, n)
+        c.snap_samples_count = sample_counts.astype(np.int32)
+        c.snap_values_count = value_counts
+        c.snap_samples_offset = np.cumsum(sample_counts) - sample_counts
+        c.snap_values_offset = np.cumsum(value_counts) - value_counts
+        index_pool = SharedPool()
+        c.snap_index_offset = np.fromiter((-1 if d.value_index is None else index_pool.add(d.value_index)
+                                           for d in datas), np.int64, n)
+        c.snap_subsampled = c.snap_index_offset >= 0
+        c.sample_index = np.concatenate([d.sample_index for d in datas]).astype(np.int64, copy=False)
+        c.sample_category = np.full(int(sample_counts.sum()), "", dtype=object)
+        for i in [i for i, d in enumerate(datas) if d.sample_category is not None]:
+            c.sample_category[c.snap_samples_offset[i]:c.snap_samples_offset[i] + sample_counts[i]] = \
+                datas[i].sample_category
+        c.sample_stats = np.concatenate([d.sample_stats for d in datas]).reshape(-1, schema.NUM_FIELDS)
+        c.values = np.concatenate([d.values for d in datas]).astype(np.float32, copy=False)
+        c.value_index = index_pool.array()
+
+
+def _padded_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A snapshot's shape as a row of the shape table: its first ``MAX_RANK`` dimensions, ``-1`` padded."""
+    shape = tuple(shape[: schema.MAX_RANK])
+    return shape + (-1,) * (schema.MAX_RANK - len(shape))
