@@ -22,7 +22,8 @@ FAULT_NODE = "hidden1"
 
 
 def train_steps(recorder: Recorder, model: nn.Sequential, optimizer: torch.optim.Optimizer, steps: range) -> None:
-    """Record ``steps`` of training: even steps are of type ``long``, odd ones ``short``."""
+    """Record ``steps`` of training (even steps are of type ``long``, odd ones ``short``) and flush them: a
+    live run's periodic flushes are written on a worker thread and land on disk a moment later."""
     for step in steps:
         with recorder.step(step, "short" if step % 2 else "long"):
             x = recorder.register_tensor("input", torch.randn(BATCH, 4), role="input")
@@ -37,6 +38,7 @@ def train_steps(recorder: Recorder, model: nn.Sequential, optimizer: torch.optim
             recorder.record_kpi("loss", loss)
         if step == 3:
             recorder.add_note("learning rate kept")
+    recorder.flush()
 
 
 def new_model(seed: int = 0) -> nn.Sequential:

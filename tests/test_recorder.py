@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import threading
 import warnings
 import weakref
 from pathlib import Path
@@ -17,6 +19,8 @@ import comgra_ndbg.recorder.reduce as reduce_module
 from comgra_ndbg import Recorder, RecorderWarning, open_recording
 from comgra_ndbg.recorder.reduce import Reducer
 from comgra_ndbg.store import schema
+from comgra_ndbg.store import writer as writer_module
+from comgra_ndbg.store.segment import write_segment
 
 
 def make_model() -> nn.Sequential:
@@ -538,14 +542,17 @@ def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: p
 
     def on_step(step: int) -> None:
         if step == 20:
-            monkeypatch.setattr(rec._writer, "_write_buffered", disk_full)  # every segment write fails
+            rec.flush()  # the periodic flush of step 19 may still be writing on its worker thread,
+            rec._writer.wait_for_merges()  # and a merge of earlier segments on its own
+            monkeypatch.setattr(writer_module, "write_segment", disk_full)  # every segment write fails
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         recorded_model, _ = train(rec, steps=30, on_step=on_step)
     messages = recorder_warnings(caught)
     assert len(messages) == 1, messages
-    assert "flushing" in messages[0] and "No space left" in messages[0] and "training continues" in messages[0]
+    assert "flushing failed at step 21" in messages[0]  # reported by the flush after the one that failed
+    assert "No space left" in messages[0] and "training continues" in messages[0]
     plain_model, _ = train(None, steps=30)
     for a, b in zip(recorded_model.parameters(), plain_model.parameters()):
         assert torch.equal(a, b)
@@ -560,6 +567,28 @@ def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: p
     assert len(recorder_warnings(caught)) == 1
     with open_recording(tmp_path / "t") as recording:
         assert recording.steps.tolist() == list(range(20))
+
+
+def test_a_periodic_flush_is_written_on_a_worker_thread_while_training_goes_on(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:
+    gate, writers = threading.Event(), []
+
+    def gated(path: Path, content: object, attrs: dict) -> None:
+        writers.append(threading.current_thread())
+        gate.wait(timeout=5)
+        write_segment(path, content, attrs)
+
+    monkeypatch.setattr(writer_module, "write_segment", gated)
+    rec = Recorder(tmp_path, trial="t", flush_every_steps=3, flush_every_seconds=3600)
+    train(rec, steps=5)  # flushes after step 2, then trains on while that write waits at the gate
+    assert len(writers) == 1 and writers[0] is not threading.current_thread()
+    assert not any(name.endswith(".h5") for name in os.listdir(tmp_path / "t"))
+    gate.set()
+    rec.flush()  # waits for the write in flight, then writes steps 3 and 4
+    with open_recording(tmp_path / "t") as recording:
+        assert recording.steps.tolist() == [0, 1, 2, 3, 4]
+    rec.close()
 
 
 def test_a_failing_reducer_does_not_break_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

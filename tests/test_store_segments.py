@@ -544,6 +544,106 @@ def test_a_failed_background_merge_is_reported_once_and_close_merges_its_inputs(
         assert rec.is_complete and rec.steps.tolist() == list(range(6))
 
 
+# ---- periodic flushes written on a worker thread ---------------------------------------------------------
+def _gated_segment_writes(monkeypatch, fail: bool = False) -> tuple[threading.Event, list]:
+    """Make every segment write wait for the returned gate (and then fail, with ``fail``); the list collects
+    (thread, file name) of each write."""
+    gate, writes = threading.Event(), []
+
+    def gated(path, content, attrs):
+        writes.append((threading.current_thread(), Path(path).name))
+        assert gate.wait(timeout=30), "the test never opened the gate"
+        if fail:
+            raise OSError(28, "No space left on device")
+        write_segment(path, content, attrs)
+
+    monkeypatch.setattr(writer_module, "write_segment", gated)
+    return gate, writes
+
+
+def _buffer_steps(writer: RecordingWriter, steps: range) -> None:
+    for step in steps:
+        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
+        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+
+
+def test_a_flush_without_waiting_writes_on_a_worker_thread_and_the_next_flush_waits_for_it(tmp_path, monkeypatch):
+    catalog = _catalog(1)
+    writer = RecordingWriter(tmp_path / "t", "t")
+    gate, writes = _gated_segment_writes(monkeypatch)
+    _buffer_steps(writer, range(3))
+    assert writer.flush(catalog, wait=False) is None  # returns while the write waits at the gate
+    assert writes and writes[0][0] is not threading.current_thread()
+    catalog.add_tensor(TensorInfo(name="later", node="later", role="intermediate", dtype="float32", shape=(2,),
+                                  batched=False))  # the training thread goes on changing the catalog
+    _buffer_steps(writer, range(3, 5))
+    with pytest.raises(RecordingNotFoundError):
+        open_recording(tmp_path / "t")  # nothing on disk yet
+    threading.Timer(0.2, gate.set).start()
+    path = writer.flush(catalog)  # waits for the first write, then writes its own in this thread
+    assert [name for _, name in writes] == [segment_name(1, 0), segment_name(2, 0)]
+    assert writes[1][0] is threading.current_thread() and path.name == segment_name(2, 0)
+    with h5py.File(tmp_path / "t" / segment_name(1, 0), "r") as f:
+        assert [t.name for t in Catalog.read(f).tensors] == ["t0"]  # the catalog as it was at that flush
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.steps.tolist() == [0, 1, 2, 3, 4]
+    writer.close(catalog)
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.summary("t0", stat="max")[1].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_failed_background_write_is_raised_by_the_next_flush_and_its_steps_are_written_later(tmp_path, monkeypatch):
+    catalog = _catalog(1)
+    writer = RecordingWriter(tmp_path / "t", "t")
+    gate, writes = _gated_segment_writes(monkeypatch, fail=True)
+    gate.set()
+    _buffer_steps(writer, range(2))
+    writer.flush(catalog, wait=False)
+    _buffer_steps(writer, range(2, 4))
+    with pytest.raises(OSError, match="No space left"):
+        writer.flush(catalog, wait=False)  # reports the failure and writes nothing
+    assert len(writes) == 1 and not (tmp_path / "t" / segment_name(1, 0)).exists()
+    monkeypatch.setattr(writer_module, "write_segment", write_segment)  # the disk has space again
+    writer.flush(catalog)
+    assert sorted(os.listdir(tmp_path / "t")) == [segment_name(1, 0), segment_name(2, 0)]
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.steps.tolist() == [0, 1, 2, 3]
+
+
+def test_close_writes_what_a_failed_background_write_kept(tmp_path, monkeypatch):
+    catalog = _catalog(1)
+    writer = RecordingWriter(tmp_path / "t", "t")
+    gate, _ = _gated_segment_writes(monkeypatch, fail=True)
+    _buffer_steps(writer, range(2))
+    writer.flush(catalog, wait=False)
+    gate.set()
+    monkeypatch.setattr(writer_module, "write_segment", write_segment)
+    writer._job.thread.join()  # failed, while the disk came back
+    _buffer_steps(writer, range(2, 3))
+    writer.close(catalog)
+    assert os.listdir(tmp_path / "t") == [schema.FINAL_NAME]
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.is_complete and rec.steps.tolist() == [0, 1, 2]
+
+
+def test_a_write_that_keeps_failing_is_given_up_after_max_failed_flushes(tmp_path, monkeypatch):
+    catalog = _catalog(1)
+    writer = RecordingWriter(tmp_path / "t", "t")
+    gate, writes = _gated_segment_writes(monkeypatch, fail=True)
+    gate.set()
+    _buffer_steps(writer, range(1))
+    for attempt in range(RecordingWriter.MAX_FAILED_FLUSHES):
+        writer.flush(catalog, wait=False)  # retries what the failed one kept
+        with pytest.raises(OSError):
+            writer.flush(catalog, wait=False)
+    assert len(writes) == RecordingWriter.MAX_FAILED_FLUSHES and writer._unwritten == []
+    monkeypatch.setattr(writer_module, "write_segment", write_segment)
+    _buffer_steps(writer, range(1, 2))
+    writer.close(catalog)
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.steps.tolist() == [1]  # step 0 was given up, the rest is recorded
+
+
 # ---- the schema, read with raw h5py -----------------------------------------------------------------------
 def _schema_dataset_paths() -> set[str]:
     """Every dataset path named in ``schema.py``: its ``a/b`` constants, the catalog lists and tensor columns."""

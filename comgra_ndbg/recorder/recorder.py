@@ -193,10 +193,14 @@ class Recorder(GradientRecording):
         self._parameters.close()
 
     def flush(self) -> None:
-        """Write everything buffered as a new segment now (it is readable by other processes at once)."""
+        """Write everything buffered as a new segment now: when it returns, those steps are on disk and
+        readable by other processes."""
         if not self.enabled or self._closed:
             return
-        self._guard("flushing", lambda: self._writer.flush(self.catalog))
+        self._flush(wait=True)
+
+    def _flush(self, *, wait: bool) -> None:
+        self._guard("flushing", lambda: self._writer.flush(self.catalog, wait=wait))
         self._last_flush = time.monotonic()
         self._steps_since_flush = 0
 
@@ -589,6 +593,7 @@ class Recorder(GradientRecording):
                                      f"decide_step(step_type) before finish_step()")
         type_id = self.catalog.step_type_id(self._step_type)
         record = None
+        urgent = False
         if self._summarize or self._snapshot:
             record = self._guard("finishing the step", partial(self._build_record, type_id))
         kpis = self._guard("recording KPIs", partial(self._write_kpis, type_id)) or {}
@@ -598,17 +603,19 @@ class Recorder(GradientRecording):
             written = self._guard("writing the step", partial(self._dispatcher.dispatch, record, kpis, write_summary,
                                                               write_snapshot))
             self._steps_since_flush += 1 if written else 0
-            if self._dispatcher.flush_now:
+            if self._dispatcher.flush_now:  # a trigger fired: its steps go to disk before the next step
                 self._dispatcher.flush_now = False
-                self._last_flush = -float("inf")
+                urgent = True
         elif not (write_summary or write_snapshot):
             self._parameters.forget_gradients()
         self.summary_policy.commit(self._step, self._step_type, write_summary and record is not None)
         self.snapshot_policy.commit(self._step, self._step_type, write_snapshot and record is not None)
         self._token += 1
         self._reset_step_state()
-        if self._flush_due():
-            self.flush()
+        if urgent:
+            self._flush(wait=True)
+        elif self._flush_due():  # periodic: written on a worker thread while training goes on
+            self._flush(wait=False)
 
     def _build_record(self, type_id: int) -> StepRecord:
         if len(self._grad_batch):
@@ -674,7 +681,8 @@ class Recorder(GradientRecording):
         if tag in self._warned:
             return
         self._warned.add(tag)
-        warnings.warn(f"comgra_ndbg: {what} failed at step {self._step} ({type(error).__name__}: {error}); "
+        step = self._step if self._step_open else self._last_step  # a flush runs after its step closed
+        warnings.warn(f"comgra_ndbg: {what} failed at step {step} ({type(error).__name__}: {error}); "
                       f"training continues and this part is not recorded", RecorderWarning, stacklevel=3)
 
 

@@ -119,6 +119,12 @@ class Catalog:
             self.graph_of_type[step_type] = structure_hash
             self.version += 1
 
+    def copy(self) -> Catalog:
+        """A copy that later additions leave unchanged: what a segment written on another thread stores."""
+        return Catalog(list(self.tensors), list(self.series), list(self.step_types), list(self.kpi_names),
+                       list(self.modules), dict(self.graphs), dict(self.graph_of_type), dict(self._tensor_ids),
+                       dict(self._series_ids), dict(self._type_ids), dict(self._kpi_ids), self.version)
+
     # ---- HDF5 ----------------------------------------------------------------------------------------
     def write(self, f: h5py.File) -> None:
         """Store every table into an open, empty file."""

@@ -9,8 +9,11 @@ deletes what a complete, renamed merged file already covers.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -19,8 +22,8 @@ import numpy as np
 from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
-from comgra_ndbg.store.merger import BackgroundMerger
 from comgra_ndbg.store.index_pool import SharedPool
+from comgra_ndbg.store.merger import BackgroundMerger
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, commit_file, concat, parse_segment_name,
                                        read_segment, segment_name, write_segment)
 
@@ -106,6 +109,8 @@ class RecordingWriter:
         self._merger = BackgroundMerger(self._merge, fanout)
         self._reset_buffers()
         self._failures = 0
+        self._unwritten: list[tuple[int, SegmentContent]] = []  # taken from the buffers, not yet on disk
+        self._job: _BackgroundWrite | None = None
         self.closed = False
 
     def _prepare(self, mode: str) -> None:
@@ -154,38 +159,93 @@ class RecordingWriter:
         self._triggers.append((step, reason))
 
     # ---- flushing --------------------------------------------------------------------------------------
-    def flush(self, catalog: Catalog) -> Path | None:
+    def flush(self, catalog: Catalog, *, wait: bool = True) -> Path | None:
         """Write everything buffered as one new segment; returns its path (None when nothing was buffered).
-        Raises the error of a merge that failed in the background since the last call (after writing)."""
-        path = self._write_buffered(catalog)
+
+        With ``wait=False`` a worker thread writes it and the call returns at once (None): those steps are on
+        disk once the next flush or ``close()`` returns. A write that failed in the background is raised by
+        the next call, which writes nothing; its steps are kept and written by the call after it. Also
+        raises the error of a merge that failed in the background (after writing).
+        """
+        self._settle()
+        path = None
+        if wait:
+            path = self._write_buffered(catalog)
+        else:
+            self._write_in_background(catalog)
         self._merger.raise_error()
         return path
 
+    def _take_buffered(self, catalog: Catalog) -> None:
+        """Move the buffered rows into a segment's content, queued for writing under the next sequence."""
+        content = self._build(catalog.copy())
+        self._reset_buffers()
+        if not content.is_empty():
+            self._sequence += 1
+            self._unwritten.append((self._sequence, content))
+
+    def _write_unwritten(self, *, final: bool = False) -> Path | None:
+        """Write every queued content, oldest first, each as a level-0 segment; with ``final`` (a single one
+        and nothing else on disk) as the consolidated file itself. Returns the last path written."""
+        path = None
+        while self._unwritten:
+            sequence, content = self._unwritten[0]
+            last = final and len(self._unwritten) == 1
+            path = self.directory / (schema.FINAL_NAME if last else segment_name(sequence, 0))
+            write_segment(path, content, self._attrs(sequence, (sequence,), FINAL_LEVEL if last else 0,
+                                                     complete=last))
+            del self._unwritten[0]
+            if not last:
+                self._merger.add(sequence, path)
+        return path
+
     def _write_buffered(self, catalog: Catalog, *, final: bool = False) -> Path | None:
-        """Write the buffered rows as the next level-0 segment, or with ``final`` (nothing else on disk) as the
-        consolidated file itself."""
-        content = self._build(catalog)
-        if content.is_empty():
-            self._reset_buffers()
-            return None
-        sequence = self._sequence + 1
-        path = self.directory / (schema.FINAL_NAME if final else segment_name(sequence, 0))
+        self._take_buffered(catalog)
         try:
-            write_segment(path, content, self._attrs(sequence, (sequence,), FINAL_LEVEL if final else 0,
-                                                     complete=final))
+            path = self._write_unwritten(final=final)
         except Exception:
-            # Keep the rows for the next flush (a full disk may get space back), but not forever.
-            self._failures += 1
-            if self._failures >= self.MAX_FAILED_FLUSHES:
-                self._reset_buffers()
-                self._failures = 0
+            self._count_failure()
             raise
         self._failures = 0
-        self._reset_buffers()
-        self._sequence = sequence
-        if not final:
-            self._merger.add(sequence, path)
         return path
+
+    def _count_failure(self) -> None:
+        """Keep what failed to be written for the next flush (a full disk may get space back), but not
+        forever."""
+        self._failures += 1
+        if self._failures >= self.MAX_FAILED_FLUSHES:
+            self._unwritten.clear()
+            self._failures = 0
+
+    def _write_in_background(self, catalog: Catalog) -> None:
+        self._take_buffered(catalog)
+        if not self._unwritten:
+            return
+        job = _BackgroundWrite(os.getpid())
+        job.thread = threading.Thread(target=self._run_background_write, args=(job,), name="comgra-ndbg-write",
+                                      daemon=False)  # an exiting interpreter lets the write finish
+        self._job = job
+        job.thread.start()
+
+    def _run_background_write(self, job: _BackgroundWrite) -> None:
+        try:
+            self._write_unwritten()
+        except Exception as error:  # noqa: BLE001 - raised in the caller's thread by _settle
+            job.error = error
+
+    def _settle(self, *, raise_error: bool = True) -> None:
+        """Wait for the background write; count its failure and (``raise_error``) raise it here."""
+        job, self._job = self._job, None
+        if job is None:
+            return
+        if job.process != os.getpid():  # a forked child: the thread and what it writes are the parent's
+            self._unwritten.clear()
+            return
+        job.thread.join()
+        if job.error is not None:
+            self._count_failure()
+            if raise_error:
+                raise job.error
 
     def wait_for_merges(self) -> None:
         """Return once no segment merge runs in the background (they start when a level fills up)."""
@@ -213,9 +273,10 @@ class RecordingWriter:
             return self.directory / schema.FINAL_NAME
         direct = False
         try:
+            self._settle(raise_error=False)  # what a failed background write kept is retried right here
             # A run that never flushed writes its steps straight into the final file: one write, not a
             # segment and a copy of it.
-            direct = not self._merger.drain()
+            direct = not self._merger.drain() and not self._unwritten
             written = self._write_buffered(catalog, final=direct)
         finally:
             inputs = self._merger.drain()  # a failed background merge left its inputs: merged here
@@ -331,3 +392,12 @@ def _padded_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """A snapshot's shape as a row of the shape table: its first ``MAX_RANK`` dimensions, ``-1`` padded."""
     shape = tuple(shape[: schema.MAX_RANK])
     return shape + (-1,) * (schema.MAX_RANK - len(shape))
+
+
+@dataclass
+class _BackgroundWrite:
+    """One segment write running on a worker thread, and how it ended."""
+
+    process: int  # the pid that started it: a forked child has no such thread
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
