@@ -610,6 +610,22 @@ def test_a_failed_background_write_is_raised_by_the_next_flush_and_its_steps_are
         assert rec.steps.tolist() == [0, 1, 2, 3]
 
 
+def test_a_flush_that_waits_writes_what_a_failed_background_write_kept_without_raising(tmp_path, monkeypatch):
+    catalog = _catalog(1)
+    writer = RecordingWriter(tmp_path / "t", "t")
+    gate, _ = _gated_segment_writes(monkeypatch, fail=True)
+    _buffer_steps(writer, range(2))
+    writer.flush(catalog, wait=False)
+    monkeypatch.setattr(writer_module, "write_segment", write_segment)  # the disk has space again
+    gate.set()
+    _buffer_steps(writer, range(2, 3))
+    path = writer.flush(catalog)  # e.g. the flush after a trigger: everything must be on disk when it returns
+    assert sorted(os.listdir(tmp_path / "t")) == [segment_name(1, 0), segment_name(2, 0)] and path.name == \
+        segment_name(2, 0)
+    with open_recording(tmp_path / "t") as rec:
+        assert rec.steps.tolist() == [0, 1, 2]
+
+
 def test_close_writes_what_a_failed_background_write_kept(tmp_path, monkeypatch):
     catalog = _catalog(1)
     writer = RecordingWriter(tmp_path / "t", "t")

@@ -164,10 +164,11 @@ class RecordingWriter:
 
         With ``wait=False`` a worker thread writes it and the call returns at once (None): those steps are on
         disk once the next flush or ``close()`` returns. A write that failed in the background is raised by
-        the next call, which writes nothing; its steps are kept and written by the call after it. Also
-        raises the error of a merge that failed in the background (after writing).
+        the next ``wait=False`` call, which writes nothing (its steps are kept and written by the call after
+        it); a call that waits writes them first and raises only if that fails too. Also raises the error
+        of a merge that failed in the background (after writing).
         """
-        self._settle()
+        self._settle(raise_error=not wait)
         path = None
         if wait:
             path = self._write_buffered(catalog)
