@@ -164,6 +164,25 @@ def click_node(driver: Any, node: str) -> None:
                                                      int(y - size["height"] / 2)).click().perform()
 
 
+def select_node(driver: Any, node: str, attempts: int = 4) -> None:
+    """Click a graph node until the tensor panel shows it: a click misses when cytoscape moves its view
+    between reading the node's position and the click (a live trial refreshing beside the test)."""
+    def shown() -> bool:
+        header = driver.execute_script("return document.getElementById(arguments[0]).textContent;",
+                                       ids.TENSOR_HEADER)
+        return header.startswith(f"{node} /")
+
+    for _ in range(attempts - 1):
+        click_node(driver, node)
+        try:
+            wait_for(shown, f"node {node} selected", timeout=4.0)
+            return
+        except AssertionError:
+            continue
+    click_node(driver, node)
+    wait_for(shown, f"node {node} selected")
+
+
 def node_classes(driver: Any, node: str) -> list[str]:
     """The classes cytoscape holds for a graph node."""
     return driver.execute_script("return document.getElementById(arguments[0])._cyreg.cy.getElementById(arguments[1])"
@@ -188,7 +207,7 @@ def test_opening_a_recording_paints_the_graph_and_the_tensor(browser: Any) -> No
 
 
 def test_clicking_a_node_selects_it_and_stepping_changes_the_values(browser: Any) -> None:
-    click_node(browser, "hidden")
+    select_node(browser, "hidden")
     wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("hidden / hidden · value · step 7"), "hidden")
     wait_for(lambda: statistic(browser, "count") == "48", "the hidden node's statistics")
     at_7 = statistic(browser, "mean")
@@ -208,7 +227,7 @@ def test_selectors_change_kind_sample_and_node_without_resetting_the_rest(browse
     wait_for(lambda: statistic(browser, "count") == "8", "one sample's statistics")
     assert statistic(browser, "mean") != value_mean
     choose(browser, ids.SAMPLE, "whole batch")
-    click_node(browser, "model.2")
+    select_node(browser, "model.2")
     wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("model.2 / weight · gradient · step 5"),
              "model.2's weight gradient at the same step")
     choose(browser, ids.KIND, "update")
@@ -252,7 +271,7 @@ def test_other_tabs_render(browser: Any) -> None:
     wait_for(lambda: "learning rate kept" in text(browser, ids.NOTES), "the note")
     tabs["Diagnosis"].click()
     wait_for(lambda: "No analysis stored for this trial yet" in text(browser, ids.DIAGNOSIS), "the diagnosis")
-    click_node(browser, "hidden")
+    click_node(browser, "hidden")  # the tensor panel is on another tab: the comparison below shows the choice
     for _ in range(3):
         click_stepper(browser, "step", +1)
     wait_for(lambda: text(browser, ids.STEP_LABEL) == "step 6 · 4 of 4 long steps", "step 6")
