@@ -92,6 +92,12 @@ def _merge_by_hand(directory: Path, inputs: list[Path], level: int, *, final: bo
     return out
 
 
+def _buffer_steps(writer: RecordingWriter, steps: range) -> None:
+    for step in steps:
+        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
+        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+
+
 def _names(live: list[tuple[int, int, Path]]) -> list[str]:
     return [path.name for _, _, path in live]
 
@@ -488,8 +494,7 @@ def _gated_writer(directory: Path, fanout: int, fail: bool = False) -> tuple[Rec
 
 def _flush_steps(writer: RecordingWriter, catalog: Catalog, steps: range) -> None:
     for step in steps:
-        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
-        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+        _buffer_steps(writer, range(step, step + 1))
         writer.flush(catalog)
 
 
@@ -561,10 +566,18 @@ def _gated_segment_writes(monkeypatch, fail: bool = False) -> tuple[threading.Ev
     return gate, writes
 
 
-def _buffer_steps(writer: RecordingWriter, steps: range) -> None:
-    for step in steps:
-        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
-        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+
+
+def _failing_background_write(directory: Path, monkeypatch, steps: range) -> tuple[Catalog, RecordingWriter,
+                                                                                     threading.Event, list]:
+    """A writer that buffered ``steps`` and handed them to a background write that fails once the returned
+    gate opens."""
+    catalog = _catalog(1)
+    writer = RecordingWriter(directory, directory.name)
+    gate, writes = _gated_segment_writes(monkeypatch, fail=True)
+    _buffer_steps(writer, steps)
+    writer.flush(catalog, wait=False)
+    return catalog, writer, gate, writes
 
 
 def test_a_flush_without_waiting_writes_on_a_worker_thread_and_the_next_flush_waits_for_it(tmp_path, monkeypatch):
@@ -593,12 +606,8 @@ def test_a_flush_without_waiting_writes_on_a_worker_thread_and_the_next_flush_wa
 
 
 def test_a_failed_background_write_is_raised_by_the_next_flush_and_its_steps_are_written_later(tmp_path, monkeypatch):
-    catalog = _catalog(1)
-    writer = RecordingWriter(tmp_path / "t", "t")
-    gate, writes = _gated_segment_writes(monkeypatch, fail=True)
+    catalog, writer, gate, writes = _failing_background_write(tmp_path / "t", monkeypatch, range(2))
     gate.set()
-    _buffer_steps(writer, range(2))
-    writer.flush(catalog, wait=False)
     _buffer_steps(writer, range(2, 4))
     with pytest.raises(OSError, match="No space left"):
         writer.flush(catalog, wait=False)  # reports the failure and writes nothing
@@ -611,11 +620,7 @@ def test_a_failed_background_write_is_raised_by_the_next_flush_and_its_steps_are
 
 
 def test_a_flush_that_waits_writes_what_a_failed_background_write_kept_without_raising(tmp_path, monkeypatch):
-    catalog = _catalog(1)
-    writer = RecordingWriter(tmp_path / "t", "t")
-    gate, _ = _gated_segment_writes(monkeypatch, fail=True)
-    _buffer_steps(writer, range(2))
-    writer.flush(catalog, wait=False)
+    catalog, writer, gate, _ = _failing_background_write(tmp_path / "t", monkeypatch, range(2))
     monkeypatch.setattr(writer_module, "write_segment", write_segment)  # the disk has space again
     gate.set()
     _buffer_steps(writer, range(2, 3))
@@ -627,11 +632,7 @@ def test_a_flush_that_waits_writes_what_a_failed_background_write_kept_without_r
 
 
 def test_close_writes_what_a_failed_background_write_kept(tmp_path, monkeypatch):
-    catalog = _catalog(1)
-    writer = RecordingWriter(tmp_path / "t", "t")
-    gate, _ = _gated_segment_writes(monkeypatch, fail=True)
-    _buffer_steps(writer, range(2))
-    writer.flush(catalog, wait=False)
+    catalog, writer, gate, _ = _failing_background_write(tmp_path / "t", monkeypatch, range(2))
     gate.set()
     monkeypatch.setattr(writer_module, "write_segment", write_segment)
     writer._job.thread.join()  # failed, while the disk came back
