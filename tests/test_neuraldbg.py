@@ -236,6 +236,26 @@ def test_skipped_optimizer_steps_still_end_the_step_when_gradients_are_cleared(t
             assert (updates[0::2] > 0).all() and (updates[1::2] == 0).all()
 
 
+def test_gradients_zeroed_in_place_at_the_top_of_the_loop_are_recorded_as_backward_left_them(
+        tmp_path: Path) -> None:
+    """``zero_grad(set_to_none=False)`` zeroes ``.grad`` before the next pass ends the step (no optimizer=):
+    the step keeps the gradient of its backward pass, not the zeros found at its end."""
+    model, criterion = make_mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    norms = []
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion):
+        for inputs, targets in batches(5):
+            optimizer.zero_grad(set_to_none=False)
+            criterion(model(inputs), targets).backward()
+            norms.append(float(model[0].weight.grad.norm()))
+            optimizer.step()
+    with open_recording(tmp_path, "t") as rec:
+        steps, recorded = rec.summary("model.0.weight", "grad", "l2")
+        assert steps.tolist() == [0, 1, 2, 3, 4]
+        np.testing.assert_allclose(recorded, norms, rtol=1e-5)
+        assert rec.summary("model.0.weight", "grad", "count")[1].tolist() == [96] * 5
+
+
 def test_policies_skip_steps_but_the_loss_kpi_is_kept_for_every_step(tmp_path: Path) -> None:
     model, criterion = make_mlp(), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -13,7 +13,10 @@ from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.graph import GraphEdge
 
 
-def test_gradients_in_hook_survive_zero_grad_before_the_step_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_in_hook_survive_zero_grad_before_the_step_ends(tmp_path: Path, set_to_none: bool) -> None:
+    """Whether ``zero_grad`` drops ``.grad`` or zeroes it in place, the step keeps the gradient its hook saw,
+    summarised once."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -26,9 +29,11 @@ def test_gradients_in_hook_survive_zero_grad_before_the_step_ends(tmp_path: Path
                 model(torch.randn(5, 4)).pow(2).mean().backward()
             expected.append(float(model[0].weight.grad.abs().max()))
             optimizer.step()
-            optimizer.zero_grad()  # .grad is gone before finish_step
+            optimizer.zero_grad(set_to_none=set_to_none)  # .grad is gone (or zero) before finish_step
             rec.finish_step()
     with open_recording(tmp_path, "hook") as recording:
+        steps, counts = recording.summary("model.0.weight", "grad", "count")
+        assert steps.tolist() == [0, 1, 2] and counts.tolist() == [24, 24, 24]
         assert recording.tensors_of("model.0.parameters")[0].module == "model.0"
         assert [t.label for t in recording.tensors_of("model.0.parameters")] == ["model.0.weight", "model.0.bias"]
         np.testing.assert_allclose(recording.summary("model.0.weight", "grad", "abs_max")[1], expected, rtol=1e-6)

@@ -32,6 +32,7 @@ class _Tracked:
     parameter: torch.nn.Parameter
     tensor_id: int
     fresh: bool = False
+    handed_over: bool = False  # its gradients go to an ``on_gradient`` callback, never through ``take_gradients``
 
 
 @dataclass
@@ -65,7 +66,7 @@ class ParameterTracker:
                 tid = self.catalog.add_tensor(TensorInfo(
                     name=full, node=owner + node_suffix, role="parameter", module=owner,
                     dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
-            entry = _Tracked(full, parameter, tid)
+            entry = _Tracked(full, parameter, tid, handed_over=on_gradient is not None)
             self.tracked.append(entry)
             if parameter.requires_grad and on_gradient is not None:
                 self._hooks.append(parameter.register_post_accumulate_grad_hook(_hand_over(entry, on_gradient)))
@@ -80,7 +81,7 @@ class ParameterTracker:
         if self._step_hooks:
             return
         self._step_hooks = [t.parameter.register_post_accumulate_grad_hook(_mark_fresh(t))
-                            for t in self.tracked if t.parameter.requires_grad]
+                            for t in self.tracked if t.parameter.requires_grad and not t.handed_over]
 
     def unwatch(self) -> None:
         for handle in self._step_hooks:
