@@ -268,6 +268,35 @@ def test_several_named_gradient_sets_per_step(tmp_path: Path) -> None:
             recording.summary("hidden", "grad")
 
 
+def test_a_later_gradient_set_holds_what_its_own_backward_passes_added_to_the_parameters(tmp_path: Path) -> None:
+    """Without zero_grad between the losses, ``.grad`` keeps accumulating: set "a" is the first loss's gradient,
+    set "b" the sum of the two backward passes after it, not everything in ``.grad``."""
+    torch.manual_seed(6)
+    layer = nn.Linear(3, 4)
+    x = torch.randn(5, 3)
+    expected = {}
+    with Recorder(tmp_path, trial="t", snapshots=1) as rec:
+        rec.track_module("layer", layer)
+        for step in range(2):
+            with rec.step(step):
+                layer.zero_grad()
+                out = layer(x)
+                rec.register_tensor("out", out)
+                out.sum().backward(retain_graph=True)
+                rec.record_gradients("a")
+                first = layer.weight.grad.clone()
+                out.pow(2).sum().backward(retain_graph=True)
+                (3 * out).mean().backward()
+                rec.record_gradients("b")
+                expected[step] = (first, layer.weight.grad - first)
+    with open_recording(tmp_path, "t") as recording:
+        for kind, which in (("grad:a", 0), ("grad:b", 1)):
+            np.testing.assert_allclose(recording.summary("layer.weight", kind, "l2")[1],
+                                       [expected[s][which].double().norm() for s in (0, 1)], rtol=1e-5)
+            np.testing.assert_allclose(recording.snapshot(1, "layer.weight", kind).dense(), expected[1][which].numpy(),
+                                       rtol=1e-5, atol=1e-7)
+
+
 def test_multi_iteration_step_records_each_iteration(tmp_path: Path) -> None:
     torch.manual_seed(5)
     cell = nn.RNNCell(3, 5)

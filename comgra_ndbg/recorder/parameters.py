@@ -1,10 +1,14 @@
 """Tracked parameters: their values at the start of a step, fresh gradients, and updates (ΔW).
 
-Gradients are taken only from parameters whose ``.grad`` was accumulated since the last look (a
-post-accumulate-grad hook, attached while steps are recorded and removed when one is skipped, marks
-them), so a step without a backward pass never re-records the previous step's leftover gradient. Updates are ``W_end - W_start`` of the step, from a copy taken at its start
-(only on steps that record); on the host the copy is made in the same pass that summarises the value,
-and the update is summarised from the parameter and the copy without materialising ``W_end - W_start``.
+Gradients are taken only from parameters that received one since the last look (a hook on each
+parameter, attached while steps are recorded and removed when one is skipped, marks them), so a step
+without a backward pass never re-records the previous step's leftover gradient. A step's first take
+returns ``.grad``, everything accumulated so far; later takes of the same step (one gradient set per loss)
+return what the backward passes since the previous take added, which the same hook keeps from then on,
+so a second set is not the sum of both. Updates are ``W_end - W_start`` of the step, from a copy taken at
+its start (only on steps that record); on the host the copy is made in the same pass that summarises the
+value, and the update is summarised from the parameter and the copy without materialising
+``W_end - W_start``.
 
 With ``on_gradient``, the hook hands each accumulated gradient to that callback at once instead of marking
 it fresh: for loops that clear ``.grad`` (``optimizer.zero_grad()`` at the top) before the recorder gets to
@@ -33,6 +37,7 @@ class _Tracked:
     tensor_id: int
     fresh: bool = False
     handed_over: bool = False  # its gradients go to an ``on_gradient`` callback, never through ``take_gradients``
+    incoming: torch.Tensor | None = None  # what backward passes added since the step's first take
 
 
 @dataclass
@@ -48,6 +53,7 @@ class ParameterTracker:
     _captured: bool = False
     _hooks: list[Any] = field(default_factory=list)
     _step_hooks: list[Any] = field(default_factory=list)
+    per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
               on_gradient: Callable[[int, torch.Tensor], None] | None = None) -> None:
@@ -73,14 +79,15 @@ class ParameterTracker:
         self._buffers = None
 
     def watch(self) -> None:
-        """Mark gradients accumulated from now until ``unwatch()`` as fresh.
+        """Mark parameters that receive a gradient from now until ``unwatch()`` as fresh.
 
-        The marking hooks stay attached from one recorded step to the next and are removed when a step
-        is skipped, so a step the policies skip pays nothing for them in its backward pass.
+        The hooks see each backward pass's gradient before it is accumulated into ``.grad``; they stay
+        attached from one recorded step to the next and are removed when a step is skipped, so a step the
+        policies skip pays nothing for them in its backward pass.
         """
         if self._step_hooks:
             return
-        self._step_hooks = [t.parameter.register_post_accumulate_grad_hook(_mark_fresh(t))
+        self._step_hooks = [t.parameter.register_hook(_mark_fresh(t, self))
                             for t in self.tracked if t.parameter.requires_grad and not t.handed_over]
 
     def unwatch(self) -> None:
@@ -161,18 +168,26 @@ class ParameterTracker:
         return any(t.fresh for t in self.tracked)
 
     def take_gradients(self) -> list[tuple[int, torch.Tensor]]:
-        """(tensor id, ``.grad``) of parameters whose gradient was accumulated since the last call."""
+        """(tensor id, gradient) of parameters that received one since the last call: ``.grad`` at the
+        step's first call, the sum of the backward passes since the previous call after it."""
         out = []
+        per_pass = self.per_pass
         for t in self.tracked:
-            grad = t.parameter.grad if t.fresh else None
-            if grad is not None:
-                out.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))
+            if t.fresh:
+                grad = t.incoming if per_pass else t.parameter.grad
+                if grad is not None:
+                    out.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))
             t.fresh = False
+            t.incoming = None
+        self.per_pass = True
         return out
 
     def forget_gradients(self) -> None:
+        """Start a step: earlier gradients are not its own, and its first take reads ``.grad``."""
         for t in self.tracked:
             t.fresh = False
+            t.incoming = None
+        self.per_pass = False
 
     def close(self) -> None:
         """Remove every hook this tracker added and drop the parameter references."""
@@ -217,9 +232,12 @@ def _on_host(tensors: list[torch.Tensor]) -> bool:
     return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in tensors)
 
 
-def _mark_fresh(entry: _Tracked) -> Any:
-    def hook(_: torch.Tensor) -> None:
+def _mark_fresh(entry: _Tracked, tracker: ParameterTracker) -> Any:
+    def hook(grad: torch.Tensor) -> None:
         entry.fresh = True
+        if tracker.per_pass:  # a later gradient set: keep this pass's own gradient (never changed in place)
+            grad = grad.detach()
+            entry.incoming = grad if entry.incoming is None else entry.incoming + grad
 
     return hook
 
