@@ -14,6 +14,7 @@ from torch import nn
 
 from comgra_ndbg import (ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError, Recorder,
                          RecorderStateError, RecorderWarning, RecordingExistsError, open_recording)
+from comgra_ndbg.store.results import write_results
 
 
 @pytest.fixture
@@ -225,6 +226,48 @@ def test_an_existing_trial_is_kept_unless_mode_w(tmp_path: Path) -> None:
     with open_recording(tmp_path, "t") as recording:
         assert recording.steps.tolist() == [10]
         assert [t.name for t in recording.tensors] == ["new"]
+
+
+@pytest.mark.parametrize("trial", ["..", ".", "a/b", "/tmp", "x\\y", "  ", 5])
+def test_a_trial_must_name_one_folder_inside_the_group(tmp_path: Path, trial: object) -> None:
+    group = tmp_path / "group"
+    group.mkdir()
+    (group / "notes.txt").write_text("mine")
+    for mode in ("w-", "w"):
+        with pytest.raises(InvalidArgumentError, match="trial"):
+            Recorder(group, trial=trial, mode=mode)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["group", "notes.txt"]
+
+
+def test_mode_w_replaces_only_a_recording(tmp_path: Path) -> None:
+    """A trial folder holding anything but the files of a recording is never deleted, even with mode='w'."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print('mine')")
+    with pytest.raises(RecordingExistsError, match=r"not part of a recording \(train.py\).*nothing was deleted"):
+        Recorder(tmp_path, trial="src", mode="w")
+    assert (tmp_path / "src" / "train.py").read_text() == "print('mine')"
+    with Recorder(tmp_path, trial="t") as rec:
+        with rec.step(0):
+            rec.register_tensor("x", torch.ones(1))
+    write_results(tmp_path / "t", {}, num_steps=1, last_step=0)
+    (tmp_path / "t" / "seg-00000007-L0.h5.tmp").write_bytes(b"left by a killed process")
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["analysis.json", "recording.h5",
+                                                                  "seg-00000007-L0.h5.tmp"]
+    with Recorder(tmp_path, trial="t", mode="w") as rec:
+        with rec.step(5):
+            rec.register_tensor("y", torch.ones(1))
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["recording.h5"]
+
+
+def test_a_file_where_the_group_folder_should_be(tmp_path: Path) -> None:
+    (tmp_path / "runs").write_text("not a folder")
+    with pytest.raises(InvalidArgumentError, match=r"runs is a file, not a folder"):
+        Recorder(tmp_path / "runs", trial="t")
+    (tmp_path / "group").mkdir()
+    (tmp_path / "group" / "t").write_text("not a folder")
+    with pytest.raises(InvalidArgumentError, match=r"t is a file, not a folder"):
+        Recorder(tmp_path / "group", trial="t", mode="w")
+    assert (tmp_path / "group" / "t").read_text() == "not a folder"
 
 
 def test_another_trial_in_the_same_group_is_fine(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, TensorInfo
-from comgra_ndbg.store.writer import RecordingWriter
+from comgra_ndbg.store.writer import RecordingWriter, check_trial_name
 
 __all__ = ["Recorder", "RecorderWarning"]
 
@@ -98,6 +98,8 @@ class Recorder(GradientRecording):
             raise InvalidArgumentError(f"saturation_margin must be in [0, 0.5), got {saturation_margin}")
         if flight_recorder is not None and not isinstance(flight_recorder, FlightRecorder):
             raise InvalidArgumentError(f"flight_recorder must be a FlightRecorder, got {type(flight_recorder).__name__}")
+        if trial is not None and trial != "":
+            check_trial_name(trial)
         self.trial = trial or time.strftime("trial-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
         self.path = Path(path) / self.trial
         self.summary_policy: Policy = as_policy(summaries, name="summaries")

@@ -27,9 +27,38 @@ from comgra_ndbg.store.merger import BackgroundMerger
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, commit_file, concat, parse_segment_name,
                                        read_segment, segment_name, write_segment)
 
-__all__ = ["RecordingWriter", "list_live_segments", "FINAL_LEVEL"]
+__all__ = ["RecordingWriter", "list_live_segments", "check_trial_name", "FINAL_LEVEL"]
 
 FINAL_LEVEL = 99  # level of the consolidated file written by close()
+_RESULTS_NAME = "analysis.json"  # written beside the recording by ``store.results``
+
+
+def check_trial_name(trial: object) -> None:
+    """A trial names one folder inside the group folder: a non-empty str without path separators, and not
+    ``.`` or ``..`` (which would point at the group folder or above it).
+
+    >>> check_trial_name("baseline-lr3e-4")
+    >>> check_trial_name("../runs")
+    Traceback (most recent call last):
+    ...
+    comgra_ndbg.errors.InvalidArgumentError: trial '../runs' must name one folder inside the group folder: no '/' or '\\', not '.' or '..'; e.g. 'baseline' or 'lr3e-4'
+    """
+    if not isinstance(trial, str) or not trial.strip():
+        raise InvalidArgumentError(f"trial must be a non-empty str (or None for a time-stamped name), got {trial!r}")
+    if trial in (".", "..") or any(c in trial for c in ("/", "\\", "\0")) or (os.altsep and os.altsep in trial):
+        raise InvalidArgumentError(f"trial {trial!r} must name one folder inside the group folder: no '/' or '\\', "
+                                   f"not '.' or '..'; e.g. 'baseline' or 'lr3e-4'")
+
+
+def _written_here(path: Path) -> bool:
+    """Whether ``path``, inside a trial folder, is a file this library writes there (so ``mode='w'`` may
+    delete it): the recording, its segments, the stored analysis, or a temporary file of one of them."""
+    name = path.name
+    if name.endswith(schema.TEMP_SUFFIX):
+        name = name[:-len(schema.TEMP_SUFFIX)]
+        if name.startswith(_RESULTS_NAME + "."):
+            name = _RESULTS_NAME
+    return path.is_file() and (name in (schema.FINAL_NAME, _RESULTS_NAME) or parse_segment_name(name) is not None)
 
 
 def list_live_segments(directory: Path) -> list[tuple[int, int, Path]]:
@@ -116,11 +145,22 @@ class RecordingWriter:
     def _prepare(self, mode: str) -> None:
         if mode not in ("w", "w-"):
             raise InvalidArgumentError(f"mode must be 'w' (overwrite) or 'w-' (fail if the trial exists), got {mode!r}")
+        check_trial_name(self.trial)
+        for folder in (self.directory.parent, self.directory):
+            if folder.exists() and not folder.is_dir():
+                raise InvalidArgumentError(f"{folder} is a file, not a folder; pass the folder to record into "
+                                           f"(trials are written to <folder>/<trial>/)")
         if self.directory.exists() and any(self.directory.iterdir()):
             if mode == "w-":
                 raise RecordingExistsError(
                     f"trial {self.trial!r} already has a recording at {self.directory}; choose another trial "
                     f"name, or pass mode='w' to replace it")
+            foreign = sorted(p.name for p in self.directory.iterdir() if not _written_here(p))
+            if foreign:
+                raise RecordingExistsError(
+                    f"{self.directory} holds files that are not part of a recording ({', '.join(foreign[:3])}"
+                    f"{', ...' if len(foreign) > 3 else ''}); mode='w' replaces only a recording, so nothing was "
+                    f"deleted: choose another trial name or folder")
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 
