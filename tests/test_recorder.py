@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import comgra_ndbg.recorder.gradients as gradients_module
 import comgra_ndbg.recorder.reduce as reduce_module
 from comgra_ndbg import Recorder, RecorderWarning, open_recording
 from comgra_ndbg.recorder.reduce import Reducer
@@ -295,6 +296,38 @@ def test_a_later_gradient_set_holds_what_its_own_backward_passes_added_to_the_pa
                                        [expected[s][which].double().norm() for s in (0, 1)], rtol=1e-5)
             np.testing.assert_allclose(recording.snapshot(1, "layer.weight", kind).dense(), expected[1][which].numpy(),
                                        rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(recording.summary("out", "grad:b", "mean")[1],
+                                   [(2 * out + 3 / 20).mean().item()] * 2, rtol=1e-5)
+
+
+def test_backward_passes_of_one_set_add_up_in_a_registered_tensor(tmp_path: Path, monkeypatch) -> None:
+    """Two losses of one output, each with its own backward(): the output's gradient in the set is the sum,
+    as its .grad would be; without the memory to keep the first pass, the last is recorded, with a warning."""
+    torch.manual_seed(7)
+    layer = nn.Linear(3, 4)
+    x = torch.randn(5, 3)
+
+    def record(trial: str) -> torch.Tensor:
+        with Recorder(tmp_path, trial=trial, snapshots=1) as rec:
+            with rec.step(0):
+                out = layer(x)
+                rec.register_tensor("out", out)
+                out.pow(2).sum().backward(retain_graph=True)
+                (3 * out).mean().backward()
+                rec.record_gradients()
+        return out.detach()
+
+    out = record("sum")
+    with open_recording(tmp_path, "sum") as recording:
+        np.testing.assert_allclose(recording.snapshot(0, "out", "grad").dense(), (2 * out + 3 / 20).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(recording.summary("out", "grad", "mean")[1], [(2 * out + 3 / 20).mean().item()],
+                                   rtol=1e-5)
+        assert recording.summary("out", "grad", "count")[1].tolist() == [20]
+    monkeypatch.setattr(gradients_module, "SET_MEMORY", 0)
+    with pytest.warns(RecorderWarning, match=r"'out' received gradients from several backward passes.*only the last"):
+        record("last")
+    with open_recording(tmp_path, "last") as recording:
+        np.testing.assert_allclose(recording.snapshot(0, "out", "grad").dense(), np.full((5, 4), 3 / 20), rtol=1e-6)
 
 
 def test_multi_iteration_step_records_each_iteration(tmp_path: Path) -> None:

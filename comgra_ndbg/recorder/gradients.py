@@ -6,6 +6,11 @@ during a backward pass are kept (``gradient_batch``) and summarised together whe
 those entering a ``torch.compile`` region, whose backward may reuse the buffer: they are reduced in the hook.
 ``record_gradients()`` turns what was collected into rows of one gradient set (kind ``grad`` or
 ``grad:<name>``), together with the tracked parameters' fresh ``.grad``.
+
+Several backward passes of one set can reach the same registered tensor (two losses of one output, each
+with its own ``backward()``): its gradient in the set is their sum, as ``.grad`` would hold it. For that
+the gradients of the set's passes are kept until the set is collected, up to ``SET_MEMORY`` bytes; beyond
+that, or for a ``torch.compile`` region's gradient, a later pass replaces the earlier (with a warning).
 """
 from __future__ import annotations
 
@@ -19,7 +24,10 @@ from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.step_record import SummaryRows
 from comgra_ndbg.store import schema
 
-__all__ = ["GradientRecording"]
+__all__ = ["GradientRecording", "SET_MEMORY"]
+
+SET_MEMORY = 64 * 2 ** 20
+"""Bytes of registered tensors' gradients a gradient set keeps to add up later backward passes into them."""
 
 
 class GradientRecording:
@@ -33,18 +41,47 @@ class GradientRecording:
             return
         try:
             self._discover_graph()
+            key = (tid, iteration)
+            repeated = key in self._set_grads
+            grad = self._add_earlier_passes(key, grad, keep=deferred)
             if self._summarize:
                 if deferred:
-                    self._grad_batch.add((tid, iteration), grad, batched)
+                    self._grad_batch.add(key, grad, batched)
                 else:
-                    self._grad_keys.append((tid, iteration, self._grads.add(grad, batched=batched)))
+                    self._grad_keys[key] = self._grads.add(grad, batched=batched)
             if self._snapshot:
                 if self._deferring and batched:
+                    if repeated:
+                        self._deferred_grads = [d for d in self._deferred_grads
+                                                if d.kind is not None or (d.key, d.iteration) != key]
                     self._deferred_grads.append(DeferredSnapshot(tid, iteration, grad.detach(), True, None))
                 else:
-                    self._grad_snaps.append((tid, iteration, self._take(grad, batched)))
+                    self._grad_snaps[key] = self._take(grad, batched)
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._warn("recording a gradient", error, key=str(tid))
+
+    def _add_earlier_passes(self, key: tuple[int, int], grad: torch.Tensor, *, keep: bool) -> torch.Tensor:
+        """The gradient of ``key`` in the current set so far: ``grad`` plus what earlier backward passes of
+        the set brought, when those were kept; keeps the result (within ``SET_MEMORY``) for later passes."""
+        grad = grad.detach()
+        earlier = self._set_grads.get(key)
+        if earlier is None:
+            size = grad.numel() * grad.element_size()
+            keep = keep and self._set_grad_bytes + size <= SET_MEMORY
+            self._set_grad_bytes += size if keep else 0
+        else:
+            kept, version = earlier
+            keep = keep and kept is not None
+            if kept is not None and kept._version == version:
+                grad = kept + grad
+            else:
+                name = self.catalog.tensors[key[0]].name
+                self._note_once(f"passes of {name}", f"tensor {name!r} received gradients from several backward passes "
+                                f"of one gradient set; only the last is recorded (the earlier were not kept: a "
+                                f"torch.compile region's gradient, or more than SET_MEMORY bytes of gradients in "
+                                f"the set). Call record_gradients('<name>') after each backward pass to keep each")
+        self._set_grads[key] = (grad, grad._version) if keep else (None, 0)
+        return grad
 
     def record_gradient(self, name: str, grad: torch.Tensor, *, iteration: int | None = None,
                         deferred: bool = False) -> None:
@@ -96,7 +133,7 @@ class GradientRecording:
             return
         for key, index in keyed:
             if isinstance(key, tuple):  # a registered tensor's gradient: (tensor id, iteration)
-                self._grad_keys.append((key[0], key[1], index))
+                self._grad_keys[key] = index
             else:  # a parameter's accumulated gradient replaces an earlier accumulation
                 self._parameter_grads[key] = index
         for key in dropped:
@@ -126,18 +163,19 @@ class GradientRecording:
         if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
             self._flush_gradients()
         self._guard("discovering the dependency graph", self._discover_graph)
-        self._grad_keys.extend((tid, 0, index) for tid, index in self._parameter_grads.items())
-        self._grad_snaps.extend((tid, 0, data) for tid, data in self._parameter_grad_snaps.items())
+        self._grad_keys.update(((tid, 0), index) for tid, index in self._parameter_grads.items())
+        self._grad_snaps.update(((tid, 0), data) for tid, data in self._parameter_grad_snaps.items())
         self._parameter_grads, self._parameter_grad_snaps = {}, {}
         gradients = self._parameters.take_gradients()
         parameter_rows: list[int] = []
         if self._summarize:
             parameter_rows = self._grads.add_many([grad for _, grad in gradients])
         if self._snapshot:
-            self._grad_snaps.extend((tid, 0, self._take(grad, False)) for tid, grad in gradients)
+            self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in gradients)
         rows = self._grads.collect()
         if self._grad_keys:
-            keys = np.array(self._grad_keys, dtype=np.int64)
+            keys = np.array([(tid, iteration, index) for (tid, iteration), index in self._grad_keys.items()],
+                            dtype=np.int64)
             series = np.array([self.catalog.series_id(tid, kind) for tid in keys[:, 0].tolist()], dtype=np.int64)
             self._rows.append(SummaryRows(series, keys[:, 1], rows[keys[:, 2]]))
         if parameter_rows:
@@ -147,14 +185,15 @@ class GradientRecording:
                 series = np.array([self.catalog.series_id(tid, kind) for tid, _ in gradients], dtype=np.int64)
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[parameter_rows]))
         if not self._deferring:
-            for tid, iteration, data in self._grad_snaps:
+            for (tid, iteration), data in self._grad_snaps.items():
                 self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
-            self._grad_snaps = []
+            self._grad_snaps = {}
         else:
             for item in self._deferred_grads:
                 if item.kind is None:
                     item.kind = kind
-        self._grad_keys = []
+        self._grad_keys = {}
+        self._set_grads, self._set_grad_bytes = {}, 0
         self._collect_values()
 
     def _collect_values(self) -> None:

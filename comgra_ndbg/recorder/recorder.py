@@ -164,8 +164,10 @@ class Recorder(GradientRecording):
         self._sample_categories: np.ndarray | None = None
         self._value_keys: list[tuple[int, int, int]] = []  # (series, iteration, row in the reducer)
         self._value_blocks: list[tuple[np.ndarray, list[int]]] = []  # (series, rows in the reducer), iteration 0
-        self._grad_keys: list[tuple[int, int, int]] = []  # (tensor, iteration, row in the reducer)
-        self._grad_snaps: list[tuple[int, int, Any]] = []
+        self._grad_keys: dict[tuple[int, int], int] = {}  # (tensor, iteration) -> row in the reducer
+        self._grad_snaps: dict[tuple[int, int], Any] = {}  # (tensor, iteration) -> snapshot
+        self._set_grads: dict[tuple[int, int], tuple[torch.Tensor | None, int]] = {}  # (gradient, version) so far
+        self._set_grad_bytes = 0
         self._parameter_grads: dict[int, int] = {}  # tensor id -> row in the reducer (gradients_in_hook)
         self._parameter_grad_snaps: dict[int, Any] = {}
         self._deferred_values: list[DeferredSnapshot] = []
@@ -497,7 +499,7 @@ class Recorder(GradientRecording):
             self._snaps.append((item.key, item.iteration, self._take(item.tensor, True, item.bounds)))
         for item in self._deferred_grads:
             if item.kind is None:  # not collected yet: the next _collect_gradients maps tensor to series
-                self._grad_snaps.append((item.key, item.iteration, self._take(item.tensor, True)))
+                self._grad_snaps[(item.key, item.iteration)] = self._take(item.tensor, True)
             else:
                 self._snaps.append((self.catalog.series_id(item.key, item.kind), item.iteration,
                                     self._take(item.tensor, True)))
@@ -677,6 +679,12 @@ class Recorder(GradientRecording):
         except Exception as error:  # a recorder problem must not break the training run
             self._warn(what, error, key)
             return None
+
+    def _note_once(self, key: str, message: str) -> None:
+        """Warn about a recording choice (not a failure) once per run and ``key``."""
+        if (key, "") not in self._warned:
+            self._warned.add((key, ""))
+            warnings.warn(f"comgra_ndbg: {message}", RecorderWarning, stacklevel=3)
 
     def _warn(self, what: str, error: BaseException, key: str = "") -> None:
         tag = (what + key, type(error).__name__)
