@@ -204,6 +204,13 @@ def test_opening_a_recording_paints_the_graph_and_the_tensor(browser: Any) -> No
     wait_for(lambda: statistic(browser, "count") == "12", "the output's statistics")
     assert text(browser, ids.STEP_LABEL) == "step 7 · 4 of 4 short steps"
     assert text(browser, ids.STATUS) == "a: 8 recorded steps, last 7 · complete"
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.TIMELINE_BOX} .js-plotly-plot"), "the timeline")
+    assert console_errors(browser) == []
+
+
+def console_errors(driver: Any) -> list[str]:
+    """The browser's console errors since the last call (Dash reports failed callbacks there)."""
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
 def test_clicking_a_node_selects_it_and_stepping_changes_the_values(browser: Any) -> None:
@@ -333,3 +340,7 @@ def test_steps_recorded_while_the_explorer_is_open_appear(browser: Any, live: tu
     wait_for(lambda: text(browser, ids.STATUS) == "live: 5 recorded steps, last 4 · live", "the new steps")
     click_stepper(browser, "step_type", -1)
     wait_for(lambda: text(browser, ids.STEP_LABEL).endswith("of 3 long steps"), "the grown slider")
+
+
+def test_the_whole_journey_left_no_console_error(browser: Any) -> None:
+    assert console_errors(browser) == []

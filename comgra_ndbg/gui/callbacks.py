@@ -218,6 +218,17 @@ def timeline_view(cache: ReaderCache, selection_data: dict[str, Any] | None, pre
     return timeline_figure(curves, title=title, y_label=selection.stat, step=selection.step, events=events), key
 
 
+def _present_timelines(view: tuple[Any, Any]) -> tuple[Any, Any]:
+    """``timeline_view``'s answer for the timelines on the page: the Tensors tab inserts the timeline after
+    the first selection, and a callback must not name an output that is not there yet (Dash reports it as an
+    error in the browser); with none there, nothing changes, the remembered key included."""
+    figure, key = view
+    present = len(ctx.outputs_list[0])
+    if not present:
+        return [], no_update
+    return [figure] * present, key
+
+
 def tensors_body(selection_data: dict[str, Any] | None, children: Any) -> Any:
     """The Tensors tab's body, inserted once the first selection is known (after the graph is drawn)."""
     return no_update if children or not selection_data else tensors_tab()
@@ -298,9 +309,9 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
                          "histogram": Output(ids.HISTOGRAM, "figure"), "values": Output(ids.VALUES, "children")},
                  inputs=[Input(ids.SELECTION, "data"), Input(ids.VALUES_MODE, "value"),
                          Input(ids.VALUES_PAGE, "value")])(locked(functools.partial(tensor_panel, cache)))
-    app.callback(Output(ids.TIMELINE, "figure"), Output(ids.TIMELINE_KEY, "data"), Input(ids.SELECTION, "data"),
-                 Input(ids.ANALYSES, "data"), State(ids.TIMELINE_KEY, "data"))(
-        locked(lambda selection_data, _analyses, key: timeline_view(cache, selection_data, key)))
+    app.callback(Output({"type": ids.TIMELINE_TYPE, "index": ALL}, "figure"), Output(ids.TIMELINE_KEY, "data"),
+                 Input(ids.SELECTION, "data"), Input(ids.ANALYSES, "data"), State(ids.TIMELINE_KEY, "data"))(
+        locked(lambda selection_data, _analyses, key: _present_timelines(timeline_view(cache, selection_data, key))))
     app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
                  prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
     tabs.register_tab_callbacks(app, cache, visualization, locked)
