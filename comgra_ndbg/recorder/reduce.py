@@ -4,6 +4,9 @@ Each ``add`` issues a handful of fused full reductions (``sum``, ``dot``, ``amin
 that stay on the device as 0-d tensors; ``collect`` stacks every pending scalar into one buffer and moves
 it to the host in a single copy, so a step costs one synchronisation, not one ``.item()`` per tensor.
 
+Small tensors off the host that ``add_many`` receives together (parameters, their gradients and updates)
+are reduced together by ``segmented``, in a dozen launches instead of eight per tensor.
+
 CPU tensors are summarised at once by the single-pass kernels of ``kernels`` (numpy when numba is
 missing), written straight into the row: on the host a torch op's dispatch costs more than the arithmetic
 on typical layer sizes. ``add`` can also copy the tensor in the same pass (``copy_to``) or summarise its
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from comgra_ndbg.recorder import kernels
+from comgra_ndbg.recorder import kernels, segmented
 from comgra_ndbg.store.schema import FIELD, identity_row
 
 __all__ = ["Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
@@ -38,6 +41,7 @@ _KNOWN_BOUNDS = {
 }
 _FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
 _MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
+_SEGMENT_COLUMNS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")]  # segment_moments' order
 _COUNT = FIELD["count"]
 
 
@@ -79,8 +83,9 @@ class Reducer:
         self._buffer = _identity_rows(64)  # rows [0, _size) are queued; the rest hold the merge identity
         self._size = 0
         self._pending: list[_Pending] = []
-        self._scalars: dict[torch.dtype, list[torch.Tensor]] = {}
-        self._slots: dict[torch.dtype, list[tuple[int, int]]] = {}
+        self._scalars: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        self._slots: dict[tuple[torch.device, torch.dtype], list[tuple[int, int]]] = {}
+        self._blocks: list[tuple[np.ndarray, torch.Tensor]] = []  # (rows, segment_moments' [k, 6] on the device)
 
     def __len__(self) -> int:
         return self._size
@@ -174,12 +179,19 @@ class Reducer:
             lean = [fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
                     for j, t in enumerate(tensors)]
         groups: dict[torch.dtype, list[int]] = {}
+        device_groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
         for j, tensor in enumerate(tensors):
+            start, copy_to = None if starts is None else starts[j], None if copies is None else copies[j]
             if lean[j]:
                 groups.setdefault(tensor.dtype, []).append(j)
+            elif not (batched and batched[j]) and _segmentable(tensor, start, copy_to):
+                device_groups.setdefault((tensor.device, tensor.dtype), []).append(j)
             else:
-                self._add_at(first + j, tensor, batched=bool(batched and batched[j]),
-                             start=None if starts is None else starts[j], copy_to=None if copies is None else copies[j])
+                self._add_at(first + j, tensor, batched=bool(batched and batched[j]), start=start, copy_to=copy_to)
+        for members in device_groups.values():
+            self._add_segmented([first + j for j in members], [tensors[j] for j in members],
+                                None if starts is None else [starts[j] for j in members],
+                                None if copies is None else [copies[j] for j in members])
         for dtype, members in groups.items():
             whole = len(members) == count  # every tensor is in this group: its rows are one slice of the buffer
             group = tensors if whole else [tensors[j] for j in members]
@@ -198,6 +210,22 @@ class Reducer:
                 self._buffer[[first + j for j in members]] = rows
         return list(range(first, first + count))
 
+    def _add_segmented(self, rows: list[int], tensors: list[torch.Tensor], starts: list[torch.Tensor] | None,
+                       copies: list[torch.Tensor] | None) -> None:
+        """Queue the summaries of small tensors of one device and dtype (of their difference to ``starts``;
+        ``copies`` receive a copy) into ``rows``, reduced together by ``segmented.segment_moments``."""
+        group = [t.detach() for t in tensors]
+        if copies is not None:
+            torch._foreach_copy_(copies, group)
+        if starts is not None:
+            group = list(torch._foreach_sub(group, [t.detach() for t in starts]))
+        kept = group if copies is None else copies  # what the exact recompute reads: the values as of now
+        for part in segmented.chunks([t.numel() for t in group]):
+            targets = np.array([rows[i] for i in part], dtype=np.int64)
+            self._buffer[targets, _COUNT] = [group[i].numel() for i in part]
+            self._blocks.append((targets, segmented.segment_moments([group[i] for i in part])))
+            self._pending.extend(_Pending(kept[i], rows[i], False, None) for i in part)
+
     def add_addressed(self, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, tensors: Sequence[torch.Tensor],
                       *, starts: Sequence[torch.Tensor] | None = None, start_addresses: np.ndarray | None = None,
                       copies: np.ndarray | None = None) -> range:
@@ -212,23 +240,35 @@ class Reducer:
         return range(first, first + len(sizes))
 
     def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:
-        self._scalars.setdefault(scalar.dtype, []).append(scalar)
-        self._slots.setdefault(scalar.dtype, []).append((row, field))
+        key = (scalar.device, scalar.dtype)
+        self._scalars.setdefault(key, []).append(scalar)
+        self._slots.setdefault(key, []).append((row, field))
 
     def collect(self) -> np.ndarray:
         """All queued rows, ``[n, NUM_FIELDS]``; the reducer is empty afterwards."""
         rows = self._buffer[:self._size].copy()
         self._buffer[:self._size] = _IDENTITY
         self._size = 0
-        if self._scalars:
-            dtypes = list(self._scalars)
-            packed = torch.cat([torch.stack(self._scalars[d]).to(torch.float64) for d in dtypes]).cpu().numpy()
-            slots = np.array([slot for d in dtypes for slot in self._slots[d]], dtype=np.int64)
-            rows[slots[:, 0], slots[:, 1]] = packed
-            for f in ("zeros", "dead_units"):
-                # count_nonzero counted the non-zero elements / units; store the zero ones.
-                _complement(rows, slots, packed, FIELD[f], FIELD["count"] if f == "zeros" else FIELD["units"])
-            suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1) | _cancels(rows)
+        if self._scalars or self._blocks:
+            keys = list(self._scalars)
+            host = _to_host([torch.stack(self._scalars[k]).to(torch.float64) for k in keys]
+                            + [block for _, block in self._blocks])
+            if keys:
+                packed = np.concatenate(host[:len(keys)])
+                slots = np.array([slot for k in keys for slot in self._slots[k]], dtype=np.int64)
+                rows[slots[:, 0], slots[:, 1]] = packed
+                for f in ("zeros", "dead_units"):
+                    # count_nonzero counted the non-zero elements / units; store the zero ones.
+                    _complement(rows, slots, packed, FIELD[f], FIELD["count"] if f == "zeros" else FIELD["units"])
+            wide = np.zeros(len(rows), dtype=np.bool_)  # rows summed in float64: they cancel much later
+            for (targets, _), values in zip(self._blocks, host[len(keys):]):
+                values = values.reshape(len(targets), -1)
+                rows[targets[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
+                rows[targets, FIELD["zeros"]] = rows[targets, _COUNT] - values[:, segmented.NONZERO]
+                wide[targets] = True
+            cancels = _cancels(rows)
+            cancels[wide] = _cancels(rows[wide], tolerance=1e-8)
+            suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1) | cancels
             if suspicious.any():
                 for pending in self._pending:
                     if suspicious[pending.row]:
@@ -237,7 +277,32 @@ class Reducer:
         self._pending.clear()
         self._scalars.clear()
         self._slots.clear()
+        self._blocks.clear()
         return rows
+
+
+def _to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
+    """Every tensor of ``parts`` as a flat float64 numpy array, in one copy per device."""
+    out: list[np.ndarray | None] = [None] * len(parts)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, part in enumerate(parts):
+        by_device.setdefault(part.device, []).append(i)
+    for members in by_device.values():
+        host = torch.cat([parts[i].reshape(-1) for i in members]).cpu().numpy()
+        for i, values in zip(members, np.split(host, np.cumsum([parts[i].numel() for i in members])[:-1])):
+            out[i] = values
+    return out
+
+
+def _segmentable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
+    """Whether ``add_many`` reduces ``tensor`` (and its start and copy) with ``segmented``."""
+    if not segmented.segmentable(tensor):
+        return False
+    for other in (start, copy_to):
+        if other is not None and not (other.dtype == tensor.dtype and other.device == tensor.device
+                                      and other.shape == tensor.shape and not other.is_neg()):
+            return False
+    return True
 
 
 def _reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
@@ -434,13 +499,13 @@ def _row_cancels(row: np.ndarray) -> bool:
     return n > 1 and q > 0 and q - s * s / n < 1e-2 * q
 
 
-def _cancels(rows: np.ndarray) -> np.ndarray:
+def _cancels(rows: np.ndarray, tolerance: float = 1e-2) -> np.ndarray:
     """Rows whose float32 sums cannot resolve the variance: when |mean| exceeds about 10 std, Σx²/n - mean²
     cancels catastrophically (a LayerNorm gain of 1 ± 1e-4 came out with std 0), so they get the exact
-    float64 recompute."""
+    float64 recompute. Sums taken in float64 hold out to a ``tolerance`` of about 1e-8."""
     s, q, n = rows[..., FIELD["sum"]], rows[..., FIELD["sum_sq"]], rows[..., FIELD["count"]]
     with np.errstate(all="ignore"):
-        return (n > 1) & (q > 0) & (q - s * s / np.maximum(n, 1) < 1e-2 * q)
+        return (n > 1) & (q > 0) & (q - s * s / np.maximum(n, 1) < tolerance * q)
 
 
 def _complement(rows: np.ndarray, slots: np.ndarray, packed: np.ndarray, field: int, total_field: int) -> None:

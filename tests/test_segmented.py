@@ -1,0 +1,132 @@
+"""Small device tensors reduced together (``recorder.segmented``), against numpy in float64.
+
+The segmented path serves tensors off the host; on a machine without a GPU the same code runs on CPU
+tensors by letting ``segmentable`` accept them and switching the compiled host kernels off, so every
+assertion here holds wherever the suite runs (and on CUDA as well when one is present).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_reduce import host, reference_row
+
+from comgra_ndbg.recorder import kernels, segmented
+from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.statistics import derive
+from comgra_ndbg.store.schema import FIELD
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+EXACT = [FIELD[f] for f in ("count", "nan", "inf", "zeros", "min", "max")]
+MOMENTS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs")]
+
+
+@pytest.fixture(autouse=True)
+def segmented_everywhere(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Route CPU tensors through the segmented path (as GPU tensors are); returns the sizes of every call."""
+    calls: list[int] = []
+    original = segmented.segment_moments
+
+    def counting(tensors):
+        calls.append(len(tensors))
+        return original(tensors)
+
+    monkeypatch.setattr(kernels, "AVAILABLE", False)
+    monkeypatch.setattr(segmented, "segmentable", lambda t: t.is_floating_point() and 0 < t.numel()
+                        <= segmented.SEGMENT_MAX and not t.is_neg())
+    monkeypatch.setattr(segmented, "segment_moments", counting)
+    return calls
+
+
+def tensors(device: str, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    shapes = [(16, 8), (16,), (3, 4, 5), (1,), (7, 7)]
+    out = [torch.randn(shape, generator=g).to(dtype) for shape in shapes]
+    out[1][::3] = 0
+    out[3][0] = 0
+    return [t.to(device) for t in out]
+
+
+def assert_rows(rows: np.ndarray, values: list[np.ndarray]) -> None:
+    for row, value in zip(rows, values):
+        expected = reference_row(value)
+        np.testing.assert_array_equal(row[EXACT], expected[EXACT])
+        np.testing.assert_allclose(row[MOMENTS], expected[MOMENTS], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_many_tensors_in_one_call_equal_numpy(device: str, dtype: torch.dtype, segmented_everywhere) -> None:
+    group = tensors(device, dtype)
+    reducer = Reducer()
+    indices = reducer.add_many(group)
+    rows = reducer.collect()[indices]
+    assert segmented_everywhere == [len(group)]
+    assert_rows(rows, [host(t) for t in group])  # float64 sums of the exact values: to double precision
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_updates_and_start_of_step_copies(device: str, segmented_everywhere) -> None:
+    now, before = tensors(device), [t * 0.5 + 1 for t in tensors(device)]
+    copies = [torch.empty_like(t) for t in now]
+    reducer = Reducer()
+    values = reducer.add_many(now, copies=copies)
+    updates = reducer.add_many(now, starts=before)
+    rows = reducer.collect()
+    assert segmented_everywhere == [len(now), len(now)]
+    for copy, tensor in zip(copies, now):
+        assert torch.equal(copy, tensor)
+    assert_rows(rows[values], [host(t) for t in now])
+    assert_rows(rows[updates], [host(a - b) for a, b in zip(now, before)])  # ΔW as float32 holds it
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_finite_rows_are_recomputed_exactly(device: str) -> None:
+    group = tensors(device)
+    group[0][0, 0], group[0][1, 1], group[2][0, 0, 0] = float("nan"), float("inf"), float("-inf")
+    reducer = Reducer()
+    indices = reducer.add_many(group)
+    rows = reducer.collect()[indices]
+    assert rows[0, FIELD["nan"]] == 1 and rows[0, FIELD["inf"]] == 1 and rows[2, FIELD["inf"]] == 1
+    assert_rows(rows, [host(t) for t in group])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_mean_that_dwarfs_the_spread_keeps_its_std(device: str) -> None:
+    """float64 sums resolve a LayerNorm gain of 1 ± 1e-4 without the exact recompute."""
+    g = torch.Generator().manual_seed(5)
+    gain = (1 + 1e-4 * torch.randn(512, generator=g)).to(device)
+    reducer = Reducer()
+    [index] = reducer.add_many([gain])
+    row = reducer.collect()[index]
+    expected = host(gain).std()
+    assert derive(row[None])["std"][0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_chunks_bound_the_concatenation(monkeypatch: pytest.MonkeyPatch, segmented_everywhere) -> None:
+    monkeypatch.setattr(segmented, "CHUNK", 100)
+    group = tensors("cpu")  # 128, 16, 60, 1, 49 elements
+    reducer = Reducer()
+    indices = reducer.add_many(group)
+    rows = reducer.collect()[indices]
+    assert segmented_everywhere == [1, 3, 1]
+    assert_rows(rows, [host(t) for t in group])
+
+
+def test_mixed_groups_keep_the_order_of_add(segmented_everywhere) -> None:
+    """Tensors of two dtypes, a batched one (reduced on its own) and an empty one, in one call."""
+    group = [torch.ones(3), torch.arange(4, dtype=torch.float64), torch.zeros(0), torch.full((2, 3), 2.0),
+             torch.tensor([1.5, -1.5], dtype=torch.float64)]
+    reducer = Reducer()
+    indices = reducer.add_many(group, batched=[False, False, False, True, False])
+    rows = reducer.collect()[indices]
+    assert sorted(segmented_everywhere) == [1, 2]  # float32: the first; float64: two; batched and empty apart
+    assert rows[:, FIELD["count"]].tolist() == [3, 4, 0, 6, 2]
+    assert rows[:, FIELD["sum"]].tolist() == [3.0, 6.0, 0.0, 12.0, 0.0]
+    assert rows[3, FIELD["units"]] == 3
+
+
+def test_segment_lengths_are_made_once_per_layout() -> None:
+    lengths = segmented._lengths(torch.device("cpu"), (2, 3))
+    assert lengths.tolist() == [2, 3]
+    assert segmented._lengths(torch.device("cpu"), (2, 3)) is lengths
