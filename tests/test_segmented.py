@@ -27,9 +27,9 @@ def segmented_everywhere(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     original = segmented.segment_moments
 
-    def counting(tensors):
+    def counting(tensors, *args):
         calls.append(len(tensors))
-        return original(tensors)
+        return original(tensors, *args)
 
     monkeypatch.setattr(kernels, "AVAILABLE", False)
     monkeypatch.setattr(segmented, "segmentable", lambda t: t.is_floating_point() and 0 < t.numel()
@@ -114,19 +114,50 @@ def test_chunks_bound_the_concatenation(monkeypatch: pytest.MonkeyPatch, segment
 
 
 def test_mixed_groups_keep_the_order_of_add(segmented_everywhere) -> None:
-    """Tensors of two dtypes, a batched one (reduced on its own) and an empty one, in one call."""
+    """Tensors of two dtypes, a batched one and an empty one (reduced apart) in one call."""
     group = [torch.ones(3), torch.arange(4, dtype=torch.float64), torch.zeros(0), torch.full((2, 3), 2.0),
              torch.tensor([1.5, -1.5], dtype=torch.float64)]
     reducer = Reducer()
     indices = reducer.add_many(group, batched=[False, False, False, True, False])
     rows = reducer.collect()[indices]
-    assert sorted(segmented_everywhere) == [1, 2]  # float32: the first; float64: two; batched and empty apart
+    assert sorted(segmented_everywhere) == [2, 2]  # float32: the first and the batched one; float64: two
     assert rows[:, FIELD["count"]].tolist() == [3, 4, 0, 6, 2]
     assert rows[:, FIELD["sum"]].tolist() == [3.0, 6.0, 0.0, 12.0, 0.0]
-    assert rows[3, FIELD["units"]] == 3
+    assert rows[:, FIELD["units"]].tolist() == [0, 0, 0, 3, 0]
+    assert rows[:, FIELD["dead_units"]].tolist() == [0, 0, 0, 0, 0]
 
 
-def test_segment_lengths_are_made_once_per_layout() -> None:
-    lengths = segmented._lengths(torch.device("cpu"), (2, 3))
-    assert lengths.tolist() == [2, 3]
-    assert segmented._lengths(torch.device("cpu"), (2, 3)) is lengths
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_tensors_count_dead_and_saturated_units(device: str, segmented_everywhere) -> None:
+    """Activations registered one by one: copied at once, reduced together at collect(), with their units
+    and saturation counted as numpy counts them."""
+    g = torch.Generator().manual_seed(9)
+    hidden = torch.tanh(3 * torch.randn(6, 5, generator=g))
+    hidden[:, 1] = 0  # a dead unit
+    hidden[:, 3] = 0.999  # saturated in every sample
+    relu = torch.relu(torch.randn(6, 2, 3, generator=g))
+    relu[:, 0] = 0
+    weight = torch.randn(5, 5, generator=g)
+    cases = [(hidden, True, (-1.0, 1.0)), (relu, True, None), (weight, False, None), (hidden.sum(0), False, (-1.0, 1.0))]
+    expected = [reference_row(host(t), batched=b, bounds=bounds) for t, b, bounds in cases]
+    reducer = Reducer()
+    registered = [t.to(device) for t, _, _ in cases]
+    indices = [reducer.add(t, batched=b, bounds=bounds) for t, (_, b, bounds) in zip(registered, cases)]
+    registered[0].mul_(0)  # changed after registration: the row keeps the values it had
+    assert segmented_everywhere == []  # nothing reduced before collect()
+    rows = reducer.collect()[indices]
+    assert segmented_everywhere == [4]
+    np.testing.assert_allclose(rows, np.stack(expected), rtol=1e-12, atol=1e-12)
+    assert rows[0, FIELD["dead_units"]] == 1 and rows[0, FIELD["saturated_units"]] >= 1
+    assert rows[1, FIELD["dead_units"]] == 3 and rows[1, FIELD["units"]] == 6
+
+
+def test_segment_layouts_are_made_once() -> None:
+    device = torch.device("cpu")
+    layout = segmented._layout(device, (4, 3), (2, 0), (None, (-0.5, 0.5)))
+    assert layout.units.tolist() == [0, 1, 0, 1, 2, 3, 4]
+    assert layout.unit_counts == (2, 3) and layout.unit_bounded.tolist() == [0, 0, 0, 0, 0]
+    assert layout.offsets(2).tolist() == [0, 4, 7, 11, 14]
+    assert layout.unit_offsets(1).tolist() == [0, 2, 5]
+    assert segmented._layout(device, (4, 3), (2, 0), (None, (-0.5, 0.5))) is layout
+    assert layout.offsets(2) is layout.offsets(2)

@@ -75,6 +75,25 @@ class _Pending:
     bounds: tuple[float, float] | None
 
 
+@dataclass
+class _Block:
+    """Rows that ``segmented.segment_moments`` computed on the device, waiting for ``collect``'s host copy."""
+
+    rows: np.ndarray
+    moments: torch.Tensor
+    batched: np.ndarray  # per row: has units
+    bounded: np.ndarray  # per row: has saturation bounds
+
+    def write(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Put the block's host ``values`` (``[k, 9]``) into the reducer's ``rows``."""
+        rows[self.rows[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
+        rows[self.rows, FIELD["zeros"]] = rows[self.rows, _COUNT] - values[:, segmented.NONZERO]
+        rows[self.rows[self.batched], FIELD["dead_units"]] = values[self.batched, segmented.DEAD]
+        rows[self.rows[self.bounded], FIELD["saturated"]] = values[self.bounded, segmented.SATURATED]
+        both = self.batched & self.bounded
+        rows[self.rows[both], FIELD["saturated_units"]] = values[both, segmented.SATURATED_UNITS]
+
+
 class Reducer:
     """Accumulates reductions of many tensors and returns them as one ``[n, NUM_FIELDS]`` float64 array."""
 
@@ -85,7 +104,8 @@ class Reducer:
         self._pending: list[_Pending] = []
         self._scalars: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         self._slots: dict[tuple[torch.device, torch.dtype], list[tuple[int, int]]] = {}
-        self._blocks: list[tuple[np.ndarray, torch.Tensor]] = []  # (rows, segment_moments' [k, 6] on the device)
+        self._blocks: list[_Block] = []  # segment_moments' rows on the device, not yet copied to the host
+        self._deferred: list[tuple[int, torch.Tensor, int, tuple[float, float] | None]] = []  # row, copy, batch, bounds
 
     def __len__(self) -> int:
         return self._size
@@ -115,6 +135,11 @@ class Reducer:
             if _kernel_summary(tensor.detach().numpy(), row, batch, bounds, self.saturation_margin):
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(tensor.detach(), row)
+            return row_index
+        if start is None and copy_to is None and segmented.segmentable(tensor):
+            # a copy now (in stream order, before any later in-place change); reduced with the rest in collect()
+            batch = tensor.shape[0] if batched and tensor.dim() else 0
+            self._deferred.append((row_index, tensor.detach().clone(), batch, bounds))
             return row_index
         self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
         return row_index
@@ -184,14 +209,16 @@ class Reducer:
             start, copy_to = None if starts is None else starts[j], None if copies is None else copies[j]
             if lean[j]:
                 groups.setdefault(tensor.dtype, []).append(j)
-            elif not (batched and batched[j]) and _segmentable(tensor, start, copy_to):
+            elif _segmentable(tensor, start, copy_to):
                 device_groups.setdefault((tensor.device, tensor.dtype), []).append(j)
             else:
                 self._add_at(first + j, tensor, batched=bool(batched and batched[j]), start=start, copy_to=copy_to)
         for members in device_groups.values():
             self._add_segmented([first + j for j in members], [tensors[j] for j in members],
                                 None if starts is None else [starts[j] for j in members],
-                                None if copies is None else [copies[j] for j in members])
+                                None if copies is None else [copies[j] for j in members],
+                                [tensors[j].shape[0] if batched and batched[j] and tensors[j].dim() else 0
+                                 for j in members])
         for dtype, members in groups.items():
             whole = len(members) == count  # every tensor is in this group: its rows are one slice of the buffer
             group = tensors if whole else [tensors[j] for j in members]
@@ -211,20 +238,44 @@ class Reducer:
         return list(range(first, first + count))
 
     def _add_segmented(self, rows: list[int], tensors: list[torch.Tensor], starts: list[torch.Tensor] | None,
-                       copies: list[torch.Tensor] | None) -> None:
+                       copies: list[torch.Tensor] | None, batches: list[int],
+                       bounds: list[tuple[float, float] | None] | None = None) -> None:
         """Queue the summaries of small tensors of one device and dtype (of their difference to ``starts``;
-        ``copies`` receive a copy) into ``rows``, reduced together by ``segmented.segment_moments``."""
+        ``copies`` receive a copy) into ``rows``, reduced together by ``segmented.segment_moments``;
+        ``batches`` holds each tensor's batch size (0: batch-less), ``bounds`` its saturation bounds."""
         group = [t.detach() for t in tensors]
         if copies is not None:
             torch._foreach_copy_(copies, group)
         if starts is not None:
             group = list(torch._foreach_sub(group, [t.detach() for t in starts]))
         kept = group if copies is None else copies  # what the exact recompute reads: the values as of now
+        bounds = bounds or [None] * len(group)
+        margin = self.saturation_margin
+        thresholds = [None if b is None else (b[0] + margin * (b[1] - b[0]), b[1] - margin * (b[1] - b[0]))
+                      for b in bounds]
         for part in segmented.chunks([t.numel() for t in group]):
             targets = np.array([rows[i] for i in part], dtype=np.int64)
-            self._buffer[targets, _COUNT] = [group[i].numel() for i in part]
-            self._blocks.append((targets, segmented.segment_moments([group[i] for i in part])))
-            self._pending.extend(_Pending(kept[i], rows[i], False, None) for i in part)
+            sizes = np.array([group[i].numel() for i in part], dtype=np.int64)
+            part_batches = np.array([batches[i] for i in part], dtype=np.int64)
+            bounded = np.array([bounds[i] is not None for i in part])
+            self._buffer[targets, _COUNT] = sizes
+            self._buffer[targets[part_batches > 0], FIELD["units"]] = (sizes // np.maximum(part_batches, 1))[
+                part_batches > 0]
+            self._buffer[targets[bounded], FIELD["bounded"]] = sizes[bounded]
+            moments = segmented.segment_moments([group[i] for i in part], part_batches.tolist(),
+                                                [thresholds[i] for i in part])
+            self._blocks.append(_Block(targets, moments, part_batches > 0, bounded))
+            self._pending.extend(_Pending(kept[i], rows[i], batches[i] > 0, bounds[i]) for i in part)
+
+    def _reduce_deferred(self) -> None:
+        """Reduce the copies ``add`` kept of small device tensors, one segmented call per device and dtype."""
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, (_, tensor, _, _) in enumerate(self._deferred):
+            groups.setdefault((tensor.device, tensor.dtype), []).append(i)
+        deferred, self._deferred = self._deferred, []
+        for members in groups.values():
+            self._add_segmented([deferred[i][0] for i in members], [deferred[i][1] for i in members], None, None,
+                                [deferred[i][2] for i in members], [deferred[i][3] for i in members])
 
     def add_addressed(self, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, tensors: Sequence[torch.Tensor],
                       *, starts: Sequence[torch.Tensor] | None = None, start_addresses: np.ndarray | None = None,
@@ -246,13 +297,15 @@ class Reducer:
 
     def collect(self) -> np.ndarray:
         """All queued rows, ``[n, NUM_FIELDS]``; the reducer is empty afterwards."""
+        if self._deferred:
+            self._reduce_deferred()
         rows = self._buffer[:self._size].copy()
         self._buffer[:self._size] = _IDENTITY
         self._size = 0
         if self._scalars or self._blocks:
             keys = list(self._scalars)
             host = _to_host([torch.stack(self._scalars[k]).to(torch.float64) for k in keys]
-                            + [block for _, block in self._blocks])
+                            + [block.moments for block in self._blocks])
             if keys:
                 packed = np.concatenate(host[:len(keys)])
                 slots = np.array([slot for k in keys for slot in self._slots[k]], dtype=np.int64)
@@ -261,11 +314,9 @@ class Reducer:
                     # count_nonzero counted the non-zero elements / units; store the zero ones.
                     _complement(rows, slots, packed, FIELD[f], FIELD["count"] if f == "zeros" else FIELD["units"])
             wide = np.zeros(len(rows), dtype=np.bool_)  # rows summed in float64: they cancel much later
-            for (targets, _), values in zip(self._blocks, host[len(keys):]):
-                values = values.reshape(len(targets), -1)
-                rows[targets[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
-                rows[targets, FIELD["zeros"]] = rows[targets, _COUNT] - values[:, segmented.NONZERO]
-                wide[targets] = True
+            for block, values in zip(self._blocks, host[len(keys):]):
+                block.write(rows, values.reshape(len(block.rows), -1))
+                wide[block.rows] = True
             cancels = _cancels(rows)
             cancels[wide] = _cancels(rows[wide], tolerance=1e-8)
             suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1) | cancels
