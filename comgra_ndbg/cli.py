@@ -59,13 +59,16 @@ def _info(args: argparse.Namespace) -> int:
     for trial in list_trials(args.path):
         with open_recording(args.path, trial) as recording:
             steps = recording.steps
-            span = f"steps {int(steps.min())}–{int(steps.max())}" if len(steps) else "no step yet"
-            print(f"trial {trial}: {len(steps)} recorded {span}, "
-                  f"{'complete' if recording.is_complete else 'live (still being written)'}")
+            if len(steps) > 1:
+                span = f"{len(steps)} recorded steps {int(steps.min())}–{int(steps.max())}"
+            else:
+                span = f"1 recorded step ({int(steps[0])})" if len(steps) else "no recorded step yet"
+            print(f"trial {trial}: {span}, {'complete' if recording.is_complete else 'live (still being written)'}")
             for step_type in recording.step_types:
-                print(f"  step type {step_type}: {len(recording.steps_of_type(step_type))} steps")
-            print(f"  {len(recording.nodes)} nodes, {len(recording.tensors)} tensors, kinds "
-                  f"{', '.join(recording.kinds())}")
+                print(f"  step type {step_type}: {_plural(len(recording.steps_of_type(step_type)), 'step')}")
+            kinds = recording.kinds()
+            print(f"  {_plural(len(recording.nodes), 'node')}, {_plural(len(recording.tensors), 'tensor')}"
+                  + (f", kinds {', '.join(kinds)}" if kinds else ""))
             if recording.kpi_names:
                 print(f"  KPIs: {', '.join(recording.kpi_names)}")
             if recording.notes:
@@ -74,6 +77,15 @@ def _info(args: argparse.Namespace) -> int:
     parts = ", ".join(f"{trial} {_human_size(size)}" for trial, size in sizes.items())
     print(f"on disk: {_human_size(sum(sizes.values()))} in {len(sizes)} trial{'s' * (len(sizes) != 1)} ({parts})")
     return 0
+
+
+def _plural(count: int, noun: str) -> str:
+    """``count`` and ``noun``, with an s unless there is exactly one.
+
+    >>> _plural(1, "recorded step"), _plural(0, "node"), _plural(12, "tensor")
+    ('1 recorded step', '0 nodes', '12 tensors')
+    """
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _disk_size(location: Path) -> int:
@@ -163,7 +175,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _explain_text(trial: str, diagnosis: Any, *, fresh: bool, max_events: int) -> str:
     """A trial's diagnosis for a terminal: hypotheses best first, then the events in step order."""
     source = "analysed now" if fresh else "stored analysis"
-    lines = [f"trial {trial}: {diagnosis.num_steps} recorded steps ({source})"]
+    lines = [f"trial {trial}: {_plural(diagnosis.num_steps, 'recorded step')} ({source})"]
     if diagnosis.healthy:
         lines.append("  no failure found")
     else:

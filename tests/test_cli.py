@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from comgra_ndbg import cli, open_recording
+from comgra_ndbg import Recorder, cli, open_recording
 from comgra_ndbg.analysis import analyze, diagnosis_from_dict, to_dict
 from comgra_ndbg.demo import run_demo
 from comgra_ndbg.export import SUMMARY_COLUMNS
@@ -109,6 +110,22 @@ def test_info_shows_trials_steps_nodes_and_size_on_disk(group: Path, capsys: pyt
     assert lines[-1].startswith(f"on disk: {cli._human_size(sum(sizes.values()))} in 2 trials (buggy ")
     assert [cli._human_size(n) for n in (0, 1023, 1536, 5 * 2**20, 3 * 2**30)] == [
         "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "3.0 GiB"]
+
+
+def test_info_and_explain_count_in_words_for_empty_and_one_step_trials(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with Recorder(tmp_path, "empty"):
+        pass
+    with Recorder(tmp_path, "one") as rec:
+        with rec.step(4):
+            rec.register_tensor("x", torch.ones(2))
+    code, out, _ = run(["info", str(tmp_path)], capsys)
+    assert code == 0
+    assert out.splitlines()[:5] == ["trial empty: no recorded step yet, complete", "  0 nodes, 0 tensors",
+                                    "trial one: 1 recorded step (4), complete", "  step type default: 1 step",
+                                    "  1 node, 1 tensor, kinds value"]
+    code, out, _ = run(["explain", str(tmp_path), "--trial", "one"], capsys)
+    assert out.splitlines()[0] == "trial one: 1 recorded step (analysed now)"
 
 
 def test_export_csv_is_a_tidy_table_matching_the_reader(group: Path, tmp_path: Path,
