@@ -294,8 +294,8 @@ def test_a_later_gradient_set_holds_what_its_own_backward_passes_added_to_the_pa
         for kind, which in (("grad:a", 0), ("grad:b", 1)):
             np.testing.assert_allclose(recording.summary("layer.weight", kind, "l2")[1],
                                        [expected[s][which].double().norm() for s in (0, 1)], rtol=1e-5)
-            np.testing.assert_allclose(recording.snapshot(1, "layer.weight", kind).dense(), expected[1][which].numpy(),
-                                       rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(recording.snapshot(1, "layer.weight", kind).dense(),
+                                       expected[1][which].numpy(), rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(recording.summary("out", "grad:b", "mean")[1],
                                    [(2 * out + 3 / 20).mean().item()] * 2, rtol=1e-5)
 
@@ -319,7 +319,8 @@ def test_backward_passes_of_one_set_add_up_in_a_registered_tensor(tmp_path: Path
 
     out = record("sum")
     with open_recording(tmp_path, "sum") as recording:
-        np.testing.assert_allclose(recording.snapshot(0, "out", "grad").dense(), (2 * out + 3 / 20).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(recording.snapshot(0, "out", "grad").dense(), (2 * out + 3 / 20).numpy(),
+                                   rtol=1e-6)
         np.testing.assert_allclose(recording.summary("out", "grad", "mean")[1], [(2 * out + 3 / 20).mean().item()],
                                    rtol=1e-5)
         assert recording.summary("out", "grad", "count")[1].tolist() == [20]

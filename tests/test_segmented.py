@@ -138,7 +138,8 @@ def test_batched_tensors_count_dead_and_saturated_units(device: str, segmented_e
     relu = torch.relu(torch.randn(6, 2, 3, generator=g))
     relu[:, 0] = 0
     weight = torch.randn(5, 5, generator=g)
-    cases = [(hidden, True, (-1.0, 1.0)), (relu, True, None), (weight, False, None), (hidden.sum(0), False, (-1.0, 1.0))]
+    cases = [(hidden, True, (-1.0, 1.0)), (relu, True, None), (weight, False, None),
+             (hidden.sum(0), False, (-1.0, 1.0))]
     expected = [reference_row(host(t), batched=b, bounds=bounds) for t, b, bounds in cases]
     reducer = Reducer()
     registered = [t.to(device) for t, _, _ in cases]
