@@ -54,6 +54,7 @@ class ParameterTracker:
     _hooks: list[Any] = field(default_factory=list)
     _step_hooks: list[Any] = field(default_factory=list)
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
+    _names: dict[str, torch.nn.Parameter] | None = None
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
               on_gradient: Callable[[int, torch.Tensor], None] | None = None) -> None:
@@ -77,6 +78,7 @@ class ParameterTracker:
             if parameter.requires_grad and on_gradient is not None:
                 self._hooks.append(parameter.register_post_accumulate_grad_hook(_hand_over(entry, on_gradient)))
         self._buffers = None
+        self._names = None
 
     def watch(self) -> None:
         """Mark parameters that receive a gradient from now until ``unwatch()`` as fresh.
@@ -96,7 +98,10 @@ class ParameterTracker:
         self._step_hooks = []
 
     def names(self) -> dict[str, torch.nn.Parameter]:
-        return {t.name: t.parameter for t in self.tracked}
+        """Every tracked parameter by name (the same dict until ``track`` or ``close``; do not change it)."""
+        if self._names is None:
+            self._names = {t.name: t.parameter for t in self.tracked}
+        return self._names
 
     def values(self) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, detached value) of every tracked parameter."""
@@ -197,6 +202,7 @@ class ParameterTracker:
         self._hooks.clear()
         self.tracked.clear()
         self._buffers = None
+        self._names = None
 
 
 @dataclass(frozen=True)

@@ -131,8 +131,10 @@ class Reducer:
         if start is None and copy_to is None and kernels.AVAILABLE and _lean(tensor):  # the common case
             row = self._buffer[row_index]
             row[_COUNT] = tensor.numel()
-            batch = tensor.shape[0] if batched and tensor.dim() else 0
-            if _kernel_summary(tensor.detach().numpy(), row, batch, bounds, self.saturation_margin):
+            host = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+            batch = tensor.shape[0] if batched and host.ndim else 0
+            thresholds = None if bounds is None else _thresholds(bounds, self.saturation_margin, host.dtype)
+            if kernels.summarize(host.reshape(batch or 1, -1), row, thresholds, batch > 0):
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(tensor.detach(), row)
             return row_index

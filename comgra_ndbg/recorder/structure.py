@@ -30,6 +30,7 @@ class StructureTracker:
         self._found: list[TensorEdge] = []  # edges autograd showed elsewhere (an eager pass of a compiled model)
         self.pending = False  # something was registered or declared since the last discovery (it would do work)
         self.autograd = True  # False: this step's edges are all declared (an eager pass of a compiled model)
+        self._last: tuple | None = None  # (signature, step type, structure hash) of the last discovery
 
     def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
         self._registered.append((name, iteration, tensor))
@@ -57,6 +58,10 @@ class StructureTracker:
         self.pending = False
         signature = (structure_signature(registered, parameters), tuple(sorted(manual)), tuple(sorted(set(found))),
                      self.autograd)
+        last = self._last
+        if last is not None and last[1] == step_type and last[0] == signature:  # the common case: as last step
+            self.catalog.set_graph_of_type(step_type, last[2])
+            return
         cached = self.cache.get_or_build(signature, step_type,
                                          lambda: self._build(registered, parameters, manual, found))
         if cached.new_structure:
@@ -65,6 +70,7 @@ class StructureTracker:
                 {"graph": graph_to_dict(cached.graph), "positions": {k: list(v) for k, v in positions.items()}},
                 sort_keys=True))
         self.catalog.set_graph_of_type(step_type, cached.structure_hash)
+        self._last = (signature, step_type, cached.structure_hash)
 
     def _build(self, registered: list, parameters: Mapping[str, torch.Tensor], manual: list[TensorEdge],
                found: list[TensorEdge] = ()):
