@@ -12,6 +12,11 @@ a machine shared with other work).
 "hooks only" is NeuralDbg with a policy that skips every step: the hooks, step detection and the loss KPI
 run, no statistic is computed, so it isolates the instrumentation from the Recorder's reductions.
 
+"statistics alone" is a floor for any instrumentation of these loops on this machine: the statistics that
+NeuralDbg's summaries hold (every leaf module's output and its gradient, every parameter's value,
+gradient and update, the input, target and loss) from the same compiled kernels, called directly from
+bare forward hooks with ``retain_grad`` for the gradients, and nothing else: no bookkeeping, no storage.
+
 Run: ``python benchmarks/neuraldbg_overhead.py [--steps 200] [--rounds 5] [--threads N]``.
 """
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -31,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.overhead import BATCH, MLP, make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
+from comgra_ndbg.recorder import kernels  # noqa: E402
 
 VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, LAYERS, TOKENS_BATCH = 256, 32, 128, 4, 256, 2, 16
 
@@ -96,6 +103,57 @@ def run(make_model: Callable[[], nn.Module], data: list, options: dict | None, f
     return statistics.median(wall[10:]), statistics.median(cpu[10:])
 
 
+def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, float]:
+    """``run`` computing NeuralDbg's per-step statistics with direct kernel calls (see the module doc);
+    returns the median wall-clock and CPU seconds per step after 10 warm-up steps."""
+    torch.manual_seed(0)
+    model, criterion = make_model(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
+    copies = [torch.empty_like(p) for p in params]
+    dtype = np.dtype(np.float32)
+    addresses = np.array([p.data_ptr() for p in params], dtype=np.int64)
+    sizes = np.array([p.numel() for p in params], dtype=np.int64)
+    copy_addresses = np.array([c.data_ptr() for c in copies], dtype=np.int64)
+    rows = np.zeros((len(params), 14))
+    row = np.zeros(14)
+    outputs: list[torch.Tensor] = []
+
+    def summarize(t: torch.Tensor) -> None:
+        host = t.detach().to(torch.float32).contiguous().numpy()
+        kernels.summarize(host.reshape(host.shape[0] if host.ndim else 1, -1), row, None, host.ndim > 0)
+
+    def hook(module: nn.Module, args: tuple, output: object) -> None:
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.retain_grad()
+            outputs.append(output)
+            summarize(output)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    wall, cpu = [], []
+    for inputs, targets in data:
+        t0, c0 = time.perf_counter(), time.process_time()
+        outputs.clear()
+        kernels.moments_many(dtype, addresses, sizes, rows, copies=copy_addresses)
+        summarize(inputs)
+        summarize(targets)
+        optimizer.zero_grad()
+        loss = criterion(model(inputs), targets)
+        summarize(loss)
+        loss.backward()
+        for output in outputs:
+            if output.grad is not None:
+                summarize(output.grad)
+        kernels.moments_many(dtype, np.array([p.grad.data_ptr() for p in params], dtype=np.int64), sizes, rows)
+        optimizer.step()
+        kernels.moments_many(dtype, addresses, sizes, rows, starts=copy_addresses)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    for handle in handles:
+        handle.remove()
+    return statistics.median(wall[10:]), statistics.median(cpu[10:])
+
+
 VARIANTS = {
     "bare": None,
     "disabled": dict(enabled=False),
@@ -109,6 +167,7 @@ LABELS = {
     "hooks only": "NeuralDbg, hooks only (every step skipped)",
     "summaries": "NeuralDbg, summaries every step",
     "summaries+snapshots": "NeuralDbg, summaries every step, snapshots every 10th",
+    "floor": "statistics alone, no bookkeeping (a floor)",
 }
 
 
@@ -124,18 +183,21 @@ def main() -> None:
         f"transformer {LAYERS}x{WIDTH}, seq {SEQUENCE}, batch {TOKENS_BATCH}": (TinyTransformer,
                                                                        token_data(args.steps)),
     }
-    results = {(m, v): [] for m in models for v in VARIANTS}
+    variants = list(VARIANTS) + (["floor"] if kernels.AVAILABLE else [])
+    results = {(m, v): [] for m in models for v in variants}
     with tempfile.TemporaryDirectory() as folder:
         for r in range(args.rounds):
             for i, (m, (make_model, data)) in enumerate(models.items()):
                 for v, options in VARIANTS.items():
                     results[(m, v)].append(run(make_model, data, options, folder, f"{v}-{r}-{i}"))
+                if kernels.AVAILABLE:
+                    results[(m, "floor")].append(run_floor(make_model, data))
     print(f"NeuralDbg overhead, CPU ({torch.get_num_threads()} threads), {args.steps} steps x {args.rounds} rounds, "
           f"median step time (batch {BATCH} for the MLP)")
     for m in models:
         bare_wall, bare_cpu = (statistics.median(x) for x in zip(*results[(m, "bare")]))
         print(f"{m}")
-        for v in VARIANTS:
+        for v in variants:
             wall, cpu = (statistics.median(x) for x in zip(*results[(m, v)]))
             print(f"  {LABELS[v]:<55} {wall * 1e3:8.3f} ms/step  ratio {wall / bare_wall:5.3f}x   "
                   f"CPU {cpu * 1e3:8.3f} ms/step  ratio {cpu / bare_cpu:5.3f}x")
