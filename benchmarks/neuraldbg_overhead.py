@@ -35,7 +35,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.overhead import BATCH, MLP, make_data  # noqa: E402
+from benchmarks.overhead import BATCH, MLP, ParameterPasses, make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
 from comgra_ndbg.recorder import kernels  # noqa: E402
 
@@ -109,13 +109,7 @@ def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, f
     torch.manual_seed(0)
     model, criterion = make_model(), nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    params = list(model.parameters())
-    copies = [torch.empty_like(p) for p in params]
-    dtype = np.dtype(np.float32)
-    addresses = np.array([p.data_ptr() for p in params], dtype=np.int64)
-    sizes = np.array([p.numel() for p in params], dtype=np.int64)
-    copy_addresses = np.array([c.data_ptr() for c in copies], dtype=np.int64)
-    rows = np.zeros((len(params), 14))
+    passes = ParameterPasses(model)
     row = np.zeros(14)
     outputs: list[torch.Tensor] = []
 
@@ -134,7 +128,7 @@ def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, f
     for inputs, targets in data:
         t0, c0 = time.perf_counter(), time.process_time()
         outputs.clear()
-        kernels.moments_many(dtype, addresses, sizes, rows, copies=copy_addresses)
+        passes.values()
         summarize(inputs)
         summarize(targets)
         optimizer.zero_grad()
@@ -144,9 +138,9 @@ def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, f
         for output in outputs:
             if output.grad is not None:
                 summarize(output.grad)
-        kernels.moments_many(dtype, np.array([p.grad.data_ptr() for p in params], dtype=np.int64), sizes, rows)
+        passes.gradients()
         optimizer.step()
-        kernels.moments_many(dtype, addresses, sizes, rows, starts=copy_addresses)
+        passes.updates()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     for handle in handles:

@@ -97,6 +97,31 @@ def run(data: list, rec: Recorder | None, *, with_close: bool = False) -> float:
     return statistics.median(times[10:])
 
 
+class ParameterPasses:
+    """The floor's three kernel passes over a float32 model's parameters, each one call for all of them:
+    values with the start-of-step copy, gradients, and updates against that copy."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = list(model.parameters())
+        self.dtype = np.dtype(np.float32)
+        self._copies = [torch.empty_like(p) for p in self.params]
+        self._addresses = np.array([p.data_ptr() for p in self.params], dtype=np.int64)
+        self._sizes = np.array([p.numel() for p in self.params], dtype=np.int64)
+        self._copy_addresses = np.array([c.data_ptr() for c in self._copies], dtype=np.int64)
+        self._rows = np.zeros((len(self.params), 14))
+
+    def values(self) -> None:
+        kernels.moments_many(self.dtype, self._addresses, self._sizes, self._rows, copies=self._copy_addresses)
+
+    def gradients(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        kernels.moments_many(self.dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
+                             np.array([g.numel() for g in grads], dtype=np.int64), self._rows[:len(grads)])
+
+    def updates(self) -> None:
+        kernels.moments_many(self.dtype, self._addresses, self._sizes, self._rows, starts=self._copy_addresses)
+
+
 def run_floor(data: list) -> float:
     """Train over ``data`` computing what the recorder summarizes every step (parameter values with the
     start-of-step copy, their gradients and updates; every registered tensor's value and gradient, dead
@@ -104,19 +129,14 @@ def run_floor(data: list) -> float:
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    params = list(model.parameters())
-    copies = [torch.empty_like(p) for p in params]
+    passes = ParameterPasses(model)
     dtype = np.dtype(np.float32)
-    addresses = np.array([p.data_ptr() for p in params], dtype=np.int64)
-    sizes = np.array([p.numel() for p in params], dtype=np.int64)
-    copy_addresses = np.array([c.data_ptr() for c in copies], dtype=np.int64)
     thresholds = np.array([-0.99, 0.99], dtype=dtype)
-    rows = np.zeros((len(params), 14))
     row = np.zeros(14)
     times = []
     for x, y in data:
         t0 = time.perf_counter()
-        kernels.moments_many(dtype, addresses, sizes, rows, copies=copy_addresses)
+        passes.values()
         kernels.summarize(x.numpy(), row, None, True)
         kernels.summarize(y.numpy().astype(np.float64)[None], row, None, False)
         hidden = []
@@ -138,9 +158,9 @@ def run_floor(data: list) -> float:
         kernels.moments_many(dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
                              np.array([g.numel() for g in grads], dtype=np.int64), np.zeros((len(grads), 14)),
                              batches=np.full(len(grads), BATCH, dtype=np.int64))
-        kernels.moments_many(dtype, np.array([p.grad.data_ptr() for p in params], dtype=np.int64), sizes, rows)
+        passes.gradients()
         opt.step()
-        kernels.moments_many(dtype, addresses, sizes, rows, starts=copy_addresses)
+        passes.updates()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[10:])
 

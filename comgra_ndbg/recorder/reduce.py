@@ -133,8 +133,7 @@ class Reducer:
             row[_COUNT] = tensor.numel()
             host = (tensor.detach() if tensor.requires_grad else tensor).numpy()
             batch = tensor.shape[0] if batched and host.ndim else 0
-            thresholds = None if bounds is None else _thresholds(bounds, self.saturation_margin, host.dtype)
-            if kernels.summarize(host.reshape(batch or 1, -1), row, thresholds, batch > 0):
+            if _kernel_summary(host, row, batch, bounds, self.saturation_margin):
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(tensor.detach(), row)
             return row_index
