@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg import Recorder
-from comgra_ndbg.recorder import kernels
+from comgra_ndbg.recorder import kernels, parallel
 
 WIDTH, DEPTH, BATCH, IN, OUT = 256, 8, 64, 32, 10
 
@@ -111,15 +111,15 @@ class ParameterPasses:
         self._rows = np.zeros((len(self.params), 14))
 
     def values(self) -> None:
-        kernels.moments_many(self.dtype, self._addresses, self._sizes, self._rows, copies=self._copy_addresses)
+        parallel.moments_many(self.dtype, self._addresses, self._sizes, self._rows, copies=self._copy_addresses)
 
     def gradients(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
-        kernels.moments_many(self.dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
+        parallel.moments_many(self.dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
                              np.array([g.numel() for g in grads], dtype=np.int64), self._rows[:len(grads)])
 
     def updates(self) -> None:
-        kernels.moments_many(self.dtype, self._addresses, self._sizes, self._rows, starts=self._copy_addresses)
+        parallel.moments_many(self.dtype, self._addresses, self._sizes, self._rows, starts=self._copy_addresses)
 
 
 def run_floor(data: list) -> float:
@@ -155,7 +155,7 @@ def run_floor(data: list) -> float:
         opt.zero_grad()
         loss.backward()
         grads = [t.grad for t in hidden]
-        kernels.moments_many(dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
+        parallel.moments_many(dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
                              np.array([g.numel() for g in grads], dtype=np.int64), np.zeros((len(grads), 14)),
                              batches=np.full(len(grads), BATCH, dtype=np.int64))
         passes.gradients()
@@ -172,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     data = make_data(args.steps)
-    kernels.warm_up()  # a one-time cost per machine (cached on disk), not a per-step one
+    parallel.warm_up()  # a one-time cost per machine (cached on disk), not a per-step one
     results: dict[str, list[float]] = {"bare": [], "disabled": [], "recorded": [], "skipped": [], "floor": [],
                                        "bare_total": [], "recorded_total": []}
     with tempfile.TemporaryDirectory() as folder:

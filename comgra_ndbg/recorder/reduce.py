@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from comgra_ndbg.recorder import kernels, segmented
+from comgra_ndbg.recorder import kernels, parallel, segmented
 from comgra_ndbg.store.schema import FIELD, identity_row
 
 __all__ = ["Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
@@ -434,8 +434,8 @@ def _summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarra
     """One kernel call over arrays given by address, into ``rows`` (identity rows, one per array); rows the
     kernel flags are recomputed exactly from ``tensors`` (minus ``starts``)."""
     rows[:, _COUNT] = sizes
-    exact = kernels.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
-                                 batches=batches)
+    exact = parallel.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
+                                  batches=batches)
     for position in np.flatnonzero(exact).tolist():
         row = rows[position]
         row[_MOMENT_COLUMNS] = np.nan

@@ -1,0 +1,149 @@
+"""``parallel.moments_many``: the summary kernels run on torch's OpenMP threads.
+
+It must give what the single-thread ``kernels.moments_many`` gives (rows, copies, "recompute exactly"
+flags) whatever the cut into work items, on torch's own threads rather than new ones, and still be right
+when torch runs on one thread.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from comgra_ndbg.recorder import kernels, openmp, parallel
+from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
+
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
+
+FIELDS = [FIELD[f] for f in ("zeros", "sum", "sum_sq", "sum_abs", "min", "max", "units", "dead_units")]
+SHARES = openmp.entry() != 0
+
+
+def addresses(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.array([a.ctypes.data for a in arrays], dtype=np.int64)
+
+
+def both(arrays: list[np.ndarray], **options: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows and flags of the single-thread and the shared kernel over ``arrays`` (one dtype)."""
+    sizes = np.array([a.size for a in arrays], dtype=np.int64)
+    alone, shared = np.tile(identity_row(), (len(arrays), 1)), np.tile(identity_row(), (len(arrays), 1))
+    flags_alone = kernels.moments_many(arrays[0].dtype, addresses(arrays), sizes, alone, **options)
+    flags_shared = parallel.moments_many(arrays[0].dtype, addresses(arrays), sizes, shared, shared=True, **options)
+    return alone, shared, flags_alone, flags_shared
+
+
+def test_torchs_openmp_runtime_is_found_where_torch_uses_one() -> None:
+    uses_openmp = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    if sys.platform.startswith("linux") and uses_openmp:
+        assert openmp.entry() != 0
+    else:
+        assert openmp.entry() == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_rows_equal_the_single_thread_kernel_across_item_boundaries(dtype: type) -> None:
+    rng = np.random.default_rng(1)
+    sizes = [1, 7, kernels.BLOCK - 1, 2 * kernels.BLOCK + 5, 250_000, 3, 40_000]
+    arrays = [(rng.standard_normal(n) * (j + 1) + j).astype(dtype) for j, n in enumerate(sizes)]
+    arrays[4][::97] = 0.0
+    alone, shared, flags_alone, flags_shared = both(arrays)
+    np.testing.assert_array_equal(flags_shared, flags_alone)
+    for name in ("zeros", "min", "max"):
+        np.testing.assert_array_equal(shared[:, FIELD[name]], alone[:, FIELD[name]], err_msg=name)
+    for name in ("sum", "sum_sq", "sum_abs"):
+        np.testing.assert_allclose(shared[:, FIELD[name]], alone[:, FIELD[name]], rtol=1e-9, atol=1e-9, err_msg=name)
+    assert shared[4, FIELD["zeros"]] == len(range(0, 250_000, 97))
+
+
+def test_copies_and_differences_are_those_of_every_item() -> None:
+    rng = np.random.default_rng(2)
+    values = [rng.standard_normal(n).astype(np.float32) for n in (100_000, 300, 70_000)]
+    targets = [np.full_like(v, np.nan) for v in values]
+    alone, shared, _, _ = both(values, copies=addresses(targets))
+    for value, target in zip(values, targets):
+        np.testing.assert_array_equal(target, value)
+    np.testing.assert_allclose(shared[:, FIELDS], alone[:, FIELDS], rtol=1e-9)
+    before = [v - rng.uniform(-1e-3, 1e-3, v.size).astype(np.float32) for v in values]
+    alone, shared, _, _ = both(values, starts=addresses(before))
+    differences = [v.astype(np.float64) - b.astype(np.float64) for v, b in zip(values, before)]
+    for j, difference in enumerate(differences):
+        scale = float(np.abs(difference).sum())
+        assert abs(shared[j, FIELD["sum"]] - difference.sum()) < 1e-6 * scale
+        assert abs(shared[j, FIELD["sum"]] - alone[j, FIELD["sum"]]) < 1e-6 * scale
+    for name in ("sum_sq", "sum_abs"):
+        np.testing.assert_allclose(shared[:, FIELD[name]], alone[:, FIELD[name]], rtol=1e-6, err_msg=name)
+    for name in ("zeros", "min", "max"):
+        np.testing.assert_array_equal(shared[:, FIELD[name]], alone[:, FIELD[name]], err_msg=name)
+
+
+def test_dead_units_of_batched_arrays_match() -> None:
+    rng = np.random.default_rng(3)
+    wide = rng.standard_normal((64, 2048)).astype(np.float32)
+    wide[:, [5, 700, 2047]] = 0.0
+    narrow = rng.standard_normal((8, 3)).astype(np.float32)
+    narrow[:, 1] = -0.0
+    alone, shared, _, _ = both([wide.reshape(-1), narrow.reshape(-1)], batches=np.array([64, 8], dtype=np.int64))
+    assert shared[:, FIELD["dead_units"]].tolist() == [3.0, 1.0]
+    assert shared[:, FIELD["units"]].tolist() == [2048.0, 3.0]
+    np.testing.assert_allclose(shared[:, FIELDS], alone[:, FIELDS], rtol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 3e38])
+def test_an_item_with_non_finite_sums_flags_its_array_for_the_exact_recompute(bad: float) -> None:
+    arrays = [np.ones(200_000, dtype=np.float32), np.ones(50_000, dtype=np.float32)]
+    arrays[0][150_001] = bad
+    arrays[0][150_002] = bad
+    _, _, flags_alone, flags_shared = both(arrays)
+    assert flags_shared.tolist() == flags_alone.tolist() == [True, False]
+
+
+def test_the_reducer_recomputes_a_flagged_row_exactly() -> None:
+    values = torch.ones(100_000)
+    values[77_777] = float("nan")
+    reducer = Reducer()
+    assert reducer.add_many([values, torch.full((40_000,), 2.0)]) == [0, 1]
+    out = reducer.collect()
+    assert out[0, FIELD["nan"]] == 1 and out[0, FIELD["sum"]] == 99_999.0
+    assert out[1, FIELD["sum"]] == 80_000.0
+
+
+@pytest.mark.skipif(not SHARES, reason="torch does not run on a shareable OpenMP runtime here")
+def test_the_work_runs_on_torchs_threads_without_starting_new_ones() -> None:
+    torch.randn(512, 512) @ torch.randn(512, 512)  # torch's team exists
+    before = len(os.listdir("/proc/self/task"))
+    a = np.random.default_rng(4).standard_normal(1_000_000).astype(np.float32)
+    row = np.tile(identity_row(), (1, 1))
+    for _ in range(3):
+        parallel.moments_many(a.dtype, addresses([a]), np.array([a.size]), row, shared=True)
+    assert len(os.listdir("/proc/self/task")) == before
+    wide = a.astype(np.float64)
+    np.testing.assert_allclose(row[0, FIELD["sum"]], wide.sum(), atol=1e-7 * np.abs(wide).sum())
+
+
+@pytest.mark.skipif(not SHARES, reason="torch does not run on a shareable OpenMP runtime here")
+def test_one_torch_thread_still_gives_the_right_rows() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = np.arange(300_000, dtype=np.float64)
+        row = np.zeros((1, NUM_FIELDS))
+        parallel.moments_many(a.dtype, addresses([a]), np.array([a.size]), row, shared=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert row[0, FIELD["sum"]] == a.sum() and row[0, FIELD["max"]] == 299_999.0 and row[0, FIELD["zeros"]] == 1
+
+
+def test_small_work_stays_on_the_calling_thread_and_the_part_size_is_bounded(monkeypatch) -> None:
+    assert parallel._part(10, 2) == parallel.PART[0]
+    assert parallel._part(10**9, 2) == parallel.PART[1]
+    middle = parallel._part(2_000_000, 4)
+    assert parallel.PART[0] <= middle <= parallel.PART[1] and middle % kernels.BLOCK == 0
+    monkeypatch.setattr(parallel, "_run", None)  # calling the team would fail
+    a = np.ones(100, dtype=np.float32)
+    row = np.tile(identity_row(), (1, 1))
+    assert parallel.moments_many(a.dtype, addresses([a]), np.array([100]), row).tolist() == [False]
+    assert row[0, FIELD["sum"]] == 100.0
