@@ -192,8 +192,10 @@ if kernels.AVAILABLE:
 def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: np.ndarray, *,
                  starts: np.ndarray | None = None, copies: np.ndarray | None = None,
                  batches: np.ndarray | None = None, shared: bool | None = None) -> np.ndarray:
-    """``kernels.moments_many`` (same arguments, same rows and flags), on torch's OpenMP threads when there
-    are several and the arrays hold at least ``MIN_ELEMENTS`` elements together. ``shared`` forces the
+    """``kernels.moments_many`` (same arguments and results), on torch's OpenMP threads when there are
+    several and the arrays hold at least ``MIN_ELEMENTS`` elements together. Each piece takes the sums
+    around its own shift and flags its own non-finite or cancelling sums, so a row is as exact as the
+    single-thread one (its float64 partial sums only add up in another order). ``shared`` forces the
     choice (True: use the team whenever one is found, however small the work; False: never)."""
     entry = openmp.entry() if shared is not False and _body_address() else 0
     threads = openmp.threads() if entry else 1
