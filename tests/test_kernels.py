@@ -35,6 +35,17 @@ def check(row: np.ndarray, values: np.ndarray, *, rtol: float) -> None:
     np.testing.assert_allclose(row[FIELD["sum_abs"]], expected["sum_abs"], rtol=rtol)
 
 
+def assert_row_close(row: np.ndarray, expected: np.ndarray) -> None:
+    """Rows of one tensor from two summary paths: a sum near zero gets a tolerance relative to the sum of
+    magnitudes (float32 block sums may differ in their last bits between compiled copies of a kernel, and
+    ``add_many`` may cut a large tensor into pieces for several threads); everything else 2e-6."""
+    with np.errstate(invalid="ignore"):
+        assert abs(row[FIELD["sum"]] - expected[FIELD["sum"]]) <= 1e-6 * expected[FIELD["sum_abs"]] + 1e-9 or (
+            np.isnan(row[FIELD["sum"]]) and np.isnan(expected[FIELD["sum"]]))
+    others = [i for i in range(len(row)) if i != FIELD["sum"]]
+    np.testing.assert_allclose(row[others], expected[others], rtol=2e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("size", [1, 2, 63, 64, 65, kernels.BLOCK - 1, kernels.BLOCK, kernels.BLOCK + 1,
                                   3 * kernels.BLOCK + 17, 250_000])
@@ -142,7 +153,7 @@ def test_add_many_equals_add_one_by_one_and_keeps_the_order() -> None:
     rows = reducer.collect()
     assert first == 0 and indices == list(range(1, len(tensors) + 1))
     for tensor, index in zip(tensors, indices):
-        np.testing.assert_allclose(rows[index], summarize(tensor), rtol=2e-6, atol=1e-6)
+        assert_row_close(rows[index], summarize(tensor))
     assert rows[indices[-1], FIELD["nan"]] == 1 and rows[indices[-1], FIELD["sum"]] == 1.0
 
 
@@ -158,8 +169,8 @@ def test_add_many_copies_and_differences_pair_up_with_their_tensors() -> None:
     updates = reducer.add_many(params, starts=buffers)
     rows = reducer.collect()
     for p, b, v, u in zip(params, buffers, values, updates):
-        np.testing.assert_allclose(rows[u], summarize(p - b), rtol=2e-6, atol=1e-9)
-        np.testing.assert_allclose(rows[v], summarize(b), rtol=2e-6, atol=1e-9)
+        assert_row_close(rows[u], summarize(p - b))
+        assert_row_close(rows[v], summarize(b))
 
 
 def test_a_lazily_negated_view_is_summarised_with_its_sign() -> None:
