@@ -116,7 +116,7 @@ class ParameterPasses:
     def gradients(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
         parallel.moments_many(self.dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
-                             np.array([g.numel() for g in grads], dtype=np.int64), self._rows[:len(grads)])
+                              np.array([g.numel() for g in grads], dtype=np.int64), self._rows[:len(grads)])
 
     def updates(self) -> None:
         parallel.moments_many(self.dtype, self._addresses, self._sizes, self._rows, starts=self._copy_addresses)
@@ -156,8 +156,8 @@ def run_floor(data: list) -> float:
         loss.backward()
         grads = [t.grad for t in hidden]
         parallel.moments_many(dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
-                             np.array([g.numel() for g in grads], dtype=np.int64), np.zeros((len(grads), 14)),
-                             batches=np.full(len(grads), BATCH, dtype=np.int64))
+                              np.array([g.numel() for g in grads], dtype=np.int64), np.zeros((len(grads), 14)),
+                              batches=np.full(len(grads), BATCH, dtype=np.int64))
         passes.gradients()
         opt.step()
         passes.updates()

@@ -9,7 +9,9 @@ its own slot, and the partial rows are merged per array afterwards. The team is 
 run on, so nothing new competes for the cores; where there is no such team, or the work is too small to
 be worth sharing, the calling thread runs ``kernels.moments_many`` alone.
 
-The merged sums differ from a single-thread pass only in the order float64 partial sums are added.
+The merged sums differ from a single-thread pass in the order partial sums are added and, as between any
+two compiled copies of a kernel, in the last bits of a block's float32 sum: within the dtype's rounding
+of the sum of magnitudes.
 """
 from __future__ import annotations
 
@@ -195,16 +197,17 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     """``kernels.moments_many`` (same arguments and results), on torch's OpenMP threads when there are
     several and the arrays hold at least ``MIN_ELEMENTS`` elements together. Each piece takes the sums
     around its own shift and flags its own non-finite or cancelling sums, so a row is as exact as the
-    single-thread one (its float64 partial sums only add up in another order). ``shared`` forces the
+    single-thread one (see the module docstring for how its sums may differ). ``shared`` forces the
     choice (True: use the team whenever one is found, however small the work; False: never)."""
-    entry = openmp.entry() if shared is not False and _body_address() else 0
+    body = _body_address() if shared is not False else 0
+    entry = openmp.entry() if body else 0
     threads = openmp.threads() if entry else 1
     if entry and (shared or threads > 1):
         total = sum(sizes.tolist())
         if shared or total >= MIN_ELEMENTS:
             none = np.zeros(len(sizes), dtype=np.int64)
             exact = np.zeros(len(sizes), dtype=np.bool_)
-            _run(entry, _body_address(), _part(total, threads), dtype.itemsize, addresses, none if starts is None else starts,
+            _run(entry, body, _part(total, threads), dtype.itemsize, addresses, none if starts is None else starts,
                  none if copies is None else copies, sizes, none if batches is None else batches, rows, exact)
             return exact
     return kernels.moments_many(dtype, addresses, sizes, rows, starts=starts, copies=copies, batches=batches)
