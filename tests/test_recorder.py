@@ -791,6 +791,80 @@ def test_parameter_values_gradients_and_updates_on_both_host_paths(tmp_path: Pat
             np.testing.assert_allclose(got, values, rtol=1e-6, err_msg=f"{name} {kind}")
 
 
+@pytest.mark.parametrize("dtype, far", [(torch.bfloat16, 256.0), (torch.float16, 2048.0)], ids=["bfloat16", "float16"])
+def test_half_precision_parameters_record_values_gradients_and_exact_updates(tmp_path: Path, dtype: torch.dtype,
+                                                                             far: float) -> None:
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    starts, grads, ends = [], [], []
+    with Recorder(tmp_path, trial="half", snapshots=1, max_elements=10_000) as rec:
+        rec.track_module("m", model)
+        for step in range(3):
+            with torch.no_grad():
+                model[0].weight[0, 0] = -1.0
+            with rec.step(step):
+                starts.append(model[0].weight.detach().clone())
+                hidden = rec.register_tensor("hidden", model[1](model[0](torch.randn(4, 6, dtype=dtype))))
+                loss = rec.register_tensor("loss", model[2](hidden).float().pow(2).mean(), role="loss")
+                opt.zero_grad()
+                loss.backward()
+                rec.record_gradients()
+                grads.append(model[0].weight.grad.detach().clone())
+                opt.step()
+                with torch.no_grad():  # far - (-1) lies between two values of the dtype
+                    model[0].weight[0, 0] = far
+                ends.append(model[0].weight.detach().clone())
+    with open_recording(tmp_path, "half") as recording:
+        assert recording.steps.tolist() == [0, 1, 2]
+        updates = [(end.double() - start.double()) for start, end in zip(starts, ends)]
+        assert all(u[0, 0].item() == far + 1 for u in updates)
+        for kind, tensors in (("value", starts), ("grad", grads), ("update", updates)):
+            steps, abs_max = recording.summary("m.0.weight", kind, "abs_max")
+            assert steps.tolist() == [0, 1, 2], kind
+            np.testing.assert_array_equal(abs_max, [t.double().abs().max().item() for t in tensors], err_msg=kind)
+            np.testing.assert_allclose(recording.summary("m.0.weight", kind, "mean")[1],
+                                       [t.double().mean().item() for t in tensors], rtol=1e-6, err_msg=kind)
+        for step in range(3):
+            np.testing.assert_array_equal(recording.snapshot(step, "m.0.weight", "update").dense(),
+                                          updates[step].float().numpy())
+        assert recording.summary("hidden", "grad", "count")[1].tolist() == [20.0] * 3
+
+
+@pytest.mark.parametrize("in_hook", [False, True], ids=["record_gradients", "gradients_in_hook"])
+def test_sparse_parameter_gradients_are_recorded_as_the_dense_gradient(tmp_path: Path, in_hook: bool) -> None:
+    torch.manual_seed(7)
+    embedding, head = nn.Embedding(30, 4, sparse=True), nn.Linear(4, 2)
+    opt = torch.optim.SGD([*embedding.parameters(), *head.parameters()], lr=0.1)
+    grads = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecorderWarning)
+        with Recorder(tmp_path, trial="sparse", snapshots=1, max_elements=10_000) as rec:
+            rec.track_module("emb", embedding, gradients_in_hook=in_hook)
+            rec.track_module("head", head)
+            for step in range(3):
+                with rec.step(step):
+                    ids = torch.tensor([[1, 2, 2], [5, 1, 9]])  # token 2 twice: an uncoalesced gradient
+                    loss = rec.register_tensor("loss", head(embedding(ids)).pow(2).mean(), role="loss")
+                    opt.zero_grad()
+                    loss.backward()
+                    assert embedding.weight.grad.is_sparse
+                    grads.append(embedding.weight.grad.to_dense())
+                    rec.record_gradients()
+                    opt.step()
+    with open_recording(tmp_path, "sparse") as recording:
+        for name, stat, expected in (("count", "count", [120.0] * 3),
+                                     ("zeros", "zero_fraction", [(g == 0).double().mean().item() for g in grads]),
+                                     ("abs_max", "abs_max", [g.abs().max().item() for g in grads]),
+                                     ("l2", "l2", [g.double().norm().item() for g in grads])):
+            steps, got = recording.summary("emb.weight", "grad", stat)
+            assert steps.tolist() == [0, 1, 2], name
+            np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=name)
+        assert recording.summary("head.weight", "grad", "count")[1].tolist() == [8.0] * 3
+        for step in range(3):
+            np.testing.assert_array_equal(recording.snapshot(step, "emb.weight", "grad").dense(), grads[step].numpy())
+
+
 def test_a_graph_node_kept_across_steps_does_not_collect_hooks(tmp_path: Path) -> None:
     weight = nn.Parameter(torch.randn(3, 3))
     shared = torch.tanh(weight * 2)  # computed once, registered and backpropagated through every step

@@ -81,6 +81,24 @@ def test_updates_and_start_of_step_copies(device: str, segmented_everywhere) -> 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_updates_are_not_rounded_to_the_dtype(device: str, dtype: torch.dtype,
+                                                             segmented_everywhere) -> None:
+    now = tensors(device, dtype)
+    before = [t * 0.3 + 0.1 for t in now]  # differences that take more bits than the dtype holds
+    reducer = Reducer()
+    updates = reducer.add_many(now, starts=before)
+    single = Reducer()
+    alone = single.add(now[0], start=before[0])
+    assert segmented_everywhere == [len(now)]
+    rows = reducer.collect()[updates]
+    assert_rows(rows, [host(a) - host(b) for a, b in zip(now, before)])
+    row, expected = single.collect()[alone], reference_row(host(now[0]) - host(before[0]))
+    np.testing.assert_array_equal(row[EXACT], expected[EXACT])  # the float32 difference: sums to its rounding
+    np.testing.assert_allclose(row[MOMENTS], expected[MOMENTS], rtol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_non_finite_rows_are_recomputed_exactly(device: str) -> None:
     group = tensors(device)
     group[0][0, 0], group[0][1, 1], group[2][0, 0, 0] = float("nan"), float("inf"), float("-inf")

@@ -27,7 +27,7 @@ import torch
 from comgra_ndbg.recorder import kernels, parallel, segmented
 from comgra_ndbg.store.schema import FIELD, identity_row
 
-__all__ = ["Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
+__all__ = ["difference", "Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
 
 DEFAULT_SATURATION_MARGIN = 0.005
 """Fraction of the bounded range within which an element counts as saturated (tanh: |x| > 0.99)."""
@@ -150,6 +150,8 @@ class Reducer:
                 copy_to: torch.Tensor | None = None) -> None:
         row = self._buffer[row_index]
         x = tensor.detach()
+        if x.layout is not torch.strided:  # a sparse gradient (nn.Embedding(sparse=True)): the zeros count too
+            x = x.to_dense()
         numel = x.numel()
         row[FIELD["count"]] = numel
         if numel == 0:
@@ -165,7 +167,7 @@ class Reducer:
         if copy_to is not None:
             copy_to.copy_(x)
         if start is not None:
-            x = x - start.detach()
+            x = difference(x, start.detach())
             flat = _work_view(x)
         self._push(row_index, FIELD["sum"], flat.sum())
         self._push(row_index, FIELD["sum_sq"], torch.dot(flat, flat))
@@ -248,7 +250,11 @@ class Reducer:
         if copies is not None:
             torch._foreach_copy_(copies, group)
         if starts is not None:
-            group = list(torch._foreach_sub(group, [t.detach() for t in starts]))
+            begins = [t.detach() for t in starts]
+            if group[0].dtype in _NUMPY_DTYPE:
+                group = list(torch._foreach_sub(group, begins))
+            else:
+                group = [difference(t, begin) for t, begin in zip(group, begins)]
         kept = group if copies is None else copies  # what the exact recompute reads: the values as of now
         bounds = bounds or [None] * len(group)
         margin = self.saturation_margin
@@ -412,7 +418,7 @@ def _reduce_cpu_fused(x: torch.Tensor, flat: torch.Tensor, row: np.ndarray, star
         return
     if copy_to is not None:
         copy_to.copy_(x)
-    summand = x if start is None else x - start.detach()
+    summand = x if start is None else difference(x, start.detach())
     _reduce_cpu(_work_view(summand), row, 0, None, DEFAULT_SATURATION_MARGIN)
 
 
@@ -463,10 +469,10 @@ def _batchable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.
 
 def _host_array(tensor: torch.Tensor, like: np.ndarray) -> np.ndarray | None:
     """``tensor`` as a flat numpy view matching ``like`` (size and dtype), or None if it is not one."""
-    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() != like.size:
+    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() != like.size
+            or _NUMPY_DTYPE.get(tensor.dtype) != like.dtype):  # bfloat16 has no numpy view at all
         return None
-    view = tensor.reshape(-1).numpy()
-    return view if view.dtype == like.dtype else None
+    return tensor.reshape(-1).numpy()
 
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -484,6 +490,21 @@ def summarize(tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[floa
     reducer = Reducer(saturation_margin)
     reducer.add(tensor, batched=batched, bounds=bounds)
     return reducer.collect()[0]
+
+
+def difference(value: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """``value - start`` (a parameter's update) where it does not lose what it measures: half-precision
+    floats subtract in float32 and integers in float64, since in their own dtype the difference would be
+    rounded to the values' coarse grid (or wrap around); float32, float64 and complex stay as they are.
+
+    >>> a, b = torch.tensor([256.0], dtype=torch.bfloat16), torch.tensor([-1.0], dtype=torch.bfloat16)
+    >>> (a - b).item(), difference(a, b).item()
+    (256.0, 257.0)
+    """
+    if value.dtype in _NUMPY_DTYPE or value.is_complex():
+        return value - start
+    wide = torch.float32 if value.is_floating_point() else torch.float64
+    return value.to(wide) - start.to(wide)
 
 
 def _work_view(x: torch.Tensor) -> torch.Tensor:

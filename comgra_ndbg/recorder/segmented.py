@@ -40,9 +40,9 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def segmentable(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` goes through ``segment_moments``: a small, non-empty floating-point tensor off the
-    host (host tensors have their compiled kernels), not a lazily negated view."""
+    host (host tensors have their compiled kernels), strided (not sparse), not a lazily negated view."""
     return (tensor.device.type != "cpu" and tensor.dtype in _FLOATS and 0 < tensor.numel() <= SEGMENT_MAX
-            and not tensor.is_neg())
+            and tensor.layout is torch.strided and not tensor.is_neg())
 
 
 def chunks(sizes: Sequence[int], limit: int | None = None) -> list[range]:

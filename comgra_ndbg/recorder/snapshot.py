@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.recorder import kernels
+from comgra_ndbg.recorder.reduce import difference
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 from comgra_ndbg.store.segment import SnapshotData
 
@@ -112,7 +113,10 @@ def take_snapshot(
     >>> s.sample_index.tolist(), s.values.tolist(), s.value_index.tolist()
     ([0, 1], [0.0, 3.0, 4.0, 7.0], [0, 3, 4, 7])
     """
-    x = tensor.detach().resolve_neg()  # a lazily negated view holds the other sign in memory
+    x = tensor.detach()
+    if x.layout is not torch.strided:  # a sparse gradient: snapshot it as the dense tensor it stands for
+        x = x.to_dense()
+    x = x.resolve_neg()  # a lazily negated view holds the other sign in memory
     if x.is_complex():
         x = x.abs()
     shape = tuple(int(d) for d in x.shape)
@@ -156,7 +160,7 @@ def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elemen
     keep = evenly_spaced(numel, max_elements)
     index = None if len(keep) == numel else keep
     flat_value, flat_start = value.reshape(-1), start.reshape(-1)
-    if value.dtype == start.dtype and value.dtype in _HOST_VIEWABLE and value.is_cpu and start.is_cpu:
+    if value.dtype == start.dtype and value.dtype in (torch.float32, torch.float64) and value.is_cpu and start.is_cpu:
         a, b = flat_value.numpy(), flat_start.numpy()
         if index is not None:
             a, b = a[index], b[index]
@@ -165,7 +169,8 @@ def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elemen
         if index is not None:
             positions = torch.from_numpy(index.copy()).to(value.device)
             flat_value, flat_start = flat_value.index_select(0, positions), flat_start.index_select(0, positions)
-        values = (flat_value - flat_start).to(torch.float32).cpu().numpy()
+        delta = difference(flat_value, flat_start)
+        values = (delta.abs() if delta.is_complex() else delta).to(torch.float32).cpu().numpy()
     return SnapshotData(tuple(int(d) for d in value.shape), np.zeros(0, dtype=np.int64), np.zeros((0, NUM_FIELDS)),
                         values, index)
 
