@@ -124,6 +124,7 @@ class NeuralDbg:
         self._pass_open = False  # a training forward pass (an iteration) is running
         self._iteration = 0
         self._training_pass = False  # the last forward pass was a training pass
+        self._evaluation_passes = 0  # forward passes without gradients or in eval mode (not recorded)
         self._compiled_pass = False  # ... and ran compiled code
         self._pass_args: tuple[tuple, dict] | None = None
         self._counts: dict[str, int] = {}
@@ -165,6 +166,8 @@ class NeuralDbg:
         try:
             if self.recorder.current_step is not None:
                 self._safely("finishing the last step", self._finish_step)
+            if self._next_step == 0:
+                self._warn_once("no step", _why_no_step(self._evaluation_passes))
         finally:
             self._hooks.remove()
             for handle in self._handles + self._tensor_handles:
@@ -187,6 +190,8 @@ class NeuralDbg:
                                and self._root.training)
         if self._training_pass:
             self._safely("starting a forward pass", self._begin_pass, args, kwargs)
+        else:
+            self._evaluation_passes += 1
 
     def _begin_pass(self, args: tuple, kwargs: dict) -> None:
         rec = self.recorder
@@ -446,3 +451,14 @@ class NeuralDbg:
 def _is_type(asked: str, known: str) -> bool:
     """Whether the failure type asked for names ``known`` (``vanishing_gradients`` names ``vanishing``)."""
     return asked == known or asked.startswith(known + "_")
+
+
+def _why_no_step(evaluation_passes: int) -> str:
+    """The warning for a ``NeuralDbg`` closed without a training step: what it saw, and what to change."""
+    if evaluation_passes:
+        return (f"NeuralDbg recorded no training step: the model's {evaluation_passes} forward pass(es) ran without "
+                f"gradients (torch.no_grad(), inference mode) or in model.eval(), which are evaluation passes; train "
+                f"with model.train() and gradients enabled inside the with-block")
+    return ("NeuralDbg recorded no training step: the model it wraps never ran its forward() inside the with-block; "
+            "a step starts at a forward pass of that module, so wrap the module the loop calls (not a part or a "
+            "copy of it) and call it as model(inputs)")

@@ -371,6 +371,28 @@ def test_disabled_instance_adds_no_hook_and_writes_nothing(tmp_path: Path) -> No
     assert dbg.path is None and dbg.steps == 0 and list(tmp_path.iterdir()) == []
 
 
+def test_a_run_that_recorded_no_step_says_why_when_it_closes(tmp_path: Path) -> None:
+    model, criterion = make_mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(RecorderWarning, match=r"no training step.*never ran its forward\(\).*wrap the module the loop"):
+        with NeuralDbg(model[0], tmp_path, trial="part") as dbg:  # the loop calls the whole model
+            train(model[1:], [(torch.tanh(torch.randn(8, 16)), torch.randint(0, 3, (8,)))], optimizer, criterion)
+    assert dbg.steps == 0
+    with pytest.warns(RecorderWarning, match=r"no training step: the model's 2 forward pass\(es\) ran without grad"):
+        with NeuralDbg(model, tmp_path, trial="eval") as dbg:
+            model.eval()
+            model(torch.randn(8, 6))
+            model.train()
+            with torch.no_grad():
+                model(torch.randn(8, 6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with NeuralDbg(model, tmp_path, trial="trained", loss=criterion) as dbg:
+            train(model, batches(2), optimizer, criterion)
+    assert dbg.steps == 2
+    no_recorder_warnings(caught)
+
+
 def test_bad_arguments_say_what_to_pass(tmp_path: Path) -> None:
     model = make_mlp()
     with pytest.raises(InvalidArgumentError, match="torch.nn.Module"):
