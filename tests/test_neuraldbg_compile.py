@@ -6,7 +6,9 @@ every test starts and ends with ``torch._dynamo.reset()``.
 """
 from __future__ import annotations
 
+import collections
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,12 +80,80 @@ class MultiOutputNet(nn.Module):
         return self.head(parts["sum"] - parts["product"])
 
 
+class Fields(collections.OrderedDict):
+    """A dict whose items are also attributes, as the model-output classes of some libraries are."""
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        try:
+            return self[name]
+        except KeyError as error:
+            raise AttributeError(name) from error
+
+
+@dataclass
+class Halves:
+    low: torch.Tensor
+    high: torch.Tensor
+    parts: int = 2
+
+
+@dataclass(frozen=True)
+class FrozenHalves:
+    low: torch.Tensor
+    high: torch.Tensor
+
+
+class ReadOnly(dict):
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        raise TypeError("read-only")
+
+
+class AttributeOutput(nn.Module):
+    def forward(self, x: torch.Tensor) -> Fields:
+        return Fields(up=torch.tanh(x), down=-x)
+
+
+class DataclassOutput(nn.Module):
+    def __init__(self, kind: type = Halves) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> Halves | FrozenHalves:
+        return self.kind(x[:, :8], x[:, 8:])
+
+
+class ReadOnlyOutput(nn.Module):
+    def forward(self, x: torch.Tensor) -> ReadOnly:
+        return ReadOnly(twice=2 * x)
+
+
+class OutputsNet(nn.Module):
+    """Leaf modules whose outputs are a dict subclass read by attribute and a dataclass instance (or, with
+    ``frozen``, a frozen dataclass and a read-only dict: the gradients of those cannot be tapped)."""
+
+    def __init__(self, frozen: bool = False) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.fields = ReadOnlyOutput() if frozen else AttributeOutput()
+        self.halves = DataclassOutput(FrozenHalves if frozen else Halves)
+        self.head = nn.Linear(8, 3)
+        self.frozen = frozen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fields(self.stem(x))
+        h = out["twice"] if self.frozen else out.up + out.down
+        halves = self.halves(h)
+        return self.head(halves.low * halves.high)
+
+
 def make(kind: str) -> nn.Module:
     torch.manual_seed(0)
     if kind == "net":
         return Net()
     if kind == "multi":
         return MultiOutputNet()
+    if kind in ("outputs", "frozen outputs"):
+        return OutputsNet(frozen=kind == "frozen outputs")
     return nn.Sequential(nn.Linear(8, 16), Block(), Block(), nn.Tanh(), nn.Linear(16, 3))
 
 
@@ -159,7 +229,8 @@ def assert_same_recording(eager_folder: Path, compiled_folder: Path) -> None:
 @pytest.mark.parametrize("kind, pattern", [("net", "compiled inside"), ("net", "compiled outside"),
                                            ("seq", "compiled outside"), ("seq", "compiled inside"),
                                            ("net", "module.compile"), ("net", "one block compiled"),
-                                           ("seq", "one block compiled"), ("multi", "compiled inside")])
+                                           ("seq", "one block compiled"), ("multi", "compiled inside"),
+                                           ("outputs", "compiled inside")])
 def test_compiled_model_records_what_eager_records_without_graph_breaks_or_recompiles(
         tmp_path: Path, kind: str, pattern: str) -> None:
     record(tmp_path / "eager", kind, "eager", steps=5)
@@ -182,6 +253,20 @@ def test_compiled_gradient_accumulation_attributes_each_pass_to_its_iteration(tm
         for iteration in range(3):
             np.testing.assert_allclose(compiled.summary("model.stem", "grad", "l2", iteration=iteration)[1],
                                        eager.summary("model.stem", "grad", "l2", iteration=iteration)[1], rtol=2e-4)
+
+
+def test_outputs_whose_gradients_cannot_be_tapped_keep_their_values_and_training_runs_on(tmp_path: Path) -> None:
+    record(tmp_path / "eager", "frozen outputs", "eager", steps=3)
+    seen, warned = record(tmp_path / "compiled", "frozen outputs", "compiled inside", steps=3)
+    assert warned == [] and seen["stats"]["unique_graphs"] == 1
+    with open_recording(tmp_path / "eager") as eager, open_recording(tmp_path / "compiled") as compiled:
+        assert compiled.steps.tolist() == [0, 1, 2]
+        for name in ("model.fields[twice]", "model.halves[low]", "model.halves[high]"):
+            assert eager.kinds(name) == ["value", "grad"] and compiled.kinds(name) == ["value"], name
+            np.testing.assert_allclose(compiled.summary(name, "value", "l2")[1], eager.summary(name, "value", "l2")[1],
+                                       rtol=2e-4)
+        np.testing.assert_allclose(compiled.summary("loss", "value", "mean")[1], eager.summary("loss", "value", "mean")[1],
+                                   rtol=2e-4)
 
 
 @pytest.mark.slow  # Inductor generates and compiles C++ for the forward and backward graphs: 10-20 s on 2 cores

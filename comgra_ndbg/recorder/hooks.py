@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from fnmatch import fnmatchcase
 from functools import partial
 from typing import Any
@@ -118,7 +118,8 @@ def select_modules(root: nn.Module, patterns: Sequence[ModulePattern] | None) ->
 
 def tensor_leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """``(suffix, tensor)`` for each tensor in a module output: ``""`` for a tensor, ``[i]`` / ``[key]``
-    for tensors in tuples, lists and dicts (nested as deep as they go); anything else is skipped.
+    for tensors in tuples, lists, dicts and dataclass instances (``[field]``), nested as deep as they go;
+    anything else is skipped.
 
     >>> [s for s, _ in tensor_leaves((torch.ones(1), {"h": torch.ones(1), "n": 3}))]
     ['[0]', '[1][h]']
@@ -131,12 +132,16 @@ def tensor_leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, torch.Te
     elif isinstance(output, dict):
         for key, item in output.items():
             yield from tensor_leaves(item, f"{prefix}[{key}]")
+    elif is_dataclass(output) and not isinstance(output, type):
+        for item in fields(output):
+            yield from tensor_leaves(getattr(output, item.name), f"{prefix}[{item.name}]")
 
 
 def _tap_leaves(output: Any, slot: int, counter: Iterator[int], tapped: list[int]) -> Any:
     """``output`` with each floating tensor that requires grad wrapped in a tap, in the same containers
-    (tuples, named tuples, lists, dicts) and the same ``tensor_leaves`` order; ``tapped`` collects the
-    positions of the wrapped tensors."""
+    (tuples, named tuples, lists, dicts; dict subclasses and dataclass instances are updated in place, so
+    they keep their type) and the same ``tensor_leaves`` order; ``tapped`` collects the positions of the
+    wrapped tensors."""
     if isinstance(output, torch.Tensor):
         position = next(counter)
         if not (output.requires_grad and output.is_floating_point()):
@@ -149,7 +154,24 @@ def _tap_leaves(output: Any, slot: int, counter: Iterator[int], tapped: list[int
             return items
         return type(output)(*items) if hasattr(output, "_fields") else tuple(items)
     if isinstance(output, dict):
-        return {key: _tap_leaves(item, slot, counter, tapped) for key, item in output.items()}
+        items = {key: _tap_leaves(item, slot, counter, tapped) for key, item in output.items()}
+        if type(output) is dict:
+            return items
+        try:  # a subclass (attribute access, a model-output class) keeps its type: its values are replaced
+            for key, item in items.items():
+                output[key] = item
+        except Exception:  # noqa: BLE001 - a read-only mapping keeps its tensors: their gradients go unrecorded
+            return output
+        return output
+    if is_dataclass(output) and not isinstance(output, type):
+        items = {item.name: _tap_leaves(getattr(output, item.name), slot, counter, tapped)
+                 for item in fields(output)}
+        try:  # in place, as for a dict subclass: the instance is the one the caller receives
+            for name, item in items.items():
+                setattr(output, name, item)
+        except Exception:  # noqa: BLE001 - a frozen dataclass keeps its tensors: their gradients go unrecorded
+            return output
+        return output
     return output
 
 
