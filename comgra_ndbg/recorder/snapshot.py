@@ -107,7 +107,8 @@ def take_snapshot(
     """Per-sample statistics of the first ``num_samples`` samples and at most ``max_elements`` values.
 
     Value indices of a batched tensor are flat positions within the recorded samples (row i is the sample
-    at batch position ``sample_index[i]``). ``sample_positions`` picks other samples than the first ones (e.g. a category-balanced choice).
+    at batch position ``sample_index[i]``). ``sample_positions`` picks other samples than the first ones
+    (e.g. a category-balanced choice).
 
     >>> s = take_snapshot(torch.arange(12.0).view(3, 4), batched=True, num_samples=2, max_elements=4)
     >>> s.sample_index.tolist(), s.values.tolist(), s.value_index.tolist()
