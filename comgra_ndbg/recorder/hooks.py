@@ -157,22 +157,25 @@ def _tap_leaves(output: Any, slot: int, counter: Iterator[int], tapped: list[int
         items = {key: _tap_leaves(item, slot, counter, tapped) for key, item in output.items()}
         if type(output) is dict:
             return items
-        try:  # a subclass (attribute access, a model-output class) keeps its type: its values are replaced
-            for key, item in items.items():
-                output[key] = item
-        except Exception:  # noqa: BLE001 - a read-only mapping keeps its tensors: their gradients go unrecorded
-            return output
-        return output
-    if is_dataclass(output) and not isinstance(output, type):
-        items = {item.name: _tap_leaves(getattr(output, item.name), slot, counter, tapped)
-                 for item in fields(output)}
-        try:  # in place, as for a dict subclass: the instance is the one the caller receives
-            for name, item in items.items():
-                setattr(output, name, item)
-        except Exception:  # noqa: BLE001 - a frozen dataclass keeps its tensors: their gradients go unrecorded
-            return output
-        return output
+        _put_back(output, items)  # a subclass (attribute access, a model-output class) keeps its type
+    elif is_dataclass(output) and not isinstance(output, type):
+        _put_back(output, {item.name: _tap_leaves(getattr(output, item.name), slot, counter, tapped)
+                           for item in fields(output)})
     return output
+
+
+def _put_back(output: Any, items: dict[Any, Any]) -> None:
+    """Replace the values of a dict subclass (by key) or a dataclass instance (by attribute) in place, as
+    the caller receives that very instance; a read-only mapping or a frozen dataclass keeps its tensors
+    (their gradients go unrecorded) rather than failing the forward pass."""
+    try:
+        for key, item in items.items():
+            if isinstance(output, dict):
+                output[key] = item
+            else:
+                setattr(output, key, item)
+    except Exception:  # noqa: BLE001 - whatever the container refuses, the forward pass goes on
+        return
 
 
 def node_name(path: str) -> str:
