@@ -185,6 +185,8 @@ def _explain_text(trial: str, diagnosis: Any, *, fresh: bool, max_events: int) -
             lines.append(f"  {rank}. [{h.type}, origin {h.origin}, {where}, step {h.onset}, "
                          f"confidence {h.confidence:.2f}]")
             lines.append(f"     {h.sentence}")
+            if h.remedy:
+                lines.append(f"     Remedy: {h.remedy}")
     if diagnosis.events:
         lines.append(f"  events ({len(diagnosis.events)}, in step order):")
         for e in diagnosis.events[:max_events]:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["Evidence", "Event", "CausalLink", "CausalChain", "Hypothesis", "Diagnosis", "to_dict",
            "diagnosis_from_dict", "FAMILIES"]
 
-FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability")
+FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit")
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,11 @@ class CausalChain:
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A ranked explanation: failure ``type`` (e.g. ``vanishing``), ``origin`` (``node``, ``optimizer``,
-    ``loss``, ``data`` or ``architecture``) with ``node`` (the graph node it points at, ``""`` for the
-    optimizer), ``onset`` step, the causal ``chain``, a calibrated ``confidence`` and one plain sentence."""
+    """A ranked explanation: failure ``type`` (e.g. ``vanishing``; ``unclear`` when the evidence does not
+    settle it, with the candidates in ``alternatives``), ``origin`` (``node``, ``optimizer``, ``loss``,
+    ``data`` or ``architecture``) with ``node`` (the graph node it points at, ``""`` for the optimizer),
+    ``onset`` step, the causal ``chain``, a calibrated ``confidence``, one plain sentence and one concrete
+    ``remedy`` drawn from the evidence."""
 
     type: str
     origin: str
@@ -95,6 +97,8 @@ class Hypothesis:
     sentence: str
     chain: CausalChain
     features: tuple[float, ...] = ()
+    remedy: str = ""
+    alternatives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,8 @@ class Diagnosis:
         """One sentence per hypothesis, best first, or a line saying no failure was found."""
         if not self.hypotheses:
             return f"No failure found in {self.num_steps} recorded steps."
-        return "\n".join(f"{i + 1}. {h.sentence}" for i, h in enumerate(self.hypotheses))
+        return "\n".join(f"{i + 1}. {h.sentence}" + (f"\n   Remedy: {h.remedy}" if h.remedy else "")
+                         for i, h in enumerate(self.hypotheses))
 
 
 def to_dict(diagnosis: Diagnosis) -> dict:
@@ -153,7 +158,8 @@ def diagnosis_from_dict(d: dict) -> Diagnosis:
     hypotheses = tuple(
         Hypothesis(**{**h, "chain": CausalChain(_event(h["chain"]["root"]),
                                                 tuple(_link(x) for x in h["chain"]["links"])),
-                      "confidence": float(h["confidence"]), "features": tuple(float(v) for v in h["features"])})
+                      "confidence": float(h["confidence"]), "features": tuple(float(v) for v in h["features"]),
+                      "alternatives": tuple(h.get("alternatives", ()))})
         for h in d["hypotheses"])
     return Diagnosis(trial=d["trial"], num_steps=d["num_steps"], last_step=d["last_step"],
                      events=tuple(_event(e) for e in d["events"]), coupled=tuple(_link(x) for x in d["coupled"]),

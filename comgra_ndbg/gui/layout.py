@@ -72,6 +72,7 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 .hypothesis .percent { font-variant-numeric: tabular-nums; min-width: 36px; font-weight: 600; }
 .hypothesis .sentence { font-weight: 600; }
 .hypothesis .facts { font-size: 12px; color: #555; margin: 2px 0 2px 32px; }
+.hypothesis .remedy { font-size: 13px; margin: 4px 0 4px 32px; color: #065f46; }
 .hypothesis .chain { font-size: 12px; margin-left: 32px; font-family: monospace; color: #374151; }
 .event-row { cursor: pointer; }
 .event-row.current td { background: #fff1f2; }
