@@ -124,3 +124,10 @@ def test_non_finite_gradients_starting_at_the_output_under_a_finite_loss_blame_t
 def test_every_hypothesis_carries_a_remedy_with_numbers_from_the_run() -> None:
     [h] = hypotheses([event("optimizer_stability", "optimizer", "update", "unstable", 200, magnitude=2.0)])
     assert h.remedy.startswith("lower the learning rate")
+
+
+def test_a_sudden_shift_is_harm_by_itself_a_drift_is_not() -> None:
+    jump = event("activation_regime", "b2.pre", "value", "exploding", 200, magnitude=2.0)
+    sudden = Event(**{**jump.__dict__, "sudden": True})
+    assert summary(hypotheses([sudden], worse_from=None)) == [("exploding", "node", "b2.pre", 200)]
+    assert hypotheses([jump], worse_from=None) == []

@@ -47,6 +47,7 @@ class Thresholds:
     # harm: what turns a relative change into a failure (see analysis/harm.py)
     harm_factor: float = 1.5  # the loss after an event at least this × the loss before it ...
     harm_fraction: float = 0.05  # ... and higher by at least this share of the loss the run started with
+    sudden_fraction: float = 0.8  # a scale shift that covers this share of enter_decades in one step is sudden
     # causal linking
     max_lag: int = 30  # an effect starts at most this many steps after its cause (through training)
     propagation_lag: int = 2  # a value or gradient event reaches other nodes within these steps (same pass)

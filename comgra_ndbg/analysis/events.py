@@ -30,7 +30,8 @@ class Event:
     from step ``onset`` to step ``end`` (the last step in ``to_state``; the last analysed step when it never
     recovered). ``magnitude`` is in decades for scale shifts and in units of the statistic (a fraction, a
     loss ratio) otherwise; ``strength`` in [0, 1] says how far past its threshold the rule fired.
-    ``at_start`` marks a state that was already present at the first recorded steps."""
+    ``at_start`` marks a state that was already present at the first recorded steps; ``sudden`` a scale shift
+    that happened from one step to the next (a step change of the computation, not a drift of training)."""
 
     family: str
     node: str
@@ -43,6 +44,7 @@ class Event:
     strength: float
     evidence: tuple[Evidence, ...] = ()
     at_start: bool = False
+    sudden: bool = False
 
     @property
     def label(self) -> str:

@@ -5,7 +5,9 @@ a learning-rate warm-up multiplies every update, a finished task shrinks every g
 cannot tell these from faults; what tells them apart is harm. An event is *harm by itself* when it is a
 pathology in absolute terms — non-finite values, units dead or saturated for every sample, a parameter that
 stopped while the others train, the loss spiking or diverging, gradients attenuated by orders of magnitude
-from the first step. Every other event (a scale shift of values, gradients or updates) explains a failure
+from the first step — or a *sudden* scale shift of values or gradients: training moves weights by small
+updates, so a signal that jumps tenfold from one step to the next was changed, not trained (a huge update
+shows as its own event). Every other event (a scale shift of values, gradients or updates) explains a failure
 only when harm follows it: a hard event among its consequences, or the loss getting worse after it.
 
 The loss is *worse* after step index ``i`` when the median of the next ``window`` losses exceeds the median
@@ -35,7 +37,7 @@ HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "
 
 def is_hard(event: Event) -> bool:
     """Whether ``event`` is a pathology in absolute terms (see the module docstring)."""
-    if event.to_state in HARD_STATES:
+    if event.to_state in HARD_STATES or event.sudden:
         return True
     return event.family == "gradient_health" and event.at_start
 
