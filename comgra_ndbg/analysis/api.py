@@ -21,6 +21,7 @@ from pathlib import Path
 from comgra_ndbg import __version__
 from comgra_ndbg.analysis.abrupt import abrupt_events
 from comgra_ndbg.analysis.activation_regime import activation_events
+from comgra_ndbg.analysis.collapse import collapse_events
 from comgra_ndbg.analysis.causal import coupled_failures, link_events
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict, to_dict
@@ -48,6 +49,7 @@ def detect_events(series: RunSeries, thresholds: Thresholds = Thresholds()) -> l
     events = nonfinite_events(series)
     events += edit_events(series, thresholds, stop=stop)
     events += activation_events(series, thresholds, stop=stop, settle=settle)
+    events += collapse_events(series, thresholds, stop=stop, settle=settle)
     events += gradient_events(series, thresholds, stop=stop, settle=settle)
     events += optimizer_events(series, thresholds, stop=stop, settle=settle)
     events += stagnation_events(series, thresholds, stop=stop)

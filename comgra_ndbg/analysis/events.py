@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["Evidence", "Event", "CausalLink", "CausalChain", "Hypothesis", "Diagnosis", "to_dict",
            "diagnosis_from_dict", "FAMILIES"]
 
-FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit")
+FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit",
+            "representation")
 
 
 @dataclass(frozen=True)

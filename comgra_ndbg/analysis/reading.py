@@ -8,6 +8,7 @@
 | non-finite elsewhere | exploding | node |
 | value scale jump / drop; dead or saturated units in the same signal at once | exploding / vanishing (dead_units / saturation) | node |
 | scale shift of the input | data_shift | data |
+| the spread across samples collapses (in the input: the data) | mode_collapse | node (data) |
 | dead / saturated units | dead_units / saturation | node |
 | gradient-ratio shift with no forward cause | exploding / vanishing | node |
 | a parameter frozen while the rest trains (or never moving though it gets gradients) | update_stagnation | node |
@@ -83,6 +84,8 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
         return Reading(root.to_state, "node", root.node)
     if root.family == "gradient_health":
         return Reading(root.to_state, "node", root.node)
+    if root.family == "representation":
+        return Reading("mode_collapse", "data" if role == "input" else "node", root.node)
     if root.node == OPTIMIZER or root.to_state == "diverging":
         return Reading(_optimizer_type(root, events, series, t), "optimizer", "")
     if root.to_state == "spike":
@@ -107,7 +110,7 @@ def _edit_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Th
         chain |= signal_chain(series.graph, series.info or {}, consumer)
     near = [e for e in events if e.node in chain and e.kind == "value" and 0 <= e.onset - root.onset <= t.same_time]
     for states, kind in ((("dead", "saturated"), None), (("non-finite",), "exploding"),
-                         (("exploding", "vanishing"), None)):
+                         (("exploding", "vanishing"), None), (("collapsed",), "mode_collapse")):
         found = [e for e in near if e.to_state in states]
         if found:
             effect = found[0]

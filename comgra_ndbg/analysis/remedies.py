@@ -95,6 +95,13 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
                     f"{after:.2g}): lower the learning rate about {factor:.2g}× (back to the rate before step "
                     f"{onset}), check the scheduler, or {_clip(series, onset)}")
         return f"lower the learning rate or use a warm-up; {_clip(series, onset)}"
+    if kind == "mode_collapse":
+        if reading.origin == "data":
+            return (f"the samples of each batch became alike from step {onset} on: check the data pipeline (the "
+                    f"same sample repeated, a broadcast instead of a batch, shuffling lost)")
+        return (f"the samples' values at '{node}' became alike at step {onset}: look at what removes their "
+                f"differences there (weights zeroed or scaled down, a normalisation over the batch or the wrong "
+                f"axis, a constant input); for a generator, a lower learning rate or a loss that rewards variety")
     if kind == "nonfinite_loss":
         return (f"make the loss finite for every batch: compute it from logits (F.cross_entropy, "
                 f"F.log_softmax) instead of log(softmax), and guard logs and divisions with a small epsilon "

@@ -70,6 +70,11 @@ def describe(e: Event) -> str:
         before, after = e.evidence[0].values if e.evidence else (float("nan"), float("nan"))
         return (f"where the values of {subject} changed by more than the optimizer's update explains (norm "
                 f"{before:.3g} → {after:.3g}: written outside the optimizer)")
+    if e.to_state == "collapsed":
+        before, after = e.evidence[0].baseline if e.evidence else float("nan"), e.evidence[0].values[0] \
+            if e.evidence else float("nan")
+        return (f"after the spread of {subject} across the samples of a batch fell from {before:.2g} to {after:.2g} "
+                f"of its second moment (the samples became alike)")
     if e.to_state in ("dead", "saturated"):
         share = "units" if e.to_state == "dead" else "elements"
         return f"after {e.magnitude:.0%} of the {share} of {subject} went {e.to_state}"
