@@ -21,6 +21,7 @@ from pathlib import Path
 from comgra_ndbg import __version__
 from comgra_ndbg.analysis.abrupt import abrupt_events
 from comgra_ndbg.analysis.activation_regime import activation_events
+from comgra_ndbg.analysis.balance import balance_events
 from comgra_ndbg.analysis.collapse import collapse_events
 from comgra_ndbg.analysis.causal import coupled_failures, link_events
 from comgra_ndbg.analysis.config import Thresholds
@@ -53,6 +54,7 @@ def detect_events(series: RunSeries, thresholds: Thresholds = Thresholds()) -> l
     events += gradient_events(series, thresholds, stop=stop, settle=settle)
     events += optimizer_events(series, thresholds, stop=stop, settle=settle)
     events += stagnation_events(series, thresholds, stop=stop)
+    events += balance_events(series, thresholds, stop=stop, settle=settle)
     events += abrupt_events(series, events, thresholds, stop=stop)
     return sorted(events, key=lambda e: phase_key(e, series))
 

@@ -32,7 +32,8 @@ from comgra_ndbg.analysis.series import RunSeries
 
 __all__ = ["is_hard", "loss_worsening", "loss_is_worse", "harmful", "HARD_STATES"]
 
-HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed"})
+HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
+                         "imbalanced"})
 
 
 def is_hard(event: Event) -> bool:

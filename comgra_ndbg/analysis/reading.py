@@ -9,6 +9,7 @@
 | value scale jump / drop; dead or saturated units in the same signal at once | exploding / vanishing (dead_units / saturation) | node |
 | scale shift of the input | data_shift | data |
 | the spread across samples collapses (in the input: the data) | mode_collapse | node (data) |
+| one of two parallel paths' gradients or updates comes to dwarf the other's | imbalanced_learning | the path that moved |
 | dead / saturated units | dead_units / saturation | node |
 | gradient-ratio shift with no forward cause | exploding / vanishing | node |
 | a parameter frozen while the rest trains (or never moving though it gets gradients) | update_stagnation | node |
@@ -84,6 +85,8 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
         return Reading(root.to_state, "node", root.node)
     if root.family == "gradient_health":
         return Reading(root.to_state, "node", root.node)
+    if root.family == "path_balance":
+        return Reading("imbalanced_learning", "node", root.node)
     if root.family == "representation":
         return Reading("mode_collapse", "data" if role == "input" else "node", root.node)
     if root.node == OPTIMIZER or root.to_state == "diverging":

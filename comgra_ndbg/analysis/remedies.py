@@ -102,6 +102,10 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
         return (f"the samples' values at '{node}' became alike at step {onset}: look at what removes their "
                 f"differences there (weights zeroed or scaled down, a normalisation over the batch or the wrong "
                 f"axis, a constant input); for a generator, a lower learning rate or a loss that rewards variety")
+    if kind == "imbalanced_learning":
+        return (f"the path through '{node}' changed scale at step {onset} and now dominates or starves its parallel "
+                f"path: check the learning rate of its param group, the scale of its input, and any weighting of "
+                f"the paths; normalising each path's output before they meet keeps them comparable")
     if kind == "nonfinite_loss":
         return (f"make the loss finite for every batch: compute it from logits (F.cross_entropy, "
                 f"F.log_softmax) instead of log(softmax), and guard logs and divisions with a small epsilon "

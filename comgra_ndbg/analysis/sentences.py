@@ -70,6 +70,13 @@ def describe(e: Event) -> str:
         before, after = e.evidence[0].values if e.evidence else (float("nan"), float("nan"))
         return (f"where the values of {subject} changed by more than the optimizer's update explains (norm "
                 f"{before:.3g} → {after:.3g}: written outside the optimizer)")
+    if e.to_state == "imbalanced":
+        what = "gradient norms" if e.kind == "grad" else "update/weight ratios"
+        pair = e.evidence[0].series.split("÷") if e.evidence else ["", ""]
+        other = pair[1].split("/")[0] if len(pair) > 1 else ""
+        partner = pair[0].split("/")[0] if pair[0].split("/")[0] != e.node else other
+        return (f"after the ratio of the {what} of the parallel paths through {subject} and '{partner}' shifted "
+                f"{e.magnitude:.1f} decades and stayed there (one path dwarfs the other)")
     if e.to_state == "collapsed":
         before, after = e.evidence[0].baseline if e.evidence else float("nan"), e.evidence[0].values[0] \
             if e.evidence else float("nan")
