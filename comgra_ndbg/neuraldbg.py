@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +41,19 @@ from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Even
 from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
 from comgra_ndbg.graph.eager import unwrap_compiled
-from comgra_ndbg.recorder.hooks import (INPUT, ROOT, CompiledStructure, ModuleHooks, ModulePattern, discover_compiled,
-                                        from_compiled_code, input_names, node_name, output_names, select_modules,
-                                        tensor_leaves)
-from comgra_ndbg.recorder.grad_hook import on_gradient
+from comgra_ndbg.instrument.hooks import ROOT, CompiledStructure, ModuleHooks, ModulePattern, node_name, select_modules
+from comgra_ndbg.instrument.loss import LossCapture
+from comgra_ndbg.instrument.outputs import OutputRegistration
+from comgra_ndbg.instrument.steps import StepDetection
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
 
 __all__ = ["NeuralDbg"]
 
 PARAMETER_SUFFIX = ".parameters"
 """Parameters of module ``model.p`` form node ``model.p.parameters`` (``parameters`` cannot be a child's name)."""
-TARGET, LOSS = "target", "loss"
 
 
-class NeuralDbg:
+class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: a new ``runs/ndbg-<time>`` folder, printed); the recording is
@@ -180,225 +178,6 @@ class NeuralDbg:
     def steps(self) -> int:
         """Training steps seen so far."""
         return self._next_step if self.enabled else 0
-
-    # ---- step boundaries ---------------------------------------------------------------------------------
-    def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._closed or self._hooks.collecting_now:
-            return
-        self._hooks.capture = False
-        self._training_pass = (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-                               and self._root.training)
-        if self._training_pass:
-            self._safely("starting a forward pass", self._begin_pass, args, kwargs)
-        else:
-            self._evaluation_passes += 1
-
-    def _begin_pass(self, args: tuple, kwargs: dict) -> None:
-        rec = self.recorder
-        if self._pass_open:  # the last pass raised before its end
-            rec.finish_iteration()
-            self._pass_open = False
-        if rec.current_step is not None and self._optimizer_stepped():
-            self._finish_step()
-        if rec.current_step is None:
-            rec.start_step(self._next_step, self.step_type)
-            self._next_step += 1
-            self._parameter_mark = self._parameter_version()
-            self._backward_seen = False
-        self._iteration = rec.start_iteration()
-        self._pass_open = True
-        self._callback_queued = False
-        self._compiled_pass = False
-        self._counts, self._outputs_seen, self._output_names, self._eager_names = {}, 0, [], []
-        capture = rec.is_recording
-        self._pass_args = (args, kwargs) if capture else None
-        self._input_names = []
-        if capture:
-            for name, tensor in input_names(args, kwargs):
-                rec.register_tensor(name, tensor, role="input", node=INPUT)
-                self._input_names.append(name)
-        self._hooks.capture = capture
-
-    def _optimizer_stepped(self) -> bool:
-        """Whether the open step is over: parameters changed, or gradients were cleared after a backward."""
-        if self._parameter_version() != self._parameter_mark:
-            return True
-        return self._backward_seen and self._grad_fingerprint() != self._grad_mark
-
-    def _parameter_version(self) -> int:
-        return sum(p._version for p in self._parameters)
-
-    def _grad_fingerprint(self) -> tuple:
-        return tuple(None if p.grad is None else (id(p.grad), p.grad._version) for p in self._parameters)
-
-    def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self._closed or self._hooks.collecting_now or not self._pass_open:
-            return
-        self._safely("finishing a forward pass", self._end_pass, output)
-
-    def _end_pass(self, output: Any) -> None:
-        rec = self.recorder
-        try:
-            if self._hooks.capture:
-                stashed = self._hooks.drain()
-                if stashed:
-                    self._register_compiled(stashed, output)
-                elif not self._root_selected:
-                    self._register_outputs("", list(tensor_leaves(output)), "output")
-                if not self._outputs_seen and self._hooks.installed > self._root_selected:
-                    self._warn_once("no output", "no chosen module reported its output in this forward pass: if the "
-                                    "model was compiled and called before NeuralDbg hooked it, torch.compile does not "
-                                    "see the new hooks (call torch.compiler.reset() first, or create NeuralDbg before "
-                                    "the first call); otherwise check modules=")
-            self._watch_backward(output)
-        finally:
-            self._hooks.capture = False
-            self._pass_args = None
-            rec.finish_iteration()
-            self._pass_open = False
-
-    def _watch_backward(self, output: Any) -> None:
-        for _, tensor in tensor_leaves(output):
-            if tensor.requires_grad and tensor.grad_fn is not None:
-                self._tensor_handles.append(on_gradient(tensor, self._on_backward))
-                return
-
-    def _on_backward(self, grad: torch.Tensor) -> None:
-        if not self._callback_queued and not self._closed:
-            self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
-
-    def _after_backward(self) -> None:
-        self._callback_queued = False
-        self._backward_seen = True
-        self._grad_mark = self._grad_fingerprint()
-
-    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if not self._closed and self.recorder.current_step is not None and not self._pass_open:
-            self._safely("finishing the step", self._finish_step)
-
-    def _finish_step(self) -> None:
-        rec = self.recorder
-        try:
-            if self._pass_open:
-                rec.finish_iteration()
-                self._pass_open = False
-            if self._losses:
-                rec.record_kpi(LOSS, torch.stack(self._losses).mean())
-            rec.finish_step()
-        finally:
-            for handle in self._tensor_handles:
-                handle.remove()
-            self._tensor_handles, self._taps, self._losses = [], {}, []
-            self._backward_seen = False
-
-    # ---- module outputs ------------------------------------------------------------------------------------
-    def _on_output(self, path: str, output: Any) -> None:
-        """Forward hook of a chosen module, eager: register its output now."""
-        leaves = list(tensor_leaves(output))
-        if any(from_compiled_code(tensor) for _, tensor in leaves):
-            self._hooks.stash.append((path, output, ()))  # a compiled region's output: registered with the rest
-            return
-        self._safely("recording a module output", self._register_outputs, path, leaves,
-                     "output" if path == "" else "intermediate")
-
-    def _register_outputs(self, path: str, leaves: list[tuple[str, torch.Tensor]], role: str) -> None:
-        node = node_name(path)
-        for name, tensor in output_names(node, leaves, self._counts):
-            self.recorder.register_tensor(name, tensor, role=role, node=node, module=node)
-            self._eager_names.append(name)
-            self._outputs_seen += path != ""
-            if path == "":
-                self._output_names.append(name)
-
-    def _register_compiled(self, stashed: list[tuple[str, Any, tuple[int, ...]]], output: Any) -> None:
-        """Register what a compiled forward pass stashed, detached, with the edges of an eager pass."""
-        rec = self.recorder
-        self._compiled_pass = True
-        rec._declare_all_edges()
-        key = tuple(path for path, _, _ in stashed)
-        structure = self._structures.get(key)
-        if structure is None:
-            structure = self._structures[key] = self._discover()
-        iteration = self._iteration
-        # Eagerly registered outputs count too: with only some submodules compiled, the eager pass's edges
-        # are the only link between them and the compiled region's outputs (registered detached).
-        known = self._parameter_names | set(self._input_names) | set(self._eager_names)
-        items = [(path, list(tensor_leaves(out)), tapped) for path, out, tapped in stashed]
-        if not self._root_selected:
-            items.append(("", list(tensor_leaves(output)), ()))
-        for path, leaves, tapped in items:
-            node = node_name(path)
-            for leaf, (name, tensor) in enumerate(output_names(node, leaves, self._counts)):
-                rec.register_tensor(name, tensor.detach(), role="output" if path == "" else "intermediate",
-                                    node=node, module=node, bounds=structure.bounds.get(name))
-                known.add(name)
-                self._outputs_seen += path != ""
-                if path == "":
-                    self._output_names.append(name)
-                if not tensor.requires_grad:
-                    continue
-                if leaf in tapped:
-                    self._taps.setdefault((path, leaf), []).append((name, iteration))
-                else:
-                    self._tensor_handles.append(on_gradient(tensor, partial(self._on_grad, name, iteration,
-                                                                            not self._compiled_pass)))
-        for edge in structure.edges:
-            if edge.source in known and edge.target in known:
-                rec.add_dependency(edge.source, edge.target, discovered=True)
-
-    def _discover(self) -> CompiledStructure:
-        """Edges of a compiled model, from one eager pass on this pass's inputs (no graph if that fails)."""
-        if self._pass_args is None:
-            return CompiledStructure()
-        args, kwargs = self._pass_args
-        try:
-            return discover_compiled(self._root, args, kwargs, self._hooks, root_output=not self._root_selected)
-        except Exception as error:  # no graph is better than a broken training run
-            self._warn_once("discovery", f"discovering the dependency graph of the compiled model failed "
-                                         f"({type(error).__name__}: {error}); it is recorded without edges")
-            return CompiledStructure()
-
-    def _on_tap_grad(self, path: str, leaf: int, grad: torch.Tensor) -> None:
-        pending = self._taps.get((path, leaf))
-        if pending:
-            name, iteration = pending.pop()  # backward meets a module's calls in reverse order
-            self._on_grad(name, iteration, False, grad)
-
-    def _on_grad(self, name: str, iteration: int, deferred: bool, grad: torch.Tensor) -> None:
-        """``deferred`` for eager passes: summarised with the other gradients when the backward pass ends."""
-        if not self._closed and self.recorder.current_step is not None:
-            self._safely("recording a gradient", partial(self.recorder.record_gradient, name, grad,
-                                                         iteration=iteration, deferred=deferred))
-
-    # ---- the loss ----------------------------------------------------------------------------------------
-    def _after_loss(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if (self._closed or self._hooks.collecting_now or not self._training_pass or not torch.is_grad_enabled()
-                or not isinstance(output, torch.Tensor) or self.recorder.current_step is None):
-            return
-        self._safely("recording the loss", self._record_loss, args, output)
-
-    def _record_loss(self, args: tuple, output: torch.Tensor) -> None:
-        """The loss value (KPI, every step) and, on recorded steps, the loss and target tensors."""
-        rec = self.recorder
-        self._losses.append(output.detach().float().mean())
-        if not rec.is_recording:
-            return
-        target = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].requires_grad else None
-        [(name, _)] = output_names(LOSS, [("", output)], self._counts)
-        sources = list(self._output_names)
-        if target is not None:
-            [(target_name, _)] = output_names(TARGET, [("", target)], self._counts)
-            rec.register_tensor(target_name, target, role="target", node=TARGET)
-            sources.append(target_name)
-        if not self._compiled_pass:
-            rec.register_tensor(name, output, role="loss", node=LOSS)
-            return
-        rec.register_tensor(name, output.detach(), role="loss", node=LOSS)  # autograd would see the whole region
-        for source in sources:
-            rec.add_dependency(source, name, discovered=True)
-        if output.requires_grad:
-            self._tensor_handles.append(on_gradient(output, partial(self._on_grad, name, self._iteration, False)))
 
     # ---- analysis ----------------------------------------------------------------------------------------
     def diagnose(self) -> Diagnosis:

@@ -18,7 +18,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from comgra_ndbg import NeuralDbg, RecorderWarning, open_recording
-from comgra_ndbg.recorder import hooks as hooks_module
+from comgra_ndbg.instrument import hooks as hooks_module
 
 STATS = ("mean", "abs_mean", "abs_max", "min", "max", "l2")
 
