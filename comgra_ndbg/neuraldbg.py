@@ -23,7 +23,8 @@ iteration of the open step; a step ends when the next training forward pass find
 ``optimizer=``'s step post-hook. Forward passes without gradients (``torch.no_grad()``, inference mode) or
 in ``model.eval()`` are evaluation passes and are not recorded. Chosen modules' outputs are registered
 with the :class:`~comgra_ndbg.recorder.Recorder` under their module path, parameters are tracked with
-their gradients reduced in post-accumulate-grad hooks, and updates are derived when the step ends.
+their gradients reduced in post-accumulate-grad hooks, updates are derived when the step ends, and the
+tensor ``backward()`` is called on is the loss (``comgra_ndbg.instrument.loss``).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Even
 from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
 from comgra_ndbg.graph.eager import unwrap_compiled
+from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import ROOT, CompiledStructure, ModuleHooks, ModulePattern, node_name, select_modules
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
@@ -57,11 +59,12 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: a new ``runs/ndbg-<time>`` folder, printed); the recording is
-    ``path/trial``. ``optimizer`` ends each step at its ``step()`` (exact step boundaries); ``loss`` is the
-    criterion module the loop calls, recorded as node ``loss`` and KPI ``loss`` (what the analysis reads
-    for loss spikes and divergence). ``modules`` chooses the modules whose outputs are recorded (path
-    patterns such as ``"blocks.*"`` or module classes; default: every leaf module). ``summaries``,
-    ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the :class:`Recorder`.
+    ``path/trial``. ``optimizer`` ends each step at its ``step()`` (exact step boundaries). The tensor
+    ``backward()`` is called on, when it was computed from the model's output, is recorded as node ``loss``
+    and KPI ``loss`` (what the analysis reads for loss spikes and divergence); ``loss=criterion_module``
+    takes the criterion's output (and its target) instead. ``modules`` chooses the modules whose outputs
+    are recorded (path patterns such as ``"blocks.*"`` or module classes; default: every leaf module).
+    ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the :class:`Recorder`.
 
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
@@ -88,8 +91,9 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
         if optimizer is not None and not callable(getattr(optimizer, "register_step_post_hook", None)):
             raise InvalidArgumentError(f"optimizer= needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if loss is not None and not isinstance(loss, nn.Module):
-            raise InvalidArgumentError(f"loss= needs the criterion module the loop calls (e.g. nn.CrossEntropyLoss()), "
-                                       f"got {type(loss).__name__}; a plain function cannot be hooked")
+            raise InvalidArgumentError(f"loss= takes the criterion module the loop calls (e.g. nn.CrossEntropyLoss()), "
+                                       f"got {type(loss).__name__}; for a function (F.cross_entropy, your own) leave "
+                                       f"loss= out: the tensor backward() is called on is recorded as the loss")
         if not isinstance(step_type, str) or not step_type:
             raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
         self.model = model
@@ -133,7 +137,9 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
         self._structures: dict[tuple[str, ...], CompiledStructure] = {}
         self._taps: dict[tuple[str, int], list[tuple[str, int]]] = {}  # (path, leaf) -> (name, iteration)
         self._tensor_handles: list[Any] = []
+        self._criterion = loss
         self._losses: list[torch.Tensor] = []
+        self._loss_sources: dict[tuple[Any, int], tuple[str, int]] = {}  # output (grad_fn, nr) -> (name, iteration)
         self._backward_seen = False
         self._callback_queued = False
         self._parameter_mark = 0
@@ -146,6 +152,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
             self._handles.append(loss.register_forward_hook(disable(self._after_loss)))
         if optimizer is not None:
             self._handles.append(optimizer.register_step_post_hook(disable(self._after_optimizer_step)))
+        patches.attach(self)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> NeuralDbg:
@@ -171,7 +178,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
             for handle in self._handles + self._tensor_handles:
                 handle.remove()
             self._handles, self._tensor_handles = [], []
-            self._taps, self._losses, self._pass_args = {}, [], None
+            self._taps, self._losses, self._loss_sources, self._pass_args = {}, [], {}, None
+            patches.detach(self)
             self.recorder.close()
 
     @property

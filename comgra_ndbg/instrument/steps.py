@@ -92,6 +92,7 @@ class StepDetection:
                                     "model was compiled and called before NeuralDbg hooked it, torch.compile does not "
                                     "see the new hooks (call torch.compiler.reset() first, or create NeuralDbg before "
                                     "the first call); otherwise check modules=")
+            self._note_outputs(output)
             self._watch_backward(output)
         finally:
             self._hooks.capture = False
@@ -131,5 +132,5 @@ class StepDetection:
         finally:
             for handle in self._tensor_handles:
                 handle.remove()
-            self._tensor_handles, self._taps, self._losses = [], {}, []
+            self._tensor_handles, self._taps, self._losses, self._loss_sources = [], {}, [], {}
             self._backward_seen = False
