@@ -49,7 +49,7 @@ from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
 
-__all__ = ["NeuralDbg"]
+__all__ = ["Explanations", "NeuralDbg"]
 
 PARAMETER_SUFFIX = ".parameters"
 """Parameters of module ``model.p`` form node ``model.p.parameters`` (``parameters`` cannot be a child's name)."""
@@ -196,9 +196,12 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
         self.recorder.flush()
         return analyze(self.path)
 
-    def explain_failure(self) -> str:
-        """One sentence per failure hypothesis, best first, or a line saying none was found."""
-        return self.diagnose().explain()
+    def explain_failure(self) -> Explanations:
+        """The explanation sentences, best first: one per failure hypothesis, or one saying none was found.
+        ``explanations[0]`` is the best; ``print(explanations)`` prints them numbered, one per line."""
+        diagnosis = self.diagnose()
+        return Explanations([h.sentence for h in diagnosis.hypotheses] or [diagnosis.explain()],
+                            numbered=bool(diagnosis.hypotheses))
 
     def get_causal_hypotheses(self) -> tuple[Hypothesis, ...]:
         """Ranked hypotheses, best first; empty for a healthy run."""
@@ -233,6 +236,31 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(f"comgra_ndbg: {message}", RecorderWarning, stacklevel=3)
+
+
+class Explanations(tuple):
+    """Explanation sentences of a diagnosis, best first: a tuple of ``str`` (``explanations[0]`` is the best
+    sentence) whose ``str()`` numbers them one per line, as ``Diagnosis.explain()`` does.
+
+    >>> explanations = Explanations(["Dead units originated in 'fc'.", "Loss spike at step 3."], numbered=True)
+    >>> print(explanations[0])
+    Dead units originated in 'fc'.
+    >>> print(explanations)
+    1. Dead units originated in 'fc'.
+    2. Loss spike at step 3.
+    """
+
+    numbered: bool
+
+    def __new__(cls, sentences: Sequence[str], *, numbered: bool = True) -> Explanations:
+        self = super().__new__(cls, sentences)
+        self.numbered = numbered
+        return self
+
+    def __str__(self) -> str:
+        if not self.numbered:
+            return "\n".join(self)
+        return "\n".join(f"{i + 1}. {sentence}" for i, sentence in enumerate(self))
 
 
 def _is_type(asked: str, known: str) -> bool:
