@@ -58,13 +58,14 @@ PARAMETER_SUFFIX = ".parameters"
 class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
-    ``path`` is the group folder (default: a new ``runs/ndbg-<time>`` folder, printed); the recording is
-    ``path/trial``. ``optimizer`` ends each step at its ``step()`` (exact step boundaries). The tensor
-    ``backward()`` is called on, when it was computed from the model's output, is recorded as node ``loss``
-    and KPI ``loss`` (what the analysis reads for loss spikes and divergence); ``loss=criterion_module``
-    takes the criterion's output (and its target) instead. ``modules`` chooses the modules whose outputs
-    are recorded (path patterns such as ``"blocks.*"`` or module classes; default: every leaf module).
-    ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the :class:`Recorder`.
+    ``path`` is the group folder (default: ``runs`` in the working directory, the new trial's absolute path
+    printed); the recording is ``path/trial``. ``optimizer`` ends each step at its ``step()`` (exact step
+    boundaries). The tensor ``backward()`` is called on, when it was computed from the model's output, is
+    recorded as node ``loss`` and KPI ``loss`` (what the analysis reads for loss spikes and divergence);
+    ``loss=criterion_module`` takes the criterion's output (and its target) instead. ``modules`` chooses the
+    modules whose outputs are recorded (path patterns such as ``"blocks.*"`` or module classes; default:
+    every leaf module). ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the
+    :class:`Recorder`.
 
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
@@ -109,7 +110,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
         chosen = select_modules(self._root, modules)
         announce = path is None
         if announce:
-            path = Path("runs")
+            path = Path.cwd() / "runs"  # absolute: the printed path still works after a chdir, from anywhere
             trial = trial or time.strftime("ndbg-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
         self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
                                  flight_recorder=flight_recorder, **recorder_options)

@@ -340,9 +340,10 @@ def test_without_a_path_a_new_folder_under_runs_is_created_and_printed(tmp_path:
     with NeuralDbg(model) as dbg:
         train(model, batches(2), optimizer, criterion)
     printed = capsys.readouterr().out
-    assert dbg.path.parent == Path("runs") and dbg.path.name.startswith("ndbg-")
-    assert str(dbg.path) in printed and (tmp_path / dbg.path).is_dir()
-    with open_recording(tmp_path / dbg.path) as rec:
+    assert dbg.path.is_absolute() and dbg.path.parent == (tmp_path / "runs").resolve()
+    assert dbg.path.name.startswith("ndbg-")
+    assert printed == f"comgra_ndbg: recording to {dbg.path}\n" and dbg.path.is_dir()
+    with open_recording(dbg.path) as rec:
         assert rec.steps.tolist() == [0, 1]
 
 
