@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,10 @@ from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
 from comgra_ndbg.graph.eager import unwrap_compiled
 from comgra_ndbg.instrument import patches
-from comgra_ndbg.instrument.hooks import ROOT, CompiledStructure, ModuleHooks, ModulePattern, node_name, select_modules
+from comgra_ndbg.instrument.hooks import ROOT, ModuleHooks, ModulePattern, node_name, select_modules
+from comgra_ndbg.instrument.structure import ModelStructure
+from comgra_ndbg.instrument.checkpoint import Burst, HiddenCall, RecomputedGradients
+from comgra_ndbg.instrument.compile_cache import evict_compiled_code
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
@@ -55,7 +59,7 @@ PARAMETER_SUFFIX = ".parameters"
 """Parameters of module ``model.p`` form node ``model.p.parameters`` (``parameters`` cannot be a child's name)."""
 
 
-class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
+class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradients):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: ``runs`` in the working directory, the new trial's absolute path
@@ -119,6 +123,9 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
             print(f"comgra_ndbg: recording to {self.path}")
         self.recorder.track_module(ROOT, self._root, node_suffix=PARAMETER_SUFFIX, gradients_in_hook=True)
         self._parameters = [p for p in self._root.parameters() if p.requires_grad]
+        self._parameter_ids = {id(p) for p in self._root.parameters()}
+        self._owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (groups, owns)
+        self._own_steps = self._foreign_steps = 0  # optimizer steps in the open step: ours, others'
         self._parameter_names = {node_name(name) for name, _ in self._root.named_parameters()}
         self._root_selected = any(p == "" for p, _ in chosen)
         self._hooks = ModuleHooks(chosen, self._on_output)
@@ -129,13 +136,17 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
         self._training_pass = False  # the last forward pass was a training pass
         self._evaluation_passes = 0  # forward passes without gradients or in eval mode (not recorded)
         self._compiled_pass = False  # ... and ran compiled code
+        self._hidden_pass = False  # ... and hid some module outputs from autograd (frozen, checkpointed)
+        self._declared_edges = False  # the open step's edges come from structure passes, not from autograd
         self._pass_args: tuple[tuple, dict] | None = None
         self._counts: dict[str, int] = {}
         self._outputs_seen = 0
         self._output_names: list[str] = []
         self._eager_names: list[str] = []  # module outputs of this pass registered eagerly (not compiled)
         self._input_names: list[str] = []
-        self._structures: dict[tuple[str, ...], CompiledStructure] = {}
+        self._structures: dict[tuple[str, ...], ModelStructure] = {}
+        self._hidden_calls: list[HiddenCall] = []  # module calls of the open step whose outputs autograd hid
+        self._bursts: dict[Any, Burst] = {}  # checkpoint recompute node -> its module calls
         self._taps: dict[tuple[str, int], list[tuple[str, int]]] = {}  # (path, leaf) -> (name, iteration)
         self._tensor_handles: list[Any] = []
         self._criterion = loss
@@ -153,6 +164,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
             self._handles.append(loss.register_forward_hook(disable(self._after_loss)))
         if optimizer is not None:
             self._handles.append(optimizer.register_step_post_hook(disable(self._after_optimizer_step)))
+        self._evicted = evict_compiled_code(self._root) > 0  # code traced without the hooks just added
         patches.attach(self)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -171,7 +183,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture):
             return
         try:
             if self.recorder.current_step is not None:
-                self._safely("finishing the last step", self._finish_step)
+                self._safely("finishing the last step", self._end_step)
             if self._next_step == 0:
                 self._warn_once("no step", _why_no_step(self._evaluation_passes))
         finally:

@@ -96,12 +96,18 @@ class LossCapture:
         if not rec.is_recording:
             return
         [(name, _)] = output_names(LOSS, [("", loss)], self._counts)
+        self._register_loss(name, loss)
+        if self._declared_edges:
+            for source, iteration in sources:
+                rec.add_dependency(source, name, source_iteration=iteration, discovered=True)
+
+    def _register_loss(self, name: str, loss: torch.Tensor) -> None:
+        """Register a loss tensor with its gradient; after a compiled pass detached, with a hook of ours (its
+        edges are declared: autograd would see the whole compiled region)."""
         if not self._compiled_pass:
-            rec.register_tensor(name, loss, role="loss", node=LOSS)
+            self.recorder.register_tensor(name, loss, role="loss", node=LOSS)
             return
-        rec.register_tensor(name, loss.detach(), role="loss", node=LOSS)  # autograd would see the whole region
-        for source, iteration in sources:
-            rec.add_dependency(source, name, source_iteration=iteration, discovered=True)
+        self.recorder.register_tensor(name, loss.detach(), role="loss", node=LOSS)
         if loss.requires_grad:
             self._tensor_handles.append(on_gradient(loss, partial(self._on_grad, name, self._iteration, False)))
 
@@ -125,12 +131,8 @@ class LossCapture:
             [(target_name, _)] = output_names(TARGET, [("", target)], self._counts)
             rec.register_tensor(target_name, target, role="target", node=TARGET)
             sources.append(target_name)
-        if not self._compiled_pass:
-            rec.register_tensor(name, output, role="loss", node=LOSS)
-            return
-        rec.register_tensor(name, output.detach(), role="loss", node=LOSS)  # autograd would see the whole region
-        for source in sources:
-            rec.add_dependency(source, name, discovered=True)
-        if output.requires_grad:
-            self._tensor_handles.append(on_gradient(output, partial(self._on_grad, name, self._iteration, False)))
+        self._register_loss(name, output)
+        if self._declared_edges:
+            for source in sources:
+                rec.add_dependency(source, name, discovered=True)
 

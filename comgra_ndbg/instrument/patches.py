@@ -1,26 +1,34 @@
 """Process-wide instrumentation shared by every open ``NeuralDbg``: installed once, removed with the last.
 
 Some things a training loop does are not visible from the model's hooks: which tensor ``backward()`` is
-called on (the loss, however it was computed), and the unscaled loss behind ``scaler.scale(loss)``. While
-at least one ``NeuralDbg`` is open, this module replaces
+called on (the loss, however it was computed), the unscaled loss behind ``scaler.scale(loss)``, and which
+optimizer steps (a GAN's generator update runs the discriminator without being its step). While at least
+one ``NeuralDbg`` is open, this module replaces
 
 - ``torch.autograd.backward`` (which ``Tensor.backward`` calls) by a wrapper that hands the roots of each
   outermost backward call to every open listener, then calls the original: one Python call per
   ``backward()``; a backward call made from inside a backward pass (a reentrant checkpoint's recompute)
   is not a loss and is passed on untouched;
 - ``torch.amp.GradScaler.scale`` by a wrapper that remembers, weakly, which loss each scaled tensor came
-  from, so that ``scaler.scale(loss).backward()`` reports ``loss`` and not ``loss × scale``.
+  from, so that ``scaler.scale(loss).backward()`` reports ``loss`` and not ``loss × scale``;
 
-Both are put back exactly as they were when the last listener detaches (``NeuralDbg.close()``), also when
+and registers a global optimizer step pre-hook and post-hook (``torch.optim.optimizer``'s, which every
+optimizer runs), so each listener sees every optimizer's step: right before it (the gradients the optimizer
+uses, after clipping and unscaling) and right after it.
+
+All of it is put back exactly as it was when the last listener detaches (``NeuralDbg.close()``), also when
 the training loop raised. Listeners are objects with ``_on_backward_call(roots)``, ``roots`` being a list of
-``(tensor backward was called on, the loss it stands for)``; an exception in a listener is reported as a
-``RecorderWarning`` and never reaches the backward pass.
+``(tensor backward was called on, the loss it stands for)``, ``_before_optimizer_step(optimizer)`` and
+``_after_optimizer_step_anywhere(optimizer)``; an exception in a listener is reported as a
+``RecorderWarning`` and never reaches the training loop.
 
 >>> import torch
 >>> original = torch.autograd.backward
 >>> class Spy:
 ...     def __init__(self): self.seen = []
 ...     def _on_backward_call(self, roots): self.seen += [loss.item() for _, loss in roots]
+...     def _before_optimizer_step(self, optimizer): pass
+...     def _after_optimizer_step_anywhere(self, optimizer): pass
 >>> spy = Spy()
 >>> attach(spy)
 >>> x = torch.ones(2, requires_grad=True)
@@ -39,6 +47,7 @@ from typing import Any
 
 import torch
 from torch.amp import grad_scaler
+from torch.optim import optimizer as optim_module
 from torch.utils.weak import WeakIdKeyDictionary
 
 from comgra_ndbg.recorder.recorder import RecorderWarning
@@ -47,6 +56,7 @@ __all__ = ["attach", "detach", "installed"]
 
 _lock = threading.Lock()
 _listeners: list[Any] = []
+_optimizer_hooks: list[Any] = []  # the handles of the global optimizer step hooks
 _unscaled = WeakIdKeyDictionary()  # scaled tensor -> the loss it was scaled from (weak on both ends' owner)
 
 
@@ -103,15 +113,25 @@ def _dispatch(tensors: Any) -> None:
     """Hand ``(root, loss)`` of each tensor root of a backward call to every listener."""
     items = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
     roots = [(root, _unscaled.get(root, root)) for root in items if isinstance(root, torch.Tensor)]
-    if not roots:
-        return
+    if roots:
+        _notify("_on_backward_call", "taking the loss of a backward call", roots)
+
+
+def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _notify("_before_optimizer_step", "looking at an optimizer step", optimizer)
+
+
+def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _notify("_after_optimizer_step_anywhere", "looking at an optimizer step", optimizer)
+
+
+def _notify(method: str, what: str, argument: Any) -> None:
     for listener in list(_listeners):
         try:
-            listener._on_backward_call(roots)
-        except Exception as error:  # a recorder problem must never break the user's backward pass
-            warnings.warn(f"comgra_ndbg: taking the loss of a backward call failed ({type(error).__name__}: "
-                          f"{error}); training continues and this loss is not recorded", RecorderWarning,
-                          stacklevel=4)
+            getattr(listener, method)(argument)
+        except Exception as error:  # a recorder problem must never break the user's training loop
+            warnings.warn(f"comgra_ndbg: {what} failed ({type(error).__name__}: {error}); training continues "
+                          f"and this part is not recorded", RecorderWarning, stacklevel=4)
 
 
 def attach(listener: Any) -> None:
@@ -122,6 +142,9 @@ def attach(listener: Any) -> None:
         if not _listeners:
             for patch in _PATCHES:
                 patch.install()
+            disable = torch.compiler.disable  # a compiled optimizer step calls them, untraced
+            _optimizer_hooks.append(optim_module.register_optimizer_step_pre_hook(disable(_before_step)))
+            _optimizer_hooks.append(optim_module.register_optimizer_step_post_hook(disable(_after_step)))
         _listeners.append(listener)
 
 
@@ -134,6 +157,9 @@ def detach(listener: Any) -> None:
         if not _listeners:
             for patch in _PATCHES:
                 patch.remove()
+            for handle in _optimizer_hooks:
+                handle.remove()
+            _optimizer_hooks.clear()
             _unscaled.clear()
 
 

@@ -5,6 +5,13 @@ a step, or a new iteration of the open step; a step ends when the next training 
 changed (an optimizer stepped, or any in-place update) or, after a backward pass, the gradients cleared —
 or exactly at the ``optimizer=``'s step post-hook. Forward passes without gradients, in inference mode or
 in ``model.eval()`` are evaluation passes: they are counted, not recorded, and never split a step.
+
+Every optimizer's step is seen too (``patches``' global optimizer hooks). Right before an optimizer that
+holds some of the model's parameters steps, their gradients are taken again where they changed since the
+backward pass (clipping, a ``GradScaler``'s unscaling): the step records the gradient the optimizer used.
+A step in which only other optimizers stepped and the model's parameters did not change was the model's
+forward pass inside another model's update (a GAN's discriminator during the generator's step): it is
+discarded, not written, so there is one recorded step per update of the model.
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from comgra_ndbg.instrument.hooks import INPUT, input_names, tensor_leaves
+from comgra_ndbg.instrument.hooks import INPUT, from_compiled_code, input_names, tensor_leaves
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
 __all__ = ["StepDetection", "LOSS"]
@@ -41,16 +48,18 @@ class StepDetection:
             rec.finish_iteration()
             self._pass_open = False
         if rec.current_step is not None and self._optimizer_stepped():
-            self._finish_step()
+            self._end_step()
         if rec.current_step is None:
             rec.start_step(self._next_step, self.step_type)
             self._next_step += 1
             self._parameter_mark = self._parameter_version()
             self._backward_seen = False
+            self._own_steps = self._foreign_steps = 0
+            self._declared_edges = False
         self._iteration = rec.start_iteration()
         self._pass_open = True
         self._callback_queued = False
-        self._compiled_pass = False
+        self._compiled_pass = self._hidden_pass = False
         self._counts, self._outputs_seen, self._output_names, self._eager_names = {}, 0, [], []
         capture = rec.is_recording
         self._pass_args = (args, kwargs) if capture else None
@@ -85,13 +94,13 @@ class StepDetection:
                 stashed = self._hooks.drain()
                 if stashed:
                     self._register_compiled(stashed, output)
-                elif not self._root_selected:
-                    self._register_outputs("", list(tensor_leaves(output)), "output")
+                else:
+                    if not self._root_selected:
+                        self._register_outputs("", list(tensor_leaves(output)), "output")
+                    if self._needs_structure_pass():
+                        self._declare_eager_structure()
                 if not self._outputs_seen and self._hooks.installed > self._root_selected:
-                    self._warn_once("no output", "no chosen module reported its output in this forward pass: if the "
-                                    "model was compiled and called before NeuralDbg hooked it, torch.compile does not "
-                                    "see the new hooks (call torch.compiler.reset() first, or create NeuralDbg before "
-                                    "the first call); otherwise check modules=")
+                    self._no_module_output(output)
             self._note_outputs(output)
             self._watch_backward(output)
         finally:
@@ -99,6 +108,19 @@ class StepDetection:
             self._pass_args = None
             rec.finish_iteration()
             self._pass_open = False
+
+    def _no_module_output(self, output: Any) -> None:
+        """No chosen module reported its output in this pass. Compiled code traced without the hooks (the
+        model, or another of its class, compiled earlier) is dropped, once, so the next pass traces them."""
+        compiled = any(from_compiled_code(tensor) for _, tensor in tensor_leaves(output))
+        if compiled and not self._evicted:
+            self._evicted = evict_compiled_code(self._root) > 0
+            if self._evicted:
+                return
+        self._warn_once("no output", "no chosen module reported its output in this forward pass" + (
+            ": torch.compile ran code traced without NeuralDbg's hooks even after its cached code was dropped; "
+            "call torch.compiler.reset() before NeuralDbg" if compiled else
+            "; check modules= (patterns and classes of the modules the model calls)"))
 
     def _watch_backward(self, output: Any) -> None:
         for _, tensor in tensor_leaves(output):
@@ -120,6 +142,36 @@ class StepDetection:
         if not self._closed and self.recorder.current_step is not None and not self._pass_open:
             self._safely("finishing the step", self._finish_step)
 
+    # ---- every optimizer's step (patches' global hooks) ---------------------------------------------------
+    def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` holds a parameter of the model (cached while its groups keep their sizes)."""
+        key = tuple(len(group["params"]) for group in optimizer.param_groups)
+        cached = self._owners.get(optimizer)
+        if cached is None or cached[0] != key:
+            ids = self._parameter_ids
+            cached = (key, any(id(p) in ids for group in optimizer.param_groups for p in group["params"]))
+            self._owners[optimizer] = cached
+        return cached[1]
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._closed and self.recorder.current_step is not None and self._owns(optimizer):
+            self.recorder.refresh_parameter_gradients()
+
+    def _after_optimizer_step_anywhere(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._closed and self.recorder.current_step is not None:
+            if self._owns(optimizer):
+                self._own_steps += 1
+            else:
+                self._foreign_steps += 1
+
+    # ---- ending a step -------------------------------------------------------------------------------------
+    def _end_step(self) -> None:
+        """Finish the open step, or discard it when it was the model's pass inside another model's update."""
+        if self._foreign_steps and not self._own_steps and self._parameter_version() == self._parameter_mark:
+            self._discard_step()
+        else:
+            self._finish_step()
+
     def _finish_step(self) -> None:
         rec = self.recorder
         try:
@@ -130,7 +182,20 @@ class StepDetection:
                 rec.record_kpi(LOSS, torch.stack(self._losses).mean())
             rec.finish_step()
         finally:
-            for handle in self._tensor_handles:
-                handle.remove()
-            self._tensor_handles, self._taps, self._losses, self._loss_sources = [], {}, [], {}
-            self._backward_seen = False
+            self._release_step()
+
+    def _discard_step(self) -> None:
+        try:
+            self._pass_open = False
+            self.recorder.discard_step()
+            self._next_step -= 1
+        finally:
+            self._release_step()
+
+    def _release_step(self) -> None:
+        for handle in self._tensor_handles:
+            handle.remove()
+        self._tensor_handles, self._taps, self._losses, self._loss_sources = [], {}, [], {}
+        self._forget_hidden_calls()
+        self._backward_seen = False
+        self._own_steps = self._foreign_steps = 0
