@@ -70,9 +70,10 @@ def edge_lines(graph: DependencyGraph) -> list[str]:
 
 
 def expected_edges(name: str) -> list[str]:
-    """The reviewed edge list ``expected/<name>.txt``: one edge per line, ``#`` starts a comment."""
-    lines = (EXPECTED / f"{name}.txt").read_text().splitlines()
-    return sorted(line.split("#")[0].strip() for line in lines if line.split("#")[0].strip())
+    """The reviewed edge list ``expected/<name>.txt``: one edge per line; a line starting with ``#`` is a
+    comment (node names hold ``#`` too: ``model.relu#1``)."""
+    lines = [line.strip() for line in (EXPECTED / f"{name}.txt").read_text().splitlines()]
+    return sorted(line for line in lines if line and not line.startswith("#"))
 
 
 def assert_graph(folder: Path, trial: str, name: str) -> DependencyGraph:
