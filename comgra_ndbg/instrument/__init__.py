@@ -8,7 +8,14 @@ Each module holds one concept; ``comgra_ndbg.neuraldbg.NeuralDbg`` composes them
   and end, seen from the model's own pre- and post-forward hooks, the backward pass and the optimizer;
 - :mod:`~comgra_ndbg.instrument.outputs`: registering module outputs, the model's input and output, and
   their gradients with the recorder;
-- :mod:`~comgra_ndbg.instrument.loss`: the loss node and the ``loss`` KPI.
+- :mod:`~comgra_ndbg.instrument.loss`: the loss node and the ``loss`` KPI;
+- :mod:`~comgra_ndbg.instrument.patches`: what is process-wide (``torch.autograd.backward``,
+  ``GradScaler.scale``, the global optimizer step hooks), installed with the first open ``NeuralDbg``;
+- :mod:`~comgra_ndbg.instrument.structure`: the structure pass, for passes whose edges autograd hides
+  (compiled, frozen, checkpointed, autocast);
+- :mod:`~comgra_ndbg.instrument.checkpoint`: gradients inside reentrant checkpoint segments;
+- :mod:`~comgra_ndbg.instrument.compile_cache`: compiled code traced without the hooks, dropped.
 
-Everything here is installed by ``NeuralDbg`` and removed by its ``close()``.
+Everything here is installed by ``NeuralDbg`` and removed by its ``close()`` (the process-wide part by the
+last open instance's).
 """
