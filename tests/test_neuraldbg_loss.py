@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim import optimizer as optim_module
 
 from comgra_ndbg import NeuralDbg, RecorderWarning, open_recording
 from comgra_ndbg.graph import GraphEdge
@@ -229,6 +230,7 @@ def test_patches_are_removed_when_the_last_instance_closes_also_after_an_excepti
     assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
     assert "scale" not in vars(torch.amp.GradScaler) or vars(torch.amp.GradScaler)["scale"] is scale
     assert not patches.installed()
+    assert not optim_module._global_optimizer_pre_hooks and not optim_module._global_optimizer_post_hooks
     for model in (first, second):
         assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
         assert all(not p._post_accumulate_grad_hooks for p in model.parameters())

@@ -29,15 +29,23 @@ class Run:
 
 
 def snapshot_state(modules: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> list:
-    """Every parameter, buffer, ``.grad``, optimizer state tensor and the global RNG, by name."""
+    """Every parameter, buffer, ``.grad``, optimizer state tensor, the global RNG, and the number of hooks on
+    the modules, parameters and optimizers (none may be left after NeuralDbg closed), by name."""
     state = [("rng", torch.get_rng_state())]
     for key, module in modules.items():
+        hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+                    for m in module.modules())
+        hooks += sum(len(p._post_accumulate_grad_hooks or {}) + len(p._backward_hooks or {})
+                     for p in module.parameters())
+        state.append((f"{key}.hooks", torch.tensor(hooks)))
         state += [(f"{key}.{name}", p.detach().clone()) for name, p in module.named_parameters()]
         state += [(f"{key}.{name}.grad", p.grad.clone()) for name, p in module.named_parameters() if p.grad is not None]
         state += [(f"{key}.{name}", b.clone()) for name, b in module.named_buffers()]
         state += [(f"{key}.{name}.requires_grad", torch.tensor(p.requires_grad))
                   for name, p in module.named_parameters()]
     for key, optimizer in optimizers.items():
+        state.append((f"{key}.hooks", torch.tensor(len(optimizer._optimizer_step_pre_hooks)
+                                                   + len(optimizer._optimizer_step_post_hooks))))
         for index, entry in optimizer.state_dict()["state"].items():
             state += [(f"{key}.state.{index}.{k}", v.clone() if isinstance(v, torch.Tensor) else torch.tensor(v))
                       for k, v in entry.items()]
