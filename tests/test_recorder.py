@@ -899,3 +899,69 @@ def test_gradients_are_collected_at_finish_step_without_record_gradients(tmp_pat
                                                                                 rel=1e-6)
         assert recording.summary("layer.weight", "grad", "l2")[1][0] == pytest.approx(
             weight_grad.double().norm().item(), rel=1e-6)
+
+
+def test_a_discarded_step_writes_nothing_and_its_number_is_used_again(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    with Recorder(tmp_path, "t") as rec:
+        rec.track_module("model", model)
+        for step, discard in [(0, False), (1, True), (1, False)]:
+            rec.start_step(step)
+            x = torch.randn(5, 3)
+            rec.register_tensor("x", x, role="input")
+            out = rec.register_tensor("out", model(x), role="output")
+            if discard:
+                rec.register_tensor("extra", out * 2)  # another structure, discarded with the step
+            out.pow(2).mean().backward()
+            rec.record_kpi("loss", 100.0 if discard else 1.0)
+            if discard:
+                rec.discard_step()
+                continue
+            rec.record_gradients()
+            rec.finish_step()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.steps.tolist() == [0, 1] and recording.kpi("loss")[1].tolist() == [1.0, 1.0]
+        assert recording.summary("out", "value", "count")[1].tolist() == [10, 10]
+        assert "extra" not in recording.graph("default").graph.node_names  # the step type's graph is put back
+
+
+def test_refreshed_parameter_gradients_are_the_clipped_ones(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    with Recorder(tmp_path, "t") as rec:
+        rec.track_module("model", model, gradients_in_hook=True)
+        rec.start_step(0)
+        model(torch.randn(5, 3)).pow(2).sum().backward()
+        before = float(model.weight.grad.norm())
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.01)
+        rec.refresh_parameter_gradients()
+        clipped = float(model.weight.grad.norm())
+        rec.finish_step()
+    assert clipped < 0.0101 < before
+    with open_recording(tmp_path, "t") as recording:
+        np.testing.assert_allclose(recording.summary("model.weight", "grad", "l2")[1], [clipped], rtol=1e-6)
+
+
+def test_a_frozen_parameter_that_did_not_move_has_no_update_and_one_moved_by_hand_has(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(2, 2))
+    model[0].requires_grad_(False)
+    model[2].requires_grad_(False)  # an EMA-like copy, updated by hand
+    optimizer = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    with Recorder(tmp_path, "t") as rec:
+        rec.track_module("model", model)
+        for step in range(2):
+            rec.start_step(step)
+            optimizer.zero_grad()
+            model(torch.randn(5, 3)).sum().backward()
+            rec.record_gradients()
+            optimizer.step()
+            with torch.no_grad():
+                model[2].weight.mul_(0.9)
+            rec.finish_step()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kinds("model.0.weight") == ["value"]
+        assert recording.kinds("model.1.weight") == ["value", "grad", "update"]
+        assert recording.kinds("model.2.weight") == ["value", "update"] and recording.kinds("model.2.bias") == ["value"]
+        assert (recording.summary("model.2.weight", "update", "abs_max")[1] > 0).all()

@@ -120,6 +120,21 @@ class GradientRecording:
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._warn("recording a parameter gradient", error, key=str(tid))
 
+    def refresh_parameter_gradients(self) -> None:
+        """Take again the gradients of parameters tracked with ``gradients_in_hook`` whose ``.grad`` changed
+        since a backward pass of this step handed it over — clipped (``clip_grad_norm_``), unscaled by a
+        ``GradScaler`` — so the step records the gradient the optimizer uses. ``NeuralDbg`` calls it right
+        before an optimizer that holds the model's parameters steps."""
+        if not self.enabled or not self._step_open or not (self._summarize or self._snapshot):
+            return
+        try:
+            for tid, grad in self._parameters.changed_gradients():
+                self._on_parameter_grad(tid, grad)
+            if len(self._grad_batch):
+                self._flush_gradients()
+        except Exception as error:  # a recorder problem must not break the user's optimizer step
+            self._warn("recording a parameter gradient", error)
+
     def _flush_gradients(self) -> None:
         """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end)."""
         if not self._step_open or not self._summarize:

@@ -272,6 +272,7 @@ class Recorder(GradientRecording):
                                        f"step), got {step_type!r}")
         self._seen_steps.add(step)
         self._step_open = True
+        self._before_step = (self._last_step, self._last_step_type)  # what discard_step() puts back
         self._step = self._last_step = step
         self._step_type = step_type
         if step_type is not None:
@@ -535,15 +536,22 @@ class Recorder(GradientRecording):
     def _finish_parameters(self) -> None:
         if not self._parameters.captured:
             return
-        series = self._parameter_series(schema.KIND_UPDATE)
+        keep = self._parameters.update_mask()  # a frozen parameter that did not move has no update
+        everything = bool(keep.all())
+        if everything:
+            series = self._parameter_series(schema.KIND_UPDATE)
+        else:
+            series = np.array([self.catalog.series_id(tid, schema.KIND_UPDATE) for tid, kept
+                               in zip(self._parameters.tensor_ids(), keep.tolist()) if kept], dtype=np.int64)
         if self._summarize:
             indices = self._parameters.summarize_updates(self._updates)
-            rows = self._updates.collect()
-            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
+            rows = self._updates.collect()[indices]
+            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows if everything else rows[keep]))
         if self._snapshot:
-            for tid, value, start in self._parameters.update_pairs():
-                self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
-                                    take_update_snapshot(value, start, max_elements=self.max_elements)))
+            for (tid, value, start), kept in zip(self._parameters.update_pairs(), keep.tolist()):
+                if kept:
+                    self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
+                                        take_update_snapshot(value, start, max_elements=self.max_elements)))
         self._parameters.release()
 
     # ---- KPIs and notes ----------------------------------------------------------------------------------
@@ -620,6 +628,21 @@ class Recorder(GradientRecording):
             self._flush(wait=True)
         elif self._flush_due():  # periodic: written on a worker thread while training goes on
             self._flush(wait=False)
+
+    def discard_step(self) -> None:
+        """Drop the open step without writing any of it (values, gradients, updates, KPIs); its step number
+        may be started again. For a step that turned out not to be one: ``NeuralDbg`` discards the passes of
+        a model run inside another model's update (a GAN's discriminator during the generator's step)."""
+        if not self.enabled:
+            return
+        self._check_step_open("discard_step()")
+        self._structure.rollback()
+        self._seen_steps.discard(self._step)
+        self._last_step, self._last_step_type = self._before_step
+        self._parameters.release()
+        self._parameters.forget_gradients()
+        self._token += 1
+        self._reset_step_state()
 
     def _build_record(self, type_id: int) -> StepRecord:
         if len(self._grad_batch):

@@ -449,18 +449,25 @@ class Recording:
         return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
     def snapshot(self, step: int, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None,
-                 iteration: int = 0) -> Snapshot:
-        """The stored arrays of one tensor at one step (and iteration)."""
+                 iteration: int | None = None) -> Snapshot:
+        """The stored arrays of one tensor at one step and iteration; ``iteration=None`` takes the first
+        iteration of the step that has one (a tensor registered only in a later iteration is found too)."""
         info, sid = self._series(node, kind, tensor)
+        found: tuple[int, _FileView, int] | None = None
         for view in self._views.values():
-            hits = np.flatnonzero((view.array(schema.SNAP_STEP) == step) & (view.array(schema.SNAP_SERIES) == sid)
-                                  & (view.array(schema.SNAP_ITERATION) == iteration))
-            if len(hits):
-                return self._read_snapshot(view, int(hits[0]), info, kind)
+            iterations = view.array(schema.SNAP_ITERATION)
+            match = (view.array(schema.SNAP_STEP) == step) & (view.array(schema.SNAP_SERIES) == sid)
+            if iteration is not None:
+                match &= iterations == iteration
+            for i in np.flatnonzero(match).tolist():
+                if found is None or iterations[i] < found[0]:
+                    found = (int(iterations[i]), view, i)
+        if found is not None:
+            return self._read_snapshot(found[1], found[2], info, kind)
         available = self.snapshot_steps(node, kind, tensor=tensor)
-        raise UnknownSeriesError(f"no snapshot of {info.name!r} ({kind}) at step {step}, iteration {iteration}; "
-                                 f"snapshots exist at steps {available[:20].tolist()}"
-                                 f"{' …' if len(available) > 20 else ''}")
+        where = f"step {step}" if iteration is None else f"step {step}, iteration {iteration}"
+        raise UnknownSeriesError(f"no snapshot of {info.name!r} ({kind}) at {where}; snapshots exist at steps "
+                                 f"{available[:20].tolist()}{' …' if len(available) > 20 else ''}")
 
     def _read_snapshot(self, view: _FileView, i: int, info: TensorInfo, kind: str) -> Snapshot:
         f = view.file
