@@ -214,7 +214,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         ``explanations[0]`` is the best; ``print(explanations)`` prints them numbered, one per line."""
         diagnosis = self.diagnose()
         return Explanations([h.sentence for h in diagnosis.hypotheses] or [diagnosis.explain()],
-                            numbered=bool(diagnosis.hypotheses))
+                            numbered=bool(diagnosis.hypotheses), text=diagnosis.explain())
 
     def get_causal_hypotheses(self) -> tuple[Hypothesis, ...]:
         """Ranked hypotheses, best first; empty for a healthy run."""
@@ -253,7 +253,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
 
 class Explanations(tuple):
     """Explanation sentences of a diagnosis, best first: a tuple of ``str`` (``explanations[0]`` is the best
-    sentence) whose ``str()`` numbers them one per line, as ``Diagnosis.explain()`` does.
+    sentence) whose ``str()`` numbers them one per line — or is ``text``, the diagnosis' own explanation with
+    each remedy under its sentence, when given.
 
     >>> explanations = Explanations(["Dead units originated in 'fc'.", "Loss spike at step 3."], numbered=True)
     >>> print(explanations[0])
@@ -264,13 +265,16 @@ class Explanations(tuple):
     """
 
     numbered: bool
+    text: str | None
 
-    def __new__(cls, sentences: Sequence[str], *, numbered: bool = True) -> Explanations:
+    def __new__(cls, sentences: Sequence[str], *, numbered: bool = True, text: str | None = None) -> Explanations:
         self = super().__new__(cls, sentences)
-        self.numbered = numbered
+        self.numbered, self.text = numbered, text
         return self
 
     def __str__(self) -> str:
+        if self.text is not None:
+            return self.text
         if not self.numbered:
             return "\n".join(self)
         return "\n".join(f"{i + 1}. {sentence}" for i, sentence in enumerate(self))

@@ -87,3 +87,14 @@ def test_a_short_pause_is_not_stagnation() -> None:
     update[150:155] = 0.0
     series = params({"a": update, "b": moving()}, {"a": np.ones(STEPS), "b": np.ones(STEPS)})
     assert stagnation_events(series) == []
+
+
+def test_a_parameter_without_update_rows_whose_value_stands_still_is_frozen() -> None:
+    values = np.r_[np.linspace(1.0, 1.2, 150), np.full(STEPS - 150, 1.2)]  # requires_grad_(False) at 150
+    update = np.full(STEPS, 1e-3)
+    update[150:] = np.nan  # no update row once it needs no gradient (NaN rows read as not recorded)
+    rows = {("a", "value"): summary_rows(rms=values), ("a", "update"): summary_rows(rms=update),
+            ("b", "value"): summary_rows(rms=np.linspace(1.0, 1.5, STEPS)), ("b", "update"): summary_rows(rms=moving())}
+    series = build_series(rows, roles={"a": "parameter", "b": "parameter"},
+                          kpis={"loss": (np.arange(STEPS), np.ones(STEPS))})
+    assert states(stagnation_events(series)) == [("a", "stable", "frozen", 150, STEPS - 1, False)]

@@ -2,8 +2,10 @@
 
 Read from the parameter values themselves, whatever froze them: a learning rate of 0 in its param group
 (the gradient is there, the update is 0), ``requires_grad_(False)`` (no gradient at all), a layer left out
-of the optimizer. A node is *frozen* at a step when its update is exactly 0 while at least
-``optimizer_share`` of the other parameter nodes moved; ``frozen_steps`` such steps in a row make an event.
+of the optimizer. A node is *frozen* at a step when its update is exactly 0 — or, for a parameter that no longer needs a
+gradient and so has no update recorded, when its value's summary is exactly the previous step's — while at
+least ``optimizer_share`` of the other parameter nodes moved; ``frozen_steps`` such steps in a row make an
+event.
 
 Freezing from the first step is usually intended (a frozen backbone, an embedding kept fixed): such an
 event is ``at_start`` and carries whether the node had a gradient, because a parameter that receives
@@ -35,6 +37,24 @@ from comgra_ndbg.analysis.shift import runs, strength
 __all__ = ["stagnation_events", "had_gradient"]
 
 
+def _change(series: RunSeries, node: NodeSeries) -> np.ndarray:
+    """How much the node changed at each step: its update's largest element where an update was recorded,
+    else (a parameter that needs no gradient gets no update row) 0 where its value's summary is exactly the
+    one of the step before, NaN where that cannot be told."""
+    n = len(series.steps)
+    change = node.stats["update"]["abs_max"].copy() if node.has("update") else np.full(n, np.nan)
+    if not node.has("value") or n < 2:
+        return change
+    value = node.stats["value"]
+    same = np.ones(n - 1, dtype=bool)
+    for stat in ("l2", "mean", "min", "max", "count"):
+        same &= value[stat][1:] == value[stat][:-1]
+    same &= np.diff(series.steps) == 1
+    unknown = np.flatnonzero(~np.isfinite(change[1:])) + 1
+    change[unknown] = np.where(same[unknown - 1], 0.0, np.nan)
+    return change
+
+
 def had_gradient(node: NodeSeries, start: int, stop: int) -> bool:
     """Whether the node received a non-zero gradient at some step index in ``[start, stop]``."""
     if not node.has("grad"):
@@ -47,10 +67,10 @@ def stagnation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), 
                       stop: int | None = None) -> list[Event]:
     """Frozen parameter nodes while the others train, and the whole model frozen at once (``optimizer``)."""
     t = thresholds
-    nodes = [n for n in series.parameters if n.has("update")]
+    nodes = [n for n in series.parameters if n.has("update") or n.has("value")]
     if not nodes:
         return []
-    update = np.stack([n.stats["update"]["abs_max"][:stop] for n in nodes])
+    update = np.stack([_change(series, n)[:stop] for n in nodes])
     recorded = np.isfinite(update)
     still = recorded & (update == 0)
     moved = recorded & (update > 0)
