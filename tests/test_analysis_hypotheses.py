@@ -131,3 +131,20 @@ def test_a_sudden_shift_is_harm_by_itself_a_drift_is_not() -> None:
     sudden = Event(**{**jump.__dict__, "sudden": True})
     assert summary(hypotheses([sudden], worse_from=None)) == [("exploding", "node", "b2.pre", 200)]
     assert hypotheses([jump], worse_from=None) == []
+
+
+def test_a_soft_state_from_the_first_step_is_no_failure_while_the_loss_falls() -> None:
+    band = event("optimizer_stability", "w1", "update", "unstable", 0, magnitude=0.2, at_start=True)
+    series = run(worse_from=None)
+    learning = build_series({k: v for k, v in [((n, "value"), summary_rows(rms=np.ones(300))) for n in ROLES]},
+                            roles=ROLES, kpis={"loss": (np.arange(300), np.geomspace(2.0, 0.1, 300))}, graph=GRAPH)
+    assert rank_hypotheses([band], [], learning) == []
+    assert summary(rank_hypotheses([band], [], series)) == [("optimizer_divergence", "architecture", "w1", 0)]
+
+
+def test_an_optimizer_event_that_sends_the_loss_back_to_the_untrained_level_is_a_divergence() -> None:
+    loss = np.r_[np.geomspace(2.0, 0.05, 200), np.full(100, 2.1)]
+    rows = {(n, "value"): summary_rows(rms=np.ones(300)) for n in ROLES}
+    series = build_series(rows, roles=ROLES, kpis={"loss": (np.arange(300), loss)}, graph=GRAPH)
+    cluster = event("optimizer_stability", "optimizer", "update", "unstable", 200, magnitude=3.0)
+    assert summary(rank_hypotheses([cluster], [], series)) == [("optimizer_divergence", "optimizer", "", 200)]

@@ -9,12 +9,14 @@
 | value scale jump / drop; dead or saturated units in the same signal at once | exploding / vanishing (dead_units / saturation) | node |
 | scale shift of the input | data_shift | data |
 | the spread across samples collapses (in the input: the data) | mode_collapse | node (data) |
-| one of two parallel paths' gradients or updates comes to dwarf the other's | imbalanced_learning | the path that moved |
+| one of two parallel paths' gradients come to dwarf the other's | imbalanced_learning | loss |
 | dead / saturated units | dead_units / saturation | node |
 | gradient-ratio shift with no forward cause | exploding / vanishing | node |
 | a parameter frozen while the rest trains (or never moving though it gets gradients) | update_stagnation | node |
 | the whole model frozen at once | update_stagnation | optimizer |
-| update jumps in most parameters at once | optimizer_divergence / optimizer_instability | optimizer |
+| update jumps in most parameters at once | optimizer_divergence (non-finite, ≥ 100×, or back at the untrained loss) / optimizer_instability | optimizer |
+| one of two parallel paths' updates come to dwarf the other's (gradients alike) | imbalanced_learning | optimizer |
+| a sudden lasting jump of the loss that sets parallel paths apart | imbalanced_learning | loss |
 | one parameter's update jump | optimizer_instability | node |
 | transient loss spike | loss_spike | data |
 | loss divergence with no other root | optimizer_divergence | optimizer |
@@ -32,7 +34,7 @@ import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event
-from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER, initial_loss
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.structure import consumers, signal_chain
 
@@ -85,10 +87,15 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
         return Reading(root.to_state, "node", root.node)
     if root.family == "gradient_health":
         return Reading(root.to_state, "node", root.node)
-    if root.family == "path_balance":
-        return Reading("imbalanced_learning", "node", root.node)
+    if root.family == "path_balance":  # updates apart with gradients alike: the rates; gradients apart: the loss
+        return Reading("imbalanced_learning", "optimizer" if root.kind == "update" else "loss",
+                       "" if root.kind == "update" else _loss_node(series), (root,))
     if root.family == "representation":
         return Reading("mode_collapse", "data" if role == "input" else "node", root.node)
+    if root.to_state == "diverging" and root.sudden:
+        imbalance = [e for e in events if e.family == "path_balance" and 0 <= e.onset - root.onset <= t.same_time]
+        if imbalance:  # the loss itself changed at once (a term's weight) and set the paths apart
+            return Reading("imbalanced_learning", "loss", _loss_node(series), (imbalance[0],))
     if root.node == OPTIMIZER or root.to_state == "diverging":
         return Reading(_optimizer_type(root, events, series, t), "optimizer", "")
     if root.to_state == "spike":
@@ -144,6 +151,11 @@ def _optimizer_type(root: Event, events: Sequence[Event], series: RunSeries, t: 
         base = float(np.nanmedian(before))
         if base > 0 and (~np.isfinite(after) | (after >= t.divergence_factor * base)).any():
             return "optimizer_divergence"
+        initial = initial_loss(loss, t)
+        settled = after[1:t.window + 1]
+        if (np.isfinite(initial) and initial > base and np.isfinite(settled).any()
+                and np.nanmedian(settled) >= t.divergence_floor * initial):
+            return "optimizer_divergence"  # everything learned is lost: back at the untrained model's loss
     return "optimizer_instability"
 
 
