@@ -67,3 +67,19 @@ def test_a_brief_imbalance_is_not_lasting() -> None:
     grad_b = np.ones(STEPS)
     grad_b[T0:T0 + 8] = 1e-3
     assert balance_events(run(np.ones(STEPS), grad_b)) == []
+
+
+def test_an_imbalance_that_begins_with_a_gradient_jump_inside_the_path_is_that_jump() -> None:
+    from comgra_ndbg.analysis.events import Event
+    from comgra_ndbg.analysis.reading import interpret
+    roles = {**ROLES, "a0": "intermediate", "a0.p": "parameter"}
+    edges = [e for e in EDGES if e != ("x", "a")] + [("x", "a0"), ("a0.p", "a0"), ("a0", "a")]
+    ones = np.ones(STEPS)
+    series = build_series({(n, "value"): summary_rows(rms=ones) for n in roles}, roles=roles,
+                          kpis={"loss": (np.arange(STEPS), ones)}, graph=graph(edges, roles))
+    imbalance = Event("path_balance", "a", "grad", "balanced", "imbalanced", T0, STEPS - 1, 3.0, 1.0)
+    inside = Event("gradient_health", "a0", "grad", "healthy", "exploding", T0, STEPS - 1, 4.0, 1.0, sudden=True)
+    reading = interpret(imbalance, [imbalance, inside], series)
+    assert (reading.type, reading.origin, reading.node) == ("exploding", "node", "a0")
+    reading = interpret(imbalance, [imbalance], series)
+    assert (reading.type, reading.origin) == ("imbalanced_learning", "loss")

@@ -10,8 +10,8 @@
   ``spike_recovery_factor`` × within ``spike_recovery_steps`` (transient), peaking at or above
   ``spike_floor`` × the loss of the untrained model (a trained model that does worse on one batch than it
   did before training saw something it should not; a noisy batch of a model at a loss of 1e-5 did not);
-  *diverging*: above
-  ``divergence_factor`` × for ``persist`` steps.
+  *diverging*: above ``divergence_factor`` × for ``persist`` steps, and by at least ``harm_fraction`` of the
+  untrained model's loss (a loss of 1e-7 rising to 1e-5 is noise, not divergence).
 
 >>> import numpy as np
 >>> from comgra_ndbg.analysis.series import build_series
@@ -151,7 +151,9 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
                              magnitude, strength(np.log10(magnitude), np.log10(t.spike_factor)), (evidence,)))
             i = end + 1
             continue
-        high = np.nan_to_num(loss[i:] / b, nan=np.inf) >= t.divergence_factor
+        floor = b + t.harm_fraction * initial if np.isfinite(initial) else b  # a loss of 1e-7 rising to 1e-5: noise
+        high = (np.nan_to_num(loss[i:] / b, nan=np.inf) >= t.divergence_factor) & (np.nan_to_num(loss[i:], nan=np.inf)
+                                                                                   >= floor)
         diverged = runs(high, t.persist)
         if diverged:
             start = i + diverged[0][0]
