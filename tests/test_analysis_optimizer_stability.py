@@ -81,3 +81,10 @@ def test_a_loss_that_jumps_from_normal_to_diverging_in_one_step_is_sudden() -> N
     creeping = np.r_[np.linspace(2.0, 1.0, 120), np.logspace(0, 3, 30), np.full(50, 1000.0)]
     [event] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), creeping)}))
     assert event.to_state == "diverging" and not event.sudden
+
+
+def test_a_spike_whose_update_left_damage_to_heal_is_still_one_batch() -> None:
+    loss = np.r_[np.linspace(2.3, 0.02, 100), np.full(100, 0.02)]
+    loss[150], loss[151:170] = 9.0, np.linspace(0.5, 0.05, 19)  # the bad batch, then a slow recovery
+    [spike] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), loss)}))
+    assert (spike.to_state, spike.onset, spike.end) == ("spike", 150, 150)

@@ -6,8 +6,9 @@
   above ``update_ratio_high`` for ``persist`` steps (absolute band, from step 0);
 - *optimizer*: such jumps in at least ``optimizer_share`` of the parameter nodes within
   ``optimizer_spread`` steps form one event of the node ``optimizer``;
-- loss *spike*: the loss above ``spike_factor`` × its recent median and back under
-  ``spike_recovery_factor`` × within ``spike_recovery_steps`` (transient), peaking at or above
+- loss *spike*: the loss above ``spike_factor`` × its recent median and, within ``spike_recovery_steps``,
+  back under ``spike_recovery_factor`` × it or ``spike_factor`` × below the spike (transient: one batch,
+  whatever damage its update left to heal), peaking at or above
   ``spike_floor`` × the loss of the untrained model (a trained model that does worse on one batch than it
   did before training saw something it should not; a noisy batch of a model at a loss of 1e-5 did not);
   *diverging*: above ``divergence_factor`` × for ``persist`` steps, and by at least ``harm_fraction`` of the
@@ -138,7 +139,7 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
             continue
         b = base[i]
         after = loss[i:i + t.spike_recovery_steps + 1] / b
-        back = np.flatnonzero(after < t.spike_recovery_factor)
+        back = np.flatnonzero((after < t.spike_recovery_factor) | (after * t.spike_factor <= factor[i]))
         evidence = Evidence("kpi/loss", tuple(int(v) for v in steps[i:i + 3]), tuple(float(v) for v in loss[i:i + 3]),
                             float(b))
         if len(back):
