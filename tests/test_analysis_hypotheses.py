@@ -148,3 +148,21 @@ def test_an_optimizer_event_that_leaves_the_model_worse_than_untrained_is_a_dive
     series = build_series(rows, roles=ROLES, kpis={"loss": (np.arange(300), loss)}, graph=GRAPH)
     cluster = event("optimizer_stability", "optimizer", "update", "unstable", 200, magnitude=3.0)
     assert summary(rank_hypotheses([cluster], [], series)) == [("optimizer_divergence", "optimizer", "", 200)]
+
+
+def test_a_jump_with_units_dying_past_a_weight_matrix_leaves_the_type_open() -> None:
+    jump = Event("activation_regime", "b1.pre", "value", "normal", "exploding", 200, 299, 1.5, 0.9, sudden=True)
+    dead = event("activation_regime", "b2.out", "value", "dead", 200, magnitude=1.0)
+    [h] = hypotheses([jump, dead])
+    assert (h.type, h.alternatives, h.node, h.onset) == ("unclear", ("exploding", "dead_units"), "b1.pre", 200)
+    assert h.sentence.startswith("A failure (exploding signal or dead units: unclear which) originated in 'b1.pre'")
+    assert h.remedy.startswith("tell exploding from dead_units apart in the explorer at 'b1.pre', step 200")
+    assert h.features[-1] == 1.0
+
+
+def test_two_unlinked_hard_roots_in_the_same_phase_leave_the_type_open() -> None:
+    nan_input = event("nonfinite", "x", "value", "non-finite", 210)
+    dead = event("activation_regime", "b2.out", "value", "dead", 210, magnitude=1.0)
+    series = run()
+    assert [h.type for h in rank_hypotheses([nan_input, dead], [], series)][0] == "unclear"
+    assert summary(hypotheses([nan_input, dead]))[0] == ("nonfinite_data", "data", "x", 210)  # linked: clear
