@@ -166,3 +166,11 @@ def test_two_unlinked_hard_roots_in_the_same_phase_leave_the_type_open() -> None
     series = run()
     assert [h.type for h in rank_hypotheses([nan_input, dead], [], series)][0] == "unclear"
     assert summary(hypotheses([nan_input, dead]))[0] == ("nonfinite_data", "data", "x", 210)  # linked: clear
+
+
+def test_a_jump_that_carries_over_to_the_signal_that_dies_further_on_is_the_jump() -> None:
+    jump = Event("activation_regime", "b1.pre", "value", "normal", "exploding", 200, 299, 1.5, 0.9, sudden=True)
+    carried = event("activation_regime", "b2.pre", "value", "exploding", 200, magnitude=1.4)
+    dead = event("activation_regime", "b2.out", "value", "dead", 200, magnitude=1.0)
+    [h] = hypotheses([jump, carried, dead])
+    assert (h.type, h.alternatives, h.node) == ("exploding", (), "b1.pre")

@@ -3,9 +3,10 @@
 A confident wrong word misleads more than an honest "unclear: A or B". Two situations leave the type open:
 
 - *a scale shift with a regime change beyond its signal*: a value jumps or collapses at a node and, in the
-  same steps, units die or saturate further on, past a module that mixes units (a weight matrix) — the jump
-  may have killed them, or the layer in between did; within the jump's own signal (a pass-through chain)
-  the regime change settles it and this does not apply;
+  same steps, units die or saturate further on, past a module that mixes units (a weight matrix), whose own
+  signal shows no scale shift — so the jump did not visibly carry over, and the layer in between may have
+  killed them as well; within the jump's own signal (a pass-through chain), or when the shift reached the
+  regime change's signal too, the evidence settles it and this does not apply;
 - *simultaneous roots*: another root of harm starts in the same step and the same phase of the step (both
   in the forward pass, say), unlinked to this one, and reads as another type — nothing tells which came
   first.
@@ -27,7 +28,7 @@ from comgra_ndbg.analysis.harm import is_hard
 from comgra_ndbg.analysis.nonfinite import phase_key
 from comgra_ndbg.analysis.reading import Reading, interpret
 from comgra_ndbg.analysis.series import RunSeries
-from comgra_ndbg.analysis.structure import consumers, signal_chain
+from comgra_ndbg.analysis.structure import NodeInfo, consumers, parents, passes_through, signal_chain
 
 __all__ = ["alternatives", "merge_alternatives"]
 
@@ -60,9 +61,24 @@ def _regime_beyond_signal(reading: Reading, root: Event, events: Sequence[Event]
         chain |= signal_chain(series.graph, info, start)
     below = descendants(series.graph, {n.name: n.role for n in series.nodes})
     reach = set().union(*(below.get(s, frozenset()) for s in starts)) if starts else set()
+    scaled = {e.node for e in events if e.family == "activation_regime" and e.to_state in ("exploding", "vanishing")
+              and abs(e.onset - root.onset) <= t.same_time}
     return [(_REGIME_TYPE[e.to_state], e) for e in events
             if e.to_state in _REGIME_TYPE and e.family == "activation_regime" and e.node in reach - chain
-            and 0 <= e.onset - root.onset <= t.same_time]
+            and 0 <= e.onset - root.onset <= t.same_time and not _source(series, info, e.node) & scaled]
+
+
+def _source(series: RunSeries, info: dict, node: str) -> set[str]:
+    """The nodes whose signal ``node`` carries: itself and its pass-through ancestors, up to and including
+    the first module that mixes units."""
+    found, current = {node}, node
+    while passes_through(series.graph, info, current):
+        inputs = [p for p in parents(series.graph, current) if not info.get(p, NodeInfo()).parameter_ranks]
+        if len(inputs) != 1 or inputs[0] in found:
+            break
+        current = inputs[0]
+        found.add(current)
+    return found
 
 
 def _simultaneous(reading: Reading, root: Event, events: Sequence[Event], links: Sequence[CausalLink],
