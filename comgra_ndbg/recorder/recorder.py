@@ -4,8 +4,9 @@ This is the only code that runs inside the user's loop. It validates calls at th
 policies whether the step is recorded (a skipped step costs a few attribute checks), summarises tensors
 (``reduce.Reducer``: compiled kernels on the host, fused reductions on other devices) and their gradients
 (``gradients``: kept by autograd hooks, summarised when the backward pass ends), and hands plain numpy rows
-to the store writer. Problems of its own (a full disk, an odd tensor type) are reported
-as warnings and never stop the training run; wrong calls raise typed errors that say what to do.
+to the store writer. Problems of its own (a full disk, a tensor it cannot summarise) never stop the training
+run: each is logged in the recording and warned about per subject (``problems``); wrong calls raise typed
+errors that say what to do (``validation``).
 
 A step's type may be left open (``start_step(i, step_type=None)``) and decided at its end with
 ``decide_step(type, sample_categories=...)``; and a ``FlightRecorder`` keeps the last steps in RAM and
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.errors import (ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError,
-                                RecorderStateError)
+                                RecorderStateError, RecorderWarning)
 from comgra_ndbg.graph import TensorEdge
 from comgra_ndbg.recorder.dispatch import StepDispatcher
 from comgra_ndbg.recorder.flight import FlightRecorder
@@ -34,22 +35,22 @@ from comgra_ndbg.recorder.gradient_batch import GradientBatch
 from comgra_ndbg.recorder.gradients import GradientRecording
 from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
-from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds
+from comgra_ndbg.recorder.problems import ProblemLog
+from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds, summarizable
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot, balanced_samples, take_snapshot, take_update_snapshot
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
+from comgra_ndbg.recorder.validation import (check_group_path, check_int, check_name, check_positive_number,
+                                             check_step, check_text)
 from comgra_ndbg.store import schema
-from comgra_ndbg.store.catalog import Catalog, TensorInfo
+from comgra_ndbg.store.catalog import TensorInfo
 from comgra_ndbg.store.writer import RecordingWriter, check_trial_name
 
-__all__ = ["Recorder", "RecorderWarning"]
+__all__ = ["Recorder", "RecorderWarning"]  # RecorderWarning lives in errors.py (the store reports problems too)
 
 AUTO = "auto"
+_SUM_SQ, _NAN, _INF, _MIN, _MAX = (schema.FIELD[f] for f in ("sum_sq", "nan", "inf", "min", "max"))
 _SKIP = Decision(False, "", "never")
-
-
-class RecorderWarning(UserWarning):
-    """The recorder hit a problem of its own and carried on without it; training is unaffected."""
 
 
 class Recorder(GradientRecording):
@@ -59,6 +60,10 @@ class Recorder(GradientRecording):
     ``snapshots`` are policies or their shorthands: an int k (every k steps), a list of steps, True/False,
     or a ``Policy``. ``enabled=False`` turns every method into an immediate return. ``flight_recorder``
     keeps the last steps in RAM and writes them when a trigger fires.
+
+    ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
+    ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
+    not recorded again (``resume_after``), so a run restarted from a checkpoint just calls its loop.
 
     >>> import tempfile, torch
     >>> with tempfile.TemporaryDirectory() as folder:
@@ -78,6 +83,7 @@ class Recorder(GradientRecording):
         *,
         enabled: bool = True,
         mode: str = "w-",
+        overwrite: bool = False,
         summaries: PolicySpec = 1,
         snapshots: PolicySpec = 10,
         num_samples: int = 8,
@@ -92,12 +98,20 @@ class Recorder(GradientRecording):
         self._closed = False
         if not self.enabled:
             return
-        _check_int("num_samples", num_samples, minimum=0)
-        _check_int("max_elements", max_elements, minimum=1)
-        if not 0 <= saturation_margin < 0.5:
-            raise InvalidArgumentError(f"saturation_margin must be in [0, 0.5), got {saturation_margin}")
+        path = check_group_path(path)
+        check_int("num_samples", num_samples, minimum=0)
+        check_int("max_elements", max_elements, minimum=1)
+        if (isinstance(saturation_margin, bool) or not isinstance(saturation_margin, (int, float, np.floating))
+                or not 0 <= saturation_margin < 0.5):
+            raise InvalidArgumentError(f"saturation_margin must be in [0, 0.5) (a number), got {saturation_margin!r}")
+        flush_every_seconds = check_positive_number("flush_every_seconds", flush_every_seconds)
+        if flush_every_steps is not None:
+            check_int("flush_every_steps", flush_every_steps, minimum=1)
+        if not isinstance(record_updates, (bool, np.bool_)):
+            raise InvalidArgumentError(f"record_updates must be True or False, got {record_updates!r}")
         if flight_recorder is not None and not isinstance(flight_recorder, FlightRecorder):
-            raise InvalidArgumentError(f"flight_recorder must be a FlightRecorder, got {type(flight_recorder).__name__}")
+            raise InvalidArgumentError(f"flight_recorder must be a FlightRecorder, got "
+                                       f"{type(flight_recorder).__name__}")
         if trial is not None and trial != "":
             check_trial_name(trial)
         self.trial = trial or time.strftime("trial-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
@@ -110,11 +124,19 @@ class Recorder(GradientRecording):
         self.flush_every_seconds = flush_every_seconds
         self.flush_every_steps = flush_every_steps
         self.flight_recorder = flight_recorder
-        self.catalog = Catalog()
         config = dict(summaries=repr(self.summary_policy), snapshots=repr(self.snapshot_policy),
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
                       saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder))
-        self._writer = RecordingWriter(self.path, self.trial, mode=mode, config=config)
+        self._problems = ProblemLog(self._add_log)
+        self._writer = RecordingWriter(self.path, self.trial, mode=mode, overwrite=overwrite, config=config,
+                                       report=self._problems.warn)
+        existing = self._writer.existing
+        self.catalog = existing.catalog
+        self.resume_after: int | None = existing.last_step  # steps up to this one are already recorded
+        if existing.live:
+            self._writer.add_log(-1 if existing.last_step is None else existing.last_step, schema.LOG_RESUMED, "",
+                                 f"continued by a new writer after step {existing.last_step} "
+                                 f"({'killed' if existing.killed else 'closed'} before)", {"mode": mode})
         self._saturation_margin = saturation_margin
         self._values = Reducer(saturation_margin)
         self._grads = Reducer(saturation_margin)
@@ -122,14 +144,15 @@ class Recorder(GradientRecording):
         self._parameters = ParameterTracker(self.catalog)
         self._structure = StructureTracker(self.catalog)
         self._seen_steps: set[int] = set()
+        self._replayed = False  # the open step was recorded before the trial was continued (mode="a")
         self._last_step: int | None = None
         self._last_step_type = "default"
         self._last_flush = time.monotonic()
         self._steps_since_flush = 0
-        self._warned: set[tuple[str, str]] = set()
+        self._noted: set[str] = set()
         self._token = 0
         self._hooks: list[Any] = []
-        self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder)
+        self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed)
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
@@ -153,6 +176,7 @@ class Recorder(GradientRecording):
         self._iterations_started = 0
         self._iteration_open = False
         self._names: set[str] = set()
+        self._step_names: set[str] = set()  # every name registered in the step (add_dependency checks them)
         self._batch_size: int | None = None
         self._summary_decision = _SKIP
         self._snapshot_decision = _SKIP
@@ -195,6 +219,7 @@ class Recorder(GradientRecording):
         self._closed = True
         self._guard("closing the recording", lambda: self._writer.close(self.catalog))
         self._parameters.close()
+        self._problems.warn_recurring()
 
     def flush(self) -> None:
         """Write everything buffered as a new segment now: when it returns, those steps are on disk and
@@ -224,7 +249,7 @@ class Recorder(GradientRecording):
         if not isinstance(module, torch.nn.Module):
             raise InvalidTensorError(f"track_module({name!r}, ...) needs a torch.nn.Module, got "
                                      f"{type(module).__name__}")
-        _check_name(name)
+        check_name(name, "module names")
         if name in self._parameters.modules:
             raise InvalidArgumentError(f"a module is already tracked as {name!r}; give each module its own name")
         if self._step_open:
@@ -232,6 +257,7 @@ class Recorder(GradientRecording):
                                      f"the first start_step()")
         if not isinstance(node_suffix, str):
             raise InvalidArgumentError(f"node_suffix must be a str, got {type(node_suffix).__name__}")
+        check_text("node_suffix", node_suffix)
         self._parameters.track(name, module, node_suffix=node_suffix,
                                on_gradient=self._on_parameter_grad if gradients_in_hook else None)
 
@@ -261,16 +287,17 @@ class Recorder(GradientRecording):
         if self._step_open:
             raise RecorderStateError(f"start_step({step}) while step {self._step} is still open; call finish_step() "
                                      f"at the end of each step")
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
-        step = int(step)
+        step = check_step(step)
         if step in self._seen_steps:
             raise RecorderStateError(f"step {step} was already started once in this trial; step numbers must be "
                                      f"unique (use a global step counter, not the batch index of an epoch)")
         if step_type is not None and (not isinstance(step_type, str) or not step_type):
             raise InvalidArgumentError(f"step_type must be a non-empty str (or None to decide it at the end of the "
                                        f"step), got {step_type!r}")
+        if step_type is not None:
+            check_name(step_type, "step types")
         self._seen_steps.add(step)
+        self._replayed = self.resume_after is not None and step <= self.resume_after
         self._step_open = True
         self._step = self._last_step = step
         self._step_type = step_type
@@ -280,6 +307,14 @@ class Recorder(GradientRecording):
         self._summary_decision = self.summary_policy.decide(step, step_type)
         self._snapshot_decision = self.snapshot_policy.decide(step, step_type)
         self._forced = self._dispatcher.is_forced(step)
+        if self._replayed:
+            self._note_once("replayed", f"trial {self.trial!r} was continued after step {self.resume_after}: steps "
+                                        f"up to it are already in the recording and are not recorded again (from "
+                                        f"step {step} on)")
+            self._summary_decision = self._snapshot_decision = _SKIP
+            self._forced = self._summarize = self._snapshot = self._deferring = False
+            self._parameters.unwatch()
+            return
         flight = self.flight_recorder is not None
         self._summarize = self._summary_decision.record or self._forced or flight
         self._snapshot = self._snapshot_decision.record or self._forced or flight
@@ -302,8 +337,7 @@ class Recorder(GradientRecording):
         if self._step_type is not None:
             raise RecorderStateError(f"step {self._step} already has the type {self._step_type!r}; decide_step() is "
                                      f"for steps started with start_step({self._step}, step_type=None)")
-        if not isinstance(step_type, str) or not step_type:
-            raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
+        check_name(step_type, "step types")
         categories = None
         if sample_categories is not None and (self._summarize or self._snapshot):  # else nothing can be kept
             categories = np.asarray(sample_categories.detach().cpu() if isinstance(sample_categories, torch.Tensor)
@@ -311,7 +345,11 @@ class Recorder(GradientRecording):
             if self._batch_size is not None and len(categories) != self._batch_size:
                 raise InvalidArgumentError(f"sample_categories has {len(categories)} entries but the batch of step "
                                            f"{self._step} has {self._batch_size} samples; give one category per sample")
+            for label in dict.fromkeys(str(c) for c in categories.tolist()):
+                check_text("a sample category", label)
         self._step_type = self._last_step_type = step_type
+        if self._replayed:
+            return False
         summary = self.summary_policy.decide(self._step, step_type)
         snapshot = self.snapshot_policy.decide(self._step, step_type)
         self._summary_decision = Decision(summary.record, f"retroactive decision: {summary.reason}", summary.rule)
@@ -395,14 +433,15 @@ class Recorder(GradientRecording):
         if not isinstance(tensor, torch.Tensor):
             raise InvalidTensorError(f"register_tensor({name!r}, ...) needs a torch.Tensor, got "
                                      f"{type(tensor).__name__}; convert it with torch.as_tensor(...) first")
-        if not isinstance(name, str) or not name:
-            _check_name(name)
+        if not isinstance(name, str) or name not in self._known_tensors:
+            check_name(name, "tensor names")
         if name in self._names:
             raise DuplicateTensorError(
                 f"tensor {name!r} was already registered in iteration {self._iteration} of step {self._step}; "
                 f"give each tensor its own name, or call start_iteration() between forward passes")
         if role not in schema.ROLES:
             raise InvalidArgumentError(f"role of {name!r} must be one of {list(schema.ROLES)}, got {role!r}")
+        self._step_names.add(name)
         if not (self._summarize or self._snapshot):
             self._names.add(name)
             return tensor
@@ -413,13 +452,17 @@ class Recorder(GradientRecording):
             self._names.discard(name)
             raise
         except Exception as error:  # a recorder problem must not break the training run
-            self._warn(f"recording tensor {name!r}", error, name)
+            self._skipped(name, "value", error)
         return tensor
 
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
                        bounds: Any, module: str = "") -> None:
-        if tensor.layout != torch.strided:
-            tensor = tensor.to_dense()
+        known = self._known_tensors.get(name)
+        if known is None or known[1] != (node or name):
+            for text, what in ((node, "node names"), (module, "module paths")):
+                if text:
+                    check_name(text, what)
+        tensor = summarizable(tensor)
         if batched is None:
             batched = (role != "parameter" and tensor.dim() >= 1
                        and (self._batch_size is None or tensor.shape[0] == self._batch_size))
@@ -428,7 +471,6 @@ class Recorder(GradientRecording):
         if isinstance(bounds, str):
             bounds = saturation_bounds(tensor)
         node = node or name
-        known = self._known_tensors.get(name)
         if known is None or known[0] != role or known[1] != node:
             tid = self._tensor_id(name, tensor, role, node, bool(batched), bounds, module)
             known = self._known_tensors[name] = (role, node, tid, self.catalog.series_id(tid, schema.KIND_VALUE))
@@ -456,8 +498,12 @@ class Recorder(GradientRecording):
         if not self.enabled:
             return
         self._check_step_open(f"add_dependency({source!r}, {target!r})")
-        _check_name(source)
-        _check_name(target)
+        for name in (source, target):
+            check_name(name, "tensor names")
+            if name not in self._step_names and self.catalog.tensor_id(name) is None:
+                raise InvalidArgumentError(
+                    f"add_dependency({source!r}, {target!r}): no tensor {name!r} was registered in this trial; "
+                    f"register both tensors (register_tensor or track_module) before connecting them")
         iterations = [self._iteration if i is None else i for i in (source_iteration, target_iteration)]
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in iterations):
             raise InvalidArgumentError(f"iterations of add_dependency({source!r}, {target!r}) must be ints >= 0")
@@ -539,6 +585,9 @@ class Recorder(GradientRecording):
         if self._summarize:
             indices = self._parameters.summarize_updates(self._updates)
             rows = self._updates.collect()
+            if self._updates.failed:
+                self._report_failed(self._updates, schema.KIND_UPDATE,
+                                    dict(zip(indices, self._parameters.tensor_ids())))
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
         if self._snapshot:
             for tid, value, start in self._parameters.update_pairs():
@@ -556,17 +605,28 @@ class Recorder(GradientRecording):
         if not self.enabled:
             return
         self._check_open_recorder("record_kpi")
-        _check_name(name)
+        check_name(name, "KPI names")
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise InvalidTensorError(f"KPI {name!r} must be a scalar, got a tensor of shape "
                                          f"{tuple(value.shape)}; reduce it first (e.g. .mean())")
+            if value.is_complex() or value.device.type == "meta" or value.layout != torch.strided:
+                raise InvalidTensorError(f"KPI {name!r} must be a real number, got a {value.dtype} tensor on "
+                                         f"{value.device} ({value.layout}); pass e.g. its .abs() or .real")
             value = value.detach().reshape(())
         elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise InvalidTensorError(f"KPI {name!r} must be a number or a one-element tensor, got "
                                      f"{type(value).__name__}")
+        else:
+            try:
+                value = float(value)
+            except OverflowError:
+                raise InvalidArgumentError(f"KPI {name!r} = {value} does not fit a float64; record it scaled (e.g. "
+                                           f"its log10)") from None
         if self._last_step is None:
             raise RecorderStateError(f"record_kpi({name!r}) before any step; call start_step() first")
+        if self._replayed:  # already in the recording, from before the trial was continued
+            return
         kpi = self.catalog.kpi_id(name)
         if self._step_open:
             self._kpis.append((kpi, value))
@@ -579,8 +639,7 @@ class Recorder(GradientRecording):
         if not self.enabled:
             return
         self._check_open_recorder("add_note")
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"a note must be a str, got {type(text).__name__}")
+        check_text("a note", text)
         self._writer.add_note(-1 if self._last_step is None else self._last_step, text)
 
     # ---- finishing a step --------------------------------------------------------------------------------
@@ -595,6 +654,10 @@ class Recorder(GradientRecording):
         if self._step_type is None:
             raise RecorderStateError(f"step {self._step} was started without a step type; call "
                                      f"decide_step(step_type) before finish_step()")
+        if self._replayed:
+            self._token += 1
+            self._reset_step_state()
+            return
         type_id = self.catalog.step_type_id(self._step_type)
         record = None
         urgent = False
@@ -620,6 +683,8 @@ class Recorder(GradientRecording):
             self._flush(wait=True)
         elif self._flush_due():  # periodic: written on a worker thread while training goes on
             self._flush(wait=False)
+        else:
+            self._writer.poll()  # a background write that failed is reported now
 
     def _build_record(self, type_id: int) -> StepRecord:
         if len(self._grad_batch):
@@ -635,8 +700,23 @@ class Recorder(GradientRecording):
         reasons = [d.reason for d in (self._summary_decision, self._snapshot_decision) if d.record]
         if self._forced:
             reasons.insert(0, self._dispatcher.forced_reason(self._step))
+        rows = SummaryRows.join(self._rows)
+        self._check_overflow(rows)
         return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
-                          SummaryRows.join(self._rows), self._snaps)
+                          rows, self._snaps)
+
+    def _check_overflow(self, rows: SummaryRows) -> None:
+        """Log rows whose Σx² overflowed float64 although every element is finite (|x| above ~1e154): their
+        std, rms and l2 read as inf or NaN, which must not pass for a recorded value."""
+        data = rows.data
+        overflowed = np.isinf(data[:, _SUM_SQ]) & (data[:, _NAN] + data[:, _INF] == 0)
+        for i in np.flatnonzero(overflowed).tolist():
+            tid, kind = self.catalog.series[int(rows.series[i])]
+            name = self.catalog.tensors[tid].name
+            self._problems.record(self._step, schema.PROBLEM_OVERFLOW, name,
+                                  f"the sum of squares of {name!r} ({kind}) overflows float64 at step {self._step} "
+                                  f"(|x| up to {max(abs(data[i, _MIN]), abs(data[i, _MAX])):.3g}): its std, rms "
+                                  f"and l2 are not recorded; count, mean, min and max are", {"kind": kind})
 
     def _write_kpis(self, type_id: int) -> dict[str, float]:
         if not self._kpis:
@@ -682,31 +762,38 @@ class Recorder(GradientRecording):
 
     def _note_once(self, key: str, message: str) -> None:
         """Warn about a recording choice (not a failure) once per run and ``key``."""
-        if (key, "") not in self._warned:
-            self._warned.add((key, ""))
+        if key not in self._noted:
+            self._noted.add(key)
             warnings.warn(f"comgra_ndbg: {message}", RecorderWarning, stacklevel=3)
 
+    def _add_log(self, step: int, category: str, subject: str, message: str, detail: dict | None = None) -> None:
+        self._writer.add_log(step, category, subject, message, detail)
+
     def _warn(self, what: str, error: BaseException, key: str = "") -> None:
-        tag = (what + key, type(error).__name__)
-        if tag in self._warned:
-            return
-        self._warned.add(tag)
+        """A part of the recorder failed: logged in the recording (category ``recorder_error``), warned about
+        per part, and the run goes on without it."""
         step = self._step if self._step_open else self._last_step  # a flush runs after its step closed
-        warnings.warn(f"comgra_ndbg: {what} failed at step {step} ({type(error).__name__}: {error}); "
-                      f"training continues and this part is not recorded", RecorderWarning, stacklevel=3)
+        step = -1 if step is None else step
+        self._problems.record(step, schema.PROBLEM_RECORDER, what + (f" {key}" if key else ""),
+                              f"{what} failed at step {step} ({type(error).__name__}: {error}); training continues "
+                              f"and this part is not recorded", {"error": type(error).__name__})
+
+    def _trigger_failed(self, step: int, trigger: object, error: BaseException) -> None:
+        self._problems.record(step, schema.PROBLEM_TRIGGER, repr(trigger),
+                              f"flight-recorder trigger {trigger!r} raised {type(error).__name__}: {error} at step "
+                              f"{step}; it counted as not firing", {"error": type(error).__name__})
+
+    def _skipped(self, name: str, kind: str, error: BaseException) -> None:
+        """A tensor (or its gradient) that cannot be summarised or snapshotted: skipped alone, logged with
+        its step (category ``skipped_tensor``), warned about per tensor."""
+        step = self._step if self._step_open else self._last_step
+        step = -1 if step is None else step
+        self._problems.record(step, schema.PROBLEM_SKIPPED_TENSOR, name,
+                              f"tensor {name!r} ({kind}) was skipped at step {step}: {type(error).__name__}: "
+                              f"{error}", {"kind": kind, "error": type(error).__name__})
 
 
 def _compiled_region(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` comes out of a ``torch.compile`` region, whose backward may write into the buffer
     of the gradient it receives (so that gradient must be summarised inside its hook)."""
     return tensor.grad_fn is not None and "CompiledFunction" in type(tensor.grad_fn).__name__
-
-
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name:
-        raise InvalidArgumentError(f"names must be non-empty strings, got {name!r}")
-
-
-def _check_int(what: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgumentError(f"{what} must be an int >= {minimum}, got {value!r}")

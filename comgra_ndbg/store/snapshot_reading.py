@@ -1,0 +1,71 @@
+"""Reading snapshots: which steps have one, and the stored arrays of one (a mixin of ``Recording``).
+
+A snapshot's arrays are slices of its file's pools; a slice that fails its checksum raises
+``CorruptRecordingError`` naming the step and tensor (and, with ``damaged="skip"``, is listed in
+``Recording.damage``), while every other snapshot stays readable.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.errors import UnknownSeriesError
+from comgra_ndbg.store import schema
+from comgra_ndbg.store.catalog import TensorInfo
+from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
+from comgra_ndbg.store.fileview import FileView
+from comgra_ndbg.store.records import Snapshot
+
+__all__ = ["SnapshotReading"]
+
+
+class SnapshotReading:
+    """Snapshot access of ``Recording`` (works on its views, catalog and damage list); not used on its own."""
+
+    def snapshot_steps(self, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None) -> np.ndarray:
+        _, sid = self._series(node, kind, tensor)
+        found = [view.array(schema.SNAP_STEP)[view.array(schema.SNAP_SERIES) == sid] for view in self._views.values()]
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+    def snapshot(self, step: int, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None,
+                 iteration: int = 0) -> Snapshot:
+        """The stored arrays of one tensor at one step (and iteration)."""
+        info, sid = self._series(node, kind, tensor)
+        for view in self._views.values():
+            hits = np.flatnonzero((view.array(schema.SNAP_STEP) == step) & (view.array(schema.SNAP_SERIES) == sid)
+                                  & (view.array(schema.SNAP_ITERATION) == iteration))
+            if len(hits):
+                return self._read_snapshot(view, int(hits[0]), info, kind)
+        available = self.snapshot_steps(node, kind, tensor=tensor)
+        raise UnknownSeriesError(f"no snapshot of {info.name!r} ({kind}) at step {step}, iteration {iteration}; "
+                                 f"snapshots exist at steps {available[:20].tolist()}"
+                                 f"{' …' if len(available) > 20 else ''}")
+
+    def _read_snapshot(self, view: FileView, i: int, info: TensorInfo, kind: str) -> Snapshot:
+        try:
+            return self._snapshot_at(view, i, info, kind)
+        except DamagedData as error:
+            record = Damage("checksum", error.file, f"snapshot ({kind})", error.reason,
+                            (int(view.array(schema.SNAP_STEP)[i]),), (info.name,))
+            if self.skip_damage and record not in self.damage:
+                self.damage.append(record)
+            raise corrupt_error(self.location, [record]) from None
+
+    def _snapshot_at(self, view: FileView, i: int, info: TensorInfo, kind: str) -> Snapshot:
+        read = view.read_slice
+        shape = tuple(int(d) for d in view.array(schema.SNAP_SHAPE)[i] if d >= 0)
+        s0, sn = int(view.array(schema.SNAP_SAMPLES_OFFSET)[i]), int(view.array(schema.SNAP_SAMPLES_COUNT)[i])
+        v0, vn = int(view.array(schema.SNAP_VALUES_OFFSET)[i]), int(view.array(schema.SNAP_VALUES_COUNT)[i])
+        x0 = int(view.array(schema.SNAP_INDEX_OFFSET)[i])
+        return Snapshot(
+            step=int(view.array(schema.SNAP_STEP)[i]),
+            iteration=int(view.array(schema.SNAP_ITERATION)[i]),
+            tensor=info.name,
+            kind=kind,
+            shape=shape,
+            values=read(schema.VALUE_POOL, v0, v0 + vn),
+            value_index=read(schema.VALUE_INDEX_POOL, x0, x0 + vn) if x0 >= 0 else None,
+            sample_index=read(schema.SAMPLE_INDEX, s0, s0 + sn),
+            sample_rows=read(schema.SAMPLE_STATS, s0, s0 + sn),
+            sample_categories=tuple(read(schema.SAMPLE_CATEGORY, s0, s0 + sn).tolist())
+            if schema.SAMPLE_CATEGORY in view.file else (),
+        )
