@@ -47,6 +47,7 @@ from comgra_ndbg.recorder.hooks import (INPUT, ROOT, CompiledStructure, ModuleHo
                                         tensor_leaves)
 from comgra_ndbg.recorder.grad_hook import on_gradient
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
+from comgra_ndbg.recorder.validation import check_step
 
 __all__ = ["NeuralDbg"]
 
@@ -64,6 +65,12 @@ class NeuralDbg:
     for loss spikes and divergence). ``modules`` chooses the modules whose outputs are recorded (path
     patterns such as ``"blocks.*"`` or module classes; default: every leaf module). ``summaries``,
     ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the :class:`Recorder`.
+
+    ``resume=True`` continues an existing trial (killed or finished; checkpoint-restart training): steps are
+    numbered on from its last recorded step, or from ``first_step`` (the step the restarted run begins
+    with; steps already in the recording are not recorded again). A model without trainable parameters
+    (a frozen backbone) has no optimizer step to see: each training forward pass is then one step, unless
+    ``optimizer=`` says when steps end.
 
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
@@ -83,6 +90,8 @@ class NeuralDbg:
         flight_recorder: Any = None,
         step_type: str = "train",
         enabled: bool = True,
+        resume: bool = False,
+        first_step: int | None = None,
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -94,6 +103,14 @@ class NeuralDbg:
                                        f"got {type(loss).__name__}; a plain function cannot be hooked")
         if not isinstance(step_type, str) or not step_type:
             raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
+        if not isinstance(resume, bool):
+            raise InvalidArgumentError(f"resume must be True or False, got {resume!r}")
+        if first_step is not None:
+            check_step(first_step)
+        if resume:
+            if recorder_options.get("mode", "a") != "a":
+                raise InvalidArgumentError("resume=True continues the trial (mode='a'); do not pass another mode")
+            recorder_options["mode"] = "a"
         self.model = model
         self.step_type = step_type
         self.enabled = bool(enabled)
@@ -120,7 +137,10 @@ class NeuralDbg:
         self._root_selected = any(p == "" for p, _ in chosen)
         self._hooks = ModuleHooks(chosen, self._on_output)
         self._hooks.bind(self._on_tap_grad)
-        self._next_step = 0
+        resumed = self.recorder.resume_after
+        self._next_step = first_step if first_step is not None else (0 if resumed is None else resumed + 1)
+        self._first_step = self._next_step
+        self._steps_by_pass = optimizer is None and not self._parameters  # a frozen model: one pass, one step
         self._pass_open = False  # a training forward pass (an iteration) is running
         self._iteration = 0
         self._training_pass = False  # the last forward pass was a training pass
@@ -166,7 +186,7 @@ class NeuralDbg:
         try:
             if self.recorder.current_step is not None:
                 self._safely("finishing the last step", self._finish_step)
-            if self._next_step == 0:
+            if self._next_step == self._first_step:
                 self._warn_once("no step", _why_no_step(self._evaluation_passes))
         finally:
             self._hooks.remove()
@@ -179,7 +199,7 @@ class NeuralDbg:
     @property
     def steps(self) -> int:
         """Training steps seen so far."""
-        return self._next_step if self.enabled else 0
+        return self._next_step - self._first_step if self.enabled else 0
 
     # ---- step boundaries ---------------------------------------------------------------------------------
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -220,7 +240,10 @@ class NeuralDbg:
         self._hooks.capture = capture
 
     def _optimizer_stepped(self) -> bool:
-        """Whether the open step is over: parameters changed, or gradients were cleared after a backward."""
+        """Whether the open step is over: parameters changed, or gradients were cleared after a backward (a
+        model without trainable parameters: any earlier pass ends it)."""
+        if self._steps_by_pass:
+            return True
         if self._parameter_version() != self._parameter_mark:
             return True
         return self._backward_seen and self._grad_fingerprint() != self._grad_mark
@@ -438,9 +461,7 @@ class NeuralDbg:
         try:
             fn(*args)
         except Exception as error:  # a recording problem must never break the training loop
-            self._warn_once(what + type(error).__name__,
-                            f"{what} failed at step {self.recorder.current_step} ({type(error).__name__}: {error}); "
-                            f"training continues and this part is not recorded")
+            self.recorder._warn(what, error)  # logged in the recording, warned about per part with counts
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

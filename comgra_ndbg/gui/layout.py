@@ -175,7 +175,7 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
         dcc.Tab(label="Tensors", value=ids.TAB_TENSORS, children=html.Div(id=ids.TENSORS_BODY)),
         dcc.Tab(label="Diagnosis", value=ids.TAB_DIAGNOSIS, children=_diagnosis_tab()),
         dcc.Tab(label="KPIs", value=ids.TAB_KPIS, children=html.Div(id=ids.KPIS)),
-        dcc.Tab(label="Notes", value=ids.TAB_NOTES, children=html.Div(id=ids.NOTES)),
+        dcc.Tab(label="Notes & problems", value=ids.TAB_NOTES, children=html.Div(id=ids.NOTES)),
         dcc.Tab(label="Network", value=ids.TAB_NETWORK, children=html.Div(id=ids.NETWORK)),
         dcc.Tab(label="Compare", value=ids.TAB_COMPARE, children=_compare_tab(trials)),
         dcc.Tab(label="Custom", value=ids.TAB_CUSTOM, children=html.Div(id=ids.CUSTOM), disabled=not has_custom),

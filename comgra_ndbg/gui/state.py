@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict
-from comgra_ndbg.errors import RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
+from comgra_ndbg.errors import CorruptRecordingError, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
 from comgra_ndbg.graph import DependencyGraph
 from comgra_ndbg.graph.structure import collapse_modules
 from comgra_ndbg.statistics import derive, derive_one
@@ -142,7 +142,8 @@ class ReaderCache:
             if trial not in self._recordings:
                 if trial not in self.trials:
                     raise UnknownSeriesError(f"no trial {trial!r} in {self.path}; trials are {self.trials}")
-                self._recordings[trial] = open_recording(self.path, trial)
+                # damage is read around and shown (Notes tab), never a traceback in the browser
+                self._recordings[trial] = open_recording(self.path, trial, damaged="skip")
             return self._recordings[trial]
 
     def generation(self, trial: str) -> int:
@@ -275,7 +276,7 @@ class ReaderCache:
                 return None
             try:
                 return recording.snapshot(step, tensor, kind, iteration=iteration)
-            except UnknownSeriesError:
+            except (UnknownSeriesError, CorruptRecordingError):  # a damaged snapshot is listed in .damage
                 return None
         return self.memo(trial, ("snapshot", tensor, kind, step, iteration), compute)
 

@@ -22,6 +22,7 @@ import torch
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.recorder.reduce import Reducer, summarizable
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
+from comgra_ndbg.recorder.validation import check_name
 from comgra_ndbg.recorder.step_record import SummaryRows
 from comgra_ndbg.store import schema
 
@@ -153,6 +154,8 @@ class GradientRecording:
         if not self.enabled:
             return
         self._check_step_open("record_gradients()")
+        if gradient_set is not None:
+            check_name(gradient_set, "gradient set names")
         kind = schema.grad_kind(gradient_set)
         if kind in self._grad_kinds:
             raise DuplicateTensorError(f"gradient set {kind!r} was already recorded in step {self._step}; give each "

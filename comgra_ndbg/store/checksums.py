@@ -47,9 +47,10 @@ def _encoded(value: object) -> bytes:
 
 
 def decode_text(data: object) -> np.ndarray:
-    """Strings read from a text dataset (bytes or str, array or scalar) as an object array of str."""
+    """Strings read from a text dataset (bytes or str, array or scalar) as an object array of str. Bytes that
+    are not UTF-8 (a damaged heap) become U+FFFD, so that the checksum, not a decoding error, reports them."""
     array = np.asarray(data, dtype=object).reshape(-1)
-    return np.array([v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array], dtype=object)
+    return np.array([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array], dtype=object)
 
 
 def text_intact(dataset: h5py.Dataset, values: np.ndarray | None = None) -> bool:

@@ -114,9 +114,12 @@ class FileView:
         that failed their checksum. Without ``skip`` a failed read raises ``DamagedData`` (with those rows);
         with it, they hold the merge identity."""
         rows = len(self.array(schema.SUMMARY_STEP))
-        if series >= self.num_series or rows == 0:
-            return _identity(rows), np.zeros(0, np.int64)
-        dataset = self.file[schema.SUMMARY_DATA]
+        try:
+            if series >= self.num_series or rows == 0:
+                return _identity(rows), np.zeros(0, np.int64)
+            dataset = self.file[schema.SUMMARY_DATA]
+        except READ_ERRORS as error:
+            raise DamagedData(self.path, schema.SUMMARY_DATA, _why(error), rows=np.arange(rows)) from None
         try:
             return dataset[series].T, np.zeros(0, np.int64)
         except READ_ERRORS as error:
@@ -153,4 +156,6 @@ def _identity(rows: int) -> np.ndarray:
 
 def _why(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
+    if "filter returned failure" in text or "checksum" in text.lower():
+        return "data fails its checksum"
     return f"{type(error).__name__}: {text}"

@@ -400,5 +400,9 @@ def _blank(view: FileView, name: str) -> np.ndarray:
 
 
 def _unique(view: FileView, name: str, rows: np.ndarray) -> tuple[int, ...]:
-    """The distinct values of table ``name`` at ``rows`` (the steps of damaged summary rows)."""
-    return tuple(np.unique(view.array(name)[rows]).tolist())
+    """The distinct values of table ``name`` at ``rows`` (the steps of damaged summary rows); () when that
+    table cannot be read either."""
+    try:
+        return tuple(np.unique(view.array(name)[rows]).tolist())
+    except DamagedData:
+        return ()

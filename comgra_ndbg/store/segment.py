@@ -7,6 +7,7 @@ therefore complete and immutable, which is what makes a recording crash-safe and
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -22,7 +23,7 @@ from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.index_pool import merge_index_pools
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
-           "parse_segment_name", "commit_file", "fsync_directory", "PATHS", "TEXT_FIELDS"]
+           "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "PATHS", "TEXT_FIELDS"]
 _SEGMENT_RE = re.compile(r"^seg-(\d{8,})-L(\d+)\.h5$")  # segment_name pads to 8 digits, never cuts
 
 
@@ -134,33 +135,50 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
 
 def write_segment(path: Path, content: SegmentContent, attrs: dict) -> None:
     """Write ``content`` to ``path`` atomically: temporary file, fsync, rename, fsync of the directory. Every
-    dataset carries its checksum (``checksums``). A write that fails (a full disk) removes its temporary
-    file and raises."""
-    path = Path(path)
+    dataset carries its checksum (``checksums``). The HDF5 file is built in memory and written with plain
+    writes (``write_file``), so a full disk is an ``OSError`` here, never a failure inside HDF5 (which can
+    leave a half-written file behind, or crash the process)."""
+    write_file(Path(path), _image(content, attrs))
+
+
+_IMAGES = itertools.count()
+
+
+def _image(content: SegmentContent, attrs: dict) -> bytes:
+    """The bytes of the HDF5 file holding ``content`` (HDF5's in-memory "core" driver: nothing touches disk)."""
+    name = f"comgra-ndbg-segment-{os.getpid()}-{next(_IMAGES)}"  # HDF5 tells open files apart by name
+    f = h5py.File(name, "w", driver="core", backing_store=False, libver=schema.LIBVER)
+    try:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        content.catalog.write(f)
+        for field_name in _ARRAYS:
+            write_dataset(f, _PATHS[field_name], getattr(content, field_name), text=field_name in _TEXT)
+        f.flush()
+        return f.id.get_file_image()
+    finally:
+        f.close()
+
+
+def write_file(path: Path, data: bytes | memoryview) -> None:
+    """Put ``data`` in place as ``path``: written to ``path.tmp``, fsynced, renamed, the directory fsynced; a
+    reader sees the old state or the whole file, never part of it. A failure (a full disk) removes the
+    temporary file and raises."""
     tmp = path.with_name(path.name + schema.TEMP_SUFFIX)
     try:
-        with h5py.File(tmp, "w", libver=schema.LIBVER) as f:
-            for key, value in attrs.items():
-                f.attrs[key] = value
-            content.catalog.write(f)
-            for name in _ARRAYS:
-                write_dataset(f, _PATHS[name], getattr(content, name), text=name in _TEXT)
-        commit_file(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-
-
-def commit_file(tmp: Path, path: Path) -> None:
-    """Make the finished temporary file ``tmp`` durable and put it in place as ``path`` (fsync, rename,
-    fsync of the directory): a reader sees the old state or the whole new file, never a partial one."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
     fsync_directory(path.parent)
 
 

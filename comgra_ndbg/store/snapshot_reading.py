@@ -23,16 +23,28 @@ class SnapshotReading:
 
     def snapshot_steps(self, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None) -> np.ndarray:
         _, sid = self._series(node, kind, tensor)
-        found = [view.array(schema.SNAP_STEP)[view.array(schema.SNAP_SERIES) == sid] for view in self._views.values()]
+        found = [steps[series == sid] for steps, series, _ in self._snapshot_index()]
         return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+    def _snapshot_index(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(step, series, iteration) of every file's snapshots; a file whose index fails is left out (and
+        reported, or raised without ``damaged="skip"``)."""
+        out = []
+        for view in self._views.values():
+            try:
+                out.append((view.array(schema.SNAP_STEP), view.array(schema.SNAP_SERIES),
+                            view.array(schema.SNAP_ITERATION)))
+            except DamagedData as error:
+                self._damaged(error, "its snapshot index was unreadable; its snapshots are left out")
+                out.append((np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        return out
 
     def snapshot(self, step: int, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None,
                  iteration: int = 0) -> Snapshot:
         """The stored arrays of one tensor at one step (and iteration)."""
         info, sid = self._series(node, kind, tensor)
-        for view in self._views.values():
-            hits = np.flatnonzero((view.array(schema.SNAP_STEP) == step) & (view.array(schema.SNAP_SERIES) == sid)
-                                  & (view.array(schema.SNAP_ITERATION) == iteration))
+        for view, (steps, series, iterations) in zip(self._views.values(), self._snapshot_index()):
+            hits = np.flatnonzero((steps == step) & (series == sid) & (iterations == iteration))
             if len(hits):
                 return self._read_snapshot(view, int(hits[0]), info, kind)
         available = self.snapshot_steps(node, kind, tensor=tensor)
@@ -41,11 +53,11 @@ class SnapshotReading:
                                  f"{' …' if len(available) > 20 else ''}")
 
     def _read_snapshot(self, view: FileView, i: int, info: TensorInfo, kind: str) -> Snapshot:
+        step = int(view.array(schema.SNAP_STEP)[i])
         try:
             return self._snapshot_at(view, i, info, kind)
         except DamagedData as error:
-            record = Damage("checksum", error.file, f"snapshot ({kind})", error.reason,
-                            (int(view.array(schema.SNAP_STEP)[i]),), (info.name,))
+            record = Damage("checksum", error.file, f"snapshot ({kind})", error.reason, (step,), (info.name,))
             if self.skip_damage and record not in self.damage:
                 self.damage.append(record)
             raise corrupt_error(self.location, [record]) from None
@@ -66,6 +78,7 @@ class SnapshotReading:
             value_index=read(schema.VALUE_INDEX_POOL, x0, x0 + vn) if x0 >= 0 else None,
             sample_index=read(schema.SAMPLE_INDEX, s0, s0 + sn),
             sample_rows=read(schema.SAMPLE_STATS, s0, s0 + sn),
-            sample_categories=tuple(read(schema.SAMPLE_CATEGORY, s0, s0 + sn).tolist())
+            # the whole (small) table, so that its checksum is verified; cached with the file's index
+            sample_categories=tuple(view.array(schema.SAMPLE_CATEGORY)[s0:s0 + sn].tolist())
             if schema.SAMPLE_CATEGORY in view.file else (),
         )

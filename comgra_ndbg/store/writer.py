@@ -14,9 +14,9 @@ that the oldest are given up, and the report names their steps.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
-import shutil
 import threading
 import time
 import warnings
@@ -35,7 +35,7 @@ from comgra_ndbg.store.damage import step_text
 from comgra_ndbg.store.live import FINAL_LEVEL, list_live_segments
 from comgra_ndbg.store.lock import WriterLock
 from comgra_ndbg.store.merger import BackgroundMerger
-from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, commit_file, concat, read_segment, segment_name,
+from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, read_segment, segment_name, write_file,
                                        write_segment)
 from comgra_ndbg.store.trial import ExistingTrial, check_trial_name, existing_trial, prepare_trial_folder
 
@@ -314,23 +314,17 @@ class RecordingWriter:
             self._merge(inputs, FINAL_LEVEL, complete=True)
 
     def _promote(self, sequence: int, path: Path) -> None:
-        """Make the one remaining segment the final file: a byte copy with the final attributes, renamed into
+        """Make the one remaining segment the final file: its bytes with the final attributes, renamed into
         place (crash-safe like ``write_segment``), instead of reading and recompressing all of it."""
         out = self.directory / schema.FINAL_NAME
         if path == out:  # a continued trial that recorded nothing new: it is the final file already
             return
-        with h5py.File(path, "r") as f:
+        image = io.BytesIO(path.read_bytes())
+        with h5py.File(image, "r+") as f:  # the attributes change in memory; the disk sees one plain write
             covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
-        tmp = out.with_name(out.name + schema.TEMP_SUFFIX)
-        try:
-            shutil.copyfile(path, tmp)
-            with h5py.File(tmp, "r+") as f:
-                for key, value in self._attrs(sequence, covers, FINAL_LEVEL, complete=True).items():
-                    f.attrs[key] = value
-            commit_file(tmp, out)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            for key, value in self._attrs(sequence, covers, FINAL_LEVEL, complete=True).items():
+                f.attrs[key] = value
+        write_file(out, image.getbuffer())
         path.unlink(missing_ok=True)
 
     def _attrs(self, sequence: int, covers: tuple[int, ...], level: int, *, complete: bool) -> dict:
