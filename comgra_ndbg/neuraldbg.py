@@ -40,7 +40,7 @@ from torch import nn
 from comgra_ndbg.analysis.api import analyze
 from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Event, Hypothesis
 from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
-from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
+from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError, RecordingExistsError
 from comgra_ndbg.graph.eager import unwrap_compiled
 from comgra_ndbg.recorder.hooks import (INPUT, ROOT, CompiledStructure, ModuleHooks, ModulePattern, discover_compiled,
                                         from_compiled_code, input_names, node_name, output_names, select_modules,
@@ -126,8 +126,13 @@ class NeuralDbg:
         if announce:
             path = Path("runs")
             trial = trial or time.strftime("ndbg-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
-        self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
-                                 flight_recorder=flight_recorder, **recorder_options)
+        try:
+            self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
+                                     flight_recorder=flight_recorder, **recorder_options)
+        except RecordingExistsError as error:
+            if resume or "already has a recording" not in str(error):
+                raise
+            raise RecordingExistsError(f"{error} (NeuralDbg(..., resume=True) continues it)") from None
         self.path = self.recorder.path
         if announce:
             print(f"comgra_ndbg: recording to {self.path}")

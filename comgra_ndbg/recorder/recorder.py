@@ -392,7 +392,8 @@ class Recorder(GradientRecording):
             return
         self._check_step_open("finish_iteration")
         if not self._iteration_open:
-            raise RecorderStateError(f"finish_iteration() without start_iteration() in step {self._step}")
+            raise RecorderStateError(f"finish_iteration() without start_iteration() in step {self._step}; call "
+                                     f"start_iteration() at the beginning of each forward pass")
         self._iteration_open = False
 
     @property
@@ -607,6 +608,8 @@ class Recorder(GradientRecording):
         self._check_open_recorder("record_kpi")
         check_name(name, "KPI names")
         if isinstance(value, torch.Tensor):
+            if value.is_nested:
+                raise InvalidTensorError(f"KPI {name!r} must be a scalar, got a nested tensor; reduce it first")
             if value.numel() != 1:
                 raise InvalidTensorError(f"KPI {name!r} must be a scalar, got a tensor of shape "
                                          f"{tuple(value.shape)}; reduce it first (e.g. .mean())")

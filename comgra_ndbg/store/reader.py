@@ -164,6 +164,7 @@ class Recording(SnapshotReading, StepTables):
         """Open another trial of the same group."""
         if self.group is None:
             raise UnknownSeriesError(f"{self.location} is a single trial; there is no other trial to open")
+        require(trial, str, "trial", f"a trial name (str); trials are {self.trials}")
         return open_recording(self.group, trial)
 
     # ---- catalog -------------------------------------------------------------------------------------------
@@ -248,6 +249,8 @@ class Recording(SnapshotReading, StepTables):
     def graph(self, step_type: str | None = None) -> StoredGraph | None:
         """The dependency graph of a step type (default: of the first step type that has one), or None
         when nothing was discovered (no registered tensor reached a recorded step)."""
+        require(step_type, (str, type(None)), "step_type", f"a step type (str) or None; step types are "
+                                                            f"{self.step_types}")
         index = self.catalog.graph_of_type
         if step_type is None:
             step_type = next((t for t in self.catalog.step_types if t in index), None)
@@ -289,12 +292,14 @@ class Recording(SnapshotReading, StepTables):
         return self._concat(schema.STEPS_ITERATIONS).astype(np.int64)
 
     def steps_of_type(self, step_type: str) -> np.ndarray:
+        require(step_type, str, "step_type", f"a step type (str); step types are {self.step_types}")
         if step_type not in self.catalog.step_types:
             raise UnknownSeriesError(f"no step type {step_type!r}; step types are {self.step_types}")
         tid = self.catalog.step_types.index(step_type)
         return self.steps[self._index[schema.STEPS_TYPE] == tid]
 
     def step_type_of(self, step: int) -> str:
+        require(step, (int, np.integer), "step", "an int")
         hits = np.flatnonzero(self.steps == step)
         if not len(hits):
             raise UnknownSeriesError(f"step {step} was not recorded; recorded steps run from "
@@ -308,6 +313,8 @@ class Recording(SnapshotReading, StepTables):
 
     # ---- summaries ---------------------------------------------------------------------------------------
     def _tensors_for(self, name: str, tensor: str | None = None) -> list[TensorInfo]:
+        require(name, str, "a node or tensor name", f"a str; nodes are {self.nodes[:8]}")
+        require(tensor, (str, type(None)), "tensor=", "a tensor name of the node (str) or None")
         tid = self.catalog.tensor_id(name)
         if tid is not None and tensor is None:
             return [self.catalog.tensors[tid]]
@@ -322,6 +329,7 @@ class Recording(SnapshotReading, StepTables):
         return members
 
     def _series(self, name: str, kind: str, tensor: str | None) -> tuple[TensorInfo, int]:
+        require(kind, str, "kind", "'value', 'grad', 'update' or 'grad:<set>'")
         members = self._tensors_for(name, tensor)
         if len(members) > 1:
             raise UnknownSeriesError(f"node {name!r} holds several tensors {[t.label for t in members]}; pass "
@@ -339,6 +347,7 @@ class Recording(SnapshotReading, StepTables):
 
         ``iteration=None`` merges the iterations of each step; an int selects one iteration.
         """
+        require(iteration, (int, np.integer, type(None)), "iteration", "an int or None (every iteration merged)")
         info, sid = self._series(node, kind, tensor)
         steps, iterations, blocks = [], [], []
         for view in self._views.values():
@@ -376,7 +385,7 @@ class Recording(SnapshotReading, StepTables):
         ``node`` is a node or tensor name; ``kind`` is ``value``, ``grad``, ``update`` or ``grad:<set>``;
         ``stat`` is one of ``comgra_ndbg.statistics.STATISTICS``.
         """
-        if stat not in STATISTICS:
+        if not isinstance(stat, str) or stat not in STATISTICS:
             raise UnknownSeriesError(f"unknown statistic {stat!r}; choose one of {sorted(STATISTICS)}")
         steps, rows = self.summary_rows(node, kind, tensor=tensor, iteration=iteration)
         return steps, derive_one(rows, stat)
@@ -391,6 +400,16 @@ class Recording(SnapshotReading, StepTables):
         return (f"Recording(trial={self.trial!r}, steps={len(self.steps)}, nodes={len(self.nodes)}, "
                 f"files={len(self._views)}, complete={self.is_complete}"
                 + (f", damage={len(self.damage)}" if self.damage else "") + ")")
+
+
+def require(value: object, types: type | tuple[type, ...], what: str, hint: str) -> None:
+    """A query argument of the wrong type is a typed error that says what to pass (``hint``)."""
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        value_ok = False
+    else:
+        value_ok = isinstance(value, types)
+    if not value_ok:
+        raise UnknownSeriesError(f"{what} must be {hint}, got {type(value).__name__} ({value!r:.40})")
 
 
 def _blank(view: FileView, name: str) -> np.ndarray:

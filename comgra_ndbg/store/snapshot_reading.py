@@ -42,6 +42,10 @@ class SnapshotReading:
     def snapshot(self, step: int, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None,
                  iteration: int = 0) -> Snapshot:
         """The stored arrays of one tensor at one step (and iteration)."""
+        from comgra_ndbg.store.reader import require
+
+        require(step, (int, np.integer), "step", "an int")
+        require(iteration, (int, np.integer), "iteration", "an int")
         info, sid = self._series(node, kind, tensor)
         for view, (steps, series, iterations) in zip(self._views.values(), self._snapshot_index()):
             hits = np.flatnonzero((steps == step) & (series == sid) & (iterations == iteration))

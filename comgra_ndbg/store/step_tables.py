@@ -20,6 +20,10 @@ class StepTables:
 
     def kpi(self, name: str, step_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(steps, values)`` of a KPI, optionally restricted to one step type."""
+        from comgra_ndbg.store.reader import require
+
+        require(name, str, "a KPI name", f"a str; KPIs are {self.kpi_names}")
+        require(step_type, (str, type(None)), "step_type", "a step type (str) or None")
         if name not in self.catalog.kpi_names:
             raise UnknownSeriesError(f"no KPI {name!r}; KPIs are {self.kpi_names}")
         ids, steps, values = (self._concat(schema.KPI_ID), self._concat(schema.KPI_STEP),
@@ -46,6 +50,10 @@ class StepTables:
         """Rows of the recording's log (``schema.LOG_*``) in the order they were written, of one category (or
         several), or all. Problems are the categories in ``schema.PROBLEM_CATEGORIES``; other features write
         other categories (``resumed`` marks where a trial was continued)."""
+        if not (category is None or isinstance(category, str)
+                or (isinstance(category, (tuple, list)) and all(isinstance(c, str) for c in category))):
+            raise UnknownSeriesError(f"category must be a log category (str), several (a tuple of str) or None "
+                                     f"for all, got {category!r:.40}; categories include {schema.LOG_CATEGORIES}")
         wanted = (category,) if isinstance(category, str) else category
         rows = self._rows(schema.LOG_STEP, schema.LOG_TIME, schema.LOG_CATEGORY, schema.LOG_SUBJECT,
                           schema.LOG_MESSAGE, schema.LOG_DETAIL)
