@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-import comgra_ndbg.recorder.recorder as recorder_module
+import comgra_ndbg.recorder.retroactive as retroactive_module
 from comgra_ndbg import (InvalidArgumentError, Recorder, RecorderStateError, RecorderWarning, RecordingNotFoundError,
                          open_recording)
 from comgra_ndbg.recorder.flight import FlightRecorder, GradNormAbove, LossSpike, NonFinite, Predicate, StepFacts
@@ -126,7 +126,7 @@ def test_a_late_typed_step_no_policy_can_record_does_no_tensor_work(tmp_path: Pa
         chosen.append(len(categories))
         return balanced_samples(categories, count)
 
-    monkeypatch.setattr(recorder_module, "balanced_samples", counting)
+    monkeypatch.setattr(retroactive_module, "balanced_samples", counting)
     recording_states = []
     with Recorder(tmp_path, trial="t", summaries=EveryK(5), snapshots=EveryK(5), num_samples=2) as rec:
         rec.track_module("model", nn.Linear(3, 2))

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
-from comgra_ndbg.recorder.reduce import Reducer, summarizable
+from comgra_ndbg.recorder.reduce import Reducer
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
-from comgra_ndbg.recorder.validation import check_name
+from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.recorder.step_record import SummaryRows
 from comgra_ndbg.store import schema
 

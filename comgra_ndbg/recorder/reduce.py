@@ -27,7 +27,7 @@ import torch
 from comgra_ndbg.recorder import kernels, parallel, segmented
 from comgra_ndbg.store.schema import FIELD, identity_row
 
-__all__ = ["difference", "Reducer", "summarize", "summarizable", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
+__all__ = ["difference", "Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
 
 DEFAULT_SATURATION_MARGIN = 0.005
 """Fraction of the bounded range within which an element counts as saturated (tanh: |x| > 0.99)."""
@@ -65,27 +65,6 @@ def saturation_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
 
 _BOUNDS_BY_TYPE: dict[type, tuple[float, float] | None] = {}
 _UNKNOWN = object()
-
-
-def summarizable(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in a form the reducer and snapshots can read: dense (a sparse tensor counts as the dense one
-    it stands for), dequantized; raises ``ValueError`` saying why for a tensor without readable values.
-
-    >>> summarizable(torch.ones(2, device="meta"))
-    Traceback (most recent call last):
-    ...
-    ValueError: it is on the meta device, which holds shapes but no values
-    """
-    if tensor.device.type == "meta":
-        raise ValueError("it is on the meta device, which holds shapes but no values")
-    if tensor.is_nested:
-        raise ValueError("it is a nested tensor (its rows have different lengths); register its rows, or "
-                         "torch.nested.to_padded_tensor(...) of it")
-    if tensor.is_quantized:
-        tensor = tensor.dequantize()
-    if tensor.layout != torch.strided:
-        tensor = tensor.to_dense()
-    return tensor
 
 
 @dataclass

@@ -4,7 +4,8 @@ What the store cannot hold must be refused where the user makes the mistake, wit
 what to do: a NUL character in a name or a note (HDF5 strings end at NUL, and one bad row used to fail every
 later write of the recording), text that is not valid Unicode, a step number beyond int64, a flush interval
 that is not a number. Checked once per call (names already known skip the check), so the hot path stays
-lean.
+lean. ``summarizable`` tells a tensor without readable values (meta, nested) from one that merely needs
+converting (sparse, quantized): the first is skipped and logged, never a failure of the whole step.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import numbers
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from comgra_ndbg.errors import InvalidArgumentError
 
 __all__ = ["MAX_STEP", "check_name", "check_text", "check_step", "check_int", "check_positive_number",
-           "check_group_path"]
+           "check_group_path", "check_settings", "summarizable"]
 
 MAX_STEP = 2**63 - 1
 """The largest step number the file's int64 tables hold."""
@@ -85,3 +87,39 @@ def check_group_path(path: object) -> Path:
         raise InvalidArgumentError("path must not be empty; pass the folder to record into, e.g. 'runs'")
     check_text("path", str(Path(path)))
     return Path(path)
+
+
+def check_settings(*, num_samples: object, max_elements: object, saturation_margin: object, record_updates: object,
+                   flush_every_seconds: object, flush_every_steps: object) -> float:
+    """The ``Recorder``'s numeric settings, checked at construction; returns the flush interval as a float."""
+    check_int("num_samples", num_samples, minimum=0)
+    check_int("max_elements", max_elements, minimum=1)
+    if (isinstance(saturation_margin, bool) or not isinstance(saturation_margin, numbers.Real)
+            or not 0 <= saturation_margin < 0.5):
+        raise InvalidArgumentError(f"saturation_margin must be in [0, 0.5) (a number), got {saturation_margin!r}")
+    if flush_every_steps is not None:
+        check_int("flush_every_steps", flush_every_steps, minimum=1)
+    if not isinstance(record_updates, (bool, np.bool_)):
+        raise InvalidArgumentError(f"record_updates must be True or False, got {record_updates!r}")
+    return check_positive_number("flush_every_seconds", flush_every_seconds)
+
+
+def summarizable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in a form the reducer and snapshots can read: dense (a sparse tensor counts as the dense one
+    it stands for), dequantized; raises ``ValueError`` saying why for a tensor without readable values.
+
+    >>> summarizable(torch.ones(2, device="meta"))
+    Traceback (most recent call last):
+    ...
+    ValueError: it is on the meta device, which holds shapes but no values
+    """
+    if tensor.device.type == "meta":
+        raise ValueError("it is on the meta device, which holds shapes but no values")
+    if tensor.is_nested:
+        raise ValueError("it is a nested tensor (its rows have different lengths); register its rows, or "
+                         "torch.nested.to_padded_tensor(...) of it")
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    return tensor
