@@ -336,3 +336,35 @@ def test_the_storage_fault_helpers_damage_what_they_say(tmp_path: Path, referenc
     after = copy.read_bytes()
     assert [i for i in range(len(before)) if before[i] != after[i]] == [100] and after[100] == before[100] ^ 0xFF
     assert resource.RLIMIT_FSIZE and signal.SIGXFSZ
+
+
+# ---- what the GUI shows -------------------------------------------------------------------------------------------
+def test_the_gui_shows_damage_as_sentences_and_keeps_showing_what_is_readable(tmp_path: Path) -> None:
+    from dash import html
+
+    from comgra_ndbg.gui import ids, tabs
+    from comgra_ndbg.gui.app import _page, create_app
+    from comgra_ndbg.gui.callbacks import update_selection
+    from comgra_ndbg.gui.state import ReaderCache
+
+    rec = record(tmp_path, "partly", steps=16, flush_every=4, close=False)
+    (tmp_path / "partly" / "seg-00000002-L0.h5").unlink()
+    record(tmp_path, "lost", steps=4)
+    final = tmp_path / "lost" / schema.FINAL_NAME
+    with open(final, "r+b") as f:
+        f.truncate(100)
+    cache = ReaderCache(tmp_path)
+    assert cache.trials == ["partly"] and list(cache.unreadable) == ["lost"]
+    page = _page(cache, source=str(tmp_path), interval_ms=1000, has_custom=False)
+    banners = [c.children for c in page.children if isinstance(c, html.Div) and c.className == "message error"]
+    assert len(banners) == 1 and banners[0].startswith("Trial 'lost' cannot be shown: the recording at")
+    assert "Traceback" not in banners[0] and "--salvage" in banners[0]
+    store = update_selection(cache, None, None, None)["store"]
+    shown = tabs.notes_tab(cache, store, ids.TAB_NOTES)
+    texts = [c.children for c in shown.children if isinstance(c, html.Div)]
+    assert texts[0] == ("Damaged: segment files: segment files are missing (deleted?) steps between 3 and 8 "
+                        "(sequences 2) (no file holds these sequences, though later ones exist)")
+    assert cache.recording("partly").steps.tolist() == [0, 1, 2, 3] + list(range(8, 16))
+    with pytest.raises(CorruptRecordingError, match="recording.h5: the file cannot be read"):
+        create_app(tmp_path / "lost")  # nothing readable: the CLI prints this sentence and exits with 2
+    rec._writer._lock.release(False)

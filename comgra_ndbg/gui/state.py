@@ -134,6 +134,15 @@ class ReaderCache:
         self._generation: dict[str, int] = {trial: 0 for trial in self.trials}
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
         self._memo_size = memo_size
+        self.unreadable: dict[str, str] = {}  # trials that cannot be opened at all -> the reader's sentence
+        for trial in list(self.trials):
+            try:
+                self.recording(trial)
+            except CorruptRecordingError as error:
+                self.unreadable[trial] = str(error)
+                self.trials.remove(trial)
+        if not self.trials and self.unreadable:
+            raise CorruptRecordingError(" ".join(self.unreadable.values()))
 
     # ---- readers -------------------------------------------------------------------------------------
     def recording(self, trial: str) -> Recording:
@@ -158,7 +167,7 @@ class ReaderCache:
         with self.lock:
             if self.path.is_dir():
                 for trial in list_trials(self.path):
-                    if trial not in self.trials:
+                    if trial not in self.trials and trial not in self.unreadable:
                         self.trials.append(trial)
                         self._generation[trial] = 0
             for trial, recording in self._recordings.items():
