@@ -63,7 +63,7 @@ def _child(folder: Path, write_fd: int, steps: int) -> None:
 
 def crash_trials(count: int, seed: int) -> dict:
     """Kill ``count`` recording processes at random moments; returns the counts the README reports."""
-    from comgra_ndbg import ComgraError, check, open_recording
+    from comgra_ndbg import ComgraError, RecordingNotFoundError, check, open_recording
 
     rng = random.Random(seed)
     torch.set_num_threads(1)
@@ -111,8 +111,11 @@ def crash_trials(count: int, seed: int) -> dict:
                 with open_recording(folder) as rec:
                     readable = rec.steps.tolist()
                 ok = check(folder).ok
-            except ComgraError:
+            except RecordingNotFoundError:  # killed before its first flush finished: nothing was on disk yet
+                readable, ok = [], True
+            except ComgraError as error:
                 result["unreadable"] += 1
+                print(f"  ! trial {trial}: {error}")
                 continue
             result["damaged"] += not ok
             assert readable == list(range(len(readable))), readable
@@ -126,7 +129,8 @@ def fuzz_cases(count: int, seed: int) -> dict:
 
     from fuzz_calls import calls, run_case
 
-    totals = {"cases": 0, "calls": 0, "typed_errors": 0, "crashes": 0, "silent_losses": 0, "skips": 0}
+    totals = {"cases": 0, "calls": 0, "typed_errors": 0, "unhelpful": 0, "crashes": 0, "silent_losses": 0,
+              "skips": 0}
     examples: list[str] = []
 
     @settings(max_examples=count, deadline=None, database=None, derandomize=False,
@@ -138,9 +142,10 @@ def fuzz_cases(count: int, seed: int) -> dict:
         totals["calls"] += outcome.calls
         totals["typed_errors"] += outcome.typed_errors
         totals["crashes"] += len(outcome.crashes)
+        totals["unhelpful"] += len(outcome.unhelpful)
         totals["silent_losses"] += len(outcome.silent_losses)
         totals["skips"] += outcome.skips
-        examples.extend(outcome.crashes + outcome.silent_losses)
+        examples.extend(outcome.crashes + outcome.unhelpful + outcome.silent_losses)
 
     random.seed(seed)
     with warnings.catch_warnings():
@@ -203,9 +208,9 @@ def main() -> None:
     print(f"byte flips: {flips['flips']} ({flips['caught']} caught with a typed error, {flips['harmless']} in "
           f"unused bytes: data unchanged), {flips['silent']} silent, {flips['raw']} raw exceptions", flush=True)
     fuzz = fuzz_cases(args.fuzz, args.seed)
-    print(f"fuzz: {fuzz['cases']} cases, {fuzz['calls']} calls, {fuzz['typed_errors']} typed errors, "
-          f"{fuzz['skips']} documented skips, {fuzz['crashes']} crashes of the training loop, "
-          f"{fuzz['silent_losses']} silent losses", flush=True)
+    print(f"fuzz: {fuzz['cases']} cases, {fuzz['calls']} calls, {fuzz['typed_errors']} typed errors "
+          f"({fuzz['unhelpful']} not saying what to do), {fuzz['skips']} documented skips, {fuzz['crashes']} crashes "
+          f"of the training loop, {fuzz['silent_losses']} silent losses", flush=True)
     print(f"({time.perf_counter() - started:.0f} s)")
 
 

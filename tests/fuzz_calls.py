@@ -146,6 +146,7 @@ class Outcome:
     calls: int = 0
     typed_errors: int = 0
     crashes: list[str] = field(default_factory=list)
+    unhelpful: list[str] = field(default_factory=list)  # typed errors whose message does not say what to do
     silent_losses: list[str] = field(default_factory=list)
     skips: int = 0  # documented skips: entries of the problems log
 
@@ -179,7 +180,7 @@ def _play(ops: list[tuple], folder: Path, recorder_kwargs: dict) -> Outcome:
                 outcome.typed_errors += 1
                 text = str(error)
                 if not says_what_to_do(text):
-                    outcome.crashes.append(f"{op[0]}: a typed error that does not say what to do: {text!r}")
+                    outcome.unhelpful.append(f"{op[0]}: a typed error that does not say what to do: {text!r}")
             except Exception as error:  # noqa: BLE001 - exactly what the oracle counts
                 outcome.crashes.append(f"{op[0]}{_short(op[1:])}: {type(error).__name__}: {error}")
             for tensor, before in kept:

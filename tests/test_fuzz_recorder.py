@@ -28,6 +28,7 @@ EXAMPLES = int(os.environ.get("COMGRA_FUZZ_EXAMPLES", "60"))
 def test_any_sequence_of_calls_never_crashes_the_loop_nor_loses_data_silently(ops: list[tuple]) -> None:
     outcome = run_case(ops)
     assert outcome.crashes == [], outcome.crashes
+    assert outcome.unhelpful == [], outcome.unhelpful
     assert outcome.silent_losses == [], outcome.silent_losses
 
 

@@ -368,3 +368,26 @@ def test_the_gui_shows_damage_as_sentences_and_keeps_showing_what_is_readable(tm
     with pytest.raises(CorruptRecordingError, match="recording.h5: the file cannot be read"):
         create_app(tmp_path / "lost")  # nothing readable: the CLI prints this sentence and exits with 2
     rec._writer._lock.release(False)
+
+
+def test_check_of_a_live_trial_while_its_writer_merges_finds_no_damage(tmp_path: Path) -> None:
+    """Merges delete their inputs while check() reads them: a vanished file is a stale listing, not damage."""
+    import threading
+
+    rec = Recorder(tmp_path, trial="t", flush_every_steps=1, flush_every_seconds=1e9, snapshots=None)
+    rec._writer.fanout = rec._writer._merger.fanout = 2
+    done = threading.Event()
+
+    def train() -> None:
+        _train(rec, range(60))
+        done.set()
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    reports = []
+    while not done.is_set():
+        reports.append(check(tmp_path) if any((tmp_path / "t").glob("seg-*.h5")) else None)
+    worker.join()
+    rec.close()
+    checked = [r for r in reports if r is not None]
+    assert checked and all(r.ok for r in checked), next(str(r) for r in checked if not r.ok)

@@ -76,6 +76,8 @@ class FaultIsolation:
         """Log rows whose Σx² overflowed float64 although every element is finite (|x| above ~1e154): their
         std, rms and l2 read as inf or NaN, which must not pass for a recorded value."""
         data = rows.data
+        if not len(data) or data[:, _SUM_SQ].max() < np.inf:  # the common case: one reduction, nothing more
+            return
         overflowed = np.isinf(data[:, _SUM_SQ]) & (data[:, _NAN] + data[:, _INF] == 0)
         for i in np.flatnonzero(overflowed).tolist():
             tid, kind = self.catalog.series[int(rows.series[i])]

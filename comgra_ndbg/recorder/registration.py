@@ -131,7 +131,9 @@ class TensorRegistration:
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in iterations):
             raise InvalidArgumentError(f"iterations of add_dependency({source!r}, {target!r}) must be ints >= 0")
         if source == target and iterations[0] == iterations[1]:
-            raise InvalidArgumentError(f"add_dependency({source!r}, {target!r}) connects a tensor to itself")
+            raise InvalidArgumentError(f"add_dependency({source!r}, {target!r}) connects a tensor to itself; connect "
+                                       f"two tensors, or a tensor to itself in another iteration (source_iteration=, "
+                                       f"target_iteration=)")
         self._structure.add_edge(TensorEdge(source, target, iterations[0], iterations[1]), discovered=discovered)
 
     def _declare_all_edges(self) -> None:

@@ -114,16 +114,29 @@ def check(path: str | Path, trial: str | None = None, *, salvage: bool = False, 
 
 
 def _check_trial(name: str, location: Path) -> tuple[TrialCheck, list[FileContent]]:
-    scan = scan_trial(location) if location.is_dir() else TrialScan(live=[(0, 0, location)])
-    state = trial_state(location, False)[0] if location.is_dir() else "incomplete"
-    report = TrialCheck(name, location, state, [path for *_, path in scan.live], temporary=scan.temporary)
-    contents = [read_file(path) for path in report.files]
+    """Check one trial: scan, read every live file chunk by chunk, report. A live writer's merge may delete
+    a file after the scan listed it; the merged file is then in place (it is renamed before its inputs are
+    deleted), so the scan is taken again and only files not read yet are read."""
+    read: dict[Path, FileContent] = {}
+    for _ in range(_ATTEMPTS):
+        scan = scan_trial(location) if location.is_dir() else TrialScan(live=[(0, 0, location)])
+        files = [path for *_, path in scan.live]
+        for path in files:
+            if path not in read:
+                read[path] = read_file(path)
+        if all(path.exists() or _intact(read[path]) for path in files):
+            break
+        for path in files:
+            if not path.exists():
+                del read[path]
+    contents = [read[path] for path in files]
+    report = TrialCheck(name, location, "incomplete", files, temporary=scan.temporary)
     steps_of = [sorted({s[0] for s in c.steps} | {int(r[0]) for r in c.tables.get("kpi", [])}) for c in contents]
-    report.damage += _scan_damage(scan, report.files, steps_of)
+    report.damage += _scan_damage(scan, files, steps_of)
     for content in contents:
         report.damage += content.damage
     report.steps = len({s[0] for c in contents for s in c.steps})
-    complete = len(contents) == 1 and _complete(report.files[0])
+    complete = len(contents) == 1 and _complete(files[0])
     if location.is_dir():
         report.state = trial_state(location, complete)[0]
     elif complete:
@@ -131,6 +144,13 @@ def _check_trial(name: str, location: Path) -> tuple[TrialCheck, list[FileConten
     report.problems = dict(Counter(str(row[2]) for c in contents for row in c.tables.get("log", [])
                                    if str(row[2]) in schema.PROBLEM_CATEGORIES))
     return report, contents
+
+
+_ATTEMPTS = 50
+
+
+def _intact(content: FileContent) -> bool:
+    return not content.damage
 
 
 def _complete(path: Path) -> bool:
