@@ -53,7 +53,9 @@ def record(folder: Path, trial: str = "t", steps: int = 24, *, flush_every: int 
             if step % 2:
                 rec.decide_step("odd", sample_categories=["cat", "dog"])
     if close:
-        rec.close()
+        with warnings.catch_warnings():  # the count of the meta tensor's planted problems
+            warnings.simplefilter("ignore")
+            rec.close()
     else:
         rec.flush()
         rec._writer.wait_for_merges()

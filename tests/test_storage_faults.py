@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg import CorruptRecordingError, Recorder, RecorderWarning, RecordingFormatError, check, open_recording
+from comgra_ndbg import CorruptRecordingError, Recorder, RecorderWarning, check, open_recording
 from comgra_ndbg.store import schema
 from comgra_ndbg.store import segment as segment_module
 from comgra_ndbg.store import writer as writer_module

@@ -30,8 +30,8 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
 
     Raises ``RecordingNotFoundError`` when ``path`` holds no recording, ``CorruptRecordingError`` when no
     trial of it can be opened at all (damage in part of a trial is read around and shown), and
-    ``CustomVisualizationError`` when ``visualization_file`` cannot be used, before anything is served. Pass ``cache`` to share or
-    inspect the readers (tests and benchmarks do).
+    ``CustomVisualizationError`` when ``visualization_file`` cannot be used, before anything is served.
+    Pass ``cache`` to share or inspect the readers (tests and benchmarks do).
     """
     cache = cache if cache is not None else ReaderCache(path)
     visualization = load_visualization(visualization_file) if visualization_file is not None else None
