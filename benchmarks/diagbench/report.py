@@ -19,7 +19,8 @@ ROWS = (
     ("runs", "runs: faulty (valid) / healthy", None, 0),
     ("validation_rate", "validation rate", "{:.2f}", 0),
     ("tpr", "detection TPR", "{:.3f}", 1),
-    ("fpr", "FPR [Wilson 95 %]", None, -1),
+    ("fpr", "FPR over healthy runs", "{:.3f}", -1),
+    ("fpr_ci", "FPR Wilson 95 % interval", None, 0),
     ("early_alarms", "faulty runs alarmed before t0−2", "{:d}", -1),
     ("type_accuracy", "fault-type accuracy (top-1)", "{:.3f}", 1),
     ("abstentions", "abstentions (unclear)", "{:d}", -1),
@@ -38,9 +39,9 @@ def _cell(s: dict, key: str, fmt: str | None) -> str:
     value = s.get(key)
     if key == "runs":
         return f"{s['faulty_runs']} ({s['valid_faulty_runs']}) / {s['healthy_runs']}"
-    if key == "fpr":
+    if key == "fpr_ci":
         low, high = s["fpr_ci"]
-        return "-" if math.isnan(s["fpr"]) else f"{s['fpr']:.3f} [{low:.2f},{high:.2f}]"
+        return "-" if math.isnan(low) else f"{low:.3f}–{high:.3f}"
     if key == "chain_recall":
         return "-" if math.isnan(value) else f"{value:.2f} ({s['chain_expected']})"
     if key == "seconds_mean":
@@ -51,8 +52,10 @@ def _cell(s: dict, key: str, fmt: str | None) -> str:
 
 
 def _worst(per_family: dict[str, dict], key: str, direction: int, fmt: str | None) -> str:
+    if not direction:
+        return ""
     values = {f: s[key] for f, s in per_family.items() if not math.isnan(float(s[key]))}
-    if not direction or not values:
+    if not values:
         return ""
     family = min(values, key=lambda f: direction * values[f])
     shown = _cell(per_family[family], key, fmt).split(" [")[0].split(" (")[0].split(" /")[0]
@@ -62,18 +65,18 @@ def _worst(per_family: dict[str, dict], key: str, direction: int, fmt: str | Non
 def family_table(scores: dict[str, dict], *, worst: bool = True, targets: bool = True) -> str:
     """Metrics (rows) × families, the pooled column and the worst family."""
     families = [f for f in scores if f != "pooled"]
-    columns = families + ["pooled"] + (["worst"] if worst else [])
-    width = max(12, *(len(c) + 2 for c in columns))
-    lines = [f"{'metric':32s}" + "".join(f"{c:>{width + 6 if c == 'worst' else width}s}" for c in columns)
-             + ("   target" if targets else "")]
     per_family = {f: scores[f] for f in families}
+    rows = []
     for key, label, fmt, direction in ROWS:
         cells = [_cell(scores[c], key, fmt) for c in families + ["pooled"]]
-        if worst:
-            cells.append(_worst(per_family, key, direction, fmt))
-        row = "".join(f"{c:>{width}s}" for c in cells[:len(families) + 1])
-        row += f"{cells[-1]:>{width + 6}s}" if worst else ""
-        lines.append(f"{label:32s}{row}" + (f"   {TARGETS.get(key, '')}" if targets else ""))
+        rows.append((key, label, cells + ([_worst(per_family, key, direction, fmt)] if worst else [])))
+    columns = families + ["pooled"] + (["worst"] if worst else [])
+    widths = [max(len(c), *(len(r[2][i]) for r in rows)) + 2 for i, c in enumerate(columns)]
+    lines = [f"{'metric':32s}" + "".join(f"{c:>{w}s}" for c, w in zip(columns, widths))
+             + ("   target" if targets else "")]
+    for key, label, cells in rows:
+        lines.append(f"{label:32s}" + "".join(f"{c:>{w}s}" for c, w in zip(cells, widths))
+                     + (f"   {TARGETS.get(key, '')}" if targets else ""))
     return "\n".join(lines)
 
 
