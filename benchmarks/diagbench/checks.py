@@ -4,7 +4,7 @@ summaries of nodes) and from the loop's own measurements in ``truth.json`` (the 
 the per-sample spread used for mode collapse) — never through the analysis under test.
 
 Runs that fail ``validate`` are dropped from the scores and counted (a healthy run is checked too: its loss
-finite and falling); ``secondary_effects`` decides where chain recall is scored.
+finite and falling, no saturated or dead module); ``secondary_effects`` decides where chain recall is scored.
 """
 from __future__ import annotations
 
@@ -69,19 +69,33 @@ def _imbalance(rec: Recording, family: Family, site: Site, t0: int, kind: str) -
     return _ratio(median(steps, ratio, t0 + 5, t0 + 5 + 2 * WINDOW), median(steps, ratio, t0 - 2 * WINDOW, t0))
 
 
-def healthy_check(truth: dict) -> tuple[bool, str]:
-    """Whether a healthy run trained as one: its loss finite throughout, and the median of its last 50 steps
-    below 0.9× the median of its first 10."""
+def healthy_check(truth: dict, rec: Recording) -> tuple[bool, str]:
+    """Whether a healthy run trained as one: its loss finite throughout and falling (the median of its last
+    50 steps below 0.9× that of its first 10), and no module output with the symptom of a catalogue fault
+    (a 20-step median saturated share ≥ 0.5 or dead share ≥ 0.9) — a control must not hold a fault."""
     loss = np.array(truth["loss"], dtype=float)
     finite = bool(np.isfinite(loss).all())
     first, last = float(np.median(loss[:10])), float(np.median(loss[-50:]))
-    return finite and last < 0.9 * first, f"loss finite {finite}, median {first:.3g} → {last:.3g} (< 0.9×)"
+    worst = {"saturated_fraction": (0.0, ""), "dead_fraction": (0.0, "")}
+    for node in rec.nodes:
+        if rec.graph() is not None and node in rec.graph().graph.node_names and \
+                rec.graph().graph.node(node).role in ("parameter", "input", "target", "loss"):
+            continue
+        for stat in worst:
+            steps, values = series(rec, node, "value", stat)
+            levels = [median(steps, values, a, a + WINDOW) for a in range(0, truth["steps"], WINDOW)]
+            level = max((v for v in levels if np.isfinite(v)), default=0.0)
+            worst[stat] = max(worst[stat], (level, node))
+    (saturated, at_s), (dead, at_d) = worst["saturated_fraction"], worst["dead_fraction"]
+    ok = finite and last < 0.9 * first and saturated < 0.5 and dead < 0.9
+    return ok, (f"loss finite {finite}, median {first:.3g} → {last:.3g} (< 0.9×); most saturated {saturated:.2f} "
+                f"{at_s} (< 0.5), most dead {dead:.2f} {at_d} (< 0.9)")
 
 
 def validate(truth: dict, rec: Recording) -> tuple[bool, str]:
     """Whether the recording shows the defining symptom of the run's fault, and what was measured."""
     if truth["healthy"]:
-        return healthy_check(truth)
+        return healthy_check(truth, rec)
     family = families()[truth["family"]]
     fault, t0 = truth["fault"], truth["t0"]
     site = Site(**{**truth["site"], "accept": tuple(truth["site"]["accept"])}) if truth.get("site") else None

@@ -14,6 +14,7 @@ from benchmarks.diagbench.pipeline import Pipeline
 from benchmarks.diagbench.setup import Config, Setup, make_optimizer, make_scheduler
 
 CLASSES = 10
+OGM_ALPHA = 4.0  # strength of the gradient modulation of the twobranch "ogm" configuration
 
 
 def custom_cross_entropy(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -177,8 +178,8 @@ def _twobranch_loss(setup: Setup, inputs: list[torch.Tensor],
             score_a = torch.softmax(out_a, 1).gather(1, target[:, None]).sum()
             score_b = torch.softmax(out_b, 1).gather(1, target[:, None]).sum()
             ratio = float(score_a / score_b)
-            setup.model.coefficients = [1 - float(torch.tanh(torch.tensor(0.5 * max(0.0, ratio - 1)))),
-                                        1 - float(torch.tanh(torch.tensor(0.5 * max(0.0, 1 / ratio - 1))))]
+            setup.model.coefficients = [1 - float(torch.tanh(torch.tensor(OGM_ALPHA * max(0.0, ratio - 1)))),
+                                        1 - float(torch.tanh(torch.tensor(OGM_ALPHA * max(0.0, 1 / ratio - 1))))]
     return loss, out
 
 
@@ -188,15 +189,15 @@ def build_twobranch(config: Config, seed: int) -> Setup:
     xa, xb, y = data.two_views(seed)
     pipeline = Pipeline([data.sensor_units(xa, seed), data.sensor_units(xb, seed + 1)], y, kind="features",
                         batch_size=config.batch_size, seed=seed, classes=6)
-    if config.task == "unequal":  # view b kept in 10× larger units on purpose, from the start
-        mean, std = pipeline.stats[1]
-        pipeline.stats[1] = (mean, std / 10)
+    if config.task == "unequal":  # view a (into the ReLU branch) kept in 10× larger units, from the start
+        mean, std = pipeline.stats[0]
+        pipeline.stats[0] = (mean, std / 10)
     optimizer = make_optimizer(config, model)
     if config.task == "slow_branch":
         for group in optimizer.param_groups:
             if group["name"].startswith("branch_a"):
                 group["lr"] *= 0.1
-    weights = {"weight_a": 0.1, "weight_b": 2.0} if config.task == "unequal" else {"weight_a": 0.5, "weight_b": 0.5}
+    weights = {"weight_a": 2.0, "weight_b": 0.1} if config.task == "unequal" else {"weight_a": 0.5, "weight_b": 0.5}
     return Setup(config, model, optimizer, pipeline, _twobranch_loss, scheduler=make_scheduler(config, optimizer),
                  knobs=weights, watch=("",))
 
