@@ -17,6 +17,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
@@ -24,9 +25,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.diagbench.families import RECORDER, Family, families
-from benchmarks.diagbench.faults import FAULT_BY_NAME, at_build, inject, prepare
-from benchmarks.diagbench.setup import Setup
+from benchmarks.diagbench.families import RECORDER, Family, Site, families
+from benchmarks.diagbench.faults import FAULT_BY_NAME, Fault, at_build, inject, prepare
+from benchmarks.diagbench.setup import Config, Setup
 from benchmarks.diagbench.specs import RunSpec
 from comgra_ndbg import NeuralDbg, Recorder
 
@@ -49,7 +50,7 @@ class SpreadProbe:
         self.series: dict[str, list[float]] = {p: [] for p in paths}
         self.handles = [model.get_submodule(p).register_forward_hook(self._hook(p)) for p in paths]
 
-    def _hook(self, path: str):
+    def _hook(self, path: str) -> Callable[[nn.Module, object, object], None]:
         def hook(module: nn.Module, _: object, output: object) -> None:
             if module.training and torch.is_grad_enabled():
                 tensor = output[0] if isinstance(output, tuple) else output
@@ -65,7 +66,7 @@ class SpreadProbe:
             handle.remove()
 
 
-def train_step(setup: Setup, after_backward=None) -> float:
+def train_step(setup: Setup, after_backward: Callable[[], object] | None = None) -> float:
     """One optimizer step of the ordinary loop; returns the loss (mean over micro-batches)."""
     config = setup.config
     setup.optimizer.zero_grad(set_to_none=True)
@@ -92,7 +93,8 @@ def _evaluate(setup: Setup, batch: tuple[list[torch.Tensor], torch.Tensor]) -> N
     setup.model.train()
 
 
-def _loop(spec: RunSpec, setup: Setup, rec: Recorder | None, probe: SpreadProbe, site, fault) -> list[float]:
+def _loop(spec: RunSpec, setup: Setup, rec: Recorder | None, probe: SpreadProbe, site: Site | None,
+          fault: Fault | None) -> list[float]:
     losses: list[float] = []
     eval_batch = setup.pipeline.next() if setup.config.eval_every else None
     first_nonfinite = None
@@ -151,7 +153,7 @@ def train_run(spec: RunSpec, folder: Path) -> Path:
     return path
 
 
-def truth(spec: RunSpec, config, family: Family, fault, site) -> dict:
+def truth(spec: RunSpec, config: Config, family: Family, fault: Fault | None, site: Site | None) -> dict:
     """The labels of a run: for a faulty one its type, origin, acceptable node prefixes and onset."""
     out = {"name": spec.name, "family": spec.family, "recording": family.recording, "config": asdict(config),
            "seed": spec.seed, "healthy": spec.healthy, "steps": spec.steps}
