@@ -79,11 +79,15 @@ def _imbalance(rec: Recording, family: Family, site: Site, t0: int, kind: str) -
 
 def healthy_check(truth: dict, rec: Recording) -> tuple[bool, str]:
     """Whether a healthy run trained as one: its loss finite throughout and falling (the median of its last
-    50 steps below 0.9× that of its first 10), and no module output with the symptom of a catalogue fault
-    (a 20-step median saturated share ≥ 0.5 or dead share ≥ 0.9) — a control must not hold a fault."""
+    50 steps below 0.9× that of its first 10), never relapsing (once below a tenth of that start it never
+    returns to half of it: the optimizer-instability symptom of Adam near a zero loss), and no module
+    output with the symptom of a catalogue fault (a 20-step median saturated share ≥ 0.5 or dead share
+    ≥ 0.9) — a control must not hold a fault."""
     loss = np.array(truth["loss"], dtype=float)
     finite = bool(np.isfinite(loss).all())
     first, last = float(np.median(loss[:10])), float(np.median(loss[-50:]))
+    trained = np.flatnonzero(loss < 0.1 * first)
+    relapse = bool(len(trained) and np.nanmax(loss[trained[0]:]) >= 0.5 * first)
     worst = {"saturated_fraction": (0.0, ""), "dead_fraction": (0.0, "")}
     for node in rec.nodes:
         if rec.graph() is not None and node in rec.graph().graph.node_names and \
@@ -95,8 +99,9 @@ def healthy_check(truth: dict, rec: Recording) -> tuple[bool, str]:
             level = max((v for v in levels if np.isfinite(v)), default=0.0)
             worst[stat] = max(worst[stat], (level, node))
     (saturated, at_s), (dead, at_d) = worst["saturated_fraction"], worst["dead_fraction"]
-    ok = finite and last < 0.9 * first and saturated < 0.5 and dead < 0.9
-    return ok, (f"loss finite {finite}, median {first:.3g} → {last:.3g} (< 0.9×); most saturated {saturated:.2f} "
+    ok = finite and last < 0.9 * first and not relapse and saturated < 0.5 and dead < 0.9
+    return ok, (f"loss finite {finite}, median {first:.3g} → {last:.3g} (< 0.9×), relapse {relapse}; "
+                f"most saturated {saturated:.2f} "
                 f"{at_s} (< 0.5), most dead {dead:.2f} {at_d} (< 0.9)")
 
 

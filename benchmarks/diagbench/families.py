@@ -55,6 +55,13 @@ class Family:
             return self.names.get(path, path)
         return "model" if path == "" else f"model.{path}"
 
+    def sites_of(self, kind: str) -> tuple[Site, ...]:
+        """The sites of ``kind``; a family without its own ``explode`` sites uses its ``scale`` sites (an
+        ``explode`` list leaves out layers right before a bounded activation, where ×30 is saturation)."""
+        if kind in self.sites:
+            return self.sites[kind]
+        return self.sites["scale"] if kind == "explode" else ()
+
     def parameter_node(self, path: str) -> str:
         """The node holding the parameters of the module at ``path``."""
         return f"model.{path}" if self.recording == RECORDER else f"model.{path}.parameters"

@@ -208,6 +208,7 @@ TWOBRANCH = Family(
     Config("defaults", "twobranch", optimizer="adamw", lr=2e-3, batch_size=64),
     build_twobranch,
     {"scale": tuple(Site((p,), p, p) for p in ("branch_a.0", "branch_a.2", "branch_b.0", "branch_b.2")),
+     "explode": tuple(Site((p,), p, p) for p in ("branch_a.0", "branch_a.2")),
      "dead": tuple(Site((a, b), a, b) for a, b in (("branch_a.0", "branch_a.1"), ("branch_a.2", "branch_a.3"))),
      "saturate": tuple(Site((a, b), a, b) for a, b in (("branch_b.0", "branch_b.1"),
                                                        ("branch_b.2", "branch_b.3"))),

@@ -66,7 +66,7 @@ FAULTS = (
           chain=(GRAD_VANISHING,)),
     Fault("explode_weights", "exploding", "node", "a layer's parameters ×30 in place under no_grad",
           "its output rms ×≥ 10 after t0, or a non-finite loss", ("mlp", "cnn", "autoencoder", "twobranch"),
-          site="scale", chain=(NONFINITE,)),
+          site="explode", chain=(NONFINITE,)),
     Fault("dead_bias", "dead_units", "node", "the bias before a ReLU/GELU filled with −20 under no_grad "
           "(BatchNorm's β in the CNN)", "dead share ≥ 0.99 for 20 steps",
           ("mlp", "resmlp", "cnn", "transformer", "autoencoder", "twobranch"), site="dead", configs=_RELU,

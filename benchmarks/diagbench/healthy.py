@@ -24,6 +24,7 @@ def healthy_configs() -> list[Config]:
         mlp.config("tanh_sgd_step_decay", activation="tanh", optimizer="sgd", lr=0.03, schedule="step",
                    task="easy"),
         mlp.config("easy_loss_to_1e-7", lr=1e-2, task="easy"),
+        mlp.config("momentum_step_decay_to_0", optimizer="sgd", lr=0.03, schedule="step", task="easy"),
         res.config("adamw_weight_decay", weight_decay=0.05),
         res.config("cosine_warmup", schedule="warmup_cosine", lr=4e-3),
         res.config("small_noisy_batches", batch_size=8, task="noisy", loss="functional"),

@@ -131,9 +131,9 @@ def train_run(spec: RunSpec, folder: Path) -> Path:
     fault = FAULT_BY_NAME[spec.fault] if spec.fault else None
     config = prepare(fault, spec.config, spec.t0) if fault else spec.config
     setup = family.build(config, spec.seed)
-    site = family.sites[fault.site][spec.site] if fault is not None and spec.site is not None else None
+    site = family.sites_of(fault.site)[spec.site] if fault is not None and spec.site is not None else None
     if fault is not None:
-        at_build(fault, setup, family.sites.get(fault.site, ()))
+        at_build(fault, setup, family.sites_of(fault.site) if fault.site else ())
     probe = SpreadProbe(setup.model, setup.watch)
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
