@@ -12,9 +12,9 @@ How the arithmetic stays exact enough under ``fastmath``:
   error does not grow with the tensor's size. When a few evenly spaced elements show a mean that dwarfs
   the spread (LayerNorm gains of 1 ± 1e-4), the sums are taken around one of those elements, which keeps
   Σx² from cancelling; the caller receives plain Σx and Σx², rebuilt in float64.
-- Minimum and maximum are integer reductions on the IEEE-754 bit patterns (integer min/max vectorise,
-  NaN-aware float min/max do not): for non-negative floats the signed pattern orders like the value, for
-  negative floats the unsigned one orders like the magnitude.
+- Minimum and maximum are integer reductions on the IEEE-754 bit patterns (``bits``: integer min/max
+  vectorise, NaN-aware float min/max do not): for non-negative floats the signed pattern orders like the
+  value, for negative floats the unsigned one orders like the magnitude.
 - NaN and ±Inf are never looked for: they make a sum non-finite, and such rows are reported back for an
   exact float64 recompute (as are rows whose shifted sums still cancel).
 """
@@ -22,7 +22,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from comgra_ndbg.recorder.bits import AVAILABLE
 from comgra_ndbg.store.schema import FIELD
+
+if AVAILABLE:  # else the numpy path in reduce.py takes over
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    from comgra_ndbg.recorder.bits import from_bits as _from_bits
+    from comgra_ndbg.recorder.bits import signed_bits as _signed_bits
+    from comgra_ndbg.recorder.bits import unsigned_bits as _unsigned_bits
 
 __all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "per_row", "summarize", "units", "warm_up"]
 
@@ -30,61 +41,12 @@ BLOCK = 4096
 """Elements summed in the array's dtype before the partial sums move to float64."""
 _PROBES = 64  # evenly spaced elements that decide the shift of the sums
 
-try:
-    import numba
-    from llvmlite import ir
-    from numba import types
-    from numba.extending import intrinsic
-except ImportError:  # the numpy path in reduce.py takes over
-    AVAILABLE = False
-else:
-    AVAILABLE = True
-
 _SUM, _SUM_SQ, _SUM_ABS = FIELD["sum"], FIELD["sum_sq"], FIELD["sum_abs"]
 _MIN, _MAX, _ZEROS = FIELD["min"], FIELD["max"], FIELD["zeros"]
 _UNITS, _DEAD = FIELD["units"], FIELD["dead_units"]
 _BOUNDED, _SATURATED, _SATURATED_UNITS = FIELD["bounded"], FIELD["saturated"], FIELD["saturated_units"]
 
 if AVAILABLE:
-    _SIGNED = {types.float32: types.int32, types.float64: types.int64}
-    _UNSIGNED = {types.float32: types.uint32, types.float64: types.uint64}
-    _FLOAT = {types.int32: types.float32, types.uint32: types.float32,
-              types.int64: types.float64, types.uint64: types.float64}
-
-    @intrinsic
-    def _signed_bits(typingctx, x):  # noqa: ARG001 - numba's intrinsic signature
-        """The bit pattern of a float as a signed integer of the same width."""
-        if x not in _SIGNED:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(x.bitwidth))
-
-        return _SIGNED[x](x), codegen
-
-    @intrinsic
-    def _unsigned_bits(typingctx, x):  # noqa: ARG001
-        """The bit pattern of a float as an unsigned integer of the same width."""
-        if x not in _UNSIGNED:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(x.bitwidth))
-
-        return _UNSIGNED[x](x), codegen
-
-    @intrinsic
-    def _from_bits(typingctx, k):  # noqa: ARG001
-        """The float whose bit pattern is the integer ``k``."""
-        target = _FLOAT.get(k)
-        if target is None:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(target))
-
-        return target(k), codegen
-
     @numba.njit(fastmath=True, nogil=True, cache=True)
     def _shifted_sums(a, start, copy_to, out):  # pragma: no cover - compiled
         """Σ(x-c), Σ(x-c)², Σ|x|, the non-zero count and the extremes (from bit patterns) of
