@@ -9,7 +9,9 @@ import torch
 
 from comgra_ndbg.store.schema import FIELD
 
-__all__ = ["cancels", "exact_moments", "reduce_host", "row_cancels", "work_view"]
+__all__ = ["cancels", "exact_moments", "exact_spread", "reduce_host", "row_cancels", "work_view"]
+
+_SPREAD = [FIELD[f] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]
 
 
 def work_view(x: torch.Tensor) -> torch.Tensor:
@@ -70,6 +72,9 @@ def reduce_host(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float,
         row[FIELD["saturated"]] = np.count_nonzero(mask)
         if batch:
             row[FIELD["saturated_units"]] = np.count_nonzero(mask.reshape(batch, -1).all(axis=0))
+    if batch > 1:  # in float64, two passes: NaN and Inf make it non-finite, and the caller recomputes the row
+        wide = a.reshape(batch, -1).astype(np.float64)
+        row[_SPREAD] = a.size, np.dot(wide.reshape(-1), wide.reshape(-1)), batch * wide.var(axis=0).sum()
 
 
 def row_cancels(row: np.ndarray) -> bool:
@@ -87,8 +92,9 @@ def cancels(rows: np.ndarray, tolerance: float = 1e-2) -> np.ndarray:
         return (n > 1) & (q > 0) & (q - s * s / np.maximum(n, 1) < tolerance * q)
 
 
-def exact_moments(tensor: torch.Tensor, row: np.ndarray) -> None:
-    """Recompute counts of NaN/Inf/zeros and the moments of the finite elements, in float64."""
+def exact_moments(tensor: torch.Tensor, row: np.ndarray, batch: int = 0) -> None:
+    """Recompute counts of NaN/Inf/zeros and the moments of the finite elements, in float64, and with a
+    ``batch`` size (0: batch-less) the sample spread."""
     flat = work_view(tensor).double()
     finite = torch.isfinite(flat)
     nan = torch.isnan(flat).sum()
@@ -108,3 +114,19 @@ def exact_moments(tensor: torch.Tensor, row: np.ndarray) -> None:
         row[FIELD["min"]], row[FIELD["max"]] = float(low), float(high)
     else:
         row[FIELD["min"]], row[FIELD["max"]] = np.inf, -np.inf
+    if batch:
+        exact_spread(flat, batch, row)
+
+
+def exact_spread(flat: torch.Tensor, batch: int, row: np.ndarray) -> None:
+    """The sample-spread fields of a batched tensor from its float64 elements ``flat``, in two passes: over
+    the units with no NaN or ±Inf in any sample, the elements, their Σx², and their squared deviations from
+    their unit's mean over the batch. Fewer than 2 samples leave the fields at 0: the spread is unknown."""
+    if batch < 2 or flat.numel() == 0:
+        row[_SPREAD] = 0.0
+        return
+    units = flat.view(batch, -1)
+    kept = units[:, torch.isfinite(units).all(0)]
+    centred = kept - kept.mean(0)
+    sums = torch.stack([(kept * kept).sum(), (centred * centred).sum()]).cpu().numpy()
+    row[_SPREAD] = kept.numel(), sums[0], sums[1]

@@ -48,6 +48,9 @@ _FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
 _MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
 _SEGMENT_COLUMNS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")]  # segment_moments' order
 _COUNT = FIELD["count"]
+_SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
+_HOST_DEVICE = "cpu"  # summarised on the host; tests name another to run the device reductions on CPU tensors
+_CHECKED_COLUMNS = _MOMENT_COLUMNS + [_SPREAD_SUM_SQ, _SPREAD_DEV]  # non-finite: recompute the row exactly
 
 
 def saturation_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
@@ -88,15 +91,20 @@ class _Block:
     moments: torch.Tensor
     batched: np.ndarray  # per row: has units
     bounded: np.ndarray  # per row: has saturation bounds
+    spread: np.ndarray  # per row: has a sample spread (2 samples or more)
 
     def write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Put the block's host ``values`` (``[k, 9]``) into the reducer's ``rows``."""
+        """Put the block's host ``values`` (``[k, 10]``) into the reducer's ``rows``."""
         rows[self.rows[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
         rows[self.rows, FIELD["zeros"]] = rows[self.rows, _COUNT] - values[:, segmented.NONZERO]
         rows[self.rows[self.batched], FIELD["dead_units"]] = values[self.batched, segmented.DEAD]
         rows[self.rows[self.bounded], FIELD["saturated"]] = values[self.bounded, segmented.SATURATED]
         both = self.batched & self.bounded
         rows[self.rows[both], FIELD["saturated_units"]] = values[both, segmented.SATURATED_UNITS]
+        spread = self.rows[self.spread]  # every element takes part: a NaN or Inf sends the row to the recompute
+        rows[spread, _SPREAD_COUNT] = rows[spread, _COUNT]
+        rows[spread, _SPREAD_SUM_SQ] = values[self.spread, segmented.SUM_SQ]
+        rows[spread, _SPREAD_DEV] = values[self.spread, segmented.SPREAD]
 
 
 class Reducer:
@@ -140,7 +148,7 @@ class Reducer:
             batch = tensor.shape[0] if batched and host.ndim else 0
             if _kernel_summary(host, row, batch, bounds, self.saturation_margin):
                 row[_MOMENT_COLUMNS] = np.nan
-                _exact_moments(tensor.detach(), row)
+                _exact_moments(tensor.detach(), row, batch=batch)
             return row_index
         if start is None and copy_to is None and segmented.segmentable(tensor):
             # a copy now (in stream order, before any later in-place change); reduced with the rest in collect()
@@ -163,7 +171,7 @@ class Reducer:
             return
         flat = _work_view(x)
         is_batched = batched and x.dim() >= 1 and x.shape[0] > 0
-        if flat.device.type == "cpu":
+        if flat.device.type == _HOST_DEVICE:
             if start is None and copy_to is None:
                 _reduce_cpu(flat, row, x.shape[0] if is_batched else 0, bounds, self.saturation_margin)
             else:
@@ -174,8 +182,9 @@ class Reducer:
         if start is not None:
             x = difference(x, start.detach())
             flat = _work_view(x)
+        squares = torch.dot(flat, flat)
         self._push(row_index, FIELD["sum"], flat.sum())
-        self._push(row_index, FIELD["sum_sq"], torch.dot(flat, flat))
+        self._push(row_index, FIELD["sum_sq"], squares)
         self._push(row_index, FIELD["sum_abs"], flat.abs().sum())
         low, high = torch.aminmax(flat)
         self._push(row_index, FIELD["min"], low)
@@ -185,6 +194,10 @@ class Reducer:
             per_unit = flat.view(x.shape[0], -1)
             row[FIELD["units"]] = per_unit.shape[1]
             self._push(row_index, FIELD["dead_units"], torch.count_nonzero(per_unit.abs().amax(0)))
+            if x.shape[0] > 1:  # every element takes part: a NaN or Inf sends the row to the exact recompute
+                row[_SPREAD_COUNT] = numel
+                self._push(row_index, _SPREAD_SUM_SQ, squares)
+                self._push(row_index, _SPREAD_DEV, per_unit.var(0, correction=0).sum() * x.shape[0])
         if bounds is not None:
             lo, hi = bounds
             margin = self.saturation_margin * (hi - lo)
@@ -276,7 +289,7 @@ class Reducer:
             self._buffer[targets[bounded], FIELD["bounded"]] = sizes[bounded]
             moments = segmented.segment_moments([group[i] for i in part], part_batches.tolist(),
                                                 [thresholds[i] for i in part])
-            self._blocks.append(_Block(targets, moments, part_batches > 0, bounded))
+            self._blocks.append(_Block(targets, moments, part_batches > 0, bounded, part_batches > 1))
             self._pending.extend(_Pending(kept[i], rows[i], batches[i] > 0, bounds[i]) for i in part)
 
     def _reduce_deferred(self) -> None:
@@ -331,12 +344,13 @@ class Reducer:
                 wide[block.rows] = True
             cancels = _cancels(rows)
             cancels[wide] = _cancels(rows[wide], tolerance=1e-8)
-            suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1) | cancels
+            suspicious = ~np.isfinite(rows[:, _CHECKED_COLUMNS]).all(axis=1) | cancels
             if suspicious.any():
                 for pending in self._pending:
                     if suspicious[pending.row]:
                         rows[pending.row, _MOMENT_COLUMNS] = np.nan
-                        _exact_moments(pending.tensor, rows[pending.row])
+                        _exact_moments(pending.tensor, rows[pending.row],
+                                       batch=pending.tensor.shape[0] if pending.batched else 0)
         self._pending.clear()
         self._scalars.clear()
         self._slots.clear()
@@ -377,13 +391,13 @@ def _reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[f
     else:
         with np.errstate(all="ignore"):  # float32 overflow is expected here; the exact recompute handles it
             _reduce_host(a, row, batch, bounds, saturation_margin)
-        exact = not np.isfinite(row[_MOMENT_COLUMNS]).all()
+        exact = not np.isfinite(row[_CHECKED_COLUMNS]).all()
         if not exact and _row_cancels(row):  # float32 sums cannot resolve the variance: redo them in float64
             wide = a.astype(np.float64)
             row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)
     if exact:
         row[_MOMENT_COLUMNS] = np.nan
-        _exact_moments(flat, row)
+        _exact_moments(flat, row, batch=batch)
 
 
 def _kernel_summary(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
@@ -443,7 +457,7 @@ def _summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarra
                          start_addresses: np.ndarray | None, copies: np.ndarray | None,
                          batches: np.ndarray | None) -> None:
     """One kernel call over arrays given by address, into ``rows`` (identity rows, one per array); rows the
-    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``)."""
+    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``; with their ``batches``)."""
     rows[:, _COUNT] = sizes
     exact = parallel.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
                                   batches=batches)
@@ -451,7 +465,8 @@ def _summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarra
         row = rows[position]
         row[_MOMENT_COLUMNS] = np.nan
         value = tensors[position].detach()
-        _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row)
+        _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row,
+                       batch=0 if batches is None else int(batches[position]))
 
 
 def _lean(tensor: torch.Tensor) -> bool:
@@ -516,4 +531,3 @@ def _complement(rows: np.ndarray, slots: np.ndarray, packed: np.ndarray, field: 
     mask = slots[:, 1] == field
     target = slots[mask, 0]
     rows[target, field] = rows[target, total_field] - packed[mask]
-

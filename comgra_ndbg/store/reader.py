@@ -182,7 +182,7 @@ class _FileView:
             block = np.zeros((rows, schema.NUM_FIELDS))
             block[:, schema.FIELD["min"]], block[:, schema.FIELD["max"]] = np.inf, -np.inf
             return block
-        return self.file[schema.SUMMARY_DATA][series].T
+        return schema.pad_fields(self.file[schema.SUMMARY_DATA][series], axis=0).T
 
     def close(self) -> None:
         self.file.close()
@@ -477,7 +477,7 @@ class Recording:
             values=f[schema.VALUE_POOL][v0:v0 + vn],
             value_index=f[schema.VALUE_INDEX_POOL][x0:x0 + vn] if x0 >= 0 else None,
             sample_index=f[schema.SAMPLE_INDEX][s0:s0 + sn],
-            sample_rows=f[schema.SAMPLE_STATS][s0:s0 + sn],
+            sample_rows=schema.pad_fields(f[schema.SAMPLE_STATS][s0:s0 + sn]),
             sample_categories=tuple(_text(c) for c in f[schema.SAMPLE_CATEGORY][s0:s0 + sn])
             if schema.SAMPLE_CATEGORY in f else (),
         )

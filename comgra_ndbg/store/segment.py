@@ -174,6 +174,8 @@ def read_segment(f: h5py.File) -> SegmentContent:
         data = f[_PATHS[name]][()]
         if name in _TEXT:
             data = np.array([v.decode("utf-8") if isinstance(v, bytes) else v for v in data], dtype=object)
+        elif name in ("summary_data", "sample_stats"):  # fields of an older format version: the merge identity
+            data = schema.pad_fields(data, axis=1)
         setattr(content, name, data)
     return content
 
