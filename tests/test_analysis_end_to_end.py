@@ -68,8 +68,9 @@ def test_dead_block_is_found_localized_and_stored(recordings: Path) -> None:
     diagnosis = comgra_ndbg.analyze(recordings, trial="faulty")
     top = diagnosis.top
     assert (top.type, top.origin, top.onset) == ("dead_units", "node", FAULT_STEP)
-    assert top.node.startswith(f"blocks.{BLOCK}.")
-    assert f"blocks.{BLOCK}" in top.sentence and f"at step {FAULT_STEP}" in top.sentence
+    assert top.node == f"model.blocks.{BLOCK}"  # the parameters written outside the optimizer
+    assert f"'blocks.{BLOCK}.out' went dead" in top.sentence and f"at step {FAULT_STEP}" in top.sentence
+    assert "outside the optimizer" in top.remedy and f"step {FAULT_STEP}" in top.remedy
     assert 0.0 < top.confidence < 1.0
     labels = {link.effect.label for link in top.chain.links}
     assert "gradient_health:vanishing" in labels  # earlier layers lose their gradient: a coupled failure

@@ -19,9 +19,12 @@ GRAPH = DependencyGraph(tuple(GraphNode(n, r, "", (n,), r == "parameter") for n,
                         tuple(sorted(GraphEdge(a, b, "forward") for a, b in EDGES)))
 
 
-def run():
+def run(worse_from: int | None = 200):
+    """Flat summaries; the loss doubles from step ``worse_from`` on (harm), or stays flat (None)."""
     rows = {(n, "value"): summary_rows(rms=np.ones(300)) for n in ROLES}
     loss = np.ones(300)
+    if worse_from is not None:
+        loss[worse_from:] = 2.0
     return build_series(rows, roles=ROLES, kpis={"loss": (np.arange(300), loss)}, graph=GRAPH)
 
 
@@ -30,8 +33,8 @@ def event(family, node, kind, state, onset, magnitude=1.5, at_start=False):
                  (Evidence(f"{node}/{kind}/rms", (onset,), (1.0,)),), at_start)
 
 
-def hypotheses(events):
-    series = run()
+def hypotheses(events, worse_from: int | None = 200):
+    series = run(worse_from)
     return rank_hypotheses(events, link_events(events, series), series)
 
 
@@ -60,7 +63,7 @@ def test_pre_activation_jump_with_dead_units_behind_it_reads_as_dead_units_with_
 def test_scale_collapse_alone_is_vanishing_and_the_earliest_root_ranks_first() -> None:
     collapse = event("activation_regime", "b1.pre", "value", "vanishing", 200, magnitude=3.0)
     later = event("optimizer_stability", "w2", "update", "frozen", 250, magnitude=40)
-    hs = hypotheses([later, collapse])
+    hs = hypotheses([later, collapse], worse_from=200)
     assert summary(hs) == [("vanishing", "node", "b1.pre", 200), ("update_stagnation", "node", "w2", 250)]
     assert hs[0].features[3] == 0.0 and hs[1].features[3] == 1.0
 
@@ -99,3 +102,32 @@ def test_faults_from_step_0_come_first_and_dead_units_explain_vanishing_gradient
     assert summary(hs) == [("dead_units", "architecture", "b1.out", 0), ("loss_spike", "data", "x", 150)]
     assert hs[0].sentence.startswith("Dead units originated in the architecture or initialisation (first seen in "
                                      "'b1.out') from the first step, after 100% of the units of 'b1.out' went dead")
+
+
+def test_a_relative_change_that_harms_nothing_is_no_failure() -> None:
+    jump = event("activation_regime", "b2.pre", "value", "exploding", 200, magnitude=2.0)
+    assert hypotheses([jump], worse_from=None) == []  # the loss stayed where it was: training at work
+    assert summary(hypotheses([jump], worse_from=200)) == [("exploding", "node", "b2.pre", 200)]
+
+
+def test_hard_evidence_needs_no_loss_to_get_worse() -> None:
+    dead = event("activation_regime", "b2.out", "value", "dead", 200, magnitude=1.0)
+    assert summary(hypotheses([dead], worse_from=None)) == [("dead_units", "node", "b2.out", 200)]
+
+
+def test_non_finite_gradients_starting_at_the_output_under_a_finite_loss_blame_the_loss() -> None:
+    hs = hypotheses([event("nonfinite", "logits", "grad", "non-finite", 210),
+                     event("nonfinite", "b2.out", "grad", "non-finite", 210)])
+    assert summary(hs) == [("nonfinite_loss", "loss", "loss", 210)]
+
+
+def test_every_hypothesis_carries_a_remedy_with_numbers_from_the_run() -> None:
+    [h] = hypotheses([event("optimizer_stability", "optimizer", "update", "unstable", 200, magnitude=2.0)])
+    assert h.remedy.startswith("lower the learning rate")
+
+
+def test_a_sudden_shift_is_harm_by_itself_a_drift_is_not() -> None:
+    jump = event("activation_regime", "b2.pre", "value", "exploding", 200, magnitude=2.0)
+    sudden = Event(**{**jump.__dict__, "sudden": True})
+    assert summary(hypotheses([sudden], worse_from=None)) == [("exploding", "node", "b2.pre", 200)]
+    assert hypotheses([jump], worse_from=None) == []

@@ -57,3 +57,12 @@ def test_helpers() -> None:
     assert np.isnan(log_level(np.array([np.nan, -1.0]))).all()
     assert rolling_median(np.array([1.0, 2.0, 3.0, 4.0]), 2, 2).tolist()[2:] == [1.5, 2.5]
     assert runs(np.array([1, 1, 0, 1, 1, 1, 0], bool), 2) == [(0, 1), (3, 5)]
+
+
+def test_a_step_change_jumps_the_whole_way_a_drift_creeps_across() -> None:
+    step = np.r_[np.zeros(30), np.full(20, 2.0)]
+    drift = np.r_[np.zeros(30), np.linspace(0.1, 4.0, 20)]
+    [s] = level_shifts(step, window=20, min_history=10, enter=1, exit=0.5, persist=3)
+    [d] = level_shifts(drift, window=20, min_history=10, enter=1, exit=0.5, persist=3)
+    assert (s.start, s.jump) == (30, 2.0)
+    assert d.jump < 0.3

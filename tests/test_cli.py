@@ -57,7 +57,7 @@ def test_explain_prints_the_ranked_hypothesis_and_events_of_each_trial(group: Pa
     assert buggy.startswith(f"trial buggy: {STEPS} recorded steps (stored analysis)")
     assert (f"  1. [dead_units, origin node, node 'output', step {top.onset}, confidence {top.confidence:.2f}]"
             in buggy)
-    assert f"     {top.sentence}" in buggy
+    assert f"     {top.sentence}\n     Remedy: {top.remedy}\n" in buggy and top.remedy
     assert f"steps {top.onset}-{STEPS - 1}: activation_regime normal -> dead in 'output' (value)" in buggy
     assert fixed.splitlines()[:2] == [f" {STEPS} recorded steps (stored analysis)", "  no failure found"]
 

@@ -19,6 +19,7 @@ from comgra_ndbg.graph import (
     merge_manual_edges,
     structure_signature,
 )
+from comgra_ndbg.graph.discovery import autograd_origin
 from comgra_ndbg.graph.eager import discover_module_structure, unwrap_compiled
 from comgra_ndbg.graph.model import GraphError
 
@@ -431,3 +432,34 @@ def test_structure_signature_tells_structures_apart() -> None:
     assert structure_signature([("a", 0, x * 2)], {"p": nn.Parameter(torch.ones(1), requires_grad=False)}) != (
         structure_signature([("a", 0, x * 2)], {"p": nn.Parameter(torch.ones(1))})
     )
+
+
+def test_a_tensor_changed_in_place_after_registration_keeps_its_identity() -> None:
+    """``out += identity`` in a residual block: with the identity kept at registration, the skip edge goes
+    into the tensor computed after the add, not into the branch's output."""
+    branch, stem = nn.Linear(4, 4), nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    h = stem(x)
+    out = branch(h)
+    registered = [("h", 0, h, autograd_origin(h)), ("branch", 0, out, autograd_origin(out))]
+    out += h
+    after = torch.relu(out)
+    registered.append(("after", 0, after, autograd_origin(after)))
+    assert discover_edges(registered, {}) == [edge("branch", "after"), edge("h", "after"), edge("h", "branch")]
+    # read from the tensors now (the old behaviour), the skip edge points into the branch's output
+    assert edge("h", "branch") in discover_edges([entry[:3] for entry in registered], {})
+    assert discover_edges([entry[:3] for entry in registered], {}) == [edge("branch", "after"), edge("h", "branch")]
+
+
+def test_a_model_output_is_looked_through_by_what_was_computed_from_it_before_it_was_registered() -> None:
+    """``h = tanh(l1(x)); return h, l2(h)``: ``h`` is registered as the model's output after ``l2``'s
+    output, which was computed from it: ``l2`` depends on ``l1``, the output on ``l1`` and on nothing else."""
+    l1, l2 = nn.Linear(4, 8), nn.Linear(8, 2)
+    x = torch.randn(3, 4)
+    a = l1(x)
+    h = torch.tanh(a)
+    b = l2(h)
+    tensors = [("l1", 0, a), ("l2", 0, b), ("model[0]", 0, h), ("model[1]", 0, b)]
+    assert discover_edges(tensors, {}, outputs={"model[0]", "model[1]"}) == [
+        edge("l1", "l2"), edge("l1", "model[0]"), edge("l2", "model[1]")]
+    assert edge("model[0]", "l2") in discover_edges(tensors, {})  # without: l1 -> model -> l2 -> model

@@ -274,7 +274,7 @@ def test_other_tabs_render(browser: Any) -> None:
     tabs["Network"].click()
     wait_for(lambda: "58 parameters in 3 modules" in text(browser, ids.NETWORK), "the module tree")
     screenshot(browser, "network.png")
-    tabs["Notes"].click()
+    tabs["Notes & problems"].click()
     wait_for(lambda: "learning rate kept" in text(browser, ids.NOTES), "the note")
     tabs["Diagnosis"].click()
     wait_for(lambda: "No analysis stored for this trial yet" in text(browser, ids.DIAGNOSIS), "the diagnosis")
@@ -311,7 +311,9 @@ def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jum
     card = f"#{ids.DIAGNOSIS} .hypothesis"
     wait_for(lambda: f"Saturation originated in '{FAULT_NODE}' at step 10" in browser.find_element(
         By.CSS_SELECTOR, card).text, "the hypothesis")
-    assert "95%" in browser.find_element(By.CSS_SELECTOR, card).text
+    shown = browser.find_element(By.CSS_SELECTOR, card).text
+    confidence = float(shown.split("(confidence ")[1][:4])
+    assert f"\n{round(confidence * 100)}%\n" in shown  # the card shows the sentence's confidence as a percentage
     wait_for(lambda: {"has-event", "event-origin"} <= set(node_classes(browser, FAULT_NODE)), "the event mark")
     assert [n for n in ("input", "hidden0", "output", "loss") if "has-event" in node_classes(browser, n)] == []
     wait_for(lambda: browser.find_element(By.CSS_SELECTOR, card).click() or True, "a click on the hypothesis")

@@ -17,7 +17,7 @@ VANISHING = Event("gradient_health", "hidden0", "grad", "healthy", "vanishing", 
 UNSTABLE = Event("optimizer_stability", "optimizer", "update", "stable", "unstable", 3, 5, 1.5, 0.5)
 LINK = CausalLink(SATURATED, VANISHING, 2, "backward")
 FIRST = Hypothesis("saturation", "node", "hidden1", 10, 0.9543, "Saturation originated in 'hidden1' at step 10.",
-                   CausalChain(SATURATED, (LINK,)))
+                   CausalChain(SATURATED, (LINK,)), remedy="normalise the input of 'hidden1'")
 SECOND = Hypothesis("optimizer_instability", "optimizer", "", 3, 0.31, "The optimizer was unstable at step 3.",
                     CausalChain(UNSTABLE))
 DIAGNOSIS = Diagnosis("fault", 24, 23, (UNSTABLE, SATURATED, VANISHING), (LINK,), (FIRST, SECOND))
@@ -47,7 +47,8 @@ def test_hypotheses_are_ranked_rows_with_percentages_and_chains() -> None:
     assert hypothesis_rows(DIAGNOSIS) == [
         HypothesisRow(1, 0.9543, "95%", "Saturation originated in 'hidden1' at step 10.", "saturation", "node",
                       "hidden1", 10, ("hidden1 saturated (value) at step 10 → hidden0 vanishing (grad) at step 12 · "
-                                      "backward, 2 steps later",), ("hidden1", 10, "value")),
+                                      "backward, 2 steps later",), ("hidden1", 10, "value"),
+                      "normalise the input of 'hidden1'"),
         HypothesisRow(2, 0.31, "31%", "The optimizer was unstable at step 3.", "optimizer_instability", "optimizer",
                       "—", 3, ("optimizer unstable (update) at step 3",), ("", 3, "")),
     ]
@@ -76,8 +77,10 @@ def test_the_view_has_clickable_cards_and_rows_that_jump_to_node_step_and_kind()
     assert first[:4] == ["#1", "95%", "Saturation originated in 'hidden1' at step 10.",
                          "saturation · origin node · node hidden1 · onset step 10"]
     assert find(cards[0], "bar")[0].children.style == {"width": "95%"}
-    assert first[4] == ("hidden1 saturated (value) at step 10 → hidden0 vanishing (grad) at step 12 · backward, "
+    assert first[4] == "Remedy: normalise the input of 'hidden1'"
+    assert first[5] == ("hidden1 saturated (value) at step 10 → hidden0 vanishing (grad) at step 12 · backward, "
                         "2 steps later")
+    assert not find(cards[1], "remedy")  # a hypothesis without a remedy shows none
     rows = find(view, "event-row")
     assert [row.id for row in rows] == [ids.diagnosis_jump("e0", "optimizer", 3, "update"),
                                         ids.diagnosis_jump("e1", "hidden1", 10, "value"),

@@ -77,22 +77,21 @@ def make_recurrent(folder: Path, steps: int = 3) -> Path:
 
 
 def make_faulty(folder: Path, *, trial: str = "fault", steps: int = 24) -> Path:
-    """One trial of a two-block tanh MLP; at step ``FAULT_STEP`` block 1's weights are multiplied by 50, so
-    ``FAULT_NODE`` (its output) saturates from then on. Snapshots every 2 steps; returns ``folder``."""
+    """One trial of a two-block tanh MLP; from step ``FAULT_STEP`` on the input of block 1 is multiplied by 50
+    in the forward pass (a scaling bug), so ``FAULT_NODE`` (its output) saturates. Snapshots every 2 steps;
+    returns ``folder``."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     with Recorder(folder, trial=trial, snapshots=2, num_samples=NUM_SAMPLES) as recorder:
         recorder.track_module("model", model)
         for step in range(steps):
-            if step == FAULT_STEP:
-                with torch.no_grad():
-                    model[2].weight.mul_(50.0)
+            scale = 50.0 if step >= FAULT_STEP else 1.0
             with recorder.step(step):
                 x = recorder.register_tensor("input", torch.randn(16, 4), role="input")
                 y = recorder.register_tensor("target", torch.randn(16, 2), role="target")
                 hidden0 = recorder.register_tensor("hidden0", model[1](model[0](x)))
-                hidden1 = recorder.register_tensor(FAULT_NODE, model[3](model[2](hidden0)))
+                hidden1 = recorder.register_tensor(FAULT_NODE, model[3](model[2](hidden0 * scale)))
                 output = recorder.register_tensor("output", model[4](hidden1), role="output")
                 loss = recorder.register_tensor("loss", ((output - y) ** 2).mean(), role="loss")
                 optimizer.zero_grad()

@@ -18,7 +18,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from comgra_ndbg import NeuralDbg, RecorderWarning, open_recording
-from comgra_ndbg.recorder import hooks as hooks_module
+from comgra_ndbg.instrument import hooks as hooks_module
 
 STATS = ("mean", "abs_mean", "abs_max", "min", "max", "l2")
 
@@ -305,21 +305,49 @@ def test_after_leaving_a_compiled_model_computes_exactly_as_an_uninstrumented_on
         assert len(rec.steps) == 3
 
 
-def test_a_model_compiled_and_called_before_hooking_is_reported(tmp_path: Path) -> None:
-    """torch.compile does not guard on hooks: hooks added after a compiled model's first call never run."""
-    model, criterion = make("net"), nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+@pytest.mark.parametrize("kind", ["net", "seq"])
+def test_a_model_compiled_and_called_before_hooking_is_recorded_in_full(tmp_path: Path, kind: str) -> None:
+    """torch.compile does not guard on hooks: code traced before NeuralDbg hooked the model is dropped, so
+    the first recorded pass traces the hooks (it used to record no module output, with a warning)."""
+    record(tmp_path / "eager", kind, "eager", steps=3)
+    model, criterion = make(kind), nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     net = torch.compile(model, backend="aot_eager")
-    net(data(1)[0][0])
+    with torch.no_grad():
+        net(data(1)[0][0])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with NeuralDbg(net, tmp_path, trial="t", loss=criterion):
-            for inputs, targets in data(2):
+        with NeuralDbg(net, tmp_path / "compiled", trial="t", loss=criterion):
+            for inputs, targets in data(3):
                 optimizer.zero_grad()
                 criterion(net(inputs), targets).backward()
                 optimizer.step()
-    messages = [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
-    assert len(messages) == 1 and "torch.compiler.reset()" in messages[0]
-    with open_recording(tmp_path) as rec:  # steps, the model's output, the loss and the parameters are there
-        assert rec.steps.tolist() == [0, 1]
-        assert {"model", "loss", "model.stem.parameters"} <= set(rec.nodes) and "model.stem" not in rec.nodes
+    assert [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)] == []
+    assert_same_recording(tmp_path / "eager", tmp_path / "compiled")
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
+def test_another_instance_of_the_class_compiled_earlier_does_not_hide_the_modules(tmp_path: Path, how: str) -> None:
+    """Dynamo reuses the code traced for an earlier instance of the same class (its guards pass, hooks are
+    not guarded): that code is dropped when NeuralDbg hooks the new instance."""
+    record(tmp_path / "eager", "net", "eager", steps=3)
+    earlier = make("net")
+    torch.compile(earlier, backend="aot_eager")(data(1)[0][0]).sum().backward()
+    model, criterion = make("net"), nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with NeuralDbg(model, tmp_path / "compiled", trial="t", loss=criterion):
+            if how == "module.compile":
+                model.compile(backend="aot_eager")
+                net = model
+            else:
+                net = torch.compile(model, backend="aot_eager")
+            for inputs, targets in data(3):
+                optimizer.zero_grad()
+                criterion(net(inputs), targets).backward()
+                optimizer.step()
+    assert [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)] == []
+    assert_same_recording(tmp_path / "eager", tmp_path / "compiled")
+    twin = make("net")
+    assert torch.equal(torch.compile(earlier, backend="aot_eager")(data(1)[0][0]), twin(data(1)[0][0]))

@@ -544,3 +544,25 @@ def test_a_recording_reads_with_plain_h5py_and_numpy(made, rec):
     steps, means = rec.summary("h", "value", "mean")
     assert plain["steps"] == steps.tolist()
     np.testing.assert_allclose(plain["mean"], means, rtol=1e-12)
+
+
+def test_a_snapshot_defaults_to_the_first_iteration_that_has_one(tmp_path):
+    """A tensor registered after the last finish_iteration() belongs to the last iteration: its snapshot
+    is found without naming that iteration."""
+    with Recorder(tmp_path, "t", snapshots=1) as recorder:
+        for step in range(2):
+            recorder.start_step(step)
+            for _ in range(3):
+                recorder.start_iteration()
+                recorder.register_tensor("h", torch.full((2, 3), float(step)))
+                recorder.finish_iteration()
+            recorder.register_tensor("late", torch.full((2, 3), 10.0 + step))
+            recorder.finish_step()
+    with open_recording(tmp_path, "t") as rec:
+        late = rec.snapshot(1, "late")
+        assert late.iteration == 2 and (late.dense() == 11.0).all()
+        assert rec.snapshot(1, "h").iteration == 0 and rec.snapshot(1, "h", iteration=1).iteration == 1
+        with pytest.raises(UnknownSeriesError, match=r"at step 1, iteration 0;"):
+            rec.snapshot(1, "late", iteration=0)
+        with pytest.raises(UnknownSeriesError, match=r"at step 5;"):
+            rec.snapshot(5, "late")

@@ -598,6 +598,8 @@ def test_zero_samples_per_snapshot_still_records(tmp_path: Path) -> None:
 
 # ---- internal failures never break training ------------------------------------------------------------------
 def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk from step 20 on: reported at the step it happens (not a flush later), with the steps kept
+    for a retry; the rows that could not be written at close() are reported as lost, by step number."""
     rec = Recorder(tmp_path, trial="t", flush_every_steps=1, flush_every_seconds=3600)
 
     def disk_full(*args: object, **kwargs: object) -> None:
@@ -614,22 +616,27 @@ def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: p
         recorded_model, _ = train(rec, steps=30, on_step=on_step)
     messages = recorder_warnings(caught)
     assert len(messages) == 1, messages
-    assert "flushing failed at step 21" in messages[0]  # reported by the flush after the one that failed
-    assert "No space left" in messages[0] and "training continues" in messages[0]
+    assert "writing 1 segment file(s) into" in messages[0] and "No space left on device (ENOSPC)" in messages[0]
+    assert "kept in memory and written at the next flush; free space on that disk" in messages[0]
+    # one report per failed write (steps 20..28; step 29's background write is still running): none hidden
+    assert rec._problems.count == 9
     plain_model, _ = train(None, steps=30)
     for a, b in zip(recorded_model.parameters(), plain_model.parameters()):
         assert torch.equal(a, b)
     with open_recording(tmp_path / "t") as recording:  # what was flushed before the failure stays readable
         assert recording.steps.tolist() == list(range(20))
         assert recording.summary("hidden")[0].tolist() == list(range(20))
-        assert not recording.is_complete
+        assert not recording.is_complete and recording.state == "live"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rec.close()
         rec.close()
-    assert len(recorder_warnings(caught)) == 1
+    messages = recorder_warnings(caught)
+    lost = [m for m in messages if "recorded steps were lost" in m]
+    assert len(lost) == 1 and "10 recorded steps were lost (steps 20–29)" in lost[0], messages
     with open_recording(tmp_path / "t") as recording:
         assert recording.steps.tolist() == list(range(20))
+        assert recording.state == "incomplete"  # closed, but its last rows never reached the disk
 
 
 def test_a_periodic_flush_is_written_on_a_worker_thread_while_training_goes_on(tmp_path: Path,
@@ -674,7 +681,8 @@ def test_a_failing_reducer_does_not_break_training(tmp_path: Path, monkeypatch: 
                     optimizer.step()
                     rec.record_kpi("loss", loss)
     messages = recorder_warnings(caught)
-    assert len(messages) == 1 and "reduction kernel failed" in messages[0] and "'x'" in messages[0]
+    assert len(messages) == 2 and "reduction kernel failed" in messages[0] and "'x'" in messages[0]
+    assert "'x' (skipped_tensor) 10 times, steps 0–9" in messages[1]  # counted, not hidden
     torch.manual_seed(0)
     plain = torch.zeros(3, requires_grad=True)
     plain_optimizer = torch.optim.SGD([plain], lr=0.5)
@@ -688,6 +696,8 @@ def test_a_failing_reducer_does_not_break_training(tmp_path: Path, monkeypatch: 
         assert recording.is_complete
         assert recording.steps.tolist() == list(range(10))
         assert recording.kpi("loss")[0].tolist() == list(range(10))
+        assert [(p.step, p.category, p.subject) for p in recording.problems()] == [
+            (step, schema.PROBLEM_SKIPPED_TENSOR, "x") for step in range(10)]
 
 
 def test_a_failure_inside_one_tensor_never_mixes_up_the_others(tmp_path: Path,
@@ -899,3 +909,69 @@ def test_gradients_are_collected_at_finish_step_without_record_gradients(tmp_pat
                                                                                 rel=1e-6)
         assert recording.summary("layer.weight", "grad", "l2")[1][0] == pytest.approx(
             weight_grad.double().norm().item(), rel=1e-6)
+
+
+def test_a_discarded_step_writes_nothing_and_its_number_is_used_again(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    with Recorder(tmp_path, "t") as rec:
+        rec.track_module("model", model)
+        for step, discard in [(0, False), (1, True), (1, False)]:
+            rec.start_step(step)
+            x = torch.randn(5, 3)
+            rec.register_tensor("x", x, role="input")
+            out = rec.register_tensor("out", model(x), role="output")
+            if discard:
+                rec.register_tensor("extra", out * 2)  # another structure, discarded with the step
+            out.pow(2).mean().backward()
+            rec.record_kpi("loss", 100.0 if discard else 1.0)
+            if discard:
+                rec.discard_step()
+                continue
+            rec.record_gradients()
+            rec.finish_step()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.steps.tolist() == [0, 1] and recording.kpi("loss")[1].tolist() == [1.0, 1.0]
+        assert recording.summary("out", "value", "count")[1].tolist() == [10, 10]
+        assert "extra" not in recording.graph("default").graph.node_names  # the step type's graph is put back
+
+
+def test_refreshed_parameter_gradients_are_the_clipped_ones(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    with Recorder(tmp_path, "t") as rec:
+        rec.track_module("model", model, gradients_in_hook=True)
+        rec.start_step(0)
+        model(torch.randn(5, 3)).pow(2).sum().backward()
+        before = float(model.weight.grad.norm())
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.01)
+        rec.refresh_parameter_gradients()
+        clipped = float(model.weight.grad.norm())
+        rec.finish_step()
+    assert clipped < 0.0101 < before
+    with open_recording(tmp_path, "t") as recording:
+        np.testing.assert_allclose(recording.summary("model.weight", "grad", "l2")[1], [clipped], rtol=1e-6)
+
+
+def test_a_frozen_parameter_that_did_not_move_has_no_update_and_one_moved_by_hand_has(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(2, 2))
+    model[0].requires_grad_(False)
+    model[2].requires_grad_(False)  # an EMA-like copy, updated by hand
+    optimizer = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    with Recorder(tmp_path, "t") as rec:
+        rec.track_module("model", model)
+        for step in range(2):
+            rec.start_step(step)
+            optimizer.zero_grad()
+            model(torch.randn(5, 3)).sum().backward()
+            rec.record_gradients()
+            optimizer.step()
+            with torch.no_grad():
+                model[2].weight.mul_(0.9)
+            rec.finish_step()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kinds("model.0.weight") == ["value"]
+        assert recording.kinds("model.1.weight") == ["value", "grad", "update"]
+        assert recording.kinds("model.2.weight") == ["value", "update"] and recording.kinds("model.2.bias") == ["value"]
+        assert (recording.summary("model.2.weight", "update", "abs_max")[1] > 0).all()

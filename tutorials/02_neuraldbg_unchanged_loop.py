@@ -32,8 +32,8 @@ criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 centers = torch.randn(4, 16) * 2
 
-# optimizer= marks exact step boundaries; loss= records the loss as a node and as the KPI 'loss'.
-with NeuralDbg(model, args.path, trial="sigmoids", optimizer=optimizer, loss=criterion) as dbg:
+# optimizer= marks exact step boundaries; the tensor backward() is called on is the loss (node and KPI).
+with NeuralDbg(model, args.path, trial="sigmoids", optimizer=optimizer) as dbg:
     for step in range(args.steps):  # the loop itself is exactly what it was without NeuralDbg
         y = torch.randint(0, 4, (32,))
         x = centers[y] + torch.randn(32, 16)

@@ -65,7 +65,8 @@ def _scale_events(series: RunSeries, node: NodeSeries, t: Thresholds, stop: int 
         evidence = Evidence(f"{node.name}/value/rms", tuple(int(v) for v in series.steps[window]),
                             tuple(float(v) for v in values[window]), float(10 ** s.baseline))
         out.append(Event(FAMILY, node.name, "value", "normal", state, int(series.steps[s.start]),
-                         int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,)))
+                         int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,),
+                         sudden=bool(s.jump >= t.sudden_fraction * t.enter_decades)))
     return out
 
 

@@ -19,7 +19,10 @@ from pathlib import Path
 
 
 from comgra_ndbg import __version__
+from comgra_ndbg.analysis.abrupt import abrupt_events
 from comgra_ndbg.analysis.activation_regime import activation_events
+from comgra_ndbg.analysis.balance import balance_events
+from comgra_ndbg.analysis.collapse import collapse_events
 from comgra_ndbg.analysis.causal import coupled_failures, link_events
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict, to_dict
@@ -28,8 +31,10 @@ from comgra_ndbg.analysis.hypotheses import rank_hypotheses
 from comgra_ndbg.analysis.loading import load_series
 from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_events, phase_key
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
+from comgra_ndbg.analysis.parameter_edits import edit_events
 from comgra_ndbg.analysis.query import Query
 from comgra_ndbg.analysis.series import RunSeries
+from comgra_ndbg.analysis.stagnation import stagnation_events
 from comgra_ndbg.store.reader import Recording, open_recording
 from comgra_ndbg.store.results import read_results, write_results
 
@@ -38,13 +43,19 @@ __all__ = ["analyze", "diagnose", "detect_events", "query", "stored_diagnosis"]
 
 def detect_events(series: RunSeries, thresholds: Thresholds = Thresholds()) -> list[Event]:
     """Every event of every family, in step order. Relative rules skip the first ``settle_steps`` steps
-    and every family but ``nonfinite`` stops at the first non-finite step."""
+    and every family but ``nonfinite`` stops at the first non-finite step; the steps just before it are
+    searched for abrupt single-step jumps (:mod:`~comgra_ndbg.analysis.abrupt`)."""
     stop = first_nonfinite_index(series)
     settle = min(thresholds.settle_steps, len(series.steps))
     events = nonfinite_events(series)
+    events += edit_events(series, thresholds, stop=stop)
     events += activation_events(series, thresholds, stop=stop, settle=settle)
+    events += collapse_events(series, thresholds, stop=stop, settle=settle)
     events += gradient_events(series, thresholds, stop=stop, settle=settle)
     events += optimizer_events(series, thresholds, stop=stop, settle=settle)
+    events += stagnation_events(series, thresholds, stop=stop)
+    events += balance_events(series, thresholds, stop=stop, settle=settle)
+    events += abrupt_events(series, events, thresholds, stop=stop)
     return sorted(events, key=lambda e: phase_key(e, series))
 
 

@@ -1,8 +1,7 @@
 """Calibrated confidence: a logistic (Platt) model on the features of a hypothesis.
 
 ``P(top hypothesis has the right type and origin) = sigmoid(w · features + b)``, features from
-:func:`comgra_ndbg.analysis.hypotheses.features`: (root strength, log(1 + chain links), root at start,
-rank, log(1 + other roots)).
+:func:`comgra_ndbg.analysis.hypotheses.features` (named in ``hypotheses.FEATURES``).
 
 The constants below were fitted on diagbench. To refit: ``python -m benchmarks.diagbench --fit-calibration``
 prints new ``WEIGHTS`` and ``BIAS`` fitted on every run (the benchmark itself reports ECE and Brier with
@@ -21,8 +20,8 @@ __all__ = ["calibrated_confidence", "fit_platt", "WEIGHTS", "BIAS"]
 
 # Fitted on every hypothesis of the full diagbench run (seeds 0-4 faulty, 100-109 healthy); see the module
 # docstring for how to refit.
-WEIGHTS = (-0.0944, 0.8041, 0.041, -0.8522, -0.5869)
-BIAS = 3.105
+WEIGHTS = (0.5, 0.3, 0.0, -0.85, -0.5, 1.0, 0.8, 0.8, 0.5)
+BIAS = 0.0
 
 
 def calibrated_confidence(features: Sequence[float], *, weights: Sequence[float] = WEIGHTS,

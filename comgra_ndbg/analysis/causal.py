@@ -1,7 +1,9 @@
 """Causal compression: which events plausibly caused which, along the dependency graph and in time.
 
 A link ``cause → effect`` needs the effect to start no earlier in the step order than the cause (see
-:func:`~comgra_ndbg.analysis.nonfinite.phase_key`) and at most ``max_lag`` steps later, and a path:
+:func:`~comgra_ndbg.analysis.nonfinite.phase_key`) and at most ``max_lag`` steps later — at most
+``propagation_lag`` steps when a value or gradient event reaches another node, since a forward or backward
+pass carries it there within its own step — and a path:
 
 - ``forward``: a forward-pass event (value, non-finite value, loss) in a node that depends on the
   cause's node — activations propagate forward;
@@ -83,7 +85,8 @@ def _relation(cause: Event, effect: Event, below: dict[str, frozenset[str]], lag
     if cause.node == effect.node:
         return "same-node" if cause.label != effect.label or cause.kind != effect.kind else None
     if _is_gradient(effect):
-        return "backward" if cause.node in below.get(effect.node, ()) else None
+        reaches = cause.node in below.get(effect.node, ()) or cause.node == LOSS_NODE and cause.kind == "kpi"
+        return "backward" if reaches else None
     if _is_gradient(cause):  # a gradient reaches the forward pass only through an update
         return None
     if effect.kind == "kpi" and effect.node == LOSS_NODE:
@@ -91,6 +94,13 @@ def _relation(cause: Event, effect: Event, below: dict[str, frozenset[str]], lag
     if effect.kind == "value":
         return "forward" if effect.node in below.get(cause.node, ()) else None
     return None
+
+
+def _within_pass(cause: Event) -> bool:
+    """Whether ``cause`` reaches other nodes only through the forward and backward pass of its own step (a
+    value or gradient event), not through training (an update, an edit of a parameter, the optimizer)."""
+    return (cause.kind == "value" or _is_gradient(cause)) and cause.family != "parameter_edit" \
+        and cause.node != OPTIMIZER
 
 
 def link_events(events: Sequence[Event], series: RunSeries, thresholds: Thresholds = Thresholds()) -> list[CausalLink]:
@@ -108,6 +118,8 @@ def link_events(events: Sequence[Event], series: RunSeries, thresholds: Threshol
             if keys[j] <= keys[i] or effect.at_start and not cause.at_start:
                 continue
             via = _relation(cause, effect, below, lag, thresholds.same_time)
+            if via in ("forward", "backward") and _within_pass(cause) and lag > thresholds.propagation_lag:
+                continue
             if via is not None:
                 links.append(CausalLink(cause, effect, lag, via))
     return links

@@ -30,19 +30,31 @@ class Thresholds:
     saturated_enter: float = 0.5  # share of elements within the saturation margin of a bounded activation
     saturated_exit: float = 0.3
     saturated_rise: float = 0.3
+    collapse_decades: float = 1.0  # the spread across samples falls this much against its history ...
+    collapse_level: float = 0.02  # ... to below this share of the second moment: mode collapse
+    imbalance_decades: float = 1.5  # the ratio of two parallel paths' gradients or updates shifts this much ...
+    imbalance_steps: int = 20  # ... and stays shifted this long: one path dwarfs the other
     start_gradient_decades: float = 4.0  # |log10(gradient rms / output gradient rms)| at start: vanishing/exploding
     update_ratio_high: float = 0.1  # ‖ΔW‖/‖W‖ above this for `persist` steps is out of band
-    frozen_steps: int = 10  # steps of exactly-zero updates under non-zero gradients: a frozen parameter
+    frozen_steps: int = 10  # steps of exactly-zero updates while the other parameters move: a frozen parameter
+    edit_fraction: float = 0.05  # share of a parameter's change between two steps its update cannot explain: an edit
     isolated_update_decades: float = 2.0  # one parameter's update jump, alone, must be this large to be a root
     optimizer_share: float = 0.5  # share of parameter nodes whose updates jump together: the optimizer
     optimizer_spread: int = 1  # steps between those jumps
+    abrupt_steps: int = 3  # before the first non-finite step, single-step jumps this close to it are looked for ...
+    abrupt_decades: float = 1.5  # ... of at least this size (see analysis/abrupt.py)
     # loss rules
     spike_factor: float = 10.0  # loss above this × its recent median: a spike
     spike_recovery_steps: int = 5  # a spike back under `spike_recovery_factor` × median within these steps is transient
     spike_recovery_factor: float = 3.0
     divergence_factor: float = 100.0  # loss above this × its median before the event: diverging
+    # harm: what turns a relative change into a failure (see analysis/harm.py)
+    harm_factor: float = 1.5  # the loss after an event at least this × the loss before it ...
+    harm_fraction: float = 0.05  # ... and higher by at least this share of the loss the run started with
+    sudden_fraction: float = 0.8  # a scale shift that covers this share of enter_decades in one step is sudden
     # causal linking
-    max_lag: int = 30  # an effect starts at most this many steps after its cause
+    max_lag: int = 30  # an effect starts at most this many steps after its cause (through training)
+    propagation_lag: int = 2  # a value or gradient event reaches other nodes within these steps (same pass)
     same_time: int = 1  # events this close (steps) count as simultaneous when localising
 
     def as_dict(self) -> dict:

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["Evidence", "Event", "CausalLink", "CausalChain", "Hypothesis", "Diagnosis", "to_dict",
            "diagnosis_from_dict", "FAMILIES"]
 
-FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability")
+FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit",
+            "representation", "path_balance")
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class Event:
     from step ``onset`` to step ``end`` (the last step in ``to_state``; the last analysed step when it never
     recovered). ``magnitude`` is in decades for scale shifts and in units of the statistic (a fraction, a
     loss ratio) otherwise; ``strength`` in [0, 1] says how far past its threshold the rule fired.
-    ``at_start`` marks a state that was already present at the first recorded steps."""
+    ``at_start`` marks a state that was already present at the first recorded steps; ``sudden`` a scale shift
+    that happened from one step to the next (a step change of the computation, not a drift of training)."""
 
     family: str
     node: str
@@ -43,6 +45,7 @@ class Event:
     strength: float
     evidence: tuple[Evidence, ...] = ()
     at_start: bool = False
+    sudden: bool = False
 
     @property
     def label(self) -> str:
@@ -83,9 +86,11 @@ class CausalChain:
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A ranked explanation: failure ``type`` (e.g. ``vanishing``), ``origin`` (``node``, ``optimizer``,
-    ``loss``, ``data`` or ``architecture``) with ``node`` (the graph node it points at, ``""`` for the
-    optimizer), ``onset`` step, the causal ``chain``, a calibrated ``confidence`` and one plain sentence."""
+    """A ranked explanation: failure ``type`` (e.g. ``vanishing``; ``unclear`` when the evidence does not
+    settle it, with the candidates in ``alternatives``), ``origin`` (``node``, ``optimizer``, ``loss``,
+    ``data`` or ``architecture``) with ``node`` (the graph node it points at, ``""`` for the optimizer),
+    ``onset`` step, the causal ``chain``, a calibrated ``confidence``, one plain sentence and one concrete
+    ``remedy`` drawn from the evidence."""
 
     type: str
     origin: str
@@ -95,6 +100,8 @@ class Hypothesis:
     sentence: str
     chain: CausalChain
     features: tuple[float, ...] = ()
+    remedy: str = ""
+    alternatives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,8 @@ class Diagnosis:
         """One sentence per hypothesis, best first, or a line saying no failure was found."""
         if not self.hypotheses:
             return f"No failure found in {self.num_steps} recorded steps."
-        return "\n".join(f"{i + 1}. {h.sentence}" for i, h in enumerate(self.hypotheses))
+        return "\n".join(f"{i + 1}. {h.sentence}" + (f"\n   Remedy: {h.remedy}" if h.remedy else "")
+                         for i, h in enumerate(self.hypotheses))
 
 
 def to_dict(diagnosis: Diagnosis) -> dict:
@@ -153,7 +161,8 @@ def diagnosis_from_dict(d: dict) -> Diagnosis:
     hypotheses = tuple(
         Hypothesis(**{**h, "chain": CausalChain(_event(h["chain"]["root"]),
                                                 tuple(_link(x) for x in h["chain"]["links"])),
-                      "confidence": float(h["confidence"]), "features": tuple(float(v) for v in h["features"])})
+                      "confidence": float(h["confidence"]), "features": tuple(float(v) for v in h["features"]),
+                      "alternatives": tuple(h.get("alternatives", ()))})
         for h in d["hypotheses"])
     return Diagnosis(trial=d["trial"], num_steps=d["num_steps"], last_step=d["last_step"],
                      events=tuple(_event(e) for e in d["events"]), coupled=tuple(_link(x) for x in d["coupled"]),

@@ -79,7 +79,8 @@ def gradient_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
                                 tuple(int(v) for v in series.steps[window]),
                                 tuple(float(10 ** v) for v in x[window]), float(10 ** s.baseline))
             events.append(Event(FAMILY, node.name, "grad", "healthy", state, int(series.steps[s.start]),
-                                int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,)))
+                                int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,),
+                                sudden=bool(s.jump >= t.sudden_fraction * t.enter_decades)))
     return events
 
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from comgra_ndbg.analysis.series import RunSeries, build_series
+from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.store.reader import Recording
 
-__all__ = ["load_series"]
+__all__ = ["load_series", "node_info"]
 
 
 def load_series(recording: Recording) -> RunSeries:
@@ -23,4 +24,20 @@ def load_series(recording: Recording) -> RunSeries:
             if node.name in roles:
                 roles[node.name] = node.role
     return build_series(rows, roles=roles, kpis=kpis, graph=graph, trial=recording.trial,
-                        node_order=recording.nodes)
+                        node_order=recording.nodes, info=node_info(recording))
+
+
+def node_info(recording: Recording) -> dict[str, NodeInfo]:
+    """Per node: the class of the module whose output it is (or that owns its parameters), the shape of its
+    first tensor, and the ranks of its parameters."""
+    classes = {m.path: m.class_name for m in recording.modules}
+    out: dict[str, NodeInfo] = {}
+    for tensor in recording.tensors:
+        known = out.get(tensor.node)
+        module_type = classes.get(tensor.module) or classes.get(tensor.node, "")
+        if tensor.role == "parameter":
+            ranks = (known.parameter_ranks if known else ()) + (len(tensor.shape),)
+            out[tensor.node] = NodeInfo(module_type, (), ranks)
+        elif known is None:
+            out[tensor.node] = NodeInfo(module_type, tuple(tensor.shape))
+    return out

@@ -19,11 +19,11 @@ _PHASES = {"value": 1, "grad": 2, "update": 3}
 
 
 # Within one node and step: units die or saturate (and then the scale moves), a scale shift precedes the
-# non-finite values it overflows into.
-_STATE_ORDER = {"dead": 0, "saturated": 0, "frozen": 0, "non-finite": 2}
+# collapse it causes (a shrunken signal leaves only its bias) and the non-finite values it overflows into.
+_STATE_ORDER = {"dead": 0, "saturated": 0, "frozen": 0, "collapsed": 1.5, "non-finite": 2}
 
 
-def phase_key(event: Event, series: RunSeries) -> tuple[int, int, float, int]:
+def phase_key(event: Event, series: RunSeries) -> tuple[int, int, float, float]:
     """``(onset, phase, position, within)``: the order in which the step produced the event's series.
 
     Parameter values come first (phase 0: they were set by the previous update), then the forward pass in

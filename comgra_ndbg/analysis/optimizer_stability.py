@@ -1,11 +1,11 @@
-"""Optimizer stability: update sizes, frozen parameters, and the loss (spikes, divergence).
+"""Optimizer stability: update sizes and the loss (spikes, divergence); frozen parameters are
+:mod:`~comgra_ndbg.analysis.stagnation`'s.
 
 - *unstable*: a parameter node's update/weight ratio ‖ΔW‖/‖W‖ jumps up by ``enter_decades`` against its
   recent history (relative, with hysteresis; drops are not failures — LR decay is legitimate), or stays
   above ``update_ratio_high`` for ``persist`` steps (absolute band, from step 0);
 - *optimizer*: such jumps in at least ``optimizer_share`` of the parameter nodes within
   ``optimizer_spread`` steps form one event of the node ``optimizer``;
-- *frozen*: exactly-zero updates for ``frozen_steps`` steps while the gradient is not zero;
 - loss *spike*: the loss above ``spike_factor`` × its recent median and back under
   ``spike_recovery_factor`` × within ``spike_recovery_steps`` (transient); *diverging*: above
   ``divergence_factor`` × for ``persist`` steps.
@@ -75,27 +75,7 @@ def update_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, s
             events.append(Event(FAMILY, node.name, "update", "stable", "unstable", int(steps[i]), int(steps[j]),
                                 magnitude, strength(magnitude + t.enter_decades, t.enter_decades), (evidence,),
                                 at_start=i < t.start_steps))
-        events += _frozen_events(series, node, t, stop)
     return events
-
-
-def _frozen_events(series: RunSeries, node: NodeSeries, t: Thresholds, stop: int | None) -> list[Event]:
-    if not node.has("grad"):
-        return []
-    update = node.stats["update"]["abs_max"][:stop]
-    grad = node.stats["grad"]["abs_max"][:stop]
-    frozen = (update == 0) & (grad > 0)
-    out = []
-    for i, j in runs(frozen, t.frozen_steps):
-        moved_before = bool(np.any(update[:i] > 0))
-        window = slice(i, min(i + 3, len(update)))
-        evidence = Evidence(f"{node.name}/update/abs_max", tuple(int(v) for v in series.steps[window]),
-                            tuple(float(v) for v in update[window]),
-                            float(np.nanmedian(update[max(0, i - t.window):i])) if moved_before else float("nan"))
-        out.append(Event(FAMILY, node.name, "update", "stable", "frozen", int(series.steps[i]), int(series.steps[j]),
-                         float(j - i + 1), strength(j - i + 1, t.frozen_steps), (evidence,),
-                         at_start=not moved_before and i < t.start_steps))
-    return out
 
 
 def cluster_events(series: RunSeries, updates: list[Event], thresholds: Thresholds = Thresholds()) -> list[Event]:

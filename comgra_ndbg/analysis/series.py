@@ -21,6 +21,7 @@ import numpy as np
 
 from comgra_ndbg.errors import UnknownSeriesError
 from comgra_ndbg.graph.model import LAYERING_KINDS, PARAMETER_ROLE, DependencyGraph
+from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.statistics import derive, merge_rows
 from comgra_ndbg.store.schema import NUM_FIELDS, identity_row
 
@@ -58,6 +59,11 @@ class RunSeries:
     graph: DependencyGraph | None = None
     trial: str = ""
     kpi_present: Mapping[str, np.ndarray] | None = None  # per KPI: True at steps where it was recorded
+    info: Mapping[str, NodeInfo] | None = None  # per node: module class, shape, parameter ranks
+
+    def node_info(self, name: str) -> NodeInfo:
+        """What the recording says about node ``name`` besides its series (empty when nothing)."""
+        return (self.info or {}).get(name, NodeInfo())
 
     def kpi_recorded(self, name: str) -> np.ndarray:
         """Where KPI ``name`` was recorded (a recorded NaN is a non-finite value, an absent one is not)."""
@@ -159,12 +165,13 @@ def forward_order(names: list[str], roles: Mapping[str, str], graph: DependencyG
 
 def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, str],
                  kpis: Mapping[str, tuple[np.ndarray, np.ndarray]], graph: DependencyGraph | None = None,
-                 trial: str = "", node_order: list[str] | None = None) -> RunSeries:
+                 trial: str = "", node_order: list[str] | None = None,
+                 info: Mapping[str, NodeInfo] | None = None) -> RunSeries:
     """Align node-level summary rows on the union of their steps and derive every statistic.
 
     ``rows`` maps ``(node, kind)`` to ``(steps, rows)``; several entries for one node (its tensors) may be
     passed as a list of such pairs under one key. ``roles`` maps node -> role. ``kpis`` maps name ->
-    ``(steps, values)``.
+    ``(steps, values)``. ``info`` maps node -> :class:`~comgra_ndbg.analysis.structure.NodeInfo`.
     """
     all_steps = [np.asarray(s, dtype=np.int64) for entry in rows.values() for s, _ in _pairs(entry)]
     all_steps += [np.asarray(s, dtype=np.int64) for s, _ in kpis.values()]
@@ -189,7 +196,7 @@ def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, st
         where = np.searchsorted(steps, np.asarray(s, dtype=np.int64))
         values[where], mask[where] = np.asarray(v, dtype=np.float64), True
         aligned_kpis[name], present[name] = values, mask
-    return RunSeries(steps, nodes, aligned_kpis, graph, trial, present)
+    return RunSeries(steps, nodes, aligned_kpis, graph, trial, present, dict(info or {}))
 
 
 def _pairs(entry: Rows | list[Rows]) -> list[Rows]:

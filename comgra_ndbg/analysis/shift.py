@@ -28,7 +28,9 @@ FLOOR = 1e-30  # exact zeros become this before the log, so a collapse to 0 is a
 class Shift:
     """Indices ``start``..``end`` (inclusive) of a shifted state; ``direction`` +1 up, -1 down; ``baseline``
     the frozen pre-shift median; ``peak`` the largest deviation (positive); ``censored`` when the series
-    ended while still shifted."""
+    ended while still shifted; ``jump`` how far the series moved (in the shift's direction) from the finite
+    value before ``start`` to the one at ``start`` — a step change jumps the whole way at once, a drift
+    creeps across the threshold."""
 
     start: int
     end: int
@@ -36,6 +38,7 @@ class Shift:
     baseline: float
     peak: float
     censored: bool
+    jump: float = float("nan")
 
 
 def log_level(values: np.ndarray) -> np.ndarray:
@@ -106,7 +109,9 @@ def level_shifts(x: np.ndarray, *, window: int, min_history: int, enter: float, 
                     break
         end = int(following[last])
         peak = float(np.max(direction * (x[following[:last + 1]] - b)))
-        shifts.append(Shift(int(i), end, direction, float(b), peak, censored))
+        earlier = finite[:position[i]]
+        jump = float(direction * (x[i] - x[earlier[-1]])) if len(earlier) else float("nan")
+        shifts.append(Shift(int(i), end, direction, float(b), peak, censored, jump))
         history[i:end + 1] = np.nan
         base = rolling_median(history, window, min_history)
         i = end + 1

@@ -7,10 +7,10 @@ type)``: only a signature not seen before pays for discovery.
 
 The signature covers what cheaply tells structures apart: registered names and iterations, rank, dtype,
 whether grad is required, the type of the producing autograd function and its output index, and the
-parameter names with whether each is frozen (a frozen parameter is reached only through saved tensors). It leaves out
-sizes, so a changed batch size or sequence length does not trigger a rediscovery. Control flow that changes edges without
-changing any of these (a branch between two ops of the same type) is not detected; give such steps
-different step types.
+parameter names with whether each is frozen (a frozen parameter is reached only through saved tensors). It
+leaves out sizes, so a changed batch size or sequence length does not trigger a rediscovery. Control flow
+that changes edges without changing any of these (a branch between two ops of the same type) is not
+detected; give such steps different step types.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from comgra_ndbg.graph.discovery import Registration
 from comgra_ndbg.graph.model import DependencyGraph, GraphError
 from comgra_ndbg.graph.serialize import structure_hash
 
@@ -28,11 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["CachedGraph", "GraphCache", "structure_signature"]
 
 
-def structure_signature(
-    tensors: Sequence[tuple[str, int, torch.Tensor]], parameters: Mapping[str, torch.Tensor]
-) -> tuple:
+def structure_signature(tensors: Sequence[Registration], parameters: Mapping[str, torch.Tensor]) -> tuple:
     """A key for the structure a step's registrations imply (see the module doc), for this process's
-    cache: a tuple of attribute reads, no string formatting and no hashing beyond the dict lookup.
+    cache: a tuple of attribute reads, no string formatting and no hashing beyond the dict lookup. The
+    producing function is the one at registration when the entry carries it (``discover_edges``).
 
     >>> import torch
     >>> a = torch.ones(2, 3, requires_grad=True) * 2
@@ -42,8 +42,9 @@ def structure_signature(
     >>> structure_signature([("h", 0, a)], {}) == structure_signature([("h", 1, a)], {})
     False
     """
-    registered = tuple((name, iteration, tensor.ndim, tensor.dtype, tensor.requires_grad, type(tensor.grad_fn),
-                        tensor.output_nr) for name, iteration, tensor in tensors)
+    registered = tuple((entry[0], entry[1], entry[2].ndim, entry[2].dtype, entry[2].requires_grad,
+                        *((type(entry[3][0]), entry[3][1]) if len(entry) > 3 else
+                          (type(entry[2].grad_fn), entry[2].output_nr))) for entry in tensors)
     return registered, tuple(parameters), tuple(parameter.requires_grad for parameter in parameters.values())
 
 

@@ -7,8 +7,11 @@ same edges.
 
 How tensors are recognised in the autograd graph:
 
-- a registered non-leaf tensor is the pair ``(grad_fn, output_nr)``; the outputs of one function
-  (``q, k, v = linear(x).chunk(3, -1)``) are therefore distinct tensors;
+- a registered non-leaf tensor is the pair ``(grad_fn, output_nr)`` it had when it was registered (the
+  recorder passes that pair along, see :func:`discover_edges`); the outputs of one function
+  (``q, k, v = linear(x).chunk(3, -1)``) are therefore distinct tensors, and an in-place op after the
+  registration (``out += identity`` in a residual block) makes a new node that reads the registered tensor
+  and what was added: consumers of the modified tensor depend on both;
 - a leaf that requires grad (a parameter, an input with ``requires_grad=True``) is the ``.variable`` of
   its ``AccumulateGrad`` node;
 - a tensor without ``grad_fn`` that does not require grad (input data, integer indices, targets, masks,
@@ -47,6 +50,12 @@ depends on the latest registration made before it. Grad-less tensors registered 
 same storage, offset, shape, stride and dtype) are one tensor to their consumers in the same way, but get
 no edge between the registrations.
 
+Outputs are sinks. Tensors named in ``outputs`` (the model's return values, which ``NeuralDbg`` registers
+when the forward pass returns, after every module inside it) may alias a tensor the model went on
+computing with (``h = tanh(l1(x)); return h, l2(h)``): a consumer registered before such a registration
+looks through it to what it was computed from (``l1 -> l2``), instead of depending on an output it
+preceded (which would put ``model`` between ``l1`` and ``l2`` in a cycle).
+
 The walk is iterative (no recursion limit) and memoised over autograd nodes: for each node it computes
 once the set of registered tensors reachable first, so the cost is linear in the size of the autograd
 graph, however many paths it has. It only reads ``grad_fn``, ``output_nr``, ``requires_grad``,
@@ -68,8 +77,9 @@ Current limitations (autograd does not record what is needed):
 - after ``backward`` (without ``retain_graph``) grad-less tensors and frozen parameters have no edges;
 - containment is by byte range: a saved view of one strided slice (``x[:, 1]``) whose range overlaps a
   second registered slice's can be attributed to both when neither matches exactly;
-- a tensor modified in place after registration is identified by its new ``grad_fn``: tensors computed
-  from it before the in-place op link to what it was computed from instead;
+- a tensor registered without its registration-time ``(grad_fn, output_nr)`` and modified in place
+  afterwards is identified by its new ``grad_fn``: tensors computed from it before the in-place op link to
+  what it was computed from instead;
 - a reentrant ``torch.utils.checkpoint`` region runs its forward under ``no_grad``: tensors registered
   inside it have no ``grad_fn`` (the non-reentrant default is fine);
 - a ``torch.compile`` region is one node: see :func:`find_compiled_tensors`;
@@ -78,15 +88,16 @@ Current limitations (autograd does not record what is needed):
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
 
 from comgra_ndbg.graph.model import GraphError, TensorEdge
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["discover_edges", "find_compiled_tensors", "merge_manual_edges", "validate_manual_edges"]
+__all__ = ["Registration", "autograd_origin", "discover_edges", "find_compiled_tensors", "merge_manual_edges",
+           "validate_manual_edges"]
 
 _ACCUMULATE_GRAD = "AccumulateGrad"
 _COMPILED_PREFIX = "CompiledFunction"
@@ -95,18 +106,25 @@ _RAW_SAVED_PREFIX = "_raw_saved_"
 _UNPACKED_PREFIXES = ("_saved_", "saved_")
 
 _StorageKey = tuple[Any, int]  # (device, storage address)
+Registration = Union[tuple[str, int, "torch.Tensor"], tuple[str, int, "torch.Tensor", tuple[Any, int]]]
+"""``(name, iteration, tensor)``, optionally with ``(grad_fn, output_nr)`` taken at registration."""
 
 
 def discover_edges(
-    tensors: Sequence[tuple[str, int, torch.Tensor]],
+    tensors: Sequence[Registration],
     parameters: Mapping[str, torch.Tensor],
+    *,
+    outputs: Collection[str] = (),
 ) -> list[TensorEdge]:
     """Edges between registered tensors and parameters, read from the alive autograd graphs.
 
     ``tensors`` lists ``(name, iteration, tensor)`` for every registered non-parameter tensor in
-    registration order; ``parameters`` maps each parameter's tensor name to the ``nn.Parameter``. Each path
-    back from a registered tensor's ``grad_fn`` stops at the first registered tensor or parameter on it.
-    Returns the edges sorted and without duplicates.
+    registration order, or ``(name, iteration, tensor, (grad_fn, output_nr))`` with the tensor's autograd
+    identity at registration (:func:`autograd_origin`), which an in-place op may have changed since;
+    ``parameters`` maps each parameter's tensor name to the ``nn.Parameter``; ``outputs`` names the model's
+    outputs, which consumers registered before them look through (see the module doc). Each path back from
+    a registered tensor's ``grad_fn`` stops at the first registered tensor or parameter on it. Returns the
+    edges sorted and without duplicates.
 
     >>> import torch
     >>> torch.manual_seed(0) and None
@@ -129,8 +147,22 @@ def discover_edges(
     >>> discover_edges([("data", 0, data), ("hidden", 0, hidden)], {})
     []
     """
-    walker = _Walker(tensors, parameters)
+    walker = _Walker(tensors, parameters, outputs)
     return walker.edges()
+
+
+def autograd_origin(tensor: torch.Tensor) -> tuple[Any, int]:
+    """``(grad_fn, output_nr)`` of a tensor now: what a registration keeps, so that an in-place op on the
+    tensor after its registration does not move its identity in the graph.
+
+    >>> import torch
+    >>> h = torch.ones(2, requires_grad=True) * 2
+    >>> origin = autograd_origin(h)
+    >>> h += 1
+    >>> type(origin[0]).__name__, type(h.grad_fn).__name__
+    ('MulBackward0', 'AddBackward0')
+    """
+    return tensor.grad_fn, tensor.output_nr
 
 
 def merge_manual_edges(
@@ -222,12 +254,14 @@ class _Walker:
     """One discovery pass: identities of registered tensors, then a memoised walk of autograd."""
 
     def __init__(
-        self, tensors: Sequence[tuple[str, int, torch.Tensor]], parameters: Mapping[str, torch.Tensor]
+        self, tensors: Sequence[Registration], parameters: Mapping[str, torch.Tensor], outputs: Collection[str] = ()
     ) -> None:
         self.names: list[tuple[str, int]] = []  # registration index -> (name, iteration)
         self.roots: list[Any] = []  # registration index -> grad_fn or None
         self.slot_of: list[int | None] = []  # registration index -> slot (None: invisible to autograd)
         self.output_slot: dict[tuple[Any, int], int] = {}  # (grad_fn, output_nr) -> slot
+        self.slot_node: dict[int, Any] = {}  # slot of a non-leaf tensor -> the node that produced it
+        self.sinks: set[int] = set()  # slots first registered as a model output (see the module doc)
         self.leaf_slot: dict[int, int] = {}  # id(leaf tensor) -> slot; the caller keeps the tensors alive
         self.registrations: list[list[int]] = []  # slot -> registration indices, ascending
         self.parameter_name: dict[int, str] = {}  # slot -> parameter name, for parameter slots
@@ -237,28 +271,32 @@ class _Walker:
         self.plain_ranges: dict[_StorageKey, list[tuple[int, int, int]]] = {}  # -> [(start, end, slot)]
         self.plain_slot: dict[tuple[_StorageKey, tuple[Any, ...]], int] = {}  # (storage, layout) -> slot
         self.saved_attributes: dict[type, tuple[tuple[str, str], ...]] = {}  # node type -> (raw, unpacked)
-        for index, (name, iteration, tensor) in enumerate(tensors):
-            grad_fn = tensor.grad_fn
+        outputs = set(outputs)
+        for index, entry in enumerate(tensors):
+            name, iteration, tensor = entry[0], entry[1], entry[2]
+            grad_fn, output_nr = entry[3] if len(entry) > 3 else (tensor.grad_fn, tensor.output_nr)
             self.names.append((name, iteration))
             self.roots.append(grad_fn)
-            slot = self._slot(tensor, grad_fn)
+            slot = self._slot(tensor, grad_fn, output_nr)
             self.slot_of.append(slot)
             if slot is None:
                 slot = self._plain_slot(tensor)
             if slot is not None:
+                if not self.registrations[slot] and name in outputs and grad_fn is not None:
+                    self.sinks.add(slot)
                 self.registrations[slot].append(index)
         for name, parameter in parameters.items():
-            slot = self._slot(parameter, parameter.grad_fn)
+            slot = self._slot(parameter, parameter.grad_fn, parameter.output_nr)
             if slot is None:
                 slot = self._plain_slot(parameter)
             if slot is not None and not self.registrations[slot] and slot not in self.parameter_name:
                 self.parameter_name[slot] = name
 
-    def _slot(self, tensor: torch.Tensor, grad_fn: Any) -> int | None:
+    def _slot(self, tensor: torch.Tensor, grad_fn: Any, output_nr: int) -> int | None:
         """The slot of a tensor's identity, created on first sight; ``None`` if autograd cannot see it."""
         if grad_fn is not None:
             table: dict[Any, int] = self.output_slot
-            key: Any = (grad_fn, tensor.output_nr)
+            key: Any = (grad_fn, output_nr)
         elif tensor.requires_grad:
             table, key = self.leaf_slot, id(tensor)
         else:
@@ -267,6 +305,8 @@ class _Walker:
         if slot is None:
             slot = table[key] = len(self.registrations)
             self.registrations.append([])
+            if grad_fn is not None:
+                self.slot_node[slot] = grad_fn
         return slot
 
     def _plain_slot(self, tensor: torch.Tensor) -> int | None:
@@ -297,11 +337,26 @@ class _Walker:
             root = self.roots[index]
             if root is None:
                 continue
-            for source_slot in self._reach(root):
-                source, source_iteration = self._resolve(source_slot, index, iteration)
+            for source, source_iteration in self._sources(root, index, iteration):
                 if (source, source_iteration) != (name, iteration):
                     found.add(TensorEdge(source, name, source_iteration, iteration))
         return sorted(found)
+
+    def _sources(self, root: Any, consumer: int, iteration: int) -> set[tuple[str, int]]:
+        """``(name, iteration)`` of what the registration ``consumer`` (its node ``root``) depends on; a model
+        output registered only after the consumer is looked through (see the module doc)."""
+        found: set[tuple[str, int]] = set()
+        pending, done = list(self._reach(root)), set()
+        while pending:
+            slot = pending.pop()
+            if slot in done:
+                continue
+            done.add(slot)
+            if slot in self.sinks and self.registrations[slot][0] > consumer:
+                pending.extend(self._reach(self.slot_node[slot]))
+                continue
+            found.add(self._resolve(slot, consumer, iteration))
+        return found
 
     def _resolve(self, slot: int, consumer: int, iteration: int) -> tuple[str, int]:
         """The name and iteration a consumer (a registration index) reads a slot as."""

@@ -11,25 +11,29 @@ and the same forward code the training loop runs. It unwraps ``torch.compile``'s
 (``compiled._orig_mod``, also for parameter names, which would otherwise start with ``_orig_mod.``), runs
 the forward pass under ``torch.compiler.set_stance("force_eager")`` (so compiled submodules and compiled
 functions called inside run eagerly too), discovers the edges while the graph is alive, and drops it
-without backward. The random number generators and the module's buffers (e.g. batch-norm running
-statistics) are restored afterwards, so training continues exactly as if this had not run. Do it once
+without backward. The random number generators are restored afterwards and the module's buffers (e.g.
+batch-norm running statistics) are copies during the pass, so training continues exactly as if this had not
+run. Do it once
 per structure (see :class:`comgra_ndbg.graph.cache.GraphCache`), outside compiled code.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-from comgra_ndbg.graph.discovery import discover_edges
+from comgra_ndbg.graph.discovery import autograd_origin, discover_edges
 from comgra_ndbg.graph.model import TensorEdge
 
 __all__ = ["Register", "discover_module_structure", "unwrap_compiled"]
 
 Register = Callable[..., None]
-"""``register(name, tensor, iteration=0)``: what the forward code calls for each tensor to show."""
+"""``register(name, tensor, iteration=0, *, output=False, origin=None)``: what the forward code calls for
+each tensor to show; ``output=True`` marks the model's outputs (see ``discover_edges``), ``origin`` is the
+tensor's ``(grad_fn, output_nr)`` when it was produced, if an in-place op may have changed it since."""
 
 
 def unwrap_compiled(module: nn.Module) -> nn.Module:
@@ -56,7 +60,8 @@ def discover_module_structure(
     """Edges between the tensors ``forward`` registers, from one eager pass over ``example_inputs``.
 
     ``forward(eager_module, register, *example_inputs)`` runs the step's forward computation and calls
-    ``register(name, tensor, iteration=0)`` for each tensor the training loop registers. Parameters are
+    ``register(name, tensor, iteration=0, output=False, origin=None)`` for each tensor the training loop
+    registers. Parameters are
     named ``f"{module_name}.{parameter name}"`` as ``Recorder.track_module(module_name, module)`` names
     them. With ``inputs_require_grad=True``, floating-point tensors in ``example_inputs`` are replaced by
     copies that require grad, so edges from the inputs become visible through autograd itself (without it
@@ -81,21 +86,38 @@ def discover_module_structure(
     inputs = [_requiring_grad(x) if inputs_require_grad else x for x in example_inputs]
     prefix = f"{module_name}." if module_name else ""
     parameters = {prefix + name: parameter for name, parameter in eager.named_parameters()}
-    registered: list[tuple[str, int, torch.Tensor]] = []
+    registered: list[tuple[str, int, torch.Tensor, tuple[Any, int]]] = []
+    outputs: set[str] = set()
 
-    def register(name: str, tensor: torch.Tensor, iteration: int = 0) -> None:
-        registered.append((name, iteration, tensor))
+    def register(name: str, tensor: torch.Tensor, iteration: int = 0, *, output: bool = False,
+                 origin: tuple[Any, int] | None = None) -> None:
+        registered.append((name, iteration, tensor, origin or autograd_origin(tensor)))
+        if output:
+            outputs.add(name)
 
-    saved_buffers = [(buffer, buffer.detach().clone()) for buffer in eager.buffers()]
     devices = sorted({t.device.index or 0 for t in [*eager.parameters(), *inputs] if _is_cuda(t)})
+    with _buffer_copies(eager), torch.random.fork_rng(devices=devices), torch.enable_grad(), \
+            torch.compiler.set_stance("force_eager"):
+        forward(eager, register, *inputs)
+        return discover_edges(registered, parameters, outputs=outputs)
+
+
+@contextmanager
+def _buffer_copies(module: nn.Module) -> Iterator[None]:
+    """Within the block every buffer of ``module`` is a copy; the very same buffer tensors are put back
+    after, unchanged: not even their version counters move (a copy back would, and the training pass's
+    backward would then refuse a batch norm's running statistics it saved)."""
+    swapped = []
     try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad(), torch.compiler.set_stance("force_eager"):
-            forward(eager, register, *inputs)
-            return discover_edges(registered, parameters)
+        for owner in module.modules():
+            for name, buffer in owner._buffers.items():
+                if buffer is not None:
+                    swapped.append((owner, name, buffer))
+                    owner._buffers[name] = buffer.detach().clone()
+        yield
     finally:
-        with torch.no_grad():
-            for buffer, saved in saved_buffers:
-                buffer.copy_(saved)
+        for owner, name, buffer in swapped:
+            owner._buffers[name] = buffer
 
 
 def _requiring_grad(value: Any) -> Any:

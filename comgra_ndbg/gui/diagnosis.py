@@ -40,6 +40,7 @@ class HypothesisRow:
     onset: int
     chain: tuple[str, ...]
     jump: tuple[str, int, str]
+    remedy: str = ""
 
 
 def plural(count: int, singular: str, many: str | None = None) -> str:
@@ -86,7 +87,7 @@ def _jump(hypothesis: Hypothesis) -> tuple[str, int, str]:
 def hypothesis_rows(diagnosis: Diagnosis) -> list[HypothesisRow]:
     """The hypotheses best first, ranked from 1."""
     return [HypothesisRow(rank, h.confidence, percent(h.confidence), h.sentence, h.type, h.origin, h.node or "—",
-                          h.onset, tuple(chain_lines(h.chain)), _jump(h))
+                          h.onset, tuple(chain_lines(h.chain)), _jump(h), h.remedy)
             for rank, h in enumerate(diagnosis.hypotheses, start=1)]
 
 
@@ -124,6 +125,7 @@ def _hypothesis_card(row: HypothesisRow, current: bool) -> html.Div:
             html.Span(row.sentence, className="sentence"),
         ], className="hypothesis-head"),
         html.Div(f"{row.type} · origin {row.origin} · node {row.node} · onset step {row.onset}", className="facts"),
+        *([html.Div(f"Remedy: {row.remedy}", className="remedy")] if row.remedy else []),
         html.Div([html.Div(line, className="chain-line") for line in row.chain], className="chain"),
     ], id=ids.diagnosis_jump(f"h{row.rank - 1}", node, step, kind), n_clicks=0,
         className="hypothesis current" if current else "hypothesis", title="select its node and onset step")

@@ -38,6 +38,7 @@ class _Tracked:
     fresh: bool = False
     handed_over: bool = False  # its gradients go to an ``on_gradient`` callback, never through ``take_gradients``
     incoming: torch.Tensor | None = None  # what backward passes added since the step's first take
+    handed: tuple[int, int] | None = None  # (id, version) of the ``.grad`` last handed over in this step
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ParameterTracker:
     _layout: _HostLayout | None = None
     _layout_key: list[tuple] | None = None
     _captured: bool = False
+    _versions: list[int] | None = None  # each parameter's version counter at ``capture()``
     _hooks: list[Any] = field(default_factory=list)
     _step_hooks: list[Any] = field(default_factory=list)
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
@@ -127,6 +129,7 @@ class ParameterTracker:
             self._buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
             self._layout_key, self._layout = key, _HostLayout.of(params, self._buffers)
         self._captured = True
+        self._versions = [p._version for p in params]
         if reducer is not None:
             layout = self._layout if kernels.AVAILABLE else None
             if layout is not None:
@@ -165,6 +168,14 @@ class ParameterTracker:
             return []
         return [(t.tensor_id, t.parameter.detach(), b) for t, b in zip(self.tracked, self._buffers)]
 
+    def update_mask(self) -> np.ndarray:
+        """Which parameters have an update in this step, in ``tensor_ids()`` order: those that require grad
+        and those that changed since ``capture()`` (a parameter updated by hand, an EMA copy). A frozen
+        parameter that did not move has none: its all-zero ΔW would say nothing and look like a dead one."""
+        versions = self._versions or [None] * len(self.tracked)
+        return np.array([t.parameter.requires_grad or t.parameter._version != version
+                         for t, version in zip(self.tracked, versions)], dtype=bool)
+
     def release(self) -> None:
         """End the capture: the next updates need a new ``capture()``."""
         self._captured = False
@@ -192,7 +203,20 @@ class ParameterTracker:
         for t in self.tracked:
             t.fresh = False
             t.incoming = None
+            t.handed = None
         self.per_pass = False
+
+    def changed_gradients(self) -> list[tuple[int, torch.Tensor]]:
+        """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
+        place since a backward pass of this step handed it over (clipped, unscaled by a ``GradScaler``); each
+        is marked handed over again."""
+        changed = []
+        for t in self.tracked:
+            grad = t.parameter.grad
+            if t.handed is not None and grad is not None and (id(grad), grad._version) != t.handed:
+                t.handed = (id(grad), grad._version)
+                changed.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))
+        return changed
 
     def close(self) -> None:
         """Remove every hook this tracker added and drop the parameter references."""
@@ -250,8 +274,10 @@ def _mark_fresh(entry: _Tracked, tracker: ParameterTracker) -> Any:
 
 def _hand_over(entry: _Tracked, on_gradient: Callable[[int, torch.Tensor], None]) -> Any:
     def hook(parameter: torch.Tensor) -> None:
-        if parameter.grad is not None:
-            on_gradient(entry.tensor_id, parameter.grad)
+        grad = parameter.grad
+        if grad is not None:
+            entry.handed = (id(grad), grad._version)
+            on_gradient(entry.tensor_id, grad)
 
     return hook
 

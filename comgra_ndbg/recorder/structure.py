@@ -13,7 +13,7 @@ import torch
 
 from comgra_ndbg.graph import (GraphCache, TensorEdge, build_graph, discover_edges, graph_to_dict, layered_layout,
                                merge_manual_edges, structure_signature)
-from comgra_ndbg.graph.discovery import validate_manual_edges
+from comgra_ndbg.graph.discovery import Registration, autograd_origin, validate_manual_edges
 from comgra_ndbg.store.catalog import Catalog
 
 __all__ = ["StructureTracker"]
@@ -25,15 +25,16 @@ class StructureTracker:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self.cache = GraphCache()
-        self._registered: list[tuple[str, int, torch.Tensor]] = []
+        self._registered: list[Registration] = []  # (name, iteration, tensor, its (grad_fn, output_nr) then)
         self._manual: list[TensorEdge] = []
         self._found: list[TensorEdge] = []  # edges autograd showed elsewhere (an eager pass of a compiled model)
         self.pending = False  # something was registered or declared since the last discovery (it would do work)
         self.autograd = True  # False: this step's edges are all declared (an eager pass of a compiled model)
         self._last: tuple | None = None  # (signature, step type, structure hash) of the last discovery
+        self._before: tuple | None = None  # (_last, graph of each step type) when the step began
 
     def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
-        self._registered.append((name, iteration, tensor))
+        self._registered.append((name, iteration, tensor, autograd_origin(tensor)))
         self.pending = True
 
     def add_edge(self, edge: TensorEdge, *, discovered: bool = False) -> None:
@@ -44,6 +45,20 @@ class StructureTracker:
         self._registered, self._manual, self._found = [], [], []
         self.pending = False
         self.autograd = True
+        self._before = (self._last, dict(self.catalog.graph_of_type))
+
+    def rollback(self) -> None:
+        """Forget what the discoveries of the step being discarded changed: each step type points at the
+        graph it had when the step began (a graph the step added stays stored, unreferenced)."""
+        if self._before is None:
+            return
+        self._last, graphs = self._before
+        for step_type, structure_hash in graphs.items():
+            self.catalog.set_graph_of_type(step_type, structure_hash)
+        for step_type in set(self.catalog.graph_of_type) - set(graphs):
+            del self.catalog.graph_of_type[step_type]
+            self.catalog.version += 1
+        self.clear()
 
     def discover(self, step_type: str, parameters: Mapping[str, torch.Tensor]) -> None:
         """Find this step's graph (from the cache when its signature was seen).
@@ -74,10 +89,11 @@ class StructureTracker:
 
     def _build(self, registered: list, parameters: Mapping[str, torch.Tensor], manual: list[TensorEdge],
                found: list[TensorEdge] = ()):
-        walked = discover_edges(registered, parameters) if self.autograd else []
+        names = {entry[0] for entry in registered} | set(parameters)
+        infos = [info for info in self.catalog.tensors if info.name in names]
+        outputs = {info.name for info in infos if info.role == "output"}
+        walked = discover_edges(registered, parameters, outputs=outputs) if self.autograd else []
         discovered = merge_manual_edges(walked, found)
-        names = {name for name, _, _ in registered} | set(parameters)
-        metadata = {info.name: (info.node, info.role, info.module) for info in self.catalog.tensors
-                    if info.name in names}
+        metadata = {info.name: (info.node, info.role, info.module) for info in infos}
         # only the discovered edges as tensor_edges: build_graph marks the manual ones autograd did not show
         return build_graph(discovered, metadata, manual_edges=validate_manual_edges(manual))

@@ -15,8 +15,8 @@ Hooks do nothing unless :attr:`ModuleHooks.capture` is true; Dynamo guards on th
 compiled model holds at most two variants (capturing or not) and flipping it never recompiles more.
 
 A compiled region's backward is one autograd node, so the edges between its outputs are invisible there:
-:func:`discover_compiled` runs the model once eagerly on the same inputs (``graph/eager.py``) and returns
-the edges and saturation bounds, under the same tensor names (:func:`output_names`, :func:`input_names`).
+``structure.discover_structure`` runs the model once eagerly on the same inputs and returns the edges and
+saturation bounds, under the same tensor names (:func:`output_names`, :func:`input_names`).
 
 >>> from torch import nn
 >>> model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.Tanh(), nn.Linear(4, 2)))
@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from fnmatch import fnmatchcase
 from functools import partial
 from typing import Any
@@ -39,12 +39,10 @@ import torch
 from torch import nn
 
 from comgra_ndbg.errors import InvalidArgumentError
-from comgra_ndbg.graph import TensorEdge
-from comgra_ndbg.graph.eager import discover_module_structure
-from comgra_ndbg.recorder.reduce import saturation_bounds
+from comgra_ndbg.graph.discovery import autograd_origin
 
-__all__ = ["ROOT", "INPUT", "CompiledStructure", "ModuleHooks", "ModulePattern", "discover_compiled",
-           "from_compiled_code", "input_names", "node_name", "output_names", "select_modules", "tensor_leaves"]
+__all__ = ["ROOT", "INPUT", "ModuleHooks", "ModulePattern", "call_node", "from_compiled_code", "input_names",
+           "node_name", "output_names", "select_modules", "tensor_leaves"]
 
 ROOT = "model"
 """The model's node name; the module at path ``p`` inside it is node ``model.p``."""
@@ -203,6 +201,17 @@ def output_names(base: str, leaves: list[tuple[str, torch.Tensor]], counts: dict
     return [(stem + suffix, tensor) for suffix, tensor in leaves]
 
 
+def call_node(name: str, suffix: str) -> str:
+    """The node of output tensor ``name`` (``suffix`` is its position inside the output): one node per call
+    of a module, so a module called twice around other modules (a ``ReLU`` reused in a residual block) is
+    two nodes in a chain, not a node in a cycle.
+
+    >>> call_node("model.relu#1", ""), call_node("model.lstm#1[1][0]", "[1][0]")
+    ('model.relu#1', 'model.lstm#1')
+    """
+    return name[:len(name) - len(suffix)] if suffix else name
+
+
 def input_names(args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """Names of the tensors a forward pass was called with: ``input``, or ``input[i]`` / ``input[key]``."""
     leaves = list(tensor_leaves(tuple(args))) + list(tensor_leaves(kwargs))
@@ -219,15 +228,17 @@ class ModuleHooks:
 
     ``on_output(path, output)`` receives outputs of eager modules; compiled ones land in :attr:`stash`,
     and the gradients of their tapped output tensors go to ``on_tap_grad(path, leaf, grad)`` once
-    :meth:`bind` was called (``leaf``: the tensor's position in ``tensor_leaves`` order).
+    :meth:`bind` was called (``leaf``: the tensor's position in ``tensor_leaves`` order). While
+    :attr:`replay` is set, eager calls outside a captured pass go to it (a checkpoint's recompute).
     """
 
     def __init__(self, modules: Sequence[tuple[str, nn.Module]], on_output: Callable[[str, Any], None]) -> None:
         self.capture = False
+        self.replay: Callable[[str, Any], None] | None = None  # receives eager calls outside a captured pass
         # (path, output, positions in tensor_leaves order of the tensors whose gradients go through a tap)
         self.stash: list[tuple[str, Any, tuple[int, ...]]] = []
         self._on_output = on_output
-        self._collected: list[tuple[str, Any]] | None = None
+        self._collected: list[tuple[str, Any, list[tuple[Any, int]]]] | None = None
         self._paths: dict[int, str] = {}
         self._handles = []
         for path, module in modules:
@@ -237,6 +248,8 @@ class ModuleHooks:
 
     def _hook(self, path: str, slot: int, module: nn.Module, args: Any, output: Any) -> Any:
         if not self.capture:
+            if not torch.compiler.is_compiling() and self.replay is not None:  # never traced: no guard on it
+                self.replay(path, output)
             return None
         if torch.compiler.is_compiling():
             tapped: list[int] = []
@@ -244,16 +257,17 @@ class ModuleHooks:
             replaced = _tap_leaves(output, slot, counter, tapped)
             self.stash.append((path, output, tuple(tapped)))
             return replaced if tapped else None
-        if self._collected is not None:
-            self._collected.append((path, output))
+        if self._collected is not None:  # with the autograd identities before a later in-place op moves them
+            self._collected.append((path, output, [autograd_origin(t) for _, t in tensor_leaves(output)]))
         else:
             self._on_output(path, output)
         return None
 
     @contextmanager
-    def collecting(self) -> Iterator[list[tuple[str, Any]]]:
-        """Within the block, eager outputs go to the yielded list instead of ``on_output``."""
-        seen: list[tuple[str, Any]] = []
+    def collecting(self) -> Iterator[list[tuple[str, Any, list[tuple[Any, int]]]]]:
+        """Within the block, eager outputs go to the yielded list instead of ``on_output``, as ``(path, output,
+        (grad_fn, output_nr) of each tensor in tensor_leaves order when the hook ran)``."""
+        seen: list[tuple[str, Any, list[tuple[Any, int]]]] = []
         self._collected = seen
         try:
             yield seen
@@ -288,42 +302,10 @@ class ModuleHooks:
         """Remove every hook and tap receiver; compiled code that still holds a traced hook sees
         ``capture`` false (a guard), so it recompiles or takes the variant that does nothing."""
         self.capture = False
+        self.replay = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         for slot in self._paths:
             _SINKS.pop(slot, None)
         self.stash.clear()
-
-
-@dataclass
-class CompiledStructure:
-    """What one eager pass over a compiled model found: tensor edges and each output's saturation bounds."""
-
-    edges: list[TensorEdge] = field(default_factory=list)
-    bounds: dict[str, tuple[float, float] | None] = field(default_factory=dict)
-
-
-def discover_compiled(root: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], hooks: ModuleHooks, *,
-                      root_output: bool) -> CompiledStructure:
-    """Run ``root`` (the eager module behind the compiled one) once on ``args``/``kwargs`` with ``hooks``
-    collecting, and find the edges between the inputs, the chosen modules' outputs (and the model's output
-    with ``root_output``) and the parameters, named as the training pass names them. Random number
-    generators and buffers are restored afterwards (see ``discover_module_structure``)."""
-    structure = CompiledStructure()
-
-    def forward(eager: nn.Module, register: Callable[..., None], *inputs: Any) -> None:
-        with hooks.collecting() as seen:
-            output = eager(*inputs, **kwargs)
-        counts: dict[str, int] = {}
-        named = input_names(inputs, kwargs)
-        for path, out in seen:
-            named += output_names(node_name(path), list(tensor_leaves(out)), counts)
-        if root_output:
-            named += output_names(ROOT, list(tensor_leaves(output)), counts)
-        for name, tensor in named:
-            register(name, tensor)
-            structure.bounds[name] = saturation_bounds(tensor)
-
-    structure.edges = discover_module_structure(root, list(args), forward, module_name=ROOT)
-    return structure

@@ -1,0 +1,86 @@
+"""Harm: what makes a change in the statistics a failure rather than training doing its work.
+
+Statistics move for good reasons: a network leaving its initial plateau grows its activations by decades,
+a learning-rate warm-up multiplies every update, a finished task shrinks every gradient. A relative rule
+cannot tell these from faults; what tells them apart is harm. An event is *harm by itself* when it is a
+pathology in absolute terms — non-finite values, units dead or saturated for every sample, a parameter that
+stopped while the others train, the loss spiking or diverging, gradients attenuated by orders of magnitude
+from the first step — or a *sudden* scale shift of values or gradients: training moves weights by small
+updates, so a signal that jumps tenfold from one step to the next was changed, not trained (a huge update
+shows as its own event). Every other event (a scale shift of values, gradients or updates) explains a failure
+only when harm follows it: a hard event among its consequences, or the loss getting worse after it.
+
+The loss is *worse* after step index ``i`` when the median of the next ``window`` losses exceeds the median
+of the previous ``window`` by at least ``harm_factor`` × and by at least ``harm_fraction`` of the loss the
+run started with — the second condition is the absolute floor that keeps a loss of 1e-7 doubling from being
+harm.
+
+>>> import numpy as np
+>>> loss = np.r_[np.linspace(2.0, 0.5, 100), np.full(50, 1.6)]
+>>> round(loss_worsening(loss, 100, window=20), 2), round(loss_worsening(loss, 60, window=20), 2)
+(0.4, -0.12)
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.events import Event
+from comgra_ndbg.analysis.series import RunSeries
+
+__all__ = ["is_hard", "loss_worsening", "loss_is_worse", "harmful", "HARD_STATES"]
+
+HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
+                         "imbalanced"})
+
+
+def is_hard(event: Event) -> bool:
+    """Whether ``event`` is a pathology in absolute terms (see the module docstring)."""
+    if event.to_state in HARD_STATES or event.sudden:
+        return True
+    return event.family == "gradient_health" and event.at_start
+
+
+def loss_worsening(loss: np.ndarray, i: int, *, window: int) -> float:
+    """Decades by which the median loss of the ``window`` steps from index ``i`` exceeds the median of the
+    ``window`` steps before it (``inf`` when a later loss is non-finite; NaN without enough loss)."""
+    loss = np.asarray(loss, dtype=np.float64)
+    before, after = loss[max(0, i - window):i], loss[i:i + window]
+    if (np.isinf(after) | np.isnan(after)).any() and np.isfinite(before).any() and not np.isnan(after).all():
+        return float("inf")
+    before, after = before[np.isfinite(before)], after[np.isfinite(after)]
+    if not len(before) or not len(after):
+        return float("nan")
+    b, a = float(np.median(before)), float(np.median(after))
+    if b <= 0 or a <= 0:
+        return float("nan") if b <= 0 and a <= 0 else (float("inf") if b <= 0 else float("-inf"))
+    return float(np.log10(a / b))
+
+
+def loss_is_worse(series: RunSeries, onset: int, t: Thresholds = Thresholds()) -> bool | None:
+    """Whether the loss got worse after step ``onset`` (see the module docstring); None without a loss."""
+    loss = np.asarray(series.loss, dtype=np.float64)
+    if not np.isfinite(loss).any():
+        return None
+    i = int(np.searchsorted(series.steps, onset))
+    decades = loss_worsening(loss, i, window=t.window)
+    if not np.isfinite(decades):
+        return None if np.isnan(decades) else decades > 0
+    start = loss[np.isfinite(loss)][:t.start_steps]
+    scale = float(np.median(np.abs(start))) if len(start) else 0.0
+    before = loss[max(0, i - t.window):i]
+    after = loss[i:i + t.window]
+    rise = float(np.median(after[np.isfinite(after)]) - np.median(before[np.isfinite(before)]))
+    return bool(decades >= np.log10(t.harm_factor) and rise >= t.harm_fraction * scale)
+
+
+def harmful(root: Event, effects: Iterable[Event], series: RunSeries, t: Thresholds = Thresholds()) -> bool:
+    """Whether ``root`` with its consequences ``effects`` describes a failure: a hard event among them, or
+    the loss worse after the root's onset. Without any loss recorded, every root counts (nothing to check
+    against)."""
+    if is_hard(root) or any(is_hard(e) for e in effects):
+        return True
+    worse = loss_is_worse(series, root.onset, t)
+    return True if worse is None else worse

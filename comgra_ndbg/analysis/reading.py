@@ -1,0 +1,175 @@
+"""Reading a root event as a failure type and an origin.
+
+| root event | type | origin |
+|---|---|---|
+| parameter edited outside the optimizer, harm in the signal it feeds | what the harm is (dead units, saturation, exploding, vanishing) | the parameter's node |
+| non-finite input | nonfinite_data | data |
+| non-finite loss, or non-finite gradients first at the loss's end of the backward pass | nonfinite_loss | loss |
+| non-finite elsewhere | exploding | node |
+| value scale jump / drop; dead or saturated units in the same signal at once | exploding / vanishing (dead_units / saturation) | node |
+| scale shift of the input | data_shift | data |
+| the spread across samples collapses (in the input: the data) | mode_collapse | node (data) |
+| one of two parallel paths' gradients or updates comes to dwarf the other's | imbalanced_learning | the path that moved |
+| dead / saturated units | dead_units / saturation | node |
+| gradient-ratio shift with no forward cause | exploding / vanishing | node |
+| a parameter frozen while the rest trains (or never moving though it gets gradients) | update_stagnation | node |
+| the whole model frozen at once | update_stagnation | optimizer |
+| update jumps in most parameters at once | optimizer_divergence / optimizer_instability | optimizer |
+| one parameter's update jump | optimizer_instability | node |
+| transient loss spike | loss_spike | data |
+| loss divergence with no other root | optimizer_divergence | optimizer |
+| faults present from the first step | as above | architecture (optimizer for update sizes) |
+
+"The same signal" is a pass-through chain (:mod:`~comgra_ndbg.analysis.structure`): a jump in a layer's
+output with dead units two pass-through modules later is one fault of that layer.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.events import Event
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
+from comgra_ndbg.analysis.series import RunSeries
+from comgra_ndbg.analysis.structure import consumers, signal_chain
+
+__all__ = ["Reading", "interpret", "LOSS_NODE"]
+
+LOSS_NODE = "loss"
+_REGIME_TYPE = {"dead": "dead_units", "saturated": "saturation"}
+_START_TYPE = {"activation_regime:dead": "dead_units", "activation_regime:saturated": "saturation",
+               "gradient_health:vanishing": "vanishing", "gradient_health:exploding": "exploding",
+               "optimizer_stability:unstable": "optimizer_divergence", "nonfinite:non-finite": "exploding"}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a root event means: failure type, origin kind, the node to show, and the events that refined it."""
+
+    type: str
+    origin: str
+    node: str
+    refined_by: tuple[Event, ...] = ()
+
+
+def interpret(root: Event, events: Sequence[Event], series: RunSeries,
+              thresholds: Thresholds = Thresholds()) -> Reading | None:
+    """Read a root event as a failure type and an origin (see the module table); None when the root is not
+    a failure in itself (a parameter fixed on purpose from the start, an edit that harmed nothing)."""
+    t = thresholds
+    if root.to_state == "fixed":
+        return None
+    if root.family == "parameter_edit":
+        return _edit_reading(root, events, series, t)
+    if root.to_state == "frozen":
+        return Reading("update_stagnation", "optimizer" if root.node == OPTIMIZER else "node",
+                       "" if root.node == OPTIMIZER else root.node)
+    if root.at_start:
+        if root.node == OPTIMIZER:
+            return Reading("optimizer_divergence", "optimizer", "")
+        return Reading(_START_TYPE.get(root.label, root.to_state), "architecture", root.node)
+    role = _role(series, root.node)
+    if root.family == "nonfinite":
+        return _nonfinite_reading(root, role, series)
+    if root.family == "activation_regime":
+        if role == "input":
+            return Reading("data_shift", "data", root.node)
+        if root.to_state in _REGIME_TYPE:
+            return Reading(_REGIME_TYPE[root.to_state], "node", root.node)
+        regime = _regime_in_signal(root.node, root.onset, events, series, t)
+        if regime is not None:
+            return Reading(_REGIME_TYPE[regime.to_state], "node", root.node, (regime,))
+        return Reading(root.to_state, "node", root.node)
+    if root.family == "gradient_health":
+        return Reading(root.to_state, "node", root.node)
+    if root.family == "path_balance":
+        return Reading("imbalanced_learning", "node", root.node)
+    if root.family == "representation":
+        return Reading("mode_collapse", "data" if role == "input" else "node", root.node)
+    if root.node == OPTIMIZER or root.to_state == "diverging":
+        return Reading(_optimizer_type(root, events, series, t), "optimizer", "")
+    if root.to_state == "spike":
+        return Reading("loss_spike", "data", _input_node(series))
+    return Reading("optimizer_instability", "node", root.node)
+
+
+def _nonfinite_reading(root: Event, role: str, series: RunSeries) -> Reading:
+    if role == "input":
+        return Reading("nonfinite_data", "data", root.node)
+    if role == "loss" or root.node == LOSS_NODE:
+        return Reading("nonfinite_loss", "loss", root.node)
+    if root.kind == "grad" and _feeds_loss_directly(series, root.node) and _loss_finite_at(series, root.onset):
+        return Reading("nonfinite_loss", "loss", _loss_node(series) or root.node)
+    return Reading("exploding", "node", root.node)
+
+
+def _edit_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Thresholds) -> Reading | None:
+    """The harm in the signal an edited parameter feeds, read as that parameter's failure."""
+    chain: set[str] = set()
+    for consumer in consumers(series.graph, root.node):
+        chain |= signal_chain(series.graph, series.info or {}, consumer)
+    near = [e for e in events if e.node in chain and e.kind == "value" and 0 <= e.onset - root.onset <= t.same_time]
+    for states, kind in ((("dead", "saturated"), None), (("non-finite",), "exploding"),
+                         (("exploding", "vanishing"), None), (("collapsed",), "mode_collapse")):
+        found = [e for e in near if e.to_state in states]
+        if found:
+            effect = found[0]
+            return Reading(kind or _REGIME_TYPE.get(effect.to_state, effect.to_state), "node", root.node, (effect,))
+    return None
+
+
+def _regime_in_signal(node: str, onset: int, events: Sequence[Event], series: RunSeries,
+                      t: Thresholds) -> Event | None:
+    chain = signal_chain(series.graph, series.info or {}, node)
+    regimes = [e for e in events if e.to_state in _REGIME_TYPE and e.family == "activation_regime"
+               and e.node in chain and 0 <= e.onset - onset <= t.same_time]
+    return regimes[0] if regimes else None
+
+
+def _optimizer_type(root: Event, events: Sequence[Event], series: RunSeries, t: Thresholds) -> str:
+    if root.to_state == "diverging":
+        return "optimizer_divergence"
+    horizon = root.onset + t.max_lag
+    for e in events:
+        if root.onset <= e.onset <= horizon and (e.family == "nonfinite" or e.to_state == "diverging"):
+            return "optimizer_divergence"
+    loss = series.loss
+    i = int(np.searchsorted(series.steps, root.onset))
+    before = loss[max(0, i - t.window):i]
+    after = loss[i:int(np.searchsorted(series.steps, horizon, side="right"))]
+    if np.isfinite(before).any() and len(after):
+        base = float(np.nanmedian(before))
+        if base > 0 and (~np.isfinite(after) | (after >= t.divergence_factor * base)).any():
+            return "optimizer_divergence"
+    return "optimizer_instability"
+
+
+def _role(series: RunSeries, name: str) -> str:
+    return next((n.role for n in series.nodes if n.name == name), "")
+
+
+def _input_node(series: RunSeries) -> str:
+    return next((n.name for n in series.nodes if n.role == "input"), "")
+
+
+def _loss_node(series: RunSeries) -> str:
+    return next((n.name for n in series.nodes if n.role == "loss"), "")
+
+
+def _feeds_loss_directly(series: RunSeries, name: str) -> bool:
+    """Whether ``name`` is the model's output or feeds the loss node directly (the end of the forward pass,
+    where the backward pass starts)."""
+    if _role(series, name) == "output":
+        return True
+    loss = _loss_node(series)
+    graph = series.graph
+    return bool(loss and graph is not None and any(e.source == name and e.target == loss for e in graph.edges))
+
+
+def _loss_finite_at(series: RunSeries, step: int) -> bool:
+    i = int(np.searchsorted(series.steps, step))
+    loss = series.loss
+    return i < len(loss) and bool(np.isfinite(loss[i]))

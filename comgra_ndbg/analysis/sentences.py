@@ -1,0 +1,101 @@
+"""One plain sentence per hypothesis, built from its reading, root event and chain.
+
+>>> from comgra_ndbg.analysis.events import CausalChain, Event
+>>> root = Event("activation_regime", "blocks.3.out", "value", "normal", "dead", 200, 399, 0.97, 0.9)
+>>> sentence(Reading("dead_units", "node", "blocks.3.out"), root, CausalChain(root), 0.93)
+"Dead units originated in 'blocks.3.out' at step 200, after 97% of the units of 'blocks.3.out' went dead (confidence 0.93)."
+"""
+from __future__ import annotations
+
+from comgra_ndbg.analysis.events import CausalChain, Event
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
+from comgra_ndbg.analysis.reading import Reading
+
+__all__ = ["sentence", "describe", "TYPE_TEXT"]
+
+TYPE_TEXT = {
+    "vanishing": "Vanishing signal",
+    "exploding": "Exploding signal",
+    "dead_units": "Dead units",
+    "saturation": "Saturation",
+    "optimizer_divergence": "Optimizer divergence",
+    "optimizer_instability": "Optimizer instability",
+    "nonfinite_loss": "A non-finite loss",
+    "nonfinite_data": "Non-finite input data",
+    "data_shift": "A shift of the input data",
+    "loss_spike": "A transient loss spike",
+    "update_stagnation": "Update stagnation",
+    "mode_collapse": "Mode collapse",
+    "imbalanced_learning": "Imbalanced learning",
+    "unclear": "A failure of unclear type",
+}
+
+
+def sentence(reading: Reading, root: Event, chain: CausalChain, confidence: float,
+             alternatives: tuple[str, ...] = ()) -> str:
+    """One plain sentence, e.g. "Dead units originated in 'blocks.3.pre' at step 200, after the value rms of
+    'blocks.3.pre' rose 1.6 decades against its recent history and 'blocks.3.out' went dead (confidence
+    0.93)."."""
+    where = {"optimizer": "the optimizer", "loss": f"the loss ('{reading.node}')" if reading.node else "the loss",
+             "data": f"the input data ('{reading.node}')" if reading.node else "the input data",
+             "architecture": f"the architecture or initialisation (first seen in '{reading.node}')"}.get(
+        reading.origin, f"'{reading.node}'")
+    onset = "from the first step" if root.at_start else f"at step {root.onset}"
+    because = describe(root)
+    if reading.refined_by:
+        regime = reading.refined_by[0]
+        because += f" and '{regime.node}' went {regime.to_state}" if regime.node != root.node else ""
+    effects = [link.effect for link in chain.links]
+    tail = ""
+    if effects:
+        nodes = {e.node for e in effects}
+        first = effects[0]
+        tail = (f"; {len(effects)} later event{'s' if len(effects) > 1 else ''} in {len(nodes)} "
+                f"node{'s' if len(nodes) > 1 else ''} follow{'s' if len(effects) == 1 else ''} from it "
+                f"(first: {first.family.replace('_', ' ')} "
+                f"{first.to_state} in '{first.node}' at step {first.onset})")
+    title = TYPE_TEXT.get(reading.type, reading.type)
+    if alternatives:
+        title = f"A failure ({' or '.join(TYPE_TEXT.get(a, a).lower() for a in alternatives)}: unclear which)"
+    return f"{title} originated in {where} {onset}, {because}{tail} (confidence {confidence:.2f})."
+
+
+def describe(e: Event) -> str:
+    """What the event's series did, as a clause: "after the value rms of 'h' rose 1.2 decades …"."""
+    subject = "the optimizer's updates" if e.node == OPTIMIZER else f"'{e.node}'"
+    if e.family == "nonfinite":
+        what = "loss" if e.kind == "kpi" else {"value": "values", "update": "updates"}.get(e.kind, "gradients")
+        return f"where {what} of {subject} first turned non-finite"
+    if e.family == "parameter_edit":
+        before, after = e.evidence[0].values if e.evidence else (float("nan"), float("nan"))
+        return (f"where the values of {subject} changed by more than the optimizer's update explains (norm "
+                f"{before:.3g} → {after:.3g}: written outside the optimizer)")
+    if e.to_state == "imbalanced":
+        what = "gradient norms" if e.kind == "grad" else "update/weight ratios"
+        pair = e.evidence[0].series.split("÷") if e.evidence else ["", ""]
+        other = pair[1].split("/")[0] if len(pair) > 1 else ""
+        partner = pair[0].split("/")[0] if pair[0].split("/")[0] != e.node else other
+        return (f"after the ratio of the {what} of the parallel paths through {subject} and '{partner}' shifted "
+                f"{e.magnitude:.1f} decades and stayed there (one path dwarfs the other)")
+    if e.to_state == "collapsed":
+        before, after = e.evidence[0].baseline if e.evidence else float("nan"), e.evidence[0].values[0] \
+            if e.evidence else float("nan")
+        return (f"after the spread of {subject} across the samples of a batch fell from {before:.2g} to {after:.2g} "
+                f"of its second moment (the samples became alike)")
+    if e.to_state in ("dead", "saturated"):
+        share = "units" if e.to_state == "dead" else "elements"
+        return f"after {e.magnitude:.0%} of the {share} of {subject} went {e.to_state}"
+    if e.to_state == "frozen":
+        if e.node == OPTIMIZER:
+            return f"after no parameter changed for {e.magnitude:.0f} steps"
+        return f"after the values of {subject} stopped changing for {e.magnitude:.0f} steps while the rest trained"
+    if e.to_state == "spike":
+        return f"after the loss jumped {e.magnitude:.0f}× its recent median and recovered"
+    if e.to_state == "diverging":
+        return f"after the loss rose {e.magnitude:.0f}× its recent median"
+    what = {"value": "value rms", "grad": "gradient (relative to the output's)",
+            "update": "update/weight ratio"}.get(e.kind, e.kind)
+    direction = "rose" if e.to_state in ("exploding", "unstable") else "fell"
+    if e.at_start:
+        return f"where the {what} of {subject} is {e.magnitude:.1f} decades off"
+    return f"after the {what} of {subject} {direction} {e.magnitude:.1f} decades against its recent history"

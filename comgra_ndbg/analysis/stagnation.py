@@ -1,0 +1,119 @@
+"""Update stagnation: a parameter stops changing while the rest of the model trains.
+
+Read from the parameter values themselves, whatever froze them: a learning rate of 0 in its param group
+(the gradient is there, the update is 0), ``requires_grad_(False)`` (no gradient at all), a layer left out
+of the optimizer. A node is *frozen* at a step when its update is exactly 0 — or, for a parameter that no longer needs a
+gradient and so has no update recorded, when its value's summary is exactly the previous step's — while at
+least ``optimizer_share`` of the other parameter nodes moved; ``frozen_steps`` such steps in a row make an
+event.
+
+Freezing from the first step is usually intended (a frozen backbone, an embedding kept fixed): such an
+event is ``at_start`` and carries whether the node had a gradient, because a parameter that receives
+gradients and never moves is not frozen on purpose — it is missing from the optimizer.
+
+When most trainable parameter nodes (those that moved or received gradients at some point) stop together,
+the cause is the loop or the optimizer, not a layer: one ``frozen`` event of the node ``optimizer`` (e.g.
+``optimizer.step()`` no longer called, every rate 0).
+
+>>> import numpy as np
+>>> from comgra_ndbg.analysis.series import build_series
+>>> from comgra_ndbg.analysis.synthetic import summary_rows
+>>> moving = summary_rows(rms=np.full(60, 1e-3)); stopped = np.full(60, 1e-3); stopped[30:] = 0.0
+>>> rows = {("a", "update"): moving, ("b", "update"): moving, ("c", "update"): summary_rows(rms=stopped)}
+>>> s = build_series(rows, roles={"a": "parameter", "b": "parameter", "c": "parameter"}, kpis={})
+>>> [(e.node, e.onset, e.at_start) for e in stagnation_events(s)]
+[('c', 30, False)]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.events import Event, Evidence
+from comgra_ndbg.analysis.optimizer_stability import FAMILY, OPTIMIZER
+from comgra_ndbg.analysis.series import NodeSeries, RunSeries
+from comgra_ndbg.analysis.shift import runs, strength
+
+__all__ = ["stagnation_events", "had_gradient"]
+
+
+def _change(series: RunSeries, node: NodeSeries) -> np.ndarray:
+    """How much the node changed at each step: its update's largest element where an update was recorded,
+    else (a parameter that needs no gradient gets no update row) 0 where its value's summary is exactly the
+    one of the step before, NaN where that cannot be told."""
+    n = len(series.steps)
+    change = node.stats["update"]["abs_max"].copy() if node.has("update") else np.full(n, np.nan)
+    if not node.has("value") or n < 2:
+        return change
+    value = node.stats["value"]
+    same = np.ones(n - 1, dtype=bool)
+    for stat in ("l2", "mean", "min", "max", "count"):
+        same &= value[stat][1:] == value[stat][:-1]
+    same &= np.diff(series.steps) == 1
+    unknown = np.flatnonzero(~np.isfinite(change[1:])) + 1
+    change[unknown] = np.where(same[unknown - 1], 0.0, np.nan)
+    return change
+
+
+def had_gradient(node: NodeSeries, start: int, stop: int) -> bool:
+    """Whether the node received a non-zero gradient at some step index in ``[start, stop]``."""
+    if not node.has("grad"):
+        return False
+    grad = node.stats["grad"]["abs_max"][start:stop + 1]
+    return bool(np.nan_to_num(grad, nan=0.0).max(initial=0.0) > 0)
+
+
+def stagnation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
+                      stop: int | None = None) -> list[Event]:
+    """Frozen parameter nodes while the others train, and the whole model frozen at once (``optimizer``)."""
+    t = thresholds
+    nodes = [n for n in series.parameters if n.has("update") or n.has("value")]
+    if not nodes:
+        return []
+    update = np.stack([_change(series, n)[:stop] for n in nodes])
+    recorded = np.isfinite(update)
+    still = recorded & (update == 0)
+    moved = recorded & (update > 0)
+    last = update.shape[1] - 1
+    trainable = np.array([moved[k].any() or had_gradient(n, 0, last) for k, n in enumerate(nodes)])
+    events: list[Event] = []
+    for k, node in enumerate(nodes):
+        others = np.delete(moved, k, axis=0)[np.delete(trainable, k)]
+        share = others.mean(axis=0) if len(others) else np.zeros(still.shape[1])
+        events += _node_events(series, node, still[k] & (share >= t.optimizer_share), update[k], t)
+    if trainable.sum() >= 2:
+        shares = still[trainable].mean(axis=0)
+        events += _whole_model_events(series, shares, moved, t)
+    return events
+
+
+def _whole_model_events(series: RunSeries, shares: np.ndarray, moved: np.ndarray, t: Thresholds) -> list[Event]:
+    """The trainable parameter nodes stopping together (a share above ``1 - optimizer_share`` of them at
+    once, when no node's own event can be told apart from the rest)."""
+    out = []
+    for i, j in runs(shares > 1 - t.optimizer_share, t.frozen_steps):
+        moved_before = bool(moved[:, :i].any())
+        evidence = Evidence("optimizer/update/share_exactly_0", tuple(int(v) for v in series.steps[i:i + 3]),
+                            tuple(float(v) for v in shares[i:i + 3]))
+        out.append(Event(FAMILY, OPTIMIZER, "update", "stable", "frozen", int(series.steps[i]),
+                         int(series.steps[j]), float(j - i + 1), strength(j - i + 1, t.frozen_steps), (evidence,),
+                         at_start=not moved_before and i < t.start_steps))
+    return out
+
+
+def _node_events(series: RunSeries, node: NodeSeries, frozen: np.ndarray, update: np.ndarray,
+                 t: Thresholds) -> list[Event]:
+    out = []
+    steps = series.steps
+    for i, j in runs(frozen, t.frozen_steps):
+        moved_before = bool(np.nan_to_num(update[:i], nan=0.0).max(initial=0.0) > 0)
+        at_start = not moved_before and i < t.start_steps
+        window = slice(i, min(i + 3, len(update)))
+        baseline = float(np.nanmedian(update[max(0, i - t.window):i])) if moved_before else float("nan")
+        evidence = Evidence(f"{node.name}/update/abs_max", tuple(int(v) for v in steps[window]),
+                            tuple(float(v) for v in update[window]), baseline)
+        gradient = had_gradient(node, i, j)
+        out.append(Event(FAMILY, node.name, "update", "stable" if moved_before else "initial",
+                         "frozen" if moved_before or gradient else "fixed", int(steps[i]), int(steps[j]),
+                         float(j - i + 1), strength(j - i + 1, t.frozen_steps), (evidence,), at_start=at_start))
+    return out

@@ -1,0 +1,138 @@
+"""The loss: node ``loss`` and the ``loss`` KPI of every step, however the loop computes it.
+
+``LossCapture`` is a mixin of ``NeuralDbg`` and works on its state. Two sources:
+
+- without ``loss=`` (the default): the tensor ``backward()`` is called on. ``patches`` hands every
+  outermost backward call's roots to each open ``NeuralDbg``; one takes a root when its model ran a
+  training pass in the open step and the root depends on that pass's output (:func:`reached_outputs`
+  walks ``grad_fn`` from the root and stops at the output: a few nodes for a loss computed from the output,
+  the loss's own graph otherwise). ``scaler.scale(loss).backward()`` reports the unscaled ``loss``. A
+  loss divided before ``backward()`` (``(loss / k).backward()`` for accumulation) is recorded divided:
+  it is what the optimizer's gradient came from;
+- with ``loss=criterion_module``: the criterion's forward hook hands over its output (the loss) and its
+  second argument (the target), before any scaling the loop applies.
+
+Either way the KPI ``loss`` of a step is the mean of its losses (several ``backward()`` calls: gradient
+accumulation, two losses), recorded on every step, skipped or not, NaN and Inf included; on recorded steps
+the loss is registered as node ``loss`` (``loss#1``, … for further losses of one forward pass), so the edge
+``model → loss`` is in the graph.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
+from comgra_ndbg.instrument.steps import LOSS
+from comgra_ndbg.recorder.grad_hook import on_gradient
+
+__all__ = ["LossCapture", "TARGET", "reached_outputs"]
+
+TARGET = "target"
+
+OutputKey = tuple[Any, int]
+"""An output tensor's autograd identity: ``(grad_fn, output_nr)``."""
+
+
+def reached_outputs(loss: torch.Tensor, outputs: dict[OutputKey, Any]) -> list[Any]:
+    """The values of ``outputs`` (keyed by ``(grad_fn, output_nr)``) whose tensors ``loss`` was computed
+    from, in the order the walk meets them; the walk stops at each one it reaches.
+
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> out, other = x * 2, x * 3
+    >>> outputs = {(out.grad_fn, out.output_nr): "out", (other.grad_fn, other.output_nr): "other"}
+    >>> reached_outputs((out - 1).pow(2).mean(), outputs), reached_outputs(x.sum(), outputs)
+    (['out'], [])
+    """
+    node = loss.grad_fn
+    if node is None or not outputs:
+        return []
+    own = outputs.get((node, loss.output_nr))
+    if own is not None:
+        return [own]
+    found: list[Any] = []
+    seen, stack = {node}, [node]
+    while stack:
+        for child, output_nr in stack.pop().next_functions:
+            if child is None:
+                continue
+            hit = outputs.get((child, output_nr))
+            if hit is not None:
+                if hit not in found:
+                    found.append(hit)
+            elif child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return found
+
+
+class LossCapture:
+    """Loss capture of ``NeuralDbg`` (see the module docstring); not used on its own."""
+
+    # ---- the tensor backward() is called on ------------------------------------------------------------
+    def _note_outputs(self, output: Any) -> None:
+        """Remember the autograd identity of each output tensor of this training pass, for the losses."""
+        if self._criterion is not None:
+            return
+        for suffix, tensor in tensor_leaves(output):
+            if tensor.grad_fn is not None:
+                self._loss_sources[(tensor.grad_fn, tensor.output_nr)] = (ROOT + suffix, self._iteration)
+
+    def _on_backward_call(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """``patches``' callback: take each root computed from this step's forward passes as a loss."""
+        if self._closed or not self._loss_sources or self.recorder.current_step is None:
+            return
+        for _, loss in roots:
+            sources = reached_outputs(loss, self._loss_sources)
+            if sources:
+                self._safely("recording the loss", self._take_loss, loss, sources)
+
+    def _take_loss(self, loss: torch.Tensor, sources: list[tuple[str, int]]) -> None:
+        rec = self.recorder
+        self._losses.append(loss.detach().float().mean())
+        if not rec.is_recording:
+            return
+        [(name, _)] = output_names(LOSS, [("", loss)], self._counts)
+        self._register_loss(name, loss)
+        if self._declared_edges:
+            for source, iteration in sources:
+                rec.add_dependency(source, name, source_iteration=iteration, discovered=True)
+
+    def _register_loss(self, name: str, loss: torch.Tensor) -> None:
+        """Register a loss tensor with its gradient; after a compiled pass detached, with a hook of ours (its
+        edges are declared: autograd would see the whole compiled region)."""
+        if not self._compiled_pass:
+            self.recorder.register_tensor(name, loss, role="loss", node=LOSS)
+            return
+        self.recorder.register_tensor(name, loss.detach(), role="loss", node=LOSS)
+        if loss.requires_grad:
+            self._tensor_handles.append(on_gradient(loss, partial(self._on_grad, name, self._iteration, False)))
+
+    # ---- loss=criterion_module -------------------------------------------------------------------------
+    def _after_loss(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if (self._closed or self._hooks.collecting_now or not self._training_pass or not torch.is_grad_enabled()
+                or not isinstance(output, torch.Tensor) or self.recorder.current_step is None):
+            return
+        self._safely("recording the loss", self._record_loss, args, output)
+
+    def _record_loss(self, args: tuple, output: torch.Tensor) -> None:
+        """The loss value (KPI, every step) and, on recorded steps, the loss and target tensors."""
+        rec = self.recorder
+        self._losses.append(output.detach().float().mean())
+        if not rec.is_recording:
+            return
+        target = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].requires_grad else None
+        [(name, _)] = output_names(LOSS, [("", output)], self._counts)
+        sources = list(self._output_names)
+        if target is not None:
+            [(target_name, _)] = output_names(TARGET, [("", target)], self._counts)
+            rec.register_tensor(target_name, target, role="target", node=TARGET)
+            sources.append(target_name)
+        self._register_loss(name, output)
+        if self._declared_edges:
+            for source in sources:
+                rec.add_dependency(source, name, discovered=True)
+

@@ -1,0 +1,204 @@
+"""Step detection: where a training step and its forward passes (iterations) begin and end.
+
+``StepDetection`` is a mixin of ``NeuralDbg`` and works on its state. The model's forward pre-hook opens
+a step, or a new iteration of the open step; a step ends when the next training pass finds the parameters
+changed (an optimizer stepped, or any in-place update) or, after a backward pass, the gradients cleared —
+or exactly at the ``optimizer=``'s step post-hook. Forward passes without gradients, in inference mode or
+in ``model.eval()`` are evaluation passes: they are counted, not recorded, and never split a step.
+
+Every optimizer's step is seen too (``patches``' global optimizer hooks). Right before an optimizer that
+holds some of the model's parameters steps, their gradients are taken again where they changed since the
+backward pass (clipping, a ``GradScaler``'s unscaling): the step records the gradient the optimizer used.
+A step in which only other optimizers stepped and the model's parameters did not change was the model's
+forward pass inside another model's update (a GAN's discriminator during the generator's step): it is
+discarded, not written, so there is one recorded step per update of the model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from comgra_ndbg.instrument.hooks import INPUT, from_compiled_code, input_names, tensor_leaves
+from comgra_ndbg.recorder.grad_hook import on_gradient
+
+__all__ = ["StepDetection", "LOSS"]
+
+LOSS = "loss"
+
+
+class StepDetection:
+    """Step and iteration boundaries of ``NeuralDbg`` (see the module docstring); not used on its own."""
+
+    def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._closed or self._hooks.collecting_now:
+            return
+        self._hooks.capture = False
+        self._training_pass = (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+                               and self._root.training)
+        if self._training_pass:
+            self._safely("starting a forward pass", self._begin_pass, args, kwargs)
+        else:
+            self._evaluation_passes += 1
+
+    def _begin_pass(self, args: tuple, kwargs: dict) -> None:
+        rec = self.recorder
+        if self._pass_open:  # the last pass raised before its end
+            rec.finish_iteration()
+            self._pass_open = False
+        if rec.current_step is not None and self._optimizer_stepped():
+            self._end_step()
+        if rec.current_step is None:
+            rec.start_step(self._next_step, self.step_type)
+            self._next_step += 1
+            self._parameter_mark = self._parameter_version()
+            self._backward_seen = False
+            self._own_steps = self._foreign_steps = 0
+            self._declared_edges = False
+        self._iteration = rec.start_iteration()
+        self._pass_open = True
+        self._callback_queued = False
+        self._compiled_pass = self._hidden_pass = False
+        self._counts, self._outputs_seen, self._output_names, self._eager_names = {}, 0, [], []
+        capture = rec.is_recording
+        self._pass_args = (args, kwargs) if capture else None
+        self._input_names = []
+        if capture:
+            for name, tensor in input_names(args, kwargs):
+                rec.register_tensor(name, tensor, role="input", node=INPUT)
+                self._input_names.append(name)
+        self._hooks.capture = capture
+
+    def _optimizer_stepped(self) -> bool:
+        """Whether the open step is over: parameters changed, or gradients were cleared after a backward (a
+        model without trainable parameters: any earlier pass ends it)."""
+        if self._steps_by_pass:
+            return True
+        if self._parameter_version() != self._parameter_mark:
+            return True
+        return self._backward_seen and self._grad_fingerprint() != self._grad_mark
+
+    def _parameter_version(self) -> int:
+        return sum(p._version for p in self._parameters)
+
+    def _grad_fingerprint(self) -> tuple:
+        return tuple(None if p.grad is None else (id(p.grad), p.grad._version) for p in self._parameters)
+
+    def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._closed or self._hooks.collecting_now or not self._pass_open:
+            return
+        self._safely("finishing a forward pass", self._end_pass, output)
+
+    def _end_pass(self, output: Any) -> None:
+        rec = self.recorder
+        try:
+            if self._hooks.capture:
+                stashed = self._hooks.drain()
+                if stashed:
+                    self._register_compiled(stashed, output)
+                else:
+                    if not self._root_selected:
+                        self._register_outputs("", list(tensor_leaves(output)), "output")
+                    if self._needs_structure_pass():
+                        self._declare_eager_structure()
+                if not self._outputs_seen and self._hooks.installed > self._root_selected:
+                    self._no_module_output(output)
+            self._note_outputs(output)
+            self._watch_backward(output)
+        finally:
+            self._hooks.capture = False
+            self._pass_args = None
+            rec.finish_iteration()
+            self._pass_open = False
+
+    def _no_module_output(self, output: Any) -> None:
+        """No chosen module reported its output in this pass. Compiled code traced without the hooks (the
+        model, or another of its class, compiled earlier) is dropped, once, so the next pass traces them."""
+        compiled = any(from_compiled_code(tensor) for _, tensor in tensor_leaves(output))
+        if compiled and not self._evicted:
+            self._evicted = evict_compiled_code(self._root) > 0
+            if self._evicted:
+                return
+        self._warn_once("no output", "no chosen module reported its output in this forward pass" + (
+            ": torch.compile ran code traced without NeuralDbg's hooks even after its cached code was dropped; "
+            "call torch.compiler.reset() before NeuralDbg" if compiled else
+            "; check modules= (patterns and classes of the modules the model calls)"))
+
+    def _watch_backward(self, output: Any) -> None:
+        for _, tensor in tensor_leaves(output):
+            if tensor.requires_grad and tensor.grad_fn is not None:
+                self._tensor_handles.append(on_gradient(tensor, self._on_backward))
+                return
+
+    def _on_backward(self, grad: torch.Tensor) -> None:
+        if not self._callback_queued and not self._closed:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+
+    def _after_backward(self) -> None:
+        self._callback_queued = False
+        self._backward_seen = True
+        self._grad_mark = self._grad_fingerprint()
+
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if not self._closed and self.recorder.current_step is not None and not self._pass_open:
+            self._safely("finishing the step", self._finish_step)
+
+    # ---- every optimizer's step (patches' global hooks) ---------------------------------------------------
+    def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` holds a parameter of the model (cached while its groups keep their sizes)."""
+        key = tuple(len(group["params"]) for group in optimizer.param_groups)
+        cached = self._owners.get(optimizer)
+        if cached is None or cached[0] != key:
+            ids = self._parameter_ids
+            cached = (key, any(id(p) in ids for group in optimizer.param_groups for p in group["params"]))
+            self._owners[optimizer] = cached
+        return cached[1]
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._closed and self.recorder.current_step is not None and self._owns(optimizer):
+            self.recorder.refresh_parameter_gradients()
+
+    def _after_optimizer_step_anywhere(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._closed and self.recorder.current_step is not None:
+            if self._owns(optimizer):
+                self._own_steps += 1
+            else:
+                self._foreign_steps += 1
+
+    # ---- ending a step -------------------------------------------------------------------------------------
+    def _end_step(self) -> None:
+        """Finish the open step, or discard it when it was the model's pass inside another model's update."""
+        if self._foreign_steps and not self._own_steps and self._parameter_version() == self._parameter_mark:
+            self._discard_step()
+        else:
+            self._finish_step()
+
+    def _finish_step(self) -> None:
+        rec = self.recorder
+        try:
+            if self._pass_open:
+                rec.finish_iteration()
+                self._pass_open = False
+            if self._losses:
+                rec.record_kpi(LOSS, torch.stack(self._losses).mean())
+            rec.finish_step()
+        finally:
+            self._release_step()
+
+    def _discard_step(self) -> None:
+        try:
+            self._pass_open = False
+            self.recorder.discard_step()
+            self._next_step -= 1
+        finally:
+            self._release_step()
+
+    def _release_step(self) -> None:
+        for handle in self._tensor_handles:
+            handle.remove()
+        self._tensor_handles, self._taps, self._losses, self._loss_sources = [], {}, [], {}
+        self._forget_hidden_calls()
+        self._backward_seen = False
+        self._own_steps = self._foreign_steps = 0

@@ -1,0 +1,100 @@
+"""Update stagnation read from the parameter values: frozen by lr 0 (gradient present) or by
+requires_grad_(False) (no gradient), frozen on purpose from the start, and the whole model frozen at once."""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.hypotheses import rank_hypotheses
+from comgra_ndbg.analysis.causal import link_events
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
+from comgra_ndbg.analysis.series import build_series
+from comgra_ndbg.analysis.stagnation import stagnation_events
+from comgra_ndbg.analysis.synthetic import summary_rows
+
+STEPS = 300
+
+
+def params(updates: dict[str, np.ndarray], grads: dict[str, np.ndarray | None]):
+    rows, roles = {}, {}
+    for name, update in updates.items():
+        rows[(name, "value")] = summary_rows(rms=np.ones(STEPS))
+        rows[(name, "update")] = summary_rows(rms=update)
+        if grads.get(name) is not None:
+            rows[(name, "grad")] = summary_rows(rms=grads[name])
+        roles[name] = "parameter"
+    return build_series(rows, roles=roles, kpis={"loss": (np.arange(STEPS), np.ones(STEPS))})
+
+
+def states(events):
+    return [(e.node, e.from_state, e.to_state, e.onset, e.end, e.at_start) for e in events]
+
+
+def moving() -> np.ndarray:
+    return np.full(STEPS, 1e-3)
+
+
+def stopped_at(step: int) -> np.ndarray:
+    update = moving()
+    update[step:] = 0.0
+    return update
+
+
+def test_lr_zero_freezes_a_layer_under_its_gradient() -> None:
+    series = params({"a": stopped_at(150), "b": moving(), "c": moving()},
+                    {"a": np.ones(STEPS), "b": np.ones(STEPS), "c": np.ones(STEPS)})
+    assert states(stagnation_events(series)) == [("a", "stable", "frozen", 150, STEPS - 1, False)]
+
+
+def test_requires_grad_false_freezes_a_layer_without_any_gradient() -> None:
+    grad = np.ones(STEPS)
+    grad[150:] = np.nan  # no gradient recorded once requires_grad is off
+    series = params({"a": stopped_at(150), "b": moving()}, {"a": grad, "b": np.ones(STEPS)})
+    [event] = stagnation_events(series)
+    assert (event.node, event.to_state, event.onset) == ("a", "frozen", 150)
+    [h] = rank_hypotheses([event], link_events([event], series), series)
+    assert (h.type, h.origin, h.node, h.onset) == ("update_stagnation", "node", "a", 150)
+    assert "requires_grad" in h.remedy and "param group" in h.remedy
+
+
+def test_a_layer_frozen_on_purpose_from_the_start_is_no_failure() -> None:
+    series = params({"backbone": np.zeros(STEPS), "head": moving()}, {"backbone": None, "head": np.ones(STEPS)})
+    events = stagnation_events(series)
+    assert states(events) == [("backbone", "initial", "fixed", 0, STEPS - 1, True)]
+    assert rank_hypotheses(events, link_events(events, series), series) == []
+
+
+def test_a_layer_that_gets_gradients_but_never_moves_is_missing_from_the_optimizer() -> None:
+    series = params({"new_head": np.zeros(STEPS), "body": moving()},
+                    {"new_head": np.ones(STEPS), "body": np.ones(STEPS)})
+    events = stagnation_events(series)
+    assert states(events) == [("new_head", "initial", "frozen", 0, STEPS - 1, True)]
+    [h] = rank_hypotheses(events, link_events(events, series), series)
+    assert (h.type, h.origin, h.node) == ("update_stagnation", "node", "new_head")
+
+
+def test_every_parameter_stopping_at_once_is_the_loop_not_a_layer() -> None:
+    series = params({"a": stopped_at(120), "b": stopped_at(120), "c": stopped_at(120)},
+                    {"a": np.ones(STEPS), "b": np.ones(STEPS), "c": np.ones(STEPS)})
+    events = stagnation_events(series)
+    assert states(events) == [(OPTIMIZER, "stable", "frozen", 120, STEPS - 1, False)]
+    [h] = rank_hypotheses(events, link_events(events, series), series)
+    assert (h.type, h.origin, h.node) == ("update_stagnation", "optimizer", "")
+    assert "optimizer.step()" in h.remedy
+
+
+def test_a_short_pause_is_not_stagnation() -> None:
+    update = moving()
+    update[150:155] = 0.0
+    series = params({"a": update, "b": moving()}, {"a": np.ones(STEPS), "b": np.ones(STEPS)})
+    assert stagnation_events(series) == []
+
+
+def test_a_parameter_without_update_rows_whose_value_stands_still_is_frozen() -> None:
+    values = np.r_[np.linspace(1.0, 1.2, 150), np.full(STEPS - 150, 1.2)]  # requires_grad_(False) at 150
+    update = np.full(STEPS, 1e-3)
+    update[150:] = np.nan  # no update row once it needs no gradient (NaN rows read as not recorded)
+    rows = {("a", "value"): summary_rows(rms=values), ("a", "update"): summary_rows(rms=update),
+            ("b", "value"): summary_rows(rms=np.linspace(1.0, 1.5, STEPS)), ("b", "update"): summary_rows(rms=moving())}
+    series = build_series(rows, roles={"a": "parameter", "b": "parameter"},
+                          kpis={"loss": (np.arange(STEPS), np.ones(STEPS))})
+    assert states(stagnation_events(series)) == [("a", "stable", "frozen", 150, STEPS - 1, False)]
