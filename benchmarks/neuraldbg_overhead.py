@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.overhead import BATCH, MLP, ParameterPasses, make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
 from comgra_ndbg.recorder import kernels  # noqa: E402
+from comgra_ndbg.store.schema import NUM_FIELDS  # noqa: E402
 
 VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, LAYERS, TOKENS_BATCH = 256, 32, 128, 4, 256, 2, 16
 
@@ -110,7 +111,7 @@ def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, f
     model, criterion = make_model(), nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     passes = ParameterPasses(model)
-    row = np.zeros(14)
+    row = np.zeros(NUM_FIELDS)
     outputs: list[torch.Tensor] = []
 
     def summarize(t: torch.Tensor) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from comgra_ndbg import Recorder
 from comgra_ndbg.recorder import kernels, parallel
+from comgra_ndbg.store.schema import NUM_FIELDS
 
 WIDTH, DEPTH, BATCH, IN, OUT = 256, 8, 64, 32, 10
 
@@ -108,7 +109,7 @@ class ParameterPasses:
         self._addresses = np.array([p.data_ptr() for p in self.params], dtype=np.int64)
         self._sizes = np.array([p.numel() for p in self.params], dtype=np.int64)
         self._copy_addresses = np.array([c.data_ptr() for c in self._copies], dtype=np.int64)
-        self._rows = np.zeros((len(self.params), 14))
+        self._rows = np.zeros((len(self.params), NUM_FIELDS))
 
     def values(self) -> None:
         parallel.moments_many(self.dtype, self._addresses, self._sizes, self._rows, copies=self._copy_addresses)
@@ -132,7 +133,7 @@ def run_floor(data: list) -> float:
     passes = ParameterPasses(model)
     dtype = np.dtype(np.float32)
     thresholds = np.array([-0.99, 0.99], dtype=dtype)
-    row = np.zeros(14)
+    row = np.zeros(NUM_FIELDS)
     times = []
     for x, y in data:
         t0 = time.perf_counter()
@@ -156,7 +157,7 @@ def run_floor(data: list) -> float:
         loss.backward()
         grads = [t.grad for t in hidden]
         parallel.moments_many(dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
-                              np.array([g.numel() for g in grads], dtype=np.int64), np.zeros((len(grads), 14)),
+                              np.array([g.numel() for g in grads], dtype=np.int64), np.zeros((len(grads), NUM_FIELDS)),
                               batches=np.full(len(grads), BATCH, dtype=np.int64))
         passes.gradients()
         opt.step()

@@ -4,7 +4,7 @@
 The recording is made with the store writer directly (the recorder would spend most of a minute on 10k
 training steps): 50 series (10 parameters with value, grad and update, 20 activations with value) summarized
 at every step, the last 5 of every 10th step in two iterations, so the file has the layout a real run gives
-(``summary/data`` of 50 x 14 x 11k float64 rows in 4096-row chunks, gzip level 1 + shuffle). No snapshots: a
+(``summary/data`` of 50 x 17 x 11k float64 rows in 4096-row chunks, gzip level 1 + shuffle). No snapshots: a
 timeline read never touches the snapshot pools. Segments are flushed every 100 steps (100 flushes, merged
 with fanout 8, as the recorder's time-based flush would do), then ``close()`` consolidates ``recording.h5``.
 

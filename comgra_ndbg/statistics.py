@@ -54,8 +54,20 @@ def _unit_ratio(field: str) -> Callable[[np.ndarray], np.ndarray]:
     return lambda r: _ratio(r[..., FIELD[field]], r[..., FIELD["units"]])
 
 
+def _sample_spread(r: np.ndarray) -> np.ndarray:
+    """The share of the second moment that varies across the samples of the batch: 0 when every sample is the
+    same, 1 when every unit has mean 0 over the batch (clipped to 1 against rounding)."""
+    return np.minimum(_ratio(r[..., FIELD["spread_dev_sq"]], r[..., FIELD["spread_sum_sq"]]), 1.0)
+
+
+def _sample_spread_rms(r: np.ndarray) -> np.ndarray:
+    """The rms deviation of an element from its unit's mean over the batch (the pooled across-sample std)."""
+    return np.sqrt(_ratio(r[..., FIELD["spread_dev_sq"]], r[..., FIELD["spread_count"]]))
+
+
 # Name -> function of a [..., NUM_FIELDS] array. Population statistics over the finite elements; NaN where
-# the tensor had no finite element (or, for fractions, where the denominator is 0).
+# the tensor had no finite element (or, for fractions, where the denominator is 0). The sample spread is NaN
+# where it is unknown: no batch, one sample, every unit holding a NaN or ±Inf, rows from format version 1.
 STATISTICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "count": lambda r: r[..., FIELD["count"]],
     "nonfinite": lambda r: r[..., FIELD["nan"]] + r[..., FIELD["inf"]],
@@ -74,6 +86,8 @@ STATISTICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "dead_fraction": _unit_ratio("dead_units"),
     "saturated_fraction": lambda r: _ratio(r[..., FIELD["saturated"]], r[..., FIELD["bounded"]]),
     "saturated_unit_fraction": _unit_ratio("saturated_units"),
+    "sample_spread": _sample_spread,
+    "sample_spread_rms": _sample_spread_rms,
 }
 
 

@@ -107,6 +107,37 @@ def test_tensor_panel_shows_the_recorded_statistics_values_and_histogram(cache: 
     assert cells(one["values"][0])[0][1] == f"{snapshot.dense()[2, 0]:.6g}"
 
 
+def _find(component: object, component_id: str) -> object | None:
+    """The component with ``component_id`` in a Dash layout tree."""
+    if getattr(component, "id", None) == component_id:
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, (list, tuple)) else [children]:
+        found = _find(child, component_id) if child is not None and not isinstance(child, str) else None
+        if found is not None:
+            return found
+    return None
+
+
+def test_the_sample_spread_is_listed_tabulated_and_plotted(cache: ReaderCache, group: Path) -> None:
+    """A batch statistic: the whole batch's table and timeline show it, one sample's table shows it unknown."""
+    page = create_app(group).layout()
+    assert {"sample_spread", "sample_spread_rms"} <= set(_find(page, ids.STAT).options)
+    out = callbacks.update_selection(cache, "graph", "hidden", None)
+    panel = callbacks.tensor_panel(cache, out["store"], "table", 1)
+    recording = open_recording(group, "a")
+    steps, spread = recording.summary("hidden", stat="sample_spread")
+    table = dict(cells(panel["stats"]))
+    assert 0 < spread[-1] < 1 and table["sample_spread"] == f"{spread[-1]:.6g}"
+    sample = callbacks.tensor_panel(cache, callbacks.update_selection(cache, "sample", 2, out["store"])["store"],
+                                    "table", 1)
+    assert dict(cells(sample["stats"]))["sample_spread"] == "—"
+    restat = callbacks.update_selection(cache, "stat", "sample_spread", out["store"])
+    figure, _ = callbacks.timeline_view(cache, restat["store"], None)
+    plotted = {x: y for trace in figure["data"] for x, y in zip(trace["x"], trace["y"])}
+    assert plotted == pytest.approx(dict(zip(steps.tolist(), spread.tolist())), rel=1e-12)
+
+
 def test_timeline_is_patched_when_only_the_step_moves(cache: ReaderCache) -> None:
     out = callbacks.update_selection(cache, "graph", "loss", None)
     figure, key = callbacks.timeline_view(cache, out["store"], None)

@@ -1,8 +1,10 @@
-"""The compiled single-pass kernels (``recorder.kernels``) and ``Reducer.add_many`` against numpy in float64.
+"""The compiled single-pass kernels (``recorder.kernels``, ``unit_kernels``) and ``Reducer.add_many`` against
+numpy in float64.
 
 The kernels take liberties for speed (float32 partial sums, fast-math, min/max from bit patterns, no NaN
 checks); these tests pin down where that is safe: block boundaries, signs and signed zeros, integer data,
-a mean that dwarfs the spread, values whose squares overflow, and the fused copy and difference.
+a mean that dwarfs the spread, values whose squares overflow, the fused copy and difference, and the sample
+spread of identical, nearly identical and non-finite samples.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg.recorder import kernels
+from comgra_ndbg.recorder import kernels, unit_kernels
 from comgra_ndbg.recorder.reduce import Reducer, summarize
+from comgra_ndbg.statistics import derive
 from comgra_ndbg.store.schema import FIELD, identity_row
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
@@ -182,3 +185,107 @@ def test_a_lazily_negated_view_is_summarised_with_its_sign() -> None:
     rows = reducer.collect()
     for index in indices:
         assert rows[index, FIELD["sum"]] == -6.0 and rows[index, FIELD["min"]] == -3.0
+
+
+# ---- the sample spread -------------------------------------------------------------------------------------
+def spread_reference(a: np.ndarray) -> tuple[float, float, float]:
+    """(elements, Σx², Σ squared deviations from each unit's mean over the batch) of the units of a
+    ``[batch, units]`` array that hold no NaN or Inf, in float64, two passes."""
+    w = np.asarray(a, dtype=np.float64)
+    kept = w[:, np.isfinite(w).all(axis=0)]
+    return float(kept.size), float((kept * kept).sum()), float(((kept - kept.mean(axis=0)) ** 2).sum())
+
+
+def spread_of(row: np.ndarray) -> tuple[float, float, float]:
+    return tuple(float(row[FIELD[f]]) for f in ("spread_count", "spread_sum_sq", "spread_dev_sq"))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("shape", [(2, 1), (2, 3), (64, 256), (3, unit_kernels.ROWS + 5), (unit_kernels.ROWS + 3, 2),
+                                   (2 * unit_kernels.ROWS + 1, 3)], ids=str)
+def test_the_sample_spread_equals_numpy_across_row_and_column_blocks(shape: tuple[int, int], dtype: type) -> None:
+    rng = np.random.default_rng(shape[0] * 7 + shape[1])
+    a = (rng.standard_normal(shape) * rng.uniform(0.1, 3.0, shape[1]) + rng.standard_normal(shape[1])).astype(dtype)
+    row = identity_row()
+    assert kernels.summarize(a, row, None, True) is False
+    count, sum_sq, deviation = spread_reference(a)
+    assert row[FIELD["spread_count"]] == count == a.size
+    assert row[FIELD["spread_sum_sq"]] == row[FIELD["sum_sq"]]
+    rtol = 1e-6 if dtype is np.float32 else 1e-12
+    np.testing.assert_allclose(row[FIELD["spread_sum_sq"]], sum_sq, rtol=rtol)
+    np.testing.assert_allclose(row[FIELD["spread_dev_sq"]], deviation, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_identical_samples_have_no_spread_and_centred_units_all_of_it(dtype: type) -> None:
+    rng = np.random.default_rng(1)
+    sample = rng.standard_normal(300)
+    sample = (sample - sample.mean()) / sample.std()  # a LayerNorm output: mean 0 and std 1 in every sample
+    collapsed = np.tile(sample, (64, 1)).astype(dtype)
+    row = identity_row()
+    assert kernels.summarize(collapsed, row, None, True) is False
+    assert row[FIELD["spread_dev_sq"]] == 0.0 and row[FIELD["spread_count"]] == collapsed.size
+    assert derive(row[None])["sample_spread"][0] == 0.0 and derive(row[None])["sample_spread_rms"][0] == 0.0
+    mirrored = np.concatenate([collapsed[:32], -collapsed[:32]])  # every unit has mean 0 over the batch
+    assert kernels.summarize(mirrored, row, None, True) is False
+    assert derive(row[None])["sample_spread"][0] == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_nearly_identical_samples_keep_their_small_spread(dtype: type) -> None:
+    """Collapse in progress: samples differ by 1e-4 of the units' values. Σx² − (Σx)²/n would cancel to
+    nothing in float32; sums around each unit's first sample keep the spread to float32 rounding."""
+    rng = np.random.default_rng(2)
+    a = (3.0 + rng.standard_normal(256) + 1e-4 * rng.standard_normal((64, 256))).astype(dtype)
+    row = identity_row()
+    assert kernels.summarize(a, row, None, True) is False
+    count, sum_sq, deviation = spread_reference(a)
+    np.testing.assert_allclose(row[FIELD["spread_dev_sq"]], deviation, rtol=1e-5 if dtype is np.float32 else 1e-10)
+    assert 1e-10 < derive(row[None])["sample_spread"][0] < 1e-8
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 3e38])
+def test_a_non_finite_or_overflowing_unit_asks_for_the_exact_recompute(bad: float) -> None:
+    a = np.random.default_rng(3).standard_normal((16, 40)).astype(np.float32)
+    a[5, 7] = bad
+    assert kernels.summarize(a, identity_row(), None, True) is True
+    if bad == 3e38:  # squares that fit float32 (Σx² = 3.38e38), a deviation from the first sample whose does not
+        a[5, 7], a[0, 7], a[6, 7] = 0.5, 1.3e19, -1.3e19
+        assert kernels.moments(a.reshape(-1), identity_row()) is False
+        assert kernels.summarize(a, identity_row(), None, True) is True
+        count, sum_sq, deviation = spread_reference(a)
+        np.testing.assert_allclose(spread_of(summarize(torch.from_numpy(a), batched=True)), (count, sum_sq, deviation),
+                                   rtol=1e-12)
+
+
+def test_a_first_sample_far_from_the_others_asks_for_the_exact_recompute() -> None:
+    a = np.full((256, 8), 5.0, dtype=np.float32)
+    a[1:] += np.random.default_rng(4).standard_normal((255, 8)).astype(np.float32) * 1e-3
+    a[0] = 100.0  # the shift: every other sample lies ~1e5 of their spread away from it
+    row = identity_row()
+    assert kernels.summarize(a, row, None, True) is True
+    reduced = summarize(torch.from_numpy(a), batched=True)  # the reducer recomputes it in float64
+    count, sum_sq, deviation = spread_reference(a)
+    assert spread_of(reduced)[0] == count
+    np.testing.assert_allclose(spread_of(reduced)[1:], (sum_sq, deviation), rtol=1e-12)
+
+
+def test_units_holding_nan_or_inf_are_left_out_of_the_spread() -> None:
+    a = torch.tensor([[1.0, float("nan"), 2.0, 0.0],
+                      [3.0, 4.0, float("inf"), 0.0],
+                      [5.0, 6.0, 2.0, 0.0]])
+    row = summarize(a, batched=True)
+    assert spread_of(row) == (6.0, 1.0 + 9.0 + 25.0, 8.0)  # units 0 and 3: deviations -2, 0, 2 and 0, 0, 0
+    stats = derive(row[None])
+    assert stats["sample_spread"][0] == 8.0 / 35.0 and stats["sample_spread_rms"][0] == (8.0 / 6.0) ** 0.5
+    all_bad = summarize(torch.tensor([[float("nan")], [1.0]]), batched=True)
+    assert spread_of(all_bad) == (0.0, 0.0, 0.0) and np.isnan(derive(all_bad[None])["sample_spread"][0])
+
+
+@pytest.mark.parametrize("tensor,batched", [(torch.randn(1, 50), True), (torch.randn(4, 50), False),
+                                            (torch.randn(()), True)], ids=["one sample", "batch-less", "scalar"])
+def test_without_two_samples_the_spread_is_unknown_never_zero(tensor: torch.Tensor, batched: bool) -> None:
+    row = summarize(tensor, batched=batched)
+    assert spread_of(row) == (0.0, 0.0, 0.0)
+    stats = derive(row[None])
+    assert np.isnan(stats["sample_spread"][0]) and np.isnan(stats["sample_spread_rms"][0])

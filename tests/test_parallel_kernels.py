@@ -38,13 +38,13 @@ def both(arrays: list[np.ndarray], **options: object) -> tuple[np.ndarray, np.nd
 def assert_same(shared: np.ndarray, alone: np.ndarray, arrays: list[np.ndarray]) -> None:
     """Counts and extremes equal; sums equal up to the float32 (or float64) rounding of the array's dtype,
     in whatever order the compiled code adds up a block (relative to the sum of magnitudes)."""
-    for name in ("zeros", "min", "max", "units", "dead_units"):
+    for name in ("zeros", "min", "max", "units", "dead_units", "spread_count"):
         np.testing.assert_array_equal(shared[:, FIELD[name]], alone[:, FIELD[name]], err_msg=name)
     eps = 1e-6 if arrays[0].dtype == np.float32 else 1e-12
     for j, a in enumerate(arrays):
         scale = float(np.abs(a.astype(np.float64)).sum())
         assert abs(shared[j, FIELD["sum"]] - alone[j, FIELD["sum"]]) <= eps * scale, j
-        for name in ("sum_sq", "sum_abs"):
+        for name in ("sum_sq", "sum_abs", "spread_sum_sq", "spread_dev_sq"):
             np.testing.assert_allclose(shared[j, FIELD[name]], alone[j, FIELD[name]], rtol=eps, err_msg=name)
 
 
@@ -94,6 +94,57 @@ def test_dead_units_of_batched_arrays_match() -> None:
     assert shared[:, FIELD["dead_units"]].tolist() == [3.0, 1.0]
     assert shared[:, FIELD["units"]].tolist() == [2048.0, 3.0]
     assert_same(shared, alone, [wide.reshape(-1), narrow.reshape(-1)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_the_sample_spread_equals_numpy_across_unit_item_boundaries(dtype: type) -> None:
+    """Units are shared out in ranges, each item summing around its own units' first samples: the merged
+    spread is that of the whole batch, whatever the cut (``MIN_UNITS`` per item when the batch is taller than
+    an item; rows past ``unit_kernels.ROWS`` move to float64 sums within an item)."""
+    rng = np.random.default_rng(5)
+    shapes = [(64, 2048), (3, 50_000), (5000, 300), (20_000, 3), (1, 9000), (8, 3)]
+    arrays = [(rng.standard_normal(shape) * rng.uniform(0.5, 2.0, shape[1]) + rng.standard_normal(shape[1]))
+              .astype(dtype) for shape in shapes]
+    arrays[0][:, 100:300] = arrays[0][0, 100:300]  # collapsed units: identical in every sample
+    flat = [a.reshape(-1) for a in arrays]
+    batches = np.array([shape[0] for shape in shapes], dtype=np.int64)
+    sizes = np.array([a.size for a in flat], dtype=np.int64)
+    table = parallel._plan(sizes, batches, parallel._part(int(sizes.sum()), 2))
+    units = table[table[:, 1] == parallel._UNIT_COUNTS]
+    part = parallel._part(int(sizes.sum()), 2)
+    assert part // 5000 < parallel.MIN_UNITS
+    assert np.bincount(units[:, 0]).tolist() == [-(-shape[1] // max(part // shape[0], parallel.MIN_UNITS))
+                                                 for shape in shapes]
+    assert all(count > 1 for count in np.bincount(units[:, 0])[:3]) and np.bincount(units[:, 0])[3] == 1
+    alone, shared, flags_alone, flags_shared = both(flat, batches=batches)
+    assert flags_alone.tolist() == flags_shared.tolist() == [False] * len(arrays)
+    assert_same(shared, alone, flat)
+    for j, a in enumerate(arrays):
+        w = a.astype(np.float64)
+        deviation = ((w - w.mean(axis=0)) ** 2).sum() if a.shape[0] > 1 else 0.0
+        expected = (a.size, (w * w).sum(), deviation) if a.shape[0] > 1 else (0.0, 0.0, 0.0)
+        got = [shared[j, FIELD[f]] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]
+        assert got[0] == expected[0], j
+        np.testing.assert_allclose(got[1:], expected[1:], rtol=1e-6 if dtype is np.float32 else 1e-12, err_msg=str(j))
+
+
+def test_a_unit_holding_nan_flags_its_array_and_the_reducer_leaves_the_unit_out() -> None:
+    rng = np.random.default_rng(6)
+    values = torch.from_numpy(rng.standard_normal((32, 4000)).astype(np.float32))
+    values[17, 3333] = float("nan")
+    clean = torch.from_numpy(rng.standard_normal((32, 1000)).astype(np.float32))
+    flat = [values.numpy().reshape(-1), clean.numpy().reshape(-1)]
+    _, _, flags_alone, flags_shared = both(flat, batches=np.array([32, 32], dtype=np.int64))
+    assert flags_alone.tolist() == flags_shared.tolist() == [True, False]
+    reducer = Reducer()
+    indices = reducer.add_many([values, clean], batched=[True, True])
+    rows = reducer.collect()[indices]
+    kept = np.delete(values.numpy().astype(np.float64), 3333, axis=1)
+    assert rows[0, FIELD["spread_count"]] == kept.size and rows[0, FIELD["nan"]] == 1
+    np.testing.assert_allclose(rows[0, FIELD["spread_sum_sq"]], (kept * kept).sum(), rtol=1e-12)
+    np.testing.assert_allclose(rows[0, FIELD["spread_dev_sq"]], ((kept - kept.mean(axis=0)) ** 2).sum(), rtol=1e-12)
+    whole = clean.numpy().astype(np.float64)
+    np.testing.assert_allclose(rows[1, FIELD["spread_dev_sq"]], ((whole - whole.mean(axis=0)) ** 2).sum(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, 3e38])

@@ -21,6 +21,7 @@ from comgra_ndbg import (Recorder, RecordingFormatError, RecordingNotFoundError,
                         open_recording)
 from comgra_ndbg.statistics import STATISTICS
 from comgra_ndbg.store import schema
+from comgra_ndbg.store.segment import concat, read_segment
 
 BATCH, FEATURES, HIDDEN, OUTPUTS = 6, 4, 8, 3
 NUM_STEPS = 30
@@ -165,11 +166,16 @@ def reference(arrays: list[np.ndarray], *, batched: bool, bounds: tuple[float, f
         "rms": np.sqrt((finite ** 2).mean()) if has else np.nan,
     }
     units = dead = saturated_units = saturated = bounded = 0
+    spread_count = spread_sum_sq = spread_dev_sq = 0.0  # pooled over the iterations' batches
     for a in arrays:
-        per_unit = a.reshape(a.shape[0], -1) if batched else None
+        per_unit = a.reshape(a.shape[0], -1).astype(np.float64) if batched else None
         if batched:
             units += per_unit.shape[1]
             dead += int((per_unit == 0).all(axis=0).sum())
+            kept = per_unit[:, np.isfinite(per_unit).all(axis=0)]  # units without NaN or Inf in any sample
+            spread_count += kept.size
+            spread_sum_sq += (kept ** 2).sum()
+            spread_dev_sq += ((kept - kept.mean(axis=0)) ** 2).sum() if kept.size else 0.0
         if bounds is not None:
             lo, hi = bounds
             margin = MARGIN * (hi - lo)
@@ -181,6 +187,8 @@ def reference(arrays: list[np.ndarray], *, batched: bool, bounds: tuple[float, f
     out["dead_fraction"] = dead / units if units else np.nan
     out["saturated_fraction"] = saturated / bounded if bounded else np.nan
     out["saturated_unit_fraction"] = saturated_units / units if units else np.nan
+    out["sample_spread"] = spread_dev_sq / spread_sum_sq if spread_sum_sq else np.nan
+    out["sample_spread_rms"] = np.sqrt(spread_dev_sq / spread_count) if spread_count else np.nan
     return out
 
 
@@ -442,6 +450,64 @@ def test_files_that_are_not_recordings_are_format_errors(tmp_path):
         f.attrs[schema.ATTR_FORMAT_VERSION] = schema.FORMAT_VERSION + 1
     with pytest.raises(RecordingFormatError, match="newer than this library"):
         open_recording(newer)
+
+
+# ---- older format versions -----------------------------------------------------------------------------------
+V1_FIELDS = 14  # format version 1: STAT_FIELDS up to saturated_units
+
+
+def _as_version_1(source: Path, target: Path) -> None:
+    """A copy of the recording ``source`` as format version 1 wrote it: summary and per-sample rows of 14
+    fields, ``format_version`` 1 (version 2 added the three sample-spread fields at the end and nothing else)."""
+    target.write_bytes(source.read_bytes())
+    with h5py.File(target, "r+") as f:
+        for path in (schema.SUMMARY_DATA, schema.SAMPLE_STATS):
+            data = f[path][()]
+            del f[path]
+            f.create_dataset(path, data=data[:, :V1_FIELDS])
+        f.attrs[schema.ATTR_FORMAT_VERSION] = 1
+
+
+def test_a_version_1_recording_reads_with_the_sample_spread_unknown(made, rec, tmp_path):
+    old = tmp_path / "old.h5"
+    _as_version_1(made.group / "main" / schema.FINAL_NAME, old)
+    with h5py.File(old, "r") as f:
+        assert f[schema.SUMMARY_DATA].shape[1] == V1_FIELDS and f[schema.SAMPLE_STATS].shape[1] == V1_FIELDS
+    assert np.isfinite(rec.summary("h", "value", "sample_spread")[1]).all()
+    with open_recording(old) as recording:
+        for name, kind in (("h", "value"), ("z", "value"), ("r", "grad:a"), ("model.lin1.weight", "update")):
+            for stat in STATISTICS:
+                steps, values = recording.summary(name, kind, stat)
+                want_steps, want = rec.summary(name, kind, stat)
+                assert steps.tolist() == want_steps.tolist()
+                if stat.startswith("sample_spread"):
+                    assert np.isnan(values).all(), (name, kind, stat)
+                else:
+                    np.testing.assert_array_equal(values, want, err_msg=f"{name} {kind} {stat}")
+        steps, rows = recording.summary_rows("h", "value")
+        assert rows.shape == (len(steps), schema.NUM_FIELDS)
+        np.testing.assert_array_equal(rows[:, V1_FIELDS:], 0.0)
+        snapshot, new = recording.snapshot(10, "h"), rec.snapshot(10, "h")
+        np.testing.assert_array_equal(snapshot.sample_rows[:, :V1_FIELDS], new.sample_rows[:, :V1_FIELDS])
+        assert snapshot.sample_rows.shape == new.sample_rows.shape
+        assert np.isnan(snapshot.sample_stats["sample_spread"]).all()
+        np.testing.assert_array_equal(snapshot.sample_stats["std"], new.sample_stats["std"])
+
+
+def test_a_version_1_segment_merges_with_newer_ones(made, tmp_path):
+    old = tmp_path / "old.h5"
+    current = made.group / "main" / schema.FINAL_NAME
+    _as_version_1(current, old)
+    with h5py.File(old, "r") as f:
+        before = read_segment(f)
+    with h5py.File(current, "r") as f:
+        after = read_segment(f)
+    assert before.summary_data.shape == after.summary_data.shape
+    assert before.sample_stats.shape == after.sample_stats.shape
+    np.testing.assert_array_equal(before.summary_data[:, :V1_FIELDS], after.summary_data[:, :V1_FIELDS])
+    np.testing.assert_array_equal(before.summary_data[:, V1_FIELDS:], 0.0)
+    merged = concat([before, after])
+    assert merged.summary_data.shape[1:] == (schema.NUM_FIELDS, 2 * after.summary_data.shape[2])
 
 
 # ---- plain h5py --------------------------------------------------------------------------------------------

@@ -704,10 +704,10 @@ def test_a_failure_inside_one_tensor_never_mixes_up_the_others(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     exact = reduce_module._exact_moments
 
-    def fail_at_step_1(tensor: torch.Tensor, row: np.ndarray) -> None:
+    def fail_at_step_1(tensor: torch.Tensor, row: np.ndarray, **options: int) -> None:
         if rec.current_step == 1:
             raise MemoryError("out of memory in the float64 recompute")
-        exact(tensor, row)
+        exact(tensor, row, **options)
 
     monkeypatch.setattr(reduce_module, "_exact_moments", fail_at_step_1)
     values = {}

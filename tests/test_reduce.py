@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from comgra_ndbg.recorder import kernels
+from comgra_ndbg.recorder import reduce as reduce_module
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds, summarize
 from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups, merge_rows
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, STAT_FIELDS, identity_row
@@ -17,8 +19,9 @@ from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, STAT_FIELDS, identity_ro
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 pytestmark = pytest.mark.usefixtures("host_path")  # the compiled kernels and the numpy code alike
-EXACT_FIELDS = [f for f in STAT_FIELDS if f not in ("sum", "sum_sq", "sum_abs")]
+EXACT_FIELDS = [f for f in STAT_FIELDS if f not in ("sum", "sum_sq", "sum_abs", "spread_sum_sq", "spread_dev_sq")]
 MOMENTS = ("sum", "sum_sq", "sum_abs")
+SPREAD = [FIELD[f] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]
 SHAPES = [(), (7,), (5, 6), (4, 3, 5), (3, 4, 2, 5), (4, 3, 5, 6, 2)]
 
 
@@ -43,6 +46,9 @@ def reference_row(values: np.ndarray, *, batched: bool = False, bounds: tuple[fl
         units = a.reshape(a.shape[0], -1)
         row[FIELD["units"]] = units.shape[1]
         row[FIELD["dead_units"]] = (units == 0).all(axis=0).sum()
+        if a.shape[0] > 1:  # the units without NaN or Inf in any sample
+            kept = units[:, np.isfinite(units).all(axis=0)]
+            row[SPREAD] = kept.size, (kept * kept).sum(), ((kept - kept.mean(axis=0)) ** 2).sum()
     if bounds is not None and flat.size:
         low, high = bounds
         width = margin * (high - low)
@@ -60,7 +66,8 @@ def host(tensor: torch.Tensor) -> np.ndarray:
 
 
 def assert_row(row: np.ndarray, expected: np.ndarray, *, rtol: float) -> None:
-    """Counts, extremes, units exact; moments within ``rtol`` (relative to the sum of |x| for the sum)."""
+    """Counts, extremes, units exact; moments within ``rtol`` (relative to the sum of |x| for the sum, and to
+    the Σx² of the same elements for the sample spread)."""
     assert row.shape == (NUM_FIELDS,)
     for name in EXACT_FIELDS:
         assert row[FIELD[name]] == expected[FIELD[name]], (name, row[FIELD[name]], expected[FIELD[name]])
@@ -68,6 +75,9 @@ def assert_row(row: np.ndarray, expected: np.ndarray, *, rtol: float) -> None:
     np.testing.assert_allclose(row[FIELD["sum"]], expected[FIELD["sum"]], rtol=rtol, atol=rtol * scale)
     np.testing.assert_allclose(row[FIELD["sum_sq"]], expected[FIELD["sum_sq"]], rtol=rtol, atol=0)
     np.testing.assert_allclose(row[FIELD["sum_abs"]], expected[FIELD["sum_abs"]], rtol=rtol, atol=0)
+    np.testing.assert_allclose(row[FIELD["spread_sum_sq"]], expected[FIELD["spread_sum_sq"]], rtol=rtol, atol=0)
+    np.testing.assert_allclose(row[FIELD["spread_dev_sq"]], expected[FIELD["spread_dev_sq"]], rtol=rtol,
+                               atol=rtol * expected[FIELD["spread_sum_sq"]])
 
 
 def random_tensor(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -116,8 +126,11 @@ def test_int64_rows_are_exact(device: str) -> None:
     x[:, 4] = 0  # a dead unit
     x[x % 7 == 0] = 0
     row = summarize(x.to(device), batched=True)
-    np.testing.assert_array_equal(row, reference_row(x.numpy(), batched=True))
-    assert row[FIELD["dead_units"]] >= 1
+    expected = reference_row(x.numpy(), batched=True)
+    exact = [i for i in range(NUM_FIELDS) if i != FIELD["spread_dev_sq"]]  # Σ_u (Σ_i d)² / 12 is not an integer
+    np.testing.assert_array_equal(row[exact], expected[exact])
+    np.testing.assert_allclose(row[FIELD["spread_dev_sq"]], expected[FIELD["spread_dev_sq"]], rtol=1e-15)
+    assert row[FIELD["dead_units"]] >= 1 and row[FIELD["spread_count"]] == x.numel()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -304,6 +317,43 @@ def test_saturation_bounds_follow_the_producing_activation() -> None:
         assert saturation_bounds(torch.tanh(x)) is None
 
 
+# ---- the device path, run on CPU tensors ---------------------------------------------------------------------
+@pytest.fixture()
+def device_reductions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Send CPU tensors down the device path (fused torch reductions queued as scalars, one host copy in
+    ``collect``, flagged rows recomputed there), which otherwise runs only on an accelerator."""
+    monkeypatch.setattr(kernels, "AVAILABLE", False)
+    monkeypatch.setattr(reduce_module, "_HOST_DEVICE", "no host")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.bool, torch.complex64], ids=str)
+def test_the_device_reductions_equal_numpy_for_every_dtype(dtype: torch.dtype, device_reductions) -> None:
+    """Complex tensors are summarised by magnitude, half precision in float32, integers and booleans as values."""
+    x = random_tensor((9, 4, 5), seed=13, dtype=torch.float64)
+    x[:, 1, 2] = x[0, 1, 2]  # a unit identical in every sample
+    if dtype is torch.complex64:
+        x = torch.complex(x, random_tensor((9, 4, 5), seed=14, dtype=torch.float64)).to(dtype)
+        values = x.abs().double().numpy()
+    else:
+        x = (x > 0) if dtype is torch.bool else (x * 1000 if dtype is torch.int64 else x).to(dtype)
+        values = host(x)
+    row = summarize(x, batched=True)
+    assert_row(row, reference_row(values, batched=True), rtol=1e-12 if dtype in (torch.float64, torch.int64, torch.bool)
+               else 2e-6)
+    assert row[FIELD["spread_count"]] == x.numel() and row[FIELD["spread_dev_sq"]] > 0
+
+
+@pytest.mark.parametrize("shape", [(6, 10), (1, 10), (10,)], ids=str)
+def test_the_device_reductions_recompute_a_spread_with_nan_exactly(shape: tuple[int, ...], device_reductions) -> None:
+    x = random_tensor(shape, seed=15)
+    x.view(shape[0], -1)[0, -1] = float("nan")
+    x.view(shape[0], -1)[-1, 0] = float("inf")
+    row = summarize(x, batched=True)
+    assert_row(row, reference_row(host(x), batched=True), rtol=1e-12)
+    assert row[FIELD["spread_count"]] == {(6, 10): 6 * 8, (1, 10): 0, (10,): 0}[shape]  # the clean units
+
+
 # ---- merging and deriving -----------------------------------------------------------------------------------
 def nasty_data(seed: int) -> np.ndarray:
     generator = torch.Generator().manual_seed(seed)
@@ -340,6 +390,29 @@ def test_merging_batched_parts_sums_units_like_iterations() -> None:
         assert merged[FIELD[name]] == whole[FIELD[name]]
     assert merged[FIELD["units"]] == 3 * 5
     assert merged[FIELD["dead_units"]] == sum(reference_row(p, batched=True)[FIELD["dead_units"]] for p in parts)
+
+
+def test_merging_batches_pools_their_within_batch_deviation() -> None:
+    """Iterations (or devices) with batches of their own: the merged spread is each batch's deviation from
+    its own units' means, summed, over the units clean in that batch, exactly as numpy pools them."""
+    a = nasty_data(5)
+    a[4:8, 1] = a[4, 1]  # one unit collapsed in the second batch only
+    parts = np.split(a, [4, 8, 10])
+    rows = np.stack([summarize(torch.from_numpy(p), batched=True) for p in parts])
+    merged = merge_rows(rows)
+    count = sum_sq = deviation = 0.0
+    for p in parts:
+        kept = p[:, np.isfinite(p).all(axis=0)]
+        count, sum_sq = count + kept.size, sum_sq + (kept * kept).sum()
+        deviation += ((kept - kept.mean(axis=0)) ** 2).sum()
+    assert merged[FIELD["spread_count"]] == count == 4 * 4 + 4 * 3 + 2 * 5 + 2 * 4  # batch × clean units
+    np.testing.assert_allclose(merged[[FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]]], [sum_sq, deviation],
+                               rtol=1e-12)
+    stats = derive(merged[None])
+    assert stats["sample_spread"][0] == pytest.approx(deviation / sum_sq, rel=1e-12)
+    assert stats["sample_spread_rms"][0] == pytest.approx(np.sqrt(deviation / count), rel=1e-12)
+    with_identity = merge_rows(np.stack([identity_row(), rows[0], identity_row()]))
+    np.testing.assert_array_equal(with_identity, rows[0])
 
 
 def test_merge_rows_along_another_axis_and_the_field_axis_is_refused() -> None:
@@ -389,6 +462,8 @@ def test_derived_statistics_equal_numpy() -> None:
     stats = derive(summarize(x, batched=True, bounds=(-1.0, 1.0))[None])
     a = x.numpy()
     finite = a[np.isfinite(a)]
+    clean = a[:, [0, 2, 3, 5]]  # the units without NaN or Inf
+    deviation = ((clean - clean.mean(axis=0)) ** 2).sum()
     expected = {
         "count": a.size,
         "nonfinite": 2,
@@ -407,6 +482,8 @@ def test_derived_statistics_equal_numpy() -> None:
         "dead_fraction": 1 / 6,
         "saturated_fraction": ((a <= -0.99) | (a >= 0.99)).sum() / a.size,
         "saturated_unit_fraction": ((a <= -0.99) | (a >= 0.99)).all(axis=0).sum() / 6,
+        "sample_spread": deviation / (clean ** 2).sum(),
+        "sample_spread_rms": np.sqrt(deviation / clean.size),
     }
     assert set(expected) == set(STATISTICS)
     for name, value in expected.items():
@@ -424,7 +501,7 @@ def test_derive_on_rows_of_any_leading_shape_and_on_the_identity() -> None:
     np.testing.assert_array_equal(stats["mean"][:, 0], 2.0)
     np.testing.assert_array_equal(stats["std"][:, 0], 1.0)
     for name in ("mean", "std", "abs_mean", "abs_max", "min", "max", "l2", "zero_fraction", "dead_fraction",
-                 "saturated_fraction"):
+                 "saturated_fraction", "sample_spread", "sample_spread_rms"):
         assert np.isnan(stats[name][:, 1]).all(), name
     assert (stats["count"][:, 1] == 0).all() and (stats["nonfinite"][:, 1] == 0).all()
 

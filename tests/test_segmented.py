@@ -180,3 +180,42 @@ def test_segment_layouts_are_made_once() -> None:
     assert layout.unit_offsets(1).tolist() == [0, 2, 5]
     assert segmented._layout(device, (4, 3), (2, 0), (None, (-0.5, 0.5))) is layout
     assert layout.offsets(2) is layout.offsets(2)
+
+
+SPREAD = [FIELD[f] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_sample_spread_of_many_tensors_in_one_call(device: str, dtype: torch.dtype, segmented_everywhere) -> None:
+    """Batched tensors of several batch sizes beside batch-less ones: each element's deviation from its unit's
+    mean over the batch, in float64 on the exact values; identical samples give exactly 0."""
+    g = torch.Generator().manual_seed(11)
+    collapsed = (3 * torch.randn(1, 12, generator=g)).expand(8, 12).clone()
+    cases = [(torch.randn(16, 3, 4, generator=g) + 3 * torch.randn(3, 4, generator=g), True), (collapsed, True),
+             (torch.randn(1, 7, generator=g), True), (torch.randn(9, generator=g), False),
+             (torch.randn(5, 1, generator=g), True), (torch.randn(4, 6, generator=g), False)]
+    group = [t.to(dtype).to(device) for t, _ in cases]
+    reducer = Reducer()
+    indices = reducer.add_many(group, batched=[b for _, b in cases])
+    rows = reducer.collect()[indices]
+    assert segmented_everywhere == [len(group)]
+    for row, tensor, (_, batched) in zip(rows, group, cases):
+        np.testing.assert_allclose(row[SPREAD], reference_row(host(tensor), batched=batched)[SPREAD], rtol=1e-12)
+    assert rows[:, FIELD["spread_count"]].tolist() == [192, 96, 0, 0, 5, 0]
+    assert rows[1, FIELD["spread_dev_sq"]] == 0.0 and derive(rows[1][None])["sample_spread"][0] == 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_registered_activation_with_nan_keeps_the_spread_of_its_clean_units(device: str,
+                                                                             segmented_everywhere) -> None:
+    g = torch.Generator().manual_seed(12)
+    hidden = torch.randn(6, 5, generator=g)
+    hidden[2, 1], hidden[4, 3] = float("nan"), float("-inf")
+    reducer = Reducer()
+    index = reducer.add(hidden.to(device), batched=True)
+    row = reducer.collect()[index]
+    assert segmented_everywhere == [1]
+    kept = host(hidden)[:, [0, 2, 4]]
+    assert row[FIELD["spread_count"]] == 18 and row[FIELD["nan"]] == 1 and row[FIELD["inf"]] == 1
+    np.testing.assert_allclose(row[SPREAD[1:]], [(kept * kept).sum(), ((kept - kept.mean(0)) ** 2).sum()], rtol=1e-12)

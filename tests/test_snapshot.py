@@ -178,6 +178,20 @@ def test_per_sample_statistics_with_nan_and_inf(device: str) -> None:
     np.testing.assert_array_equal(np.isposinf(snap.values), np.isposinf(x.numpy().reshape(-1)))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_single_sample_has_no_sample_spread(device: str) -> None:
+    """The spread compares samples: a per-sample row holds none (zeros, as the merge identity), so it derives
+    NaN, never 0 (which would read as a collapsed batch), for rows from the kernels and from torch alike."""
+    x = seeded((4, 3, 5), 6)
+    x[1, 0, 0] = float("nan")  # this row is redone with torch
+    snap = take_snapshot(x.to(device), batched=True, num_samples=4, max_elements=1000)
+    spread = [FIELD[f] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]
+    assert (snap.sample_stats[:, spread] == 0).all()
+    stats = derive(snap.sample_stats)
+    assert np.isnan(stats["sample_spread"]).all() and np.isnan(stats["sample_spread_rms"]).all()
+    assert np.isfinite(stats["std"]).all()
+
+
 def test_num_samples_caps_the_samples_and_short_batches_are_fine() -> None:
     x = seeded((3, 4))
     snap = take_snapshot(x, batched=True, num_samples=8, max_elements=100)

@@ -1,7 +1,7 @@
 """Storage faults, each with its outcome asserted: truncation, flipped bytes in data and in metadata, a
 deleted or foreign segment, a full disk (a real size-limited file system where this machine allows
 mounting one, an injected ENOSPC, and ``RLIMIT_FSIZE``), a read-only folder; kill -9 at random moments is
-in ``test_store_crash.py``. Recordings written by format version 1 stay readable and can be continued.
+in ``test_store_crash.py``; recordings of older format versions in ``test_format_versions.py``.
 
 The rule every test checks: the outcome is either the recorded data, exactly, or a typed error
 (``CorruptRecordingError``) that names the file and the steps; never different data without a word, never
@@ -21,8 +21,6 @@ import textwrap
 import warnings
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 import torch
 
@@ -31,8 +29,6 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store import segment as segment_module
 from comgra_ndbg.store import writer as writer_module
 from recording_faults import REPO, chunk_offset, files_of, flip_byte, read_everything, record, record_and_die
-
-V1 = Path(__file__).resolve().parent / "data" / "format_v1"
 
 
 @pytest.fixture(scope="module")
@@ -297,35 +293,6 @@ def test_a_folder_that_turns_read_only_mid_run_is_reported_and_training_goes_on(
     assert "Read-only file system" in messages[0] and "kept in memory" in messages[0]
     with open_recording(tmp_path) as recording:
         assert recording.steps.tolist() == list(range(5)) and recording.is_complete
-
-
-# ---- format version 1 -----------------------------------------------------------------------------------------
-def test_version_1_recordings_written_by_the_previous_code_stay_readable(tmp_path: Path) -> None:
-    with open_recording(V1, "finished") as recording:
-        assert recording.is_complete and recording.steps.tolist() == list(range(6))
-        assert recording.step_types == ["even", "odd"] and recording.problems() == []
-        np.testing.assert_array_equal(recording.snapshot(4, "x").dense(), np.arange(6.0).reshape(2, 3) * 5)
-        assert recording.summary("x", stat="mean")[1].tolist() == [2.5 * (s + 1) for s in range(6)]
-        assert [n.text for n in recording.notes] == ["v1 fixture"]
-        with h5py.File(recording.files[0], "r") as f:
-            assert int(f.attrs[schema.ATTR_FORMAT_VERSION]) == 1
-    with open_recording(V1, "killed") as recording:
-        assert recording.steps.tolist() == list(range(6)) and recording.state == "incomplete"
-    assert check(V1).ok
-
-
-def test_a_version_1_trial_can_be_continued_into_version_2_files(tmp_path: Path) -> None:
-    shutil.copytree(V1 / "killed", tmp_path / "killed")
-    with Recorder(tmp_path, trial="killed", mode="a") as rec:
-        assert rec.resume_after == 5
-        for step in range(6, 9):
-            with rec.step(step, "even" if step % 2 == 0 else "odd"):
-                rec.register_tensor("x", torch.arange(6.0).reshape(2, 3) * (step + 1), role="input")
-    with open_recording(tmp_path, "killed") as recording:
-        assert recording.is_complete and recording.steps.tolist() == list(range(9))
-        assert recording.summary("x", stat="mean")[1].tolist() == [2.5 * (s + 1) for s in range(9)]
-        assert recording.step_types == ["even", "odd"]
-    assert check(tmp_path).ok
 
 
 def test_the_storage_fault_helpers_damage_what_they_say(tmp_path: Path, reference: tuple[Path, dict]) -> None:

@@ -751,7 +751,7 @@ def test_the_writers_file_holds_exactly_the_schema_paths_with_exact_values(tmp_p
         assert _datasets(f) == _schema_dataset_paths() | {f"{schema.GRAPHS}/abc123"}
         attrs = f.attrs
         assert attrs[schema.ATTR_FORMAT] == "comgra_ndbg.recording"
-        assert attrs[schema.ATTR_FORMAT_VERSION] == schema.FORMAT_VERSION == 2
+        assert attrs[schema.ATTR_FORMAT_VERSION] == schema.FORMAT_VERSION == 3
         assert attrs[schema.ATTR_TRIAL] == "run"
         assert attrs[schema.ATTR_SEQUENCE] == 2 and attrs[schema.ATTR_LEVEL] == FINAL_LEVEL
         assert attrs[schema.ATTR_COVERS].tolist() == [1, 2]
@@ -828,9 +828,10 @@ def test_the_writers_file_holds_exactly_the_schema_paths_with_exact_values(tmp_p
 
 def test_stat_fields_layout_is_pinned():
     assert schema.STAT_FIELDS == ("count", "nan", "inf", "zeros", "sum", "sum_sq", "sum_abs", "min", "max",
-                                  "units", "dead_units", "bounded", "saturated", "saturated_units")
+                                  "units", "dead_units", "bounded", "saturated", "saturated_units",
+                                  "spread_count", "spread_sum_sq", "spread_dev_sq")  # version 2 appended three
     assert schema.MIN_FIELDS == (7,) and schema.MAX_FIELDS == (8,)
-    assert schema.identity_row().tolist() == [0, 0, 0, 0, 0, 0, 0, np.inf, -np.inf, 0, 0, 0, 0, 0]
+    assert schema.identity_row().tolist() == [0, 0, 0, 0, 0, 0, 0, np.inf, -np.inf, 0, 0, 0, 0, 0, 0, 0, 0]
 
 
 # ---- catalog ------------------------------------------------------------------------------------------------

@@ -12,17 +12,32 @@ How the arithmetic stays exact enough under ``fastmath``:
   error does not grow with the tensor's size. When a few evenly spaced elements show a mean that dwarfs
   the spread (LayerNorm gains of 1 ± 1e-4), the sums are taken around one of those elements, which keeps
   Σx² from cancelling; the caller receives plain Σx and Σx², rebuilt in float64.
-- Minimum and maximum are integer reductions on the IEEE-754 bit patterns (integer min/max vectorise,
-  NaN-aware float min/max do not): for non-negative floats the signed pattern orders like the value, for
-  negative floats the unsigned one orders like the magnitude.
+- Minimum and maximum are integer reductions on the IEEE-754 bit patterns (``bits``: integer min/max
+  vectorise, NaN-aware float min/max do not): for non-negative floats the signed pattern orders like the
+  value, for negative floats the unsigned one orders like the magnitude.
 - NaN and ±Inf are never looked for: they make a sum non-finite, and such rows are reported back for an
   exact float64 recompute (as are rows whose shifted sums still cancel).
+
+Batched arrays get a second pass for their unit statistics (dead and saturated units, the sample spread;
+``unit_kernels``), which flags its rows for the exact recompute by the same rules.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from comgra_ndbg.store.schema import FIELD
+from comgra_ndbg.recorder.bits import AVAILABLE
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
+
+if AVAILABLE:  # else the numpy path in reduce.py takes over
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    from comgra_ndbg.recorder.bits import from_bits as _from_bits
+    from comgra_ndbg.recorder.bits import signed_bits as _signed_bits
+    from comgra_ndbg.recorder.bits import unsigned_bits as _unsigned_bits
+    from comgra_ndbg.recorder.unit_kernels import deviation, unit_counts
 
 __all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "per_row", "summarize", "units", "warm_up"]
 
@@ -30,61 +45,13 @@ BLOCK = 4096
 """Elements summed in the array's dtype before the partial sums move to float64."""
 _PROBES = 64  # evenly spaced elements that decide the shift of the sums
 
-try:
-    import numba
-    from llvmlite import ir
-    from numba import types
-    from numba.extending import intrinsic
-except ImportError:  # the numpy path in reduce.py takes over
-    AVAILABLE = False
-else:
-    AVAILABLE = True
-
 _SUM, _SUM_SQ, _SUM_ABS = FIELD["sum"], FIELD["sum_sq"], FIELD["sum_abs"]
 _MIN, _MAX, _ZEROS = FIELD["min"], FIELD["max"], FIELD["zeros"]
 _UNITS, _DEAD = FIELD["units"], FIELD["dead_units"]
 _BOUNDED, _SATURATED, _SATURATED_UNITS = FIELD["bounded"], FIELD["saturated"], FIELD["saturated_units"]
+_SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
 
 if AVAILABLE:
-    _SIGNED = {types.float32: types.int32, types.float64: types.int64}
-    _UNSIGNED = {types.float32: types.uint32, types.float64: types.uint64}
-    _FLOAT = {types.int32: types.float32, types.uint32: types.float32,
-              types.int64: types.float64, types.uint64: types.float64}
-
-    @intrinsic
-    def _signed_bits(typingctx, x):  # noqa: ARG001 - numba's intrinsic signature
-        """The bit pattern of a float as a signed integer of the same width."""
-        if x not in _SIGNED:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(x.bitwidth))
-
-        return _SIGNED[x](x), codegen
-
-    @intrinsic
-    def _unsigned_bits(typingctx, x):  # noqa: ARG001
-        """The bit pattern of a float as an unsigned integer of the same width."""
-        if x not in _UNSIGNED:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(x.bitwidth))
-
-        return _UNSIGNED[x](x), codegen
-
-    @intrinsic
-    def _from_bits(typingctx, k):  # noqa: ARG001
-        """The float whose bit pattern is the integer ``k``."""
-        target = _FLOAT.get(k)
-        if target is None:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(target))
-
-        return target(k), codegen
-
     @numba.njit(fastmath=True, nogil=True, cache=True)
     def _shifted_sums(a, start, copy_to, out):  # pragma: no cover - compiled
         """Σ(x-c), Σ(x-c)², Σ|x|, the non-zero count and the extremes (from bit patterns) of
@@ -189,8 +156,7 @@ if AVAILABLE:
     @numba.njit(nogil=True, cache=True)
     def _moments_many(like, addresses, starts, copies, sizes, batches, rows, exact):  # pragma: no cover
         """``_moments`` over arrays given by address (``starts``/``copies`` hold 0 where there is none), and
-        the unit counts of those with a batch size in ``batches`` (0: batch-less)."""
-        out = np.empty(3)
+        the unit statistics of those with a batch size in ``batches`` (0: batch-less)."""
         for j in range(sizes.size):
             a = numba.carray(_pointer(addresses[j], like), (sizes[j],))
             if starts[j] != 0:
@@ -200,61 +166,40 @@ if AVAILABLE:
             else:
                 exact[j] = _moments(a, None, None, rows[j])
             if batches[j] > 0:
-                _unit_counts(a.reshape((batches[j], sizes[j] // batches[j])), None, out)
-                row = rows[j]
-                row[_UNITS] = sizes[j] // batches[j]
-                row[_DEAD] = out[0]
+                again = _units(a.reshape((batches[j], sizes[j] // batches[j])), None, True, rows[j])
+                exact[j] = exact[j] or again
 
-    @numba.njit(fastmath=True, nogil=True, cache=True)
-    def _unit_counts(a, bounds, out):  # pragma: no cover - compiled
-        """Dead units of a ``[batch, units]`` array and, with ``bounds = (low, high)`` already moved in by
-        the margin, saturated elements and saturated units.
+    @numba.njit(nogil=True, cache=True)
+    def _units(a, thresholds, batched, row):  # pragma: no cover - compiled
+        """The unit statistics of a ``[batch, units]`` array into ``row`` (whose moments are already there):
+        units, dead units and the sample spread when ``batched``, saturation counts with ``thresholds``.
+        Returns True when the spread needs the exact recompute."""
+        spread = batched and a.shape[0] > 1
+        out = np.empty(5)
+        unit_counts(a, thresholds, spread, 0, a.shape[1], out)
+        if batched:
+            row[_UNITS] = a.shape[1]
+            row[_DEAD] = out[0]
+        if thresholds is not None:
+            row[_BOUNDED] = a.size
+            row[_SATURATED] = out[1]
+            if batched:
+                row[_SATURATED_UNITS] = out[2]
+        if not spread:
+            return False
+        value, again = deviation(out)
+        row[_SPREAD_COUNT] = a.size
+        row[_SPREAD_SUM_SQ] = row[_SUM_SQ]
+        row[_SPREAD_DEV] = value
+        return again
 
-        Per-unit counts are element-wise sums down the batch (vectorised across units); a unit is dead when
-        no sample has a non-zero bit pattern after ``abs`` (so NaN counts as alive, ±0 as zero).
-        """
-        batch, width = a.shape
-        one = np.ones(1, a.dtype)[0]
-        zero = one - one
-        alive = np.zeros(width, dtype=a.dtype)
-        unsaturated = np.zeros(width, dtype=a.dtype)
-        saturated = 0.0
-        for r in range(batch):
-            hits = zero
-            for u in range(width):
-                x = a[r, u]
-                alive[u] += one if _unsigned_bits(abs(x)) != 0 else zero
-                if bounds is not None:
-                    hit = (one if x <= bounds[0] else zero) + (one if x >= bounds[1] else zero)
-                    hits += hit
-                    unsaturated[u] += one - hit
-            saturated += hits
-        dead = 0
-        all_saturated = 0
-        for u in range(width):
-            dead += alive[u] == 0
-            all_saturated += unsaturated[u] == 0
-        out[0] = dead
-        out[1] = saturated
-        out[2] = all_saturated if bounds is not None else 0
-
-
-if AVAILABLE:
     @numba.njit(nogil=True, cache=True)
     def _summarize(a, thresholds, batched, row):  # pragma: no cover - compiled
-        """Moments and unit counts of a ``[batch, units]`` array in one call; returns the exact flag."""
+        """Moments and unit statistics of a ``[batch, units]`` array in one call; returns the exact flag."""
         exact = _moments(a.reshape(-1), None, None, row)
         if batched or thresholds is not None:
-            out = np.empty(3)
-            _unit_counts(a, thresholds, out)
-            if batched:
-                row[_UNITS] = a.shape[1]
-                row[_DEAD] = out[0]
-            if thresholds is not None:
-                row[_BOUNDED] = a.size
-                row[_SATURATED] = out[1]
-                if batched:
-                    row[_SATURATED_UNITS] = out[2]
+            again = _units(a, thresholds, batched, row)
+            exact = exact or again
         return exact
 
 
@@ -280,7 +225,7 @@ def per_row(a: np.ndarray, rows: np.ndarray, thresholds: np.ndarray | None) -> n
     counts and the merge identity already set), with saturation counts when ``thresholds`` are given (as
     for ``summarize``): the per-sample statistics of a snapshot. Returns the per-row exact flags.
 
-    >>> rows = np.zeros((2, 14))
+    >>> rows = np.zeros((2, NUM_FIELDS))
     >>> per_row(np.array([[0.5, 0.0], [-2.0, 0.995]]), rows, np.array([-0.99, 0.99]))
     array([False, False])
     >>> rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["saturated"]].tolist()
@@ -293,11 +238,11 @@ def per_row(a: np.ndarray, rows: np.ndarray, thresholds: np.ndarray | None) -> n
 
 def summarize(a: np.ndarray, row: np.ndarray, thresholds: np.ndarray | None, batched: bool) -> bool:
     """All host statistics of a C-contiguous ``[batch, units]`` array (``[1, n]`` for a batch-less one) in
-    one compiled call: ``moments`` plus, when ``batched``, units and dead units, and with ``thresholds``
-    (an array of a's dtype holding the saturation thresholds, margin applied) the saturation counts.
-    Returns True when the moments need the exact recompute.
+    one compiled call: ``moments`` plus, when ``batched``, units, dead units and (from 2 samples on) the
+    sample spread, and with ``thresholds`` (an array of a's dtype holding the saturation thresholds, margin
+    applied) the saturation counts. Returns True when the moments or the spread need the exact recompute.
 
-    >>> row = np.zeros(14)
+    >>> row = np.zeros(NUM_FIELDS)
     >>> summarize(np.array([[0.0, 0.995], [0.0, -0.2]], dtype=np.float32), row,
     ...           np.array([-0.99, 0.99], dtype=np.float32), True)
     False
@@ -315,7 +260,7 @@ def moments(a: np.ndarray, row: np.ndarray, *, start: np.ndarray | None = None,
     one element. Returns True when the row holds a non-finite or cancelling sum and must be recomputed
     exactly. ``copy_to`` receives a copy of ``a`` in the same pass.
 
-    >>> row = np.zeros(14)
+    >>> row = np.zeros(NUM_FIELDS)
     >>> moments(np.array([3.0, -1.0, 0.0], dtype=np.float32), row)
     False
     >>> [float(row[FIELD[f]]) for f in ("zeros", "sum", "sum_sq", "sum_abs", "min", "max")]
@@ -335,7 +280,7 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     The caller keeps the arrays alive and unchanged during the call.
 
     >>> a, b = np.array([1.0, -2.0], dtype=np.float32), np.array([0.5, 0.5, 0.0], dtype=np.float32)
-    >>> rows = np.zeros((2, 14))
+    >>> rows = np.zeros((2, NUM_FIELDS))
     >>> moments_many(a.dtype, np.array([a.ctypes.data, b.ctypes.data]), np.array([2, 3]), rows)
     array([False, False])
     >>> rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["zeros"]].tolist()
@@ -348,24 +293,22 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     return exact
 
 
-def units(a: np.ndarray, row: np.ndarray, bounds: tuple[float, float] | None) -> None:
-    """Write the unit counts of a ``[batch, units]`` array into ``row``: units, dead units and, with
-    ``bounds`` (the saturation thresholds, margin applied), bounded, saturated elements and saturated units.
+def units(a: np.ndarray, row: np.ndarray, bounds: tuple[float, float] | None) -> bool:
+    """Write the unit statistics of a ``[batch, units]`` array into ``row``, whose moments are already there:
+    units, dead units, the sample spread (its Σx² is the row's) and, with ``bounds`` (the saturation
+    thresholds, margin applied), bounded, saturated elements and saturated units. Returns True when the
+    spread needs the exact recompute.
 
-    >>> row = np.zeros(14)
-    >>> units(np.array([[0.0, 0.995], [0.0, -0.2]], dtype=np.float32), row, (-0.99, 0.99))
+    >>> a, row = np.array([[0.0, 0.995], [0.0, -0.2]], dtype=np.float32), np.zeros(NUM_FIELDS)
+    >>> moments(a.reshape(-1), row), units(a, row, (-0.99, 0.99))
+    (False, False)
     >>> [int(row[FIELD[f]]) for f in ("units", "dead_units", "bounded", "saturated", "saturated_units")]
     [2, 1, 4, 1, 0]
+    >>> round(float(row[FIELD["spread_dev_sq"]]), 4), int(row[FIELD["spread_count"]])  # 2 × ((0.995 + 0.2) / 2)²
+    (0.714, 4)
     """
-    out = np.empty(3)
-    thresholds = None if bounds is None else (a.dtype.type(bounds[0]), a.dtype.type(bounds[1]))
-    _unit_counts(a, thresholds, out)
-    row[_UNITS] = a.shape[1]
-    row[_DEAD] = out[0]
-    if bounds is not None:
-        row[_BOUNDED] = a.size
-        row[_SATURATED] = out[1]
-        row[_SATURATED_UNITS] = out[2]
+    thresholds = None if bounds is None else np.array(bounds, dtype=a.dtype)
+    return bool(_units(a, thresholds, True, row))
 
 
 def warm_up() -> None:
@@ -380,8 +323,8 @@ def warm_up() -> None:
     for dtype in (np.float32, np.float64):
         a = np.arange(1.0, 7.0, dtype=dtype).reshape(2, 3)
         flat = a.reshape(-1)
-        row = np.zeros(14)
-        rows = np.zeros((2, 14))
+        row = np.zeros(NUM_FIELDS)
+        rows = np.zeros((2, NUM_FIELDS))
         thresholds = np.array([-0.9, 0.9], dtype=dtype)
         moments(flat, row)
         moments(flat, row, copy_to=np.empty_like(flat))
@@ -389,8 +332,6 @@ def warm_up() -> None:
         for batched in (False, True):
             summarize(a, row, None, batched)
             summarize(a, row, thresholds, batched)
-        units(a, row, None)
-        units(a, row, (-0.9, 0.9))
         addresses = np.array([flat.ctypes.data, flat.ctypes.data], dtype=np.int64)
         sizes = np.array([flat.size, flat.size], dtype=np.int64)
         moments_many(flat.dtype, addresses, sizes, rows)

@@ -3,7 +3,8 @@
 A step's parameter passes (values with their copy, gradients, updates) read every parameter once each;
 on one thread they are the largest part of what recording costs per step, and they grow with the model
 while torch's own work spreads over all cores. Here the arrays are cut into work items (pieces of
-``PART`` elements, and one item per batched array for its unit counts), the threads of torch's OpenMP
+``PART`` elements, and the units of batched arrays in ranges of about as many elements for their unit
+statistics), the threads of torch's OpenMP
 team (``openmp``) claim items from a shared counter until none is left, each item's partial row lands in
 its own slot, and the partial rows are merged per array afterwards. The team is the one torch's operators
 run on, so nothing new competes for the cores; where there is no such team, or the work is too small to
@@ -22,13 +23,16 @@ import numpy as np
 from comgra_ndbg.recorder import kernels, openmp
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
 
-__all__ = ["MIN_ELEMENTS", "PART", "moments_many", "warm_up"]
+__all__ = ["MIN_ELEMENTS", "MIN_UNITS", "PART", "moments_many", "warm_up"]
 
 PART = (2 * kernels.BLOCK, 16 * kernels.BLOCK)
 """Least and most elements per work item: about eight items per thread, each large enough that claiming it
 and choosing its shift cost nothing against its arithmetic."""
 MIN_ELEMENTS = 2 * PART[0]
 """Total elements below which the calling thread alone finishes first."""
+MIN_UNITS = 128
+"""Units per unit-statistics item at least (a tall batch gets fewer elements per item than ``PART``): each
+row's slice of an item spans several cache lines."""
 
 # The header the team's threads read: the item counter, then what the items refer to.
 _COUNTER, _ITEMS, _ITEMSIZE, _TABLE, _ADDRESSES, _STARTS, _COPIES, _SIZES, _BATCHES, _PARTIAL, _FLAGS = range(11)
@@ -37,6 +41,7 @@ _MOMENTS, _UNIT_COUNTS = 0, 1  # item kinds
 _SUM, _SUM_SQ, _SUM_ABS = FIELD["sum"], FIELD["sum_sq"], FIELD["sum_abs"]
 _MIN, _MAX, _ZEROS = FIELD["min"], FIELD["max"], FIELD["zeros"]
 _UNITS, _DEAD = FIELD["units"], FIELD["dead_units"]
+_SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
 
 if kernels.AVAILABLE:
     import numba
@@ -44,8 +49,9 @@ if kernels.AVAILABLE:
     from numba import types
     from numba.extending import intrinsic
 
+    from comgra_ndbg.recorder.unit_kernels import deviation, unit_counts
+
     _moments = kernels._moments
-    _unit_counts = kernels._unit_counts
 
     @intrinsic
     def _address(typingctx, value):  # noqa: ARG001 - numba's intrinsic signature
@@ -101,7 +107,7 @@ if kernels.AVAILABLE:
         partial = numba.carray(_address(header[_PARTIAL]), (count, NUM_FIELDS), np.float64)
         flags = numba.carray(_address(header[_FLAGS]), (count,), np.int64)
         itemsize = header[_ITEMSIZE]
-        out = np.empty(3)
+        out = np.empty(5)
         while True:
             k = _claim(header)
             if k >= count:
@@ -109,10 +115,13 @@ if kernels.AVAILABLE:
             j, kind, low, high = table[k, 0], table[k, 1], table[k, 2], table[k, 3]
             address, start, copy = _load(header[_ADDRESSES], j), _load(header[_STARTS], j), _load(header[_COPIES], j)
             row = partial[k]
-            if kind == _UNIT_COUNTS:
+            if kind == _UNIT_COUNTS:  # the units [low, high): each keeps its own shifts and its own flag
                 size, batch = _load(header[_SIZES], j), _load(header[_BATCHES], j)
-                _unit_counts(numba.carray(_address(address), (batch, size // batch), dtype), None, out)
+                unit_counts(numba.carray(_address(address), (batch, size // batch), dtype), None, batch > 1, low, high,
+                            out)
                 row[_DEAD] = out[0]
+                row[_SPREAD_DEV], again = deviation(out) if batch > 1 else (0.0, False)
+                flags[k] = 1 if again else 0
                 continue
             offset = itemsize * low
             a = numba.carray(_address(address + offset), (high - low,), dtype)
@@ -134,17 +143,23 @@ if kernels.AVAILABLE:
 
     @numba.njit(nogil=True, cache=True)
     def _plan(sizes, batches, part):  # pragma: no cover - compiled
-        """Work items ``[k, 4]`` (array, kind, first element, end): moments in pieces of ``part`` elements,
-        one unit-count item per batched array."""
+        """Work items ``[k, 4]`` (array, kind, first, end): moments in pieces of ``part`` elements, and the
+        unit statistics of batched arrays in ranges of units (first unit, end) of about ``part`` elements
+        (``MIN_UNITS`` units at least)."""
         count = 0
         for j in range(sizes.size):
-            count += (sizes[j] + part - 1) // part + (1 if batches[j] > 0 else 0)
+            count += (sizes[j] + part - 1) // part
+            if batches[j] > 0:
+                width, columns = sizes[j] // batches[j], max(part // batches[j], MIN_UNITS)
+                count += (width + columns - 1) // columns
         table = np.empty((count, 4), dtype=np.int64)
         k = 0
         for j in range(sizes.size):
             if batches[j] > 0:
-                table[k, 0], table[k, 1], table[k, 2], table[k, 3] = j, _UNIT_COUNTS, 0, sizes[j]
-                k += 1
+                width, columns = sizes[j] // batches[j], max(part // batches[j], MIN_UNITS)
+                for low in range(0, width, columns):
+                    table[k, 0], table[k, 1], table[k, 2], table[k, 3] = j, _UNIT_COUNTS, low, min(low + columns, width)
+                    k += 1
             for low in range(0, sizes[j], part):
                 table[k, 0], table[k, 1], table[k, 2], table[k, 3] = j, _MOMENTS, low, min(low + part, sizes[j])
                 k += 1
@@ -173,13 +188,19 @@ if kernels.AVAILABLE:
             row = rows[j]
             row[_SUM], row[_SUM_SQ], row[_SUM_ABS], row[_ZEROS] = 0.0, 0.0, 0.0, 0.0
             row[_MIN], row[_MAX] = np.inf, -np.inf
+            if batches[j] > 0:
+                row[_UNITS], row[_DEAD] = sizes[j] // batches[j], 0.0
+            if batches[j] > 1:
+                row[_SPREAD_DEV] = 0.0
             exact[j] = False
         for k in range(count):
             row = rows[table[k, 0]]
             piece = partial[k]
+            if flags[k] != 0:
+                exact[table[k, 0]] = True
             if table[k, 1] == _UNIT_COUNTS:
-                row[_UNITS] = sizes[table[k, 0]] // batches[table[k, 0]]
-                row[_DEAD] = piece[_DEAD]
+                row[_DEAD] += piece[_DEAD]
+                row[_SPREAD_DEV] += piece[_SPREAD_DEV]
                 continue
             row[_SUM] += piece[_SUM]
             row[_SUM_SQ] += piece[_SUM_SQ]
@@ -187,8 +208,9 @@ if kernels.AVAILABLE:
             row[_ZEROS] += piece[_ZEROS]
             row[_MIN] = min(row[_MIN], piece[_MIN])
             row[_MAX] = max(row[_MAX], piece[_MAX])
-            if flags[k] != 0:
-                exact[table[k, 0]] = True
+        for j in range(sizes.size):
+            if batches[j] > 1:  # the spread covers every element when no flag is raised (else: recomputed)
+                rows[j, _SPREAD_COUNT], rows[j, _SPREAD_SUM_SQ] = sizes[j], rows[j, _SUM_SQ]
 
 
 def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: np.ndarray, *,

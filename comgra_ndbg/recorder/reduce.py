@@ -25,6 +25,11 @@ import numpy as np
 import torch
 
 from comgra_ndbg.recorder import kernels, parallel, segmented
+from comgra_ndbg.recorder.exact import cancels as _cancels
+from comgra_ndbg.recorder.exact import exact_moments as _exact_moments
+from comgra_ndbg.recorder.exact import reduce_host as _reduce_host
+from comgra_ndbg.recorder.exact import row_cancels as _row_cancels
+from comgra_ndbg.recorder.exact import work_view as _work_view
 from comgra_ndbg.store.schema import FIELD, identity_row
 
 __all__ = ["difference", "Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
@@ -43,6 +48,9 @@ _FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
 _MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
 _SEGMENT_COLUMNS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")]  # segment_moments' order
 _COUNT = FIELD["count"]
+_SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
+_HOST_DEVICE = "cpu"  # summarised on the host; tests name another to run the device reductions on CPU tensors
+_CHECKED_COLUMNS = _MOMENT_COLUMNS + [_SPREAD_SUM_SQ, _SPREAD_DEV]  # non-finite: recompute the row exactly
 
 
 def saturation_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
@@ -83,15 +91,20 @@ class _Block:
     moments: torch.Tensor
     batched: np.ndarray  # per row: has units
     bounded: np.ndarray  # per row: has saturation bounds
+    spread: np.ndarray  # per row: has a sample spread (2 samples or more)
 
     def write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Put the block's host ``values`` (``[k, 9]``) into the reducer's ``rows``."""
+        """Put the block's host ``values`` (``[k, 10]``) into the reducer's ``rows``."""
         rows[self.rows[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
         rows[self.rows, FIELD["zeros"]] = rows[self.rows, _COUNT] - values[:, segmented.NONZERO]
         rows[self.rows[self.batched], FIELD["dead_units"]] = values[self.batched, segmented.DEAD]
         rows[self.rows[self.bounded], FIELD["saturated"]] = values[self.bounded, segmented.SATURATED]
         both = self.batched & self.bounded
         rows[self.rows[both], FIELD["saturated_units"]] = values[both, segmented.SATURATED_UNITS]
+        spread = self.rows[self.spread]  # every element takes part: a NaN or Inf sends the row to the recompute
+        rows[spread, _SPREAD_COUNT] = rows[spread, _COUNT]
+        rows[spread, _SPREAD_SUM_SQ] = values[self.spread, segmented.SUM_SQ]
+        rows[spread, _SPREAD_DEV] = values[self.spread, segmented.SPREAD]
 
 
 class Reducer:
@@ -136,7 +149,7 @@ class Reducer:
             batch = tensor.shape[0] if batched and host.ndim else 0
             if _kernel_summary(host, row, batch, bounds, self.saturation_margin):
                 row[_MOMENT_COLUMNS] = np.nan
-                _exact_moments(tensor.detach(), row)
+                _exact_moments(tensor.detach(), row, batch=batch)
             return row_index
         if start is None and copy_to is None and segmented.segmentable(tensor):
             # a copy now (in stream order, before any later in-place change); reduced with the rest in collect()
@@ -159,7 +172,7 @@ class Reducer:
             return
         flat = _work_view(x)
         is_batched = batched and x.dim() >= 1 and x.shape[0] > 0
-        if flat.device.type == "cpu":
+        if flat.device.type == _HOST_DEVICE:
             if start is None and copy_to is None:
                 _reduce_cpu(flat, row, x.shape[0] if is_batched else 0, bounds, self.saturation_margin)
             else:
@@ -170,8 +183,9 @@ class Reducer:
         if start is not None:
             x = difference(x, start.detach())
             flat = _work_view(x)
+        squares = torch.dot(flat, flat)
         self._push(row_index, FIELD["sum"], flat.sum())
-        self._push(row_index, FIELD["sum_sq"], torch.dot(flat, flat))
+        self._push(row_index, FIELD["sum_sq"], squares)
         self._push(row_index, FIELD["sum_abs"], flat.abs().sum())
         low, high = torch.aminmax(flat)
         self._push(row_index, FIELD["min"], low)
@@ -181,6 +195,10 @@ class Reducer:
             per_unit = flat.view(x.shape[0], -1)
             row[FIELD["units"]] = per_unit.shape[1]
             self._push(row_index, FIELD["dead_units"], torch.count_nonzero(per_unit.abs().amax(0)))
+            if x.shape[0] > 1:  # every element takes part: a NaN or Inf sends the row to the exact recompute
+                row[_SPREAD_COUNT] = numel
+                self._push(row_index, _SPREAD_SUM_SQ, squares)
+                self._push(row_index, _SPREAD_DEV, per_unit.var(0, correction=0).sum() * x.shape[0])
         if bounds is not None:
             lo, hi = bounds
             margin = self.saturation_margin * (hi - lo)
@@ -272,7 +290,7 @@ class Reducer:
             self._buffer[targets[bounded], FIELD["bounded"]] = sizes[bounded]
             moments = segmented.segment_moments([group[i] for i in part], part_batches.tolist(),
                                                 [thresholds[i] for i in part])
-            self._blocks.append(_Block(targets, moments, part_batches > 0, bounded))
+            self._blocks.append(_Block(targets, moments, part_batches > 0, bounded, part_batches > 1))
             self._pending.extend(_Pending(kept[i], rows[i], batches[i] > 0, bounds[i]) for i in part)
 
     def _reduce_deferred(self) -> None:
@@ -353,13 +371,14 @@ class Reducer:
                     wide[block.rows] = True
             cancels = _cancels(rows)
             cancels[wide] = _cancels(rows[wide], tolerance=1e-8)
-            suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1) | cancels
+            suspicious = ~np.isfinite(rows[:, _CHECKED_COLUMNS]).all(axis=1) | cancels
             if suspicious.any():
                 for pending in self._pending:
                     if suspicious[pending.row] and pending.row not in self.failed:
                         rows[pending.row, _MOMENT_COLUMNS] = np.nan
                         try:
-                            _exact_moments(pending.tensor, rows[pending.row])
+                            _exact_moments(pending.tensor, rows[pending.row],
+                                           batch=pending.tensor.shape[0] if pending.batched else 0)
                         except Exception as error:  # noqa: BLE001 - reported as failed
                             self._fail([pending.row], error)
         if self.failed:
@@ -411,13 +430,13 @@ def _reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[f
     else:
         with np.errstate(all="ignore"):  # float32 overflow is expected here; the exact recompute handles it
             _reduce_host(a, row, batch, bounds, saturation_margin)
-        exact = not np.isfinite(row[_MOMENT_COLUMNS]).all()
+        exact = not np.isfinite(row[_CHECKED_COLUMNS]).all()
         if not exact and _row_cancels(row):  # float32 sums cannot resolve the variance: redo them in float64
             wide = a.astype(np.float64)
             row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)
     if exact:
         row[_MOMENT_COLUMNS] = np.nan
-        _exact_moments(flat, row)
+        _exact_moments(flat, row, batch=batch)
 
 
 def _kernel_summary(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
@@ -477,7 +496,7 @@ def _summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarra
                          start_addresses: np.ndarray | None, copies: np.ndarray | None,
                          batches: np.ndarray | None) -> None:
     """One kernel call over arrays given by address, into ``rows`` (identity rows, one per array); rows the
-    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``)."""
+    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``; with their ``batches``)."""
     rows[:, _COUNT] = sizes
     exact = parallel.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
                                   batches=batches)
@@ -485,7 +504,8 @@ def _summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarra
         row = rows[position]
         row[_MOMENT_COLUMNS] = np.nan
         value = tensors[position].detach()
-        _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row)
+        _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row,
+                       batch=0 if batches is None else int(batches[position]))
 
 
 def _lean(tensor: torch.Tensor) -> bool:
@@ -546,104 +566,7 @@ def difference(value: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
     return value.to(wide) - start.to(wide)
 
 
-def _work_view(x: torch.Tensor) -> torch.Tensor:
-    """A flat view in a dtype whose reductions neither overflow early nor lose integer exactness (and with a
-    lazy negation or conjugation applied: the memory of such a view holds the other sign)."""
-    if x.is_neg() or x.is_conj():
-        x = x.resolve_neg().resolve_conj()
-    if x.dtype is torch.float32 or x.dtype is torch.float64:
-        return x.reshape(-1)
-    if x.is_complex():
-        x = x.abs()
-    if x.dtype in (torch.float32, torch.float64):
-        return x.reshape(-1)
-    if x.is_floating_point():
-        return x.reshape(-1).float()
-    return x.reshape(-1).double()
-
-
-_UINT_VIEW = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
-
-
-_ONES: dict[np.dtype, np.ndarray] = {}
-
-
-def _ones(dtype: np.dtype, size: int) -> np.ndarray:
-    """A cached vector of ones: sums as BLAS dot products run about twice as fast as ``ndarray.sum``."""
-    ones = _ONES.get(dtype)
-    if ones is None or len(ones) < size:
-        ones = _ONES[dtype] = np.ones(max(size, 2 * len(ones) if ones is not None else 1 << 16), dtype=dtype)
-    return ones[:size]
-
-
-def _reduce_host(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
-                 saturation_margin: float) -> None:
-    """The same statistics for a CPU tensor, with numpy: no per-op dispatch cost and no device to sync.
-
-    Zeros are counted on the bit pattern of |x| (``-0.0`` becomes ``+0.0`` under abs), which is several
-    times faster than a floating-point comparison and exact. Sums are BLAS dot products with ones.
-    """
-    absolute = np.abs(a)
-    ones = _ones(a.dtype, a.size)
-    row[FIELD["sum"]] = np.dot(a, ones)
-    row[FIELD["sum_sq"]] = np.dot(a, a)
-    row[FIELD["sum_abs"]] = np.dot(absolute, ones)
-    row[FIELD["min"]] = a.min()
-    row[FIELD["max"]] = a.max()
-    row[FIELD["zeros"]] = a.size - np.count_nonzero(absolute.view(_UINT_VIEW[a.dtype]))
-    if batch:
-        per_unit = absolute.reshape(batch, -1)
-        row[FIELD["units"]] = per_unit.shape[1]
-        row[FIELD["dead_units"]] = per_unit.shape[1] - np.count_nonzero(per_unit.max(axis=0))
-    if bounds is not None:
-        lo, hi = bounds
-        margin = saturation_margin * (hi - lo)
-        mask = (a <= lo + margin) | (a >= hi - margin)
-        row[FIELD["bounded"]] = a.size
-        row[FIELD["saturated"]] = np.count_nonzero(mask)
-        if batch:
-            row[FIELD["saturated_units"]] = np.count_nonzero(mask.reshape(batch, -1).all(axis=0))
-
-
-def _row_cancels(row: np.ndarray) -> bool:
-    """``_cancels`` for one row, in plain floats (numpy's scalar machinery costs more than the test)."""
-    n, s, q = float(row[FIELD["count"]]), float(row[FIELD["sum"]]), float(row[FIELD["sum_sq"]])
-    return n > 1 and q > 0 and q - s * s / n < 1e-2 * q
-
-
-def _cancels(rows: np.ndarray, tolerance: float = 1e-2) -> np.ndarray:
-    """Rows whose float32 sums cannot resolve the variance: when |mean| exceeds about 10 std, Σx²/n - mean²
-    cancels catastrophically (a LayerNorm gain of 1 ± 1e-4 came out with std 0), so they get the exact
-    float64 recompute. Sums taken in float64 hold out to a ``tolerance`` of about 1e-8."""
-    s, q, n = rows[..., FIELD["sum"]], rows[..., FIELD["sum_sq"]], rows[..., FIELD["count"]]
-    with np.errstate(all="ignore"):
-        return (n > 1) & (q > 0) & (q - s * s / np.maximum(n, 1) < tolerance * q)
-
-
 def _complement(rows: np.ndarray, slots: np.ndarray, packed: np.ndarray, field: int, total_field: int) -> None:
     mask = slots[:, 1] == field
     target = slots[mask, 0]
     rows[target, field] = rows[target, total_field] - packed[mask]
-
-
-def _exact_moments(tensor: torch.Tensor, row: np.ndarray) -> None:
-    """Recompute counts of NaN/Inf/zeros and the moments of the finite elements, in float64."""
-    flat = _work_view(tensor).double()
-    finite = torch.isfinite(flat)
-    nan = torch.isnan(flat).sum()
-    values = flat[finite]
-    stats = torch.stack([
-        (flat == 0).sum().double(),
-        nan.double(),
-        (~finite).sum().double() - nan.double(),
-        values.sum(),
-        torch.dot(values, values),
-        values.abs().sum(),
-    ]).cpu().numpy()
-    row[FIELD["zeros"]], row[FIELD["nan"]], row[FIELD["inf"]] = stats[0], stats[1], stats[2]
-    row[FIELD["sum"]], row[FIELD["sum_sq"]], row[FIELD["sum_abs"]] = stats[3:6]
-    if values.numel():
-        low, high = torch.aminmax(values)
-        row[FIELD["min"]], row[FIELD["max"]] = float(low), float(high)
-    else:
-        row[FIELD["min"]], row[FIELD["max"]] = np.inf, -np.inf

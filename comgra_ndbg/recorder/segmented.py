@@ -16,6 +16,8 @@ Tensors above ``SEGMENT_MAX`` elements, whose arithmetic outweighs a launch, kee
 [[-1.0, 5.0, 3.0, -2.0, 1.0, 2.0], [0.795, 1.030025, 1.195, -0.2, 0.995, 2.0]]
 >>> rows[1, DEAD].item(), rows[1, SATURATED].item(), rows[1, SATURATED_UNITS].item()
 (1.0, 1.0, 0.0)
+>>> round(rows[1, SPREAD].item(), 9)  # unit 1: 0.995 and -0.2 lie 0.5975 from their mean
+0.7140125
 """
 from __future__ import annotations
 
@@ -27,13 +29,13 @@ import numpy as np
 import torch
 
 __all__ = ["CHUNK", "SEGMENT_MAX", "SUM", "SUM_SQ", "SUM_ABS", "MIN", "MAX", "NONZERO", "DEAD", "SATURATED",
-           "SATURATED_UNITS", "chunks", "segmentable", "segment_moments"]
+           "SATURATED_UNITS", "SPREAD", "chunks", "segmentable", "segment_moments"]
 
 SEGMENT_MAX = 1 << 18
 """Tensors with more elements are reduced on their own (a segment is one thread block's work)."""
 CHUNK = 1 << 21
-"""Elements concatenated per ``segment_moments`` call (five float64 copies: 80 MiB at most)."""
-SUM, SUM_SQ, SUM_ABS, MIN, MAX, NONZERO, DEAD, SATURATED, SATURATED_UNITS = range(9)  # segment_moments' columns
+"""Elements concatenated per ``segment_moments`` call (a float64 copy per statistic, six at most: 96 MiB)."""
+SUM, SUM_SQ, SUM_ABS, MIN, MAX, NONZERO, DEAD, SATURATED, SATURATED_UNITS, SPREAD = range(10)  # the columns
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -66,12 +68,13 @@ def chunks(sizes: Sequence[int], limit: int | None = None) -> list[range]:
 
 def segment_moments(tensors: Sequence[torch.Tensor], batches: Sequence[int] | None = None,
                     thresholds: Sequence[tuple[float, float] | None] | None = None) -> torch.Tensor:
-    """``[n, 9]`` float64 rows on the tensors' device (one device and dtype, at least one element each):
+    """``[n, 10]`` float64 rows on the tensors' device (one device and dtype, at least one element each):
     Σx, Σx², Σ|x|, min, max, the count of non-zero elements, and, for tensors with a batch size in
     ``batches`` (0: none), their dead units (positions of the ``[batch, units]`` view that are zero in every
-    sample); for tensors with ``thresholds`` (the saturation bounds, margin applied), the elements at or
-    beyond them and the units saturated in every sample. NaN and ±Inf make the sums non-finite; the caller
-    recomputes such rows exactly."""
+    sample) and their sample spread (each element's squared deviation from its unit's mean over the batch,
+    summed: two passes in float64; 0 for fewer than 2 samples); for tensors with ``thresholds`` (the
+    saturation bounds, margin applied), the elements at or beyond them and the units saturated in every
+    sample. NaN and ±Inf make the sums non-finite; the caller recomputes such rows exactly."""
     flat = torch.cat([t.detach().reshape(-1) for t in tensors]).to(torch.float64)
     sizes = tuple(t.numel() for t in tensors)
     batches = tuple(batches or (0,) * len(sizes))
@@ -84,6 +87,10 @@ def segment_moments(tensors: Sequence[torch.Tensor], batches: Sequence[int] | No
     if layout.low is not None:
         saturated = ((flat <= layout.low) | (flat >= layout.high)).to(torch.float64)
         summed.append(saturated)
+    if layout.units is not None:  # units of batch-less tensors are single elements: they deviate by 0
+        means = flat.new_zeros(layout.unit_count).index_add_(0, layout.units, flat) / layout.unit_samples
+        centred = flat - means[layout.units]
+        summed.append(centred * centred)
     # Each statistic is one copy of the data, all copies back to back, so one call reduces them all (a
     # segment_reduce call costs far more on the host than its arithmetic on these sizes).
     sums = _per_segment(summed, "sum", layout.offsets(len(summed))).view(len(summed), count)
@@ -99,7 +106,8 @@ def segment_moments(tensors: Sequence[torch.Tensor], batches: Sequence[int] | No
         dead = unit_sums[0]
         saturated_units = unit_sums[1] if saturated is not None else zeros
     return torch.stack([sums[0], sums[1], sums[2], extremes[0], -extremes[1], sums[3], dead,
-                        sums[4] if saturated is not None else zeros, saturated_units], 1)
+                        sums[4] if saturated is not None else zeros, saturated_units,
+                        sums[-1] if layout.units is not None else zeros], 1)
 
 
 def _per_segment(parts: list[torch.Tensor], reduce: str, offsets: torch.Tensor) -> torch.Tensor:
@@ -117,6 +125,7 @@ class _Layout:
     units: torch.Tensor | None  # each element's unit (a batch-less tensor: each element its own), if any batched
     unit_counts: tuple[int, ...]  # units per tensor
     unit_bounded: torch.Tensor | None  # 1 for the units of tensors with thresholds
+    unit_samples: torch.Tensor | None  # samples per unit: the batch size (1 for batch-less tensors)
     low: torch.Tensor | None  # each element's saturation thresholds (NaN: none, never met), if any
     high: torch.Tensor | None
 
@@ -149,7 +158,7 @@ def _layout(device: torch.device, sizes: tuple[int, ...], batches: tuple[int, ..
     def device_array(values: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(values).to(device)
 
-    units = unit_bounded = None
+    units = unit_bounded = unit_samples = None
     counts = tuple(sizes)
     if any(batches):
         counts = tuple(size // batch if batch else size for size, batch in zip(sizes, batches))
@@ -158,8 +167,9 @@ def _layout(device: torch.device, sizes: tuple[int, ...], batches: tuple[int, ..
                                              for offset, size, count, batch in zip(offsets, sizes, counts, batches)]))
         unit_bounded = device_array(np.repeat([1.0 if t is not None and b else 0.0
                                                for t, b in zip(thresholds, batches)], counts))
+        unit_samples = device_array(np.repeat(np.maximum(np.array(batches, dtype=np.float64), 1.0), counts))
     low = high = None
     if any(t is not None for t in thresholds):
         low = device_array(np.repeat([np.nan if t is None else t[0] for t in thresholds], sizes))
         high = device_array(np.repeat([np.nan if t is None else t[1] for t in thresholds], sizes))
-    return _Layout(device, tuple(sizes), units, counts, unit_bounded, low, high)
+    return _Layout(device, tuple(sizes), units, counts, unit_bounded, unit_samples, low, high)

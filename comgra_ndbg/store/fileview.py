@@ -110,9 +110,9 @@ class FileView:
         return int(self.file[schema.SUMMARY_DATA].shape[0])
 
     def summary_block(self, series: int, *, skip: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """``[rows, NUM_FIELDS]`` of one series (the merge identity where this file predates it), and the rows
-        that failed their checksum. Without ``skip`` a failed read raises ``DamagedData`` (with those rows);
-        with it, they hold the merge identity."""
+        """``[rows, NUM_FIELDS]`` of one series (the merge identity where this file predates it, and in the fields
+        an older format version lacks), and the rows that failed their checksum. Without ``skip`` a failed read
+        raises ``DamagedData`` (with those rows); with it, they hold the merge identity."""
         rows = len(self.array(schema.SUMMARY_STEP))
         try:
             if series >= self.num_series or rows == 0:
@@ -121,14 +121,14 @@ class FileView:
         except READ_ERRORS as error:
             raise DamagedData(self.path, schema.SUMMARY_DATA, _why(error), rows=np.arange(rows)) from None
         try:
-            return dataset[series].T, np.zeros(0, np.int64)
+            return schema.pad_fields(dataset[series], axis=0).T, np.zeros(0, np.int64)
         except READ_ERRORS as error:
             reason = _why(error)
         block, bad = _identity(rows), []
         step = dataset.chunks[2] if dataset.chunks else rows
         for start in range(0, rows, step):
             try:
-                block[start:start + step] = dataset[series, :, start:start + step].T
+                block[start:start + step] = schema.pad_fields(dataset[series, :, start:start + step], axis=0).T
             except READ_ERRORS:
                 bad.extend(range(start, min(start + step, rows)))
         bad_rows = np.array(bad, np.int64)

@@ -158,7 +158,8 @@ class _Reader:
         for series in range(num_series):
             for start in range(0, n, chunk):
                 try:
-                    data[series, :, start:start + chunk] = dataset[series, :, start:start + chunk]
+                    data[series, :, start:start + chunk] = schema.pad_fields(dataset[series, :, start:start + chunk],
+                                                                             axis=0)
                 except READ_ERRORS:
                     lost.setdefault(series, []).extend(range(start, min(start + chunk, n)))
         for series, rows in lost.items():
@@ -224,7 +225,7 @@ class _Reader:
             labels = np.array(categories[s0:s0 + sn], dtype=object)
         shape = tuple(int(d) for d in index[schema.SNAP_SHAPE][0][i] if d >= 0)
         return SnapshotData(shape, pools[schema.SAMPLE_INDEX][0][s0:s0 + sn].astype(np.int64),
-                            pools[schema.SAMPLE_STATS][0][s0:s0 + sn].astype(np.float64),
+                            schema.pad_fields(pools[schema.SAMPLE_STATS][0][s0:s0 + sn].astype(np.float64)),
                             pools[schema.VALUE_POOL][0][v0:v0 + vn],
                             pools[schema.VALUE_INDEX_POOL][0][x0:x0 + vn].astype(np.int64) if x0 >= 0 else None,
                             labels)

@@ -13,13 +13,17 @@ Version 2 added, without changing anything version 1 readers rely on: checksums 
 on every numeric dataset, a CRC-32 attribute on every text dataset, metadata checksums of the HDF5 1.10
 object headers), the ``recording_id`` attribute that tells a trial's own files from foreign ones, the
 append-only ``log`` table, float64 element values of float64 tensors, shapes of any rank in
-``snapshot/shape`` and the writer's lock file. Readers read versions 1 and 2.
+``snapshot/shape`` and the writer's lock file.
+
+Version 3 appended the three sample-spread fields to ``STAT_FIELDS`` (rows of 17 fields instead of 14) and
+changed nothing else. Readers read versions 1, 2 and 3: ``pad_fields`` widens the rows of older files with
+the merge identity, so the statistics derived from the missing fields come out NaN (unknown) there.
 """
 from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FORMAT_NAME = "comgra_ndbg.recording"
 
 # ---- files -------------------------------------------------------------------------------------------
@@ -93,6 +97,11 @@ STAT_FIELDS = (
     "bounded",  # elements whose saturation bound is known (0 when no bound is known)
     "saturated",  # elements within the saturation margin of a bound
     "saturated_units",  # units saturated for every sample of the batch
+    # Sample spread (format version 3): over the elements of the units with no NaN or ±Inf in any sample, of a
+    # batched tensor with at least 2 samples (all three are 0 otherwise, which derives NaN).
+    "spread_count",  # those elements
+    "spread_sum_sq",  # Σx² over those elements
+    "spread_dev_sq",  # Σ_u Σ_i (x[i,u] - mean_i x[i,u])² over those elements: deviation from the unit's batch mean
 )
 FIELD = {name: i for i, name in enumerate(STAT_FIELDS)}
 NUM_FIELDS = len(STAT_FIELDS)
@@ -108,6 +117,26 @@ def identity_row() -> np.ndarray:
 _IDENTITY = np.zeros(NUM_FIELDS, dtype=np.float64)
 _IDENTITY[FIELD["min"]] = np.inf
 _IDENTITY[FIELD["max"]] = -np.inf
+
+
+def pad_fields(data: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``data`` with its field axis widened to ``NUM_FIELDS``: rows written by an older format version (14
+    fields in versions 1 and 2) get the merge identity's value of every field they lack, so the statistics
+    derived from those fields come out NaN (unknown) rather than 0. Rows already ``NUM_FIELDS`` wide come back
+    as they are.
+
+    >>> old = np.ones((2, 14))
+    >>> wide = pad_fields(old)
+    >>> wide.shape, float(wide[0, FIELD["spread_count"]]), pad_fields(wide) is wide
+    ((2, 17), 0.0, True)
+    """
+    axis %= data.ndim
+    width = data.shape[axis]
+    if width >= NUM_FIELDS:
+        return data
+    values = np.expand_dims(_IDENTITY[width:], tuple(i for i in range(data.ndim) if i != axis))
+    shape = data.shape[:axis] + (NUM_FIELDS - width,) + data.shape[axis + 1:]
+    return np.concatenate([data, np.broadcast_to(values, shape).astype(data.dtype)], axis=axis)
 
 
 # ---- snapshots -------------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ class SnapshotReading:
             values=read(schema.VALUE_POOL, v0, v0 + vn),
             value_index=read(schema.VALUE_INDEX_POOL, x0, x0 + vn) if x0 >= 0 else None,
             sample_index=read(schema.SAMPLE_INDEX, s0, s0 + sn),
-            sample_rows=read(schema.SAMPLE_STATS, s0, s0 + sn),
+            sample_rows=schema.pad_fields(read(schema.SAMPLE_STATS, s0, s0 + sn)),  # older versions: fewer fields
             # the whole (small) table, so that its checksum is verified; cached with the file's index
             sample_categories=tuple(view.array(schema.SAMPLE_CATEGORY)[s0:s0 + sn].tolist())
             if schema.SAMPLE_CATEGORY in view.file else (),
