@@ -159,7 +159,8 @@ def test_a_missing_zero_grad_keeps_training_bit_identical_and_leaves_no_hook(tmp
 
 
 # ---- the optimizer's parameters -------------------------------------------------------------------------------
-def test_a_layer_replaced_after_the_optimizer_is_found_at_the_first_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_layer_replaced_after_the_optimizer_is_found_at_the_first_step(tmp_path: Path, exact: bool) -> None:
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model[3] = nn.Linear(16, 3)  # a new head, after the optimizer was built
@@ -172,7 +173,7 @@ def test_a_layer_replaced_after_the_optimizer_is_found_at_the_first_step(tmp_pat
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
 
-    rows, diagnosis = record(tmp_path, model, loop)
+    rows, diagnosis = record(tmp_path, model, loop, **({"optimizer": optimizer} if exact else {}))
     assert invariants(rows) == {"not_in_optimizer": 0, "foreign_parameters": 0}
     assert failures(rows) == {"not_in_optimizer", "foreign_parameters"}
     top = diagnosis.top

@@ -260,7 +260,7 @@ def _lr_findings(series: RunSeries) -> list[_Finding]:
             continue
         values = lr[present]
         peak = np.maximum.accumulate(values)
-        low = (peak > 0) & (values <= peak * 10 ** -COLLAPSE_DECADES * (1 + 1e-9))  # 0.1 × 0.1³ is 1.0000000000000002e-4
+        low = (peak > 0) & (values <= peak * 10 ** -COLLAPSE_DECADES * (1 + 1e-9))  # 0.1 · 0.1³ > 1e-4 in floats
         zero = (peak > 0) & (values == 0)
         for i in np.flatnonzero(low):
             later = values[i:]

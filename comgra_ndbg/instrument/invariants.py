@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import weakref
 from functools import partial
+from itertools import compress
+from operator import attrgetter, ne
 from typing import Any
 
 import torch
@@ -34,6 +36,7 @@ from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation, names_te
 __all__ = ["LoopInvariants"]
 
 _PARAMETERS = ".parameters"
+_REQUIRES_GRAD = attrgetter("requires_grad")
 
 
 class LoopInvariants:
@@ -54,11 +57,16 @@ class LoopInvariants:
         self._inv_index = {id(p): i for i, (_, p) in enumerate(named)}
         self._inv_all = [(p, _numel(p), any(n in owner.get(name, ("", ""))[1] for n in rules.NORM_LAYERS))
                          for name, p in root.named_parameters()]
+        self._inv_all_params = [p for p, _, _ in self._inv_all]
+        self._inv_all_numel = [n for _, n, _ in self._inv_all]
+        self._inv_all_norm = [norm for _, _, norm in self._inv_all]
+        self._inv_total = sum(self._inv_all_numel)
+        self._inv_trainable_before = -1
         self._inv_numel = [_numel(p) for _, p in named]
         self._inv_mode_modules = [path for path, m in root.named_modules() if type(m).__name__ in rules.MODE_DEPENDENT
                                   or (isinstance(m, nn.RNNBase) and m.dropout > 0)]
-        self._inv_batchnorms = [(path, m) for path, m in root.named_modules()
-                                if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)]
+        self._inv_batchnorms = [(path, m) for path, m in root.named_modules() if isinstance(
+            m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)]
         count = len(named)
         self._inv_seen: set[tuple[str, str]] = set()
         self._inv_consumed: list[tuple[Any, int] | None] = [None] * count  # (weakref, version) at the last step
@@ -69,6 +77,7 @@ class LoopInvariants:
         self._inv_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> (number, groups key, held)
         self._inv_groups_checked: set[tuple[int, int]] = set()
         self._inv_unused = [0] * count
+        self._inv_unused_counting = False
         self._inv_no_step = self._inv_no_update = 0
         self._inv_no_step_onset = self._inv_no_update_onset = -1
         self._inv_foreign_run = 0
@@ -82,7 +91,7 @@ class LoopInvariants:
         if not self._inv:
             return
         self._inv_grad_start: tuple | None = None
-        self._inv_held: set[int] = set()
+        self._inv_held: list[frozenset] = []  # parameters held by each optimizer that stepped
         self._inv_live = self._inv_zero_lr = 0
         self._inv_foreign: list[str] = []
         self._inv_scaled = patches.scale_calls()
@@ -149,7 +158,8 @@ class LoopInvariants:
                 f"BatchNorm layers in training mode ({names_text([node_name(p) for p in training], 3)}) got a batch "
                 f"of 1 sample at step {step}: they normalise each channel with the statistics of that one sample "
                 f"and update their running statistics with them",
-                evidence={"batch_size": 1, "input_shape": list(first.shape), "modules": [node_name(p) for p in training[:20]]}))
+                evidence={"batch_size": 1, "input_shape": list(first.shape),
+                          "modules": [node_name(p) for p in training[:20]]}))
 
     # ---- backward ---------------------------------------------------------------------------------------------
     def _inv_backward_call(self) -> None:
@@ -176,9 +186,9 @@ class LoopInvariants:
             self.recorder._warn("checking loop invariants", error)
 
     # ---- the optimizer's step -----------------------------------------------------------------------------------
-    def _inv_optimizer(self, optimizer: torch.optim.Optimizer) -> tuple[int, list[tuple[int, list[int], list]]]:
-        """``(number, [(group, held parameter indices, foreign parameters)])`` of an optimizer holding the
-        model's parameters, cached while its groups keep their sizes."""
+    def _inv_optimizer(self, optimizer: torch.optim.Optimizer) -> tuple[int, frozenset, list[list]]:
+        """``(number, held parameter indices, [[group, held indices, foreign parameters, lr KPI name, its id]])``
+        of an optimizer holding the model's parameters, cached while its groups keep their sizes."""
         key = tuple(len(group["params"]) for group in optimizer.param_groups)
         cached = self._inv_optimizers.get(optimizer)
         if cached is None or cached[1] != key:
@@ -188,64 +198,74 @@ class LoopInvariants:
             for g, group in enumerate(optimizer.param_groups):
                 held = [index[id(p)] for p in group["params"] if id(p) in index]
                 foreign = [p for p in group["params"] if id(p) not in index and id(p) not in self._parameter_ids]
-                groups.append((g, held, foreign))
-            cached = (number, key, groups)
+                groups.append([g, held, foreign, _lr_name(number, g, group), None])
+            cached = (number, key, frozenset(i for _, held, *_ in groups for i in held), groups)
             self._inv_optimizers[optimizer] = cached
-        return cached[0], cached[2]
+        return cached[0], cached[2], cached[3]
 
     def _inv_before_step(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer holding the model's parameters is about to step: the learning rates, the gradients it
         will consume, the model's mode in the passes since the last step."""
-        number, groups = self._inv_optimizer(optimizer)
+        number, held_all, groups = self._inv_optimizer(optimizer)
         step = self._inv_step_number()
         if self._inv_eval_grad_passes and not self._inv_train_passes and self._inv_mode_modules:
             self._inv_eval_mode_training(self._next_step)  # a step of its own, not recorded (eval-mode pass)
         if self._inv_train_passes:
             self._inv_trained_in_train_mode = True
         self._inv_eval_grad_passes = self._inv_train_passes = 0
+        self._inv_held.append(held_all)
         rec = self.recorder
         open_step = rec.current_step is not None
-        params = self._parameters
+        params, consumed, watched, ref = self._parameters, self._inv_consumed, self._inv_watch, weakref.ref
         stale: list[int] = []
-        for g, held, foreign in groups:
+        for entry in groups:
+            g, held, foreign, name, kpi = entry
             group = optimizer.param_groups[g]
             lr = group.get("lr")
             if open_step and lr is not None:
-                rec.record_kpi(_lr_name(number, g, group), lr.detach().clone() if isinstance(lr, torch.Tensor) else lr)
+                if isinstance(lr, torch.Tensor):
+                    rec.record_kpi(name, lr.detach().clone())
+                elif kpi is None:  # the first time: checked, then by its id
+                    rec.record_kpi(name, lr)
+                    entry[4] = rec.catalog.kpi_id(name)
+                else:
+                    rec._record_known_kpi(kpi, lr)
             if (id(optimizer), g) not in self._inv_groups_checked:
                 self._inv_groups_checked.add((id(optimizer), g))
                 self._inv_check_eps(number, g, group, step)
-            zero_lr = not isinstance(lr, torch.Tensor) and lr is not None and float(lr) == 0.0
-            self._inv_held.update(held)
+            with_grad = 0
             for i in held:
                 grad = params[i].grad
                 if grad is None:
                     continue
-                if zero_lr:
-                    self._inv_zero_lr += 1
-                else:
-                    self._inv_live += 1
-                if self._inv_consume(i, grad, step):
-                    stale.append(i)
-            self._inv_foreign += [p for p in foreign if p.requires_grad and p.grad is None]
+                with_grad += 1
+                previous = consumed[i]
+                version = grad._version
+                if previous is not None and previous[1] != version and previous[0]() is grad:
+                    if self._inv_grown_in_place(i, step):
+                        stale.append(i)
+                consumed[i] = (ref(grad), version)
+                if watched and i in watched:
+                    self._inv_stale[i] = False
+                    self._inv_after[i] = None
+            if not isinstance(lr, torch.Tensor) and lr is not None and float(lr) == 0.0:
+                self._inv_zero_lr += with_grad
+            else:
+                self._inv_live += with_grad
+            if foreign:
+                self._inv_foreign += [p for p in foreign if p.requires_grad and p.grad is None]
         if stale:
             self._inv_stale_gradients(number, stale, step)
 
-    def _inv_consume(self, i: int, grad: torch.Tensor, step: int) -> bool:
-        """Remember the gradient this step consumes; whether it still holds the last step's."""
-        stale = False
-        previous = self._inv_consumed[i]
-        if previous is not None and previous[0]() is grad and grad._version != previous[1]:
-            if i in self._inv_watch:
-                stale = self._inv_stale[i]
-            else:  # grown in place since the last step: uncleared, or zeroed in place? Watch the next accumulation.
-                self._inv_ambiguous.setdefault(i, step)
-                parameter = self._parameters[i]
-                self._inv_watch[i] = parameter.register_post_accumulate_grad_hook(partial(self._inv_accumulated, i))
-        self._inv_consumed[i] = (weakref.ref(grad), grad._version)
-        self._inv_stale[i] = False
-        self._inv_after[i] = None
-        return stale
+    def _inv_grown_in_place(self, i: int, step: int) -> bool:
+        """The gradient about to be consumed is the tensor the last step consumed, changed in place since:
+        uncleared (accumulated onto), or zeroed in place and accumulated again? A watched parameter's
+        post-accumulate-grad hook knows; otherwise start watching it."""
+        if i in self._inv_watch:
+            return self._inv_stale[i]
+        self._inv_ambiguous.setdefault(i, step)
+        self._inv_watch[i] = self._parameters[i].register_post_accumulate_grad_hook(partial(self._inv_accumulated, i))
+        return False
 
     def _inv_stale_gradients(self, number: int, stale: list[int], step: int) -> None:
         names = [self._inv_names[i] for i in stale]
@@ -299,15 +319,22 @@ class LoopInvariants:
         if step is None or not self._backward_seen:
             return
         start = self._inv_grad_start or (None,) * len(self._inv_names)
-        received = [m is not None and m != s for m, s in zip(self._grad_mark, start)]
+        received = list(map(ne, self._grad_mark, start))  # a gradient that changed (None stays None)
         if not any(received):
             return
         params = self._parameters
         self._inv_check_no_step(step)
-        if self._own_steps:
+        if self._inv_held:  # an optimizer holding the model's parameters stepped (its pre-hook ran; the
+            # count of own steps is not there yet at the optimizer= post-hook that ends the step)
             self._inv_check_omitted(step, received)
             self._inv_check_foreign(step)
             self._inv_check_no_update(step)
+        if all(received):  # the common case
+            if self._inv_unused_counting:
+                self._inv_unused = [0] * len(received)
+                self._inv_unused_counting = False
+            return
+        self._inv_unused_counting = True
         for i, got in enumerate(received):
             if got or not params[i].requires_grad:
                 self._inv_unused[i] = 0
@@ -326,7 +353,8 @@ class LoopInvariants:
                           "steps": rules.UNUSED_STEPS}))
 
     def _inv_check_no_step(self, step: int) -> None:
-        skipped = (not self._own_steps and not self._foreign_steps and patches.scale_calls() == self._inv_scaled
+        skipped = (not self._inv_held and not self._own_steps and not self._foreign_steps
+                   and patches.scale_calls() == self._inv_scaled
                    and self._parameter_version() == self._parameter_mark)
         if not skipped:
             self._inv_no_step = 0
@@ -343,7 +371,9 @@ class LoopInvariants:
                 evidence={"steps": rules.NO_STEP_STEPS}))
 
     def _inv_check_omitted(self, step: int, received: list[bool]) -> None:
-        held = self._inv_held
+        if any(len(h) == len(received) for h in self._inv_held):  # an optimizer that stepped holds them all
+            return
+        held = frozenset().union(*self._inv_held)
         missing = [i for i, got in enumerate(received) if got and i not in held
                    and ("not_in_optimizer", self._inv_nodes[i]) not in self._inv_seen]
         if not missing:
@@ -401,13 +431,12 @@ class LoopInvariants:
                 evidence={"steps": rules.NO_UPDATE_STEPS, "parameters_with_gradients": self._inv_zero_lr}))
 
     def _inv_check_share(self, step: int) -> None:
-        total = trainable = 0
-        norms_only = True
-        for p, n, norm in self._inv_all:
-            total += n
-            if p.requires_grad:
-                trainable += n
-                norms_only = norms_only and norm
+        flags = list(map(_REQUIRES_GRAD, self._inv_all_params))
+        trainable, total = sum(compress(self._inv_all_numel, flags)), self._inv_total
+        if trainable == self._inv_trainable_before:
+            return
+        self._inv_trainable_before = trainable
+        norms_only = all(compress(self._inv_all_norm, flags))
         share = trainable / total if total else 1.0
         before = self._inv_share
         self._inv_share = share

@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["CATEGORY", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse", "omission_severity",
-           "STALE_CONFIRM_STEPS", "NO_STEP_STEPS", "NO_UPDATE_STEPS", "UNUSED_STEPS", "EVAL_PASS_RUN",
+from comgra_ndbg.store import schema
+
+__all__ = ["CATEGORY", "FAILURE", "INFO", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse",
+           "omission_severity",
+           "NO_STEP_STEPS", "NO_UPDATE_STEPS", "UNUSED_STEPS", "EVAL_PASS_RUN",
            "SHARE_DROP", "SHARE_COLLAPSED", "OMITTED_ON_PURPOSE", "MODE_DEPENDENT", "NORM_LAYERS", "percent",
            "names_text"]
 
-CATEGORY = "invariant"
+CATEGORY = schema.LOG_INVARIANT
 """The log category of every loop-invariant row (``Recording.log("invariant")``)."""
 
 FAILURE, INFO = "failure", "info"
@@ -45,9 +48,6 @@ INVARIANTS = {
 }
 """Every invariant checked during the loop, by the name its log rows carry in ``detail["invariant"]``."""
 
-STALE_CONFIRM_STEPS = 1
-"""Steps after the first ambiguous one (same gradient tensor, grown in place) in which accumulation hooks
-tell an uncleared gradient from one zeroed in place (``zero_grad(set_to_none=False)``)."""
 NO_STEP_STEPS = 3
 """Consecutive steps with gradients but no optimizer step (a skipped ``GradScaler`` step is exempt)."""
 NO_UPDATE_STEPS = 3
