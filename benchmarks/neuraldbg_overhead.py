@@ -12,6 +12,12 @@ a machine shared with other work).
 "hooks only" is NeuralDbg with a policy that skips every step: the hooks, step detection and the loss KPI
 run, no statistic is computed, so it isolates the instrumentation from the Recorder's reductions.
 
+"invariants off" variants pass ``invariants=False`` (no loop-invariant checks, no ``lr/<group>`` KPIs): the
+difference to the same variant with invariants on is their cost. It is a few microseconds per step, below
+the noise of wall-clock medians on a shared machine, so ``invariant_seconds`` also times the invariant
+methods themselves inside a NeuralDbg run (each wrapped with a CPU-time timer) and the report states
+their CPU time per step against the bare step's.
+
 "statistics alone" is a floor for any instrumentation of these loops on this machine: the statistics that
 NeuralDbg's summaries hold (every leaf module's output and its gradient, every parameter's value,
 gradient and update, the input, target and loss) from the same compiled kernels, called directly from
@@ -153,17 +159,54 @@ VARIANTS = {
     "bare": None,
     "disabled": dict(enabled=False),
     "hooks only": dict(summaries=None, snapshots=None),
+    "hooks only, invariants off": dict(summaries=None, snapshots=None, invariants=False),
     "summaries": dict(summaries=1, snapshots=None),
+    "summaries, invariants off": dict(summaries=1, snapshots=None, invariants=False),
     "summaries+snapshots": dict(summaries=1, snapshots=10),
 }
 LABELS = {
     "bare": "bare training loop",
     "disabled": "NeuralDbg(enabled=False)",
     "hooks only": "NeuralDbg, hooks only (every step skipped)",
+    "hooks only, invariants off": "NeuralDbg, hooks only, invariants=False",
     "summaries": "NeuralDbg, summaries every step",
+    "summaries, invariants off": "NeuralDbg, summaries every step, invariants=False",
     "summaries+snapshots": "NeuralDbg, summaries every step, snapshots every 10th",
     "floor": "statistics alone, no bookkeeping (a floor)",
 }
+
+
+INVARIANT_METHODS = ("_inv_forward", "_inv_backward_call", "_inv_before_step", "_inv_end_step", "_inv_reset_step")
+
+
+def invariant_seconds(make_model: Callable[[], nn.Module], data: list, folder: str, trial: str) -> float:
+    """CPU seconds per step spent inside the loop-invariant methods of a NeuralDbg run (hooks only), each
+    method wrapped with a timer (``time.thread_time``: a shared machine's preemption is not counted; the
+    timers' own cost, under a microsecond a call, is included)."""
+    from comgra_ndbg.instrument.invariants import LoopInvariants
+
+    spent = [0.0]
+    originals = {name: getattr(LoopInvariants, name) for name in INVARIANT_METHODS}
+
+    def timed(method: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[0] += time.thread_time() - t0
+        return wrapper
+
+    for name, method in originals.items():
+        setattr(LoopInvariants, name, timed(method))
+    try:
+        run(make_model, data[:20], dict(summaries=None, snapshots=None), folder, trial + "-warm")
+        spent[0] = 0.0
+        run(make_model, data, dict(summaries=None, snapshots=None), folder, trial)
+    finally:
+        for name, method in originals.items():
+            setattr(LoopInvariants, name, method)
+    return spent[0] / len(data)
 
 
 def main() -> None:
@@ -187,6 +230,9 @@ def main() -> None:
                     results[(m, v)].append(run(make_model, data, options, folder, f"{v}-{r}-{i}"))
                 if kernels.AVAILABLE:
                     results[(m, "floor")].append(run_floor(make_model, data))
+        inside = {m: statistics.median(invariant_seconds(make_model, data, folder, f"inv-{r}-{i}")
+                                       for r in range(args.rounds))
+                  for i, (m, (make_model, data)) in enumerate(models.items())}
     print(f"NeuralDbg overhead, CPU ({torch.get_num_threads()} threads), {args.steps} steps x {args.rounds} rounds, "
           f"median step time (batch {BATCH} for the MLP)")
     for m in models:
@@ -196,6 +242,8 @@ def main() -> None:
             wall, cpu = (statistics.median(x) for x in zip(*results[(m, v)]))
             print(f"  {LABELS[v]:<55} {wall * 1e3:8.3f} ms/step  ratio {wall / bare_wall:5.3f}x   "
                   f"CPU {cpu * 1e3:8.3f} ms/step  ratio {cpu / bare_cpu:5.3f}x")
+        print(f"  {'CPU time inside the loop-invariant checks':<55} {inside[m] * 1e6:8.1f} us/step  "
+              f"= {inside[m] / bare_cpu:.2%} of the bare step's CPU time")
 
 
 if __name__ == "__main__":

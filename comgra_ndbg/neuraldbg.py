@@ -48,6 +48,7 @@ from comgra_ndbg.instrument.hooks import ROOT, ModuleHooks, ModulePattern, node_
 from comgra_ndbg.instrument.structure import ModelStructure
 from comgra_ndbg.instrument.checkpoint import Burst, HiddenCall, RecomputedGradients
 from comgra_ndbg.instrument.compile_cache import evict_compiled_code
+from comgra_ndbg.instrument.invariants import LoopInvariants
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
@@ -60,7 +61,7 @@ PARAMETER_SUFFIX = ".parameters"
 """Parameters of module ``model.p`` form node ``model.p.parameters`` (``parameters`` cannot be a child's name)."""
 
 
-class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradients):
+class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradients, LoopInvariants):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: ``runs`` in the working directory, the new trial's absolute path
@@ -77,6 +78,11 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     with; steps already in the recording are not recorded again). A model without trainable parameters
     (a frozen backbone) has no optimizer step to see: each training forward pass is then one step, unless
     ``optimizer=`` says when steps end.
+
+    ``invariants=True`` checks the training loop itself at every step — gradients carried over without
+    ``zero_grad()``, parameters outside the optimizer, steps that change nothing, the model's train/eval
+    mode, BatchNorm on one sample, unused parameters, half-precision ``eps`` — and records the learning
+    rate of every param group as KPI ``lr/<group>`` (``docs/diagnosis.md``, "Loop invariants").
 
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
@@ -98,6 +104,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         enabled: bool = True,
         resume: bool = False,
         first_step: int | None = None,
+        invariants: bool = True,
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -112,6 +119,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
         if not isinstance(resume, bool):
             raise InvalidArgumentError(f"resume must be True or False, got {resume!r}")
+        if not isinstance(invariants, bool):
+            raise InvalidArgumentError(f"invariants must be True or False, got {invariants!r}")
         if first_step is not None:
             check_step(first_step)
         if resume:
@@ -182,6 +191,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         self._parameter_mark = 0
         self._grad_mark: tuple = ()
         self._warned: set[str] = set()
+        self._init_invariants(invariants)
         disable = torch.compiler.disable
         self._handles.append(model.register_forward_pre_hook(disable(self._before_forward), with_kwargs=True))
         self._handles.append(model.register_forward_hook(disable(self._after_forward), with_kwargs=True))
@@ -217,6 +227,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
                 handle.remove()
             self._handles, self._tensor_handles = [], []
             self._taps, self._losses, self._loss_sources, self._pass_args = {}, [], {}, None
+            self._inv_close()
             patches.detach(self)
             self.recorder.close()
 

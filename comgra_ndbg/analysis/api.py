@@ -28,6 +28,7 @@ from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict, to_dict
 from comgra_ndbg.analysis.gradient_health import gradient_events
 from comgra_ndbg.analysis.hypotheses import rank_hypotheses
+from comgra_ndbg.analysis.invariants import loop_diagnosis, merge_hypotheses
 from comgra_ndbg.analysis.loading import load_series
 from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_events, phase_key
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
@@ -60,16 +61,29 @@ def detect_events(series: RunSeries, thresholds: Thresholds = Thresholds()) -> l
 
 
 def diagnose(series: RunSeries, thresholds: Thresholds = Thresholds()) -> Diagnosis:
-    """The pure pipeline: events, causal links, coupled failures and ranked hypotheses of one run."""
+    """The pure pipeline: events, causal links, coupled failures and ranked hypotheses of one run; the
+    training loop's own mistakes (:mod:`~comgra_ndbg.analysis.invariants`) rank ahead of their effects."""
     started = time.perf_counter()
     events = detect_events(series, thresholds)
     links = link_events(events, series, thresholds)
     hypotheses = rank_hypotheses(events, links, series, thresholds)
+    loop = loop_diagnosis(series)
+    events = _insert_by_onset(events, loop.events)
     return Diagnosis(trial=series.trial, num_steps=int(len(series.steps)),
                      last_step=int(series.steps[-1]) if len(series.steps) else -1, events=tuple(events),
-                     coupled=tuple(coupled_failures(links)), hypotheses=tuple(hypotheses),
+                     coupled=tuple(coupled_failures(links)),
+                     hypotheses=tuple(merge_hypotheses(hypotheses, loop.hypotheses)),
                      seconds=time.perf_counter() - started, library_version=__version__,
-                     thresholds=thresholds.as_dict())
+                     thresholds=thresholds.as_dict(), notes=loop.notes)
+
+
+def _insert_by_onset(events: list[Event], extra: tuple[Event, ...]) -> list[Event]:
+    """``events`` in their order, each of ``extra`` put before the first event with a later onset."""
+    out = list(events)
+    for event in extra:
+        at = next((i for i, e in enumerate(out) if e.onset > event.onset), len(out))
+        out.insert(at, event)
+    return out
 
 
 def _open(path_or_recording: str | Path | Recording, trial: str | None) -> tuple[Recording, bool]:

@@ -11,7 +11,7 @@ __all__ = ["Evidence", "Event", "CausalLink", "CausalChain", "Hypothesis", "Diag
            "diagnosis_from_dict", "FAMILIES"]
 
 FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit",
-            "representation", "path_balance")
+            "representation", "path_balance", "loop_invariant")
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,7 @@ class Diagnosis:
     seconds: float = 0.0
     library_version: str = ""
     thresholds: dict = field(default_factory=dict, compare=False, hash=False)
+    notes: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -130,11 +131,14 @@ class Diagnosis:
         return self.hypotheses[0] if self.hypotheses else None
 
     def explain(self) -> str:
-        """One sentence per hypothesis, best first, or a line saying no failure was found."""
+        """One sentence per hypothesis, best first, or a line saying no failure was found; then the notes
+        (what the run does that may be meant: a part frozen from the start)."""
+        notes = "".join(f"\nNote: {note}" for note in self.notes)
         if not self.hypotheses:
-            return f"No failure found in {self.num_steps} recorded steps."
-        return "\n".join(f"{i + 1}. {h.sentence}" + (f"\n   Remedy: {h.remedy}" if h.remedy else "")
-                         for i, h in enumerate(self.hypotheses))
+            return f"No failure found in {self.num_steps} recorded steps." + notes
+        return "\n".join(f"{i + 1}. {h.sentence}" + (f"\n   Remedy: {h.remedy}" if h.remedy and h.remedy not in
+                                                      h.sentence else "")
+                         for i, h in enumerate(self.hypotheses)) + notes
 
 
 def to_dict(diagnosis: Diagnosis) -> dict:
@@ -167,4 +171,5 @@ def diagnosis_from_dict(d: dict) -> Diagnosis:
     return Diagnosis(trial=d["trial"], num_steps=d["num_steps"], last_step=d["last_step"],
                      events=tuple(_event(e) for e in d["events"]), coupled=tuple(_link(x) for x in d["coupled"]),
                      hypotheses=hypotheses, seconds=d.get("seconds", 0.0),
-                     library_version=d.get("library_version", ""), thresholds=d.get("thresholds", {}))
+                     library_version=d.get("library_version", ""), thresholds=d.get("thresholds", {}),
+                     notes=tuple(d.get("notes", ())))

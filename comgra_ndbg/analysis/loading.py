@@ -1,6 +1,7 @@
 """Reading a recording into a :class:`RunSeries` — the only analysis module that talks to the reader."""
 from __future__ import annotations
 
+from comgra_ndbg.analysis.invariants import LoopFacts, TensorRows
 from comgra_ndbg.analysis.series import RunSeries, build_series
 from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.store.reader import Recording
@@ -9,13 +10,18 @@ __all__ = ["load_series", "node_info"]
 
 
 def load_series(recording: Recording) -> RunSeries:
-    """Every summarized series of every tensor, merged per node, plus the KPIs and the dependency graph."""
+    """Every summarized series of every tensor, merged per node, plus the KPIs, the dependency graph and what
+    the loop-invariant analysis reads (the ``invariant`` log, each input's and target's own rows)."""
     rows: dict[tuple[str, str], list] = {}
     roles: dict[str, str] = {}
+    inputs: dict[str, list[TensorRows]] = {"input": [], "target": []}
     for tensor in recording.tensors:
         roles.setdefault(tensor.node, tensor.role)
         for kind in recording.kinds(tensor.name):
-            rows.setdefault((tensor.node, kind), []).append(recording.summary_rows(tensor.name, kind))
+            found = recording.summary_rows(tensor.name, kind)
+            rows.setdefault((tensor.node, kind), []).append(found)
+            if kind == "value" and tensor.role in inputs:
+                inputs[tensor.role].append(TensorRows(tensor.name, tensor.dtype, *found))
     kpis = {name: recording.kpi(name) for name in recording.kpi_names}
     stored = recording.graph()
     graph = stored.graph if stored is not None else None
@@ -23,8 +29,10 @@ def load_series(recording: Recording) -> RunSeries:
         for node in graph.nodes:
             if node.name in roles:
                 roles[node.name] = node.role
+    log = tuple(LoopFacts.row(e.step, e.subject, e.message, e.detail) for e in recording.log("invariant"))
     return build_series(rows, roles=roles, kpis=kpis, graph=graph, trial=recording.trial,
-                        node_order=recording.nodes, info=node_info(recording))
+                        node_order=recording.nodes, info=node_info(recording),
+                        loop=LoopFacts(log, tuple(inputs["input"]), tuple(inputs["target"])))
 
 
 def node_info(recording: Recording) -> dict[str, NodeInfo]:

@@ -27,6 +27,15 @@ TYPE_TEXT = {
     "update_stagnation": "Update stagnation",
     "mode_collapse": "Mode collapse",
     "imbalanced_learning": "Imbalanced learning",
+    # found by loop invariants (analysis/invariants.py)
+    "stale_gradients": "Gradients carried over between steps",
+    "wrong_mode": "A train/eval mode mistake",
+    "batch_statistics": "BatchNorm on single samples",
+    "unused_parameters": "Unused parameters",
+    "precision": "An optimizer eps below the weights' precision",
+    "repeated_batch": "The same batch every step",
+    "unnormalised_input": "Unnormalised inputs",
+    "constant_target": "A constant target",
     "unclear": "A failure of unclear type",
 }
 

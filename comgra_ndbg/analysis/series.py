@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +61,7 @@ class RunSeries:
     trial: str = ""
     kpi_present: Mapping[str, np.ndarray] | None = None  # per KPI: True at steps where it was recorded
     info: Mapping[str, NodeInfo] | None = None  # per node: module class, shape, parameter ranks
+    loop: Any = None  # invariants.LoopFacts: the invariant log, input and target rows (None: not loaded)
 
     def node_info(self, name: str) -> NodeInfo:
         """What the recording says about node ``name`` besides its series (empty when nothing)."""
@@ -166,12 +168,13 @@ def forward_order(names: list[str], roles: Mapping[str, str], graph: DependencyG
 def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, str],
                  kpis: Mapping[str, tuple[np.ndarray, np.ndarray]], graph: DependencyGraph | None = None,
                  trial: str = "", node_order: list[str] | None = None,
-                 info: Mapping[str, NodeInfo] | None = None) -> RunSeries:
+                 info: Mapping[str, NodeInfo] | None = None, loop: Any = None) -> RunSeries:
     """Align node-level summary rows on the union of their steps and derive every statistic.
 
     ``rows`` maps ``(node, kind)`` to ``(steps, rows)``; several entries for one node (its tensors) may be
     passed as a list of such pairs under one key. ``roles`` maps node -> role. ``kpis`` maps name ->
-    ``(steps, values)``. ``info`` maps node -> :class:`~comgra_ndbg.analysis.structure.NodeInfo`.
+    ``(steps, values)``. ``info`` maps node -> :class:`~comgra_ndbg.analysis.structure.NodeInfo`. ``loop``
+    is what the loop-invariant analysis reads besides (:class:`~comgra_ndbg.analysis.invariants.LoopFacts`).
     """
     all_steps = [np.asarray(s, dtype=np.int64) for entry in rows.values() for s, _ in _pairs(entry)]
     all_steps += [np.asarray(s, dtype=np.int64) for s, _ in kpis.values()]
@@ -196,7 +199,7 @@ def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, st
         where = np.searchsorted(steps, np.asarray(s, dtype=np.int64))
         values[where], mask[where] = np.asarray(v, dtype=np.float64), True
         aligned_kpis[name], present[name] = values, mask
-    return RunSeries(steps, nodes, aligned_kpis, graph, trial, present, dict(info or {}))
+    return RunSeries(steps, nodes, aligned_kpis, graph, trial, present, dict(info or {}), loop)
 
 
 def _pairs(entry: Rows | list[Rows]) -> list[Rows]:

@@ -52,12 +52,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from comgra_ndbg.recorder.recorder import RecorderWarning
 
-__all__ = ["attach", "detach", "installed"]
+__all__ = ["attach", "detach", "installed", "scale_calls"]
 
 _lock = threading.Lock()
 _listeners: list[Any] = []
 _optimizer_hooks: list[Any] = []  # the handles of the global optimizer step hooks
 _unscaled = WeakIdKeyDictionary()  # scaled tensor -> the loss it was scaled from (weak on both ends' owner)
+_scale_calls = [0]  # GradScaler.scale calls while patched: a step that used a scaler may skip optimizer.step()
 
 
 class _Patch:
@@ -98,6 +99,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
     def scale(self: Any, outputs: Any) -> Any:
         scaled = original(self, outputs)
+        _scale_calls[0] += 1
         if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not outputs:
             _unscaled[scaled] = outputs
         return scaled
@@ -161,6 +163,11 @@ def detach(listener: Any) -> None:
                 handle.remove()
             _optimizer_hooks.clear()
             _unscaled.clear()
+
+
+def scale_calls() -> int:
+    """How many times ``GradScaler.scale`` was called while the patches were in place."""
+    return _scale_calls[0]
 
 
 def installed() -> bool:

@@ -41,6 +41,8 @@ class StepDetection:
             self._safely("starting a forward pass", self._begin_pass, args, kwargs)
         else:
             self._evaluation_passes += 1
+        if self._inv:
+            self._safely("checking loop invariants", self._inv_forward, self._training_pass, args, kwargs)
 
     def _begin_pass(self, args: tuple, kwargs: dict) -> None:
         rec = self.recorder
@@ -157,7 +159,11 @@ class StepDetection:
         return cached[1]
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self._closed and self.recorder.current_step is not None and self._owns(optimizer):
+        if self._closed or not self._owns(optimizer):
+            return
+        if self._inv:
+            self._safely("checking loop invariants", self._inv_before_step, optimizer)
+        if self.recorder.current_step is not None:
             self.recorder.refresh_parameter_gradients()
 
     def _after_optimizer_step_anywhere(self, optimizer: torch.optim.Optimizer) -> None:
@@ -179,6 +185,8 @@ class StepDetection:
 
     def _finish_step(self) -> None:
         rec = self.recorder
+        if self._inv:
+            self._safely("checking loop invariants", self._inv_end_step)
         try:
             if self._pass_open:
                 rec.finish_iteration()
@@ -204,3 +212,4 @@ class StepDetection:
         self._forget_hidden_calls()
         self._backward_seen = False
         self._own_steps = self._foreign_steps = 0
+        self._inv_reset_step()

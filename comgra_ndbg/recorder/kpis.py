@@ -54,6 +54,12 @@ class KpiRecording:
             type_id = self.catalog.step_type_id(self._last_step_type)
             self._writer.add_kpi(self._last_step, kpi, float(value), type_id)
 
+    def _record_known_kpi(self, kpi: int, value: float) -> None:
+        """``record_kpi`` for an internal caller that recorded this KPI through ``record_kpi`` before (``kpi``:
+        its ``catalog.kpi_id``) and passes a plain float: no checks, the open step only."""
+        if self._step_open and not self._replayed:
+            self._kpis.append((kpi, value))
+
     def add_note(self, text: str) -> None:
         """Attach a free-text note to the current (or last) step, e.g. "lr lowered to 1e-4"."""
         if not self.enabled:

@@ -1,0 +1,357 @@
+"""Loop invariants as hypotheses: mistakes of the training loop, named by their cause, ranked before their effects.
+
+Two sources, both read by :func:`loop_diagnosis`:
+
+- the recording's log rows of category ``invariant``, written by ``NeuralDbg`` while the loop ran
+  (:mod:`comgra_ndbg.instrument.invariants`): gradients carried over without ``zero_grad()``, parameters
+  outside the optimizer, steps that change nothing, the model's train/eval mode, BatchNorm on one sample,
+  unused parameters, half-precision ``eps``, the trainable share;
+- rules over what every recording holds (:class:`LoopFacts`, and the KPIs ``lr/<group>``): a learning
+  rate that collapses early and never recovers, or drops to 0 with much of the run to go; the same input
+  batch every step; inputs far outside the unit scale the first layer was initialised for; a constant
+  target.
+
+Each failure becomes a :class:`~comgra_ndbg.analysis.events.Hypothesis` whose sentence names the cause and
+the remedy; each piece of information (a part frozen on purpose) a note. A loop error is the cause of the
+statistical effects it produces, so :func:`merge_hypotheses` ranks it ahead of every statistical hypothesis
+that starts no earlier than it (``slack`` steps of reporting delay allowed).
+
+Confidence is a small explicit rule, not a fitted one: :data:`CONFIDENCE` gives each invariant the
+probability that a violation means a real mistake, by how directly it is observed — 0.95 for facts the
+hooks see (the gradient tensor the optimizer consumed was added to; a parameter with a gradient in no param
+group), 0.9 for facts over many steps (unused parameters, a collapsed learning rate), 0.85 for equality of
+summaries (the same batch, a constant target), 0.7 for a scale read from summaries (unnormalised inputs).
+
+>>> import numpy as np
+>>> from comgra_ndbg.analysis.series import build_series
+>>> lr = np.r_[np.full(20, 0.1), np.full(80, 1e-5)]
+>>> s = build_series({}, roles={}, kpis={"lr/0": (np.arange(100), lr), "loss": (np.arange(100), np.ones(100))})
+>>> [(h.type, h.origin, h.onset) for h in loop_diagnosis(s).hypotheses]
+[('update_stagnation', 'optimizer', 20)]
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from comgra_ndbg.analysis.events import CausalChain, Event, Evidence, Hypothesis
+from comgra_ndbg.analysis.hypotheses import features
+from comgra_ndbg.analysis.sentences import TYPE_TEXT
+from comgra_ndbg.analysis.series import RunSeries
+from comgra_ndbg.statistics import derive
+from comgra_ndbg.store.schema import FIELD
+
+__all__ = ["LoopRow", "TensorRows", "LoopFacts", "LoopDiagnosis", "loop_diagnosis", "merge_hypotheses",
+           "CONFIDENCE", "FAMILY"]
+
+FAMILY = "loop_invariant"
+CONFIDENCE = {
+    "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
+    "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
+    "batchnorm_batch_one": 0.95, "unused_parameters": 0.9, "half_precision_eps": 0.95,
+    "lr_collapse": 0.9, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
+}
+"""Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
+
+# invariant -> (type, origin, remedy); a remedy may use {node} and {onset}
+_READING = {
+    "stale_gradients": ("stale_gradients", "loop",
+                        "call optimizer.zero_grad() once per optimizer step, before loss.backward() (with gradient "
+                        "accumulation: right after optimizer.step())"),
+    "not_in_optimizer": ("update_stagnation", "optimizer",
+                         "build the optimizer after the model is complete (after replacing or adding layers), or add "
+                         "the missing parameters with optimizer.add_param_group({{'params': ...}})"),
+    "foreign_parameters": ("update_stagnation", "optimizer",
+                           "build the optimizer from the parameters of the model that is trained, after every layer "
+                           "was replaced or moved"),
+    "no_optimizer_step": ("update_stagnation", "loop",
+                          "call optimizer.step() after loss.backward() in every training step"),
+    "no_update": ("update_stagnation", "optimizer",
+                  "check the learning rate of every param group and the scheduler that sets it (a learning rate of 0 "
+                  "leaves every parameter where it is)"),
+    "trainable_share": ("update_stagnation", "architecture",
+                        "check which code sets requires_grad_(False) at step {onset}; freeze only the part meant to "
+                        "stay fixed"),
+    "eval_mode_training": ("wrong_mode", "loop",
+                           "call model.train() at the start of every training epoch (after each evaluation)"),
+    "train_mode_evaluation": ("wrong_mode", "loop",
+                              "call model.eval() before evaluating, and model.train() again before training"),
+    "batchnorm_batch_one": ("batch_statistics", "node",
+                            "train with batches of more than one sample per replica (drop_last=True for a last "
+                            "batch of one), or use GroupNorm/LayerNorm, or put '{node}' in eval() mode"),
+    "unused_parameters": ("unused_parameters", "node",
+                          "check that the output of '{node}' reaches the loss (a tensor detached, a branch not "
+                          "used, a layer replaced by another); freeze it with requires_grad_(False) if it is meant "
+                          "to stay unused"),
+    "half_precision_eps": ("precision", "optimizer",
+                           "keep the weights in float32 and use torch.autocast with a GradScaler for half-precision "
+                           "compute, or raise the optimizer's eps to at least 1e-4"),
+    "lr_collapse": ("update_stagnation", "optimizer",
+                    "check the scheduler: step it once per epoch if its step_size / T_max / milestones count "
+                    "epochs (or give it the number of batches), and check the steps it was told the run has"),
+    "repeated_batch": ("repeated_batch", "data",
+                       "create the DataLoader (with shuffle=True) once, outside the training loop, and draw every "
+                       "batch from the same iterator; if you train on the whole data set as one batch on purpose, "
+                       "this is expected"),
+    "unnormalised_input": ("unnormalised_input", "data",
+                           "normalise the inputs (e.g. images / 255, or subtract the mean and divide by the standard "
+                           "deviation of the training set) before the first layer"),
+    "constant_target": ("constant_target", "data",
+                        "check how the targets are built (a label column read wrongly, a target overwritten, an "
+                        "index that never changes)"),
+}
+_POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one")
+COLLAPSE_DECADES = 3.0  # a learning rate at or below 10^-3 of its maximum so far has collapsed
+RECOVERED = 0.1  # ... unless it comes back to a tenth of that maximum (warm restarts, cyclic schedules)
+EARLY = 0.5  # a collapse before this share of the run is no schedule's intended end
+ZERO_LEFT = 0.1  # a rate of exactly 0 with at least this share of the run (and 10 steps) left
+REPEAT_SHARE = 0.9  # share of consecutive recorded steps with the same batch
+MIN_STEPS = 3
+UNIT_SCALE = 20.0  # input rms over this, from the first steps: far outside a unit-scale initialisation
+_MIN, _MAX, _COUNT = FIELD["min"], FIELD["max"], FIELD["count"]
+_SCALE_FREE = ("Embedding", "EmbeddingBag", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm")
+
+
+@dataclass(frozen=True)
+class LoopRow:
+    """A log row of category ``invariant``: its step, subject, sentence and evidence."""
+
+    step: int
+    subject: str
+    message: str
+    detail: Mapping = field(default_factory=dict)
+
+    @property
+    def invariant(self) -> str:
+        return str(self.detail.get("invariant", ""))
+
+    @property
+    def severity(self) -> str:
+        return str(self.detail.get("severity", "failure"))
+
+
+@dataclass(frozen=True)
+class TensorRows:
+    """Summary rows of one input or target tensor: ``steps`` and ``rows`` (``schema.FIELD`` columns)."""
+
+    name: str
+    dtype: str
+    steps: np.ndarray
+    rows: np.ndarray
+
+
+@dataclass(frozen=True)
+class LoopFacts:
+    """What the loop-invariant analysis reads besides the series: the invariant log, input and target rows."""
+
+    rows: tuple[LoopRow, ...] = ()
+    inputs: tuple[TensorRows, ...] = ()
+    targets: tuple[TensorRows, ...] = ()
+
+    @staticmethod
+    def row(step: int, subject: str, message: str, detail: str | Mapping) -> LoopRow:
+        """A :class:`LoopRow` from a log entry (its detail as stored: a JSON object, or already parsed)."""
+        if isinstance(detail, str):
+            try:
+                detail = json.loads(detail) if detail else {}
+            except ValueError:
+                detail = {}
+        return LoopRow(int(step), str(subject), str(message), dict(detail) if isinstance(detail, Mapping) else {})
+
+
+@dataclass(frozen=True)
+class LoopDiagnosis:
+    """Failure hypotheses (by onset), their events, and notes (information, no failure)."""
+
+    hypotheses: tuple[Hypothesis, ...] = ()
+    events: tuple[Event, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Finding:
+    invariant: str
+    onset: int
+    node: str
+    message: str
+    evidence: tuple[Evidence, ...] = ()
+    magnitude: float = 1.0
+
+
+def loop_diagnosis(series: RunSeries, facts: LoopFacts | None = None) -> LoopDiagnosis:
+    """Every loop-invariant failure of a run as a hypothesis, and its information as notes (see the module
+    docstring); ``facts`` defaults to ``series.loop``."""
+    facts = facts if facts is not None else (getattr(series, "loop", None) or LoopFacts())
+    findings: list[_Finding] = []
+    notes: list[str] = []
+    for row in facts.rows:
+        if row.severity != "failure":
+            notes.append(f"{row.message} (step {row.step}).")
+            continue
+        if row.invariant not in _READING:
+            continue
+        nodes = row.detail.get("nodes") or [row.subject]
+        node = nodes[0] if row.invariant in _POINTS_AT_NODE else ""
+        findings.append(_Finding(row.invariant, row.step, node, row.message,
+                                 (Evidence(f"log/{row.invariant}", (row.step,), (1.0,)),)))
+    if any(f.invariant == "not_in_optimizer" for f in findings):  # the replaced layer's old parameters: one mistake
+        findings = [f for f in findings if f.invariant != "foreign_parameters"]
+    findings += _lr_findings(series)
+    findings += _batch_findings(series, facts)
+    findings += _target_findings(facts)
+    findings.sort(key=lambda f: f.onset)
+    hypotheses, events, seen = [], [], set()
+    last = int(series.steps[-1]) if len(series.steps) else 0
+    for f in findings:
+        kind, origin, advice = _READING[f.invariant]
+        if (kind, origin, f.node) in seen:
+            continue
+        seen.add((kind, origin, f.node))
+        event = Event(FAMILY, f.node or origin, "loop", "held", f.invariant, f.onset, max(last, f.onset),
+                      f.magnitude, 1.0, f.evidence)
+        chain = CausalChain(event)
+        confidence = CONFIDENCE[f.invariant]
+        advice = advice.format(node=f.node, onset=f.onset)
+        text = f"{_title(kind)}: {f.message}; {advice} (confidence {confidence:.2f})."
+        hypotheses.append(Hypothesis(kind, origin, f.node, f.onset, confidence, text, chain,
+                                     features(event, chain, len(hypotheses), len(findings), series), advice))
+        events.append(event)
+    return LoopDiagnosis(tuple(hypotheses), tuple(events), tuple(notes))
+
+
+def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesis], *, slack: int = 2
+                     ) -> list[Hypothesis]:
+    """One ranking: loop hypotheses that start no later than ``slack`` steps after the top statistical
+    hypothesis (they are its cause, or came first) go ahead of the statistical ones, later ones after; each
+    part keeps its own order. A statistical hypothesis that a loop error explains keeps its confidence.
+
+    >>> from comgra_ndbg.analysis.events import CausalChain, Event
+    >>> e = Event("f", "n", "value", "a", "b", 0, 0, 1.0, 1.0)
+    >>> h = lambda kind, onset: Hypothesis(kind, "node", "n", onset, 0.9, kind, CausalChain(e))
+    >>> [x.type for x in merge_hypotheses([h("exploding", 30)], [h("stale_gradients", 12), h("precision", 80)])]
+    ['stale_gradients', 'exploding', 'precision']
+    """
+    if not statistical:
+        return list(loop)
+    first = statistical[0].onset + slack
+    ahead = [h for h in loop if h.onset <= first]
+    behind = [h for h in loop if h.onset > first]
+    return ahead + list(statistical) + behind
+
+
+def _title(kind: str) -> str:
+    return TYPE_TEXT.get(kind, kind)
+
+
+# ---- the learning rate ------------------------------------------------------------------------------------------
+def _lr_findings(series: RunSeries) -> list[_Finding]:
+    """A param group's learning rate (KPI ``lr/<group>``) that collapsed to ≤ 10^-3 of its maximum before half
+    the run and never came back to a tenth of it, or that fell to exactly 0 with ≥ 10 % of the run (and 10
+    steps) still to go."""
+    out = []
+    n = len(series.steps)
+    for name in sorted(k for k in series.kpis if k.startswith("lr/")):
+        lr = series.kpis[name]
+        present = np.flatnonzero(np.isfinite(lr))
+        if len(present) < MIN_STEPS:
+            continue
+        values = lr[present]
+        peak = np.maximum.accumulate(values)
+        low = (peak > 0) & (values <= peak * 10 ** -COLLAPSE_DECADES * (1 + 1e-9))  # 0.1 · 0.1³ > 1e-4 in floats
+        zero = (peak > 0) & (values == 0)
+        for i in np.flatnonzero(low):
+            later = values[i:]
+            if np.any(later >= RECOVERED * peak[i]):
+                continue
+            position = present[i]
+            left = n - position
+            early = position < EARLY * n
+            stopped = zero[i] and left >= max(10, ZERO_LEFT * n)
+            if not (early or stopped):
+                break
+            onset = int(series.steps[position])
+            group = name[3:]
+            what = ("fell to 0" if values[i] == 0 else
+                    f"fell to {values[i]:.3g}, {values[i] / peak[i]:.1g} of its maximum {peak[i]:.3g},")
+            out.append(_Finding(
+                "lr_collapse", onset, "",
+                f"the learning rate of param group {group} {what} at step {onset} and stayed there for the remaining "
+                f"{left} step(s) of the run ({position / max(n, 1):.0%} of the way through): from then on the "
+                f"updates are too small to train",
+                (Evidence(f"kpi/{name}", (int(series.steps[present[max(i - 1, 0)]]), onset),
+                          (float(values[max(i - 1, 0)]), float(values[i])), float(peak[i])),),
+                float(np.log10(peak[i] / values[i])) if values[i] > 0 else float("inf")))
+            break
+    return out
+
+
+# ---- data: the same batch, unnormalised inputs, a constant target --------------------------------------------
+def _batch_findings(series: RunSeries, facts: LoopFacts) -> list[_Finding]:
+    inputs = [t for t in facts.inputs if len(t.steps) and np.any(t.rows[:, _MIN] != t.rows[:, _MAX])]
+    out = []
+    if inputs:
+        common = inputs[0].steps
+        for t in inputs[1:]:
+            common = np.intersect1d(common, t.steps)
+        if len(common) >= MIN_STEPS:
+            same = np.ones(len(common) - 1, bool)
+            for t in inputs:
+                rows = t.rows[np.searchsorted(t.steps, common)]
+                same &= np.all((rows[1:] == rows[:-1]) | (np.isnan(rows[1:]) & np.isnan(rows[:-1])), axis=1)
+            if same.sum() >= MIN_STEPS - 1 and same.mean() >= REPEAT_SHARE:
+                onset = int(common[1:][same][0])
+                out.append(_Finding(
+                    "repeated_batch", onset, "",
+                    f"the input batch is the same at {int(same.sum()) + 1} of {len(common)} recorded steps (every "
+                    f"summary of {', '.join(repr(t.name) for t in inputs[:3])} identical from step {onset - 1} on): "
+                    f"the data loader restarts at its first batch every step",
+                    (Evidence(f"{inputs[0].name}/value/mean", tuple(int(s) for s in common[:3]),
+                              tuple(float(v) for v in derive(inputs[0].rows[:3])["mean"])),)))
+    out += _scale_findings(series, facts)
+    return out
+
+
+def _scale_findings(series: RunSeries, facts: LoopFacts) -> list[_Finding]:
+    """Floating inputs whose rms over the first recorded steps is ≥ :data:`UNIT_SCALE`, when the layers
+    they feed are not scale-free (an embedding, a normalisation)."""
+    if series.graph is not None:
+        consumers = [e.target for e in series.graph.edges if e.source == "input"]
+        if consumers and all(any(k in series.node_info(c).module_type for k in _SCALE_FREE) for c in consumers):
+            return []
+    out = []
+    for t in facts.inputs:
+        if "float" not in t.dtype and "half" not in t.dtype or not len(t.steps):
+            continue
+        stats = derive(t.rows[:10])
+        rms = float(np.nanmedian(stats["rms"]))
+        if rms >= UNIT_SCALE:
+            onset = int(t.steps[0])
+            out.append(_Finding(
+                "unnormalised_input", onset, "",
+                f"the input '{t.name}' has an rms of {rms:.3g} from the first recorded step on (values from "
+                f"{np.nanmin(stats['min']):.3g} to {np.nanmax(stats['max']):.3g}), far outside the unit scale "
+                f"the first layer's default initialisation expects",
+                (Evidence(f"{t.name}/value/rms", tuple(int(s) for s in t.steps[:3]),
+                          tuple(float(v) for v in stats["rms"][:3])),), rms))
+            break
+    return out
+
+
+def _target_findings(facts: LoopFacts) -> list[_Finding]:
+    out = []
+    for t in facts.targets:
+        if len(t.steps) < MIN_STEPS + 2:
+            continue
+        constant = (t.rows[:, _MIN] == t.rows[:, _MAX]) & (t.rows[:, _COUNT] > 1)
+        if constant.mean() >= REPEAT_SHARE:
+            onset = int(t.steps[np.flatnonzero(constant)[0]])
+            value = float(t.rows[np.flatnonzero(constant)[0], _MIN])
+            out.append(_Finding(
+                "constant_target", onset, "",
+                f"the target '{t.name}' holds one value ({value:.4g}) for every sample at {int(constant.sum())} of "
+                f"{len(t.steps)} recorded steps: the model can only learn to output it",
+                (Evidence(f"{t.name}/value/min", (onset,), (value,)),)))
+    return out

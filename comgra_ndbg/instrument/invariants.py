@@ -1,0 +1,479 @@
+"""Loop invariants: mistakes of the training loop seen directly, at the step boundaries NeuralDbg already has.
+
+``LoopInvariants`` is a mixin of ``NeuralDbg`` and works on its state. It reads plain facts where the other
+mixins already stop — the optimizer's step pre-hook (which parameters it holds, their gradients, the
+learning rate of each param group), the first ``backward()`` call of a step, the end of a step, and the
+model's forward pre-hook (its mode, gradients on or off, the batch size) — and asks
+:mod:`~comgra_ndbg.instrument.loop_rules` whether an invariant broke. A violation is written once per
+(invariant, subject) into the recording's log (category ``invariant``); the analysis turns it into a
+hypothesis that names the cause and the remedy (:mod:`comgra_ndbg.analysis.invariants`).
+
+What it costs: attribute reads, a dictionary lookup and a weak reference per parameter per optimizer step,
+one gradient fingerprint (the tuple step detection already builds) at the first backward call of a step,
+a ``requires_grad`` sum per step, and one KPI ``lr/<group>`` per param group per step. No tensor element is
+read. Only where the cheap facts cannot tell an uncleared gradient from one zeroed in place (the same
+gradient tensor grown since the last optimizer step, which ``zero_grad(set_to_none=False)`` also gives) a
+post-accumulate-grad hook is added to those parameters, to see whether anything cleared the gradient
+between the step and the next accumulation. Nothing here changes a tensor, a flag or a random number
+generator; every hook it adds is removed by ``close()``.
+"""
+from __future__ import annotations
+
+import weakref
+from functools import partial
+from itertools import compress
+from operator import attrgetter, ne
+from typing import Any
+
+import torch
+from torch import nn
+
+from comgra_ndbg.instrument import loop_rules as rules
+from comgra_ndbg.instrument import patches
+from comgra_ndbg.instrument.hooks import node_name, tensor_leaves
+from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation, names_text, percent
+
+__all__ = ["LoopInvariants"]
+
+_PARAMETERS = ".parameters"
+_REQUIRES_GRAD = attrgetter("requires_grad")
+
+
+class LoopInvariants:
+    """Loop-invariant checks of ``NeuralDbg`` (see the module docstring); not used on its own."""
+
+    def _init_invariants(self, enabled: bool) -> None:
+        self._inv = enabled
+        if not enabled:
+            return
+        root = self._root
+        owner = {}
+        for path, module in root.named_modules():
+            for name, _ in module.named_parameters(recurse=False):
+                owner[f"{path}.{name}" if path else name] = (path, type(module).__name__)
+        named = [(name, p) for name, p in root.named_parameters() if p.requires_grad]  # = self._parameters
+        self._inv_names = [name for name, _ in named]
+        self._inv_nodes = [node_name(owner.get(name, ("", ""))[0]) + _PARAMETERS for name in self._inv_names]
+        self._inv_index = {id(p): i for i, (_, p) in enumerate(named)}
+        self._inv_all = [(p, _numel(p), any(n in owner.get(name, ("", ""))[1] for n in rules.NORM_LAYERS))
+                         for name, p in root.named_parameters()]
+        self._inv_all_params = [p for p, _, _ in self._inv_all]
+        self._inv_all_numel = [n for _, n, _ in self._inv_all]
+        self._inv_all_norm = [norm for _, _, norm in self._inv_all]
+        self._inv_total = sum(self._inv_all_numel)
+        self._inv_trainable_before = -1
+        self._inv_numel = [_numel(p) for _, p in named]
+        self._inv_mode_modules = [path for path, m in root.named_modules() if type(m).__name__ in rules.MODE_DEPENDENT
+                                  or (isinstance(m, nn.RNNBase) and m.dropout > 0)]
+        self._inv_batchnorms = [(path, m) for path, m in root.named_modules() if isinstance(
+            m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)]
+        count = len(named)
+        self._inv_seen: set[tuple[str, str]] = set()
+        self._inv_consumed: list[tuple[Any, int] | None] = [None] * count  # (weakref, version) at the last step
+        self._inv_stale = [False] * count
+        self._inv_after: list[int | None] = [None] * count  # gradient version after the last accumulation seen
+        self._inv_ambiguous: dict[int, int] = {}  # parameter -> step where its gradient was first grown in place
+        self._inv_watch: dict[int, Any] = {}  # parameter -> post-accumulate-grad hook handle
+        self._inv_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> (number, groups key, held)
+        self._inv_groups_checked: set[tuple[int, int]] = set()
+        self._inv_unused = [0] * count
+        self._inv_unused_counting = False
+        self._inv_no_step = self._inv_no_update = 0
+        self._inv_no_step_onset = self._inv_no_update_onset = -1
+        self._inv_foreign_run = 0
+        self._inv_foreign_onset = -1
+        self._inv_share: float | None = None
+        self._inv_eval_grad_passes = self._inv_train_passes = self._inv_eval_run = 0
+        self._inv_trained_in_train_mode = False
+        self._inv_reset_step()
+
+    def _inv_reset_step(self) -> None:
+        if not self._inv:
+            return
+        self._inv_grad_start: tuple | None = None
+        self._inv_held: list[frozenset] = []  # parameters held by each optimizer that stepped
+        self._inv_live = self._inv_zero_lr = 0
+        self._inv_foreign: list[str] = []
+        self._inv_scaled = patches.scale_calls()
+
+    def _inv_close(self) -> None:
+        if not getattr(self, "_inv", False):
+            return
+        for handle in self._inv_watch.values():
+            handle.remove()
+        self._inv_watch = {}
+
+    # ---- reporting ------------------------------------------------------------------------------------------
+    def _inv_report(self, violation: Violation) -> None:
+        key = (violation.invariant, violation.subject)
+        if key in self._inv_seen:
+            return
+        self._inv_seen.add(key)
+        self.recorder._add_log(violation.step, rules.CATEGORY, violation.subject, violation.message,
+                               violation.detail())
+
+    def _inv_step_number(self) -> int:
+        step = self.recorder.current_step
+        return self._next_step if step is None else step
+
+    # ---- forward passes ---------------------------------------------------------------------------------------
+    def _inv_forward(self, training: bool, args: tuple, kwargs: dict) -> None:
+        """A forward pass of the model: its mode against the gradient mode, and BatchNorm's batch size."""
+        if training:
+            self._inv_eval_run = 0
+            self._inv_train_passes += 1
+            if self._iteration == 0 and self.recorder.current_step is not None:  # the step's first pass
+                self._inv_check_share(self.recorder.current_step)
+            if self._inv_batchnorms:
+                self._inv_batch_one(args, kwargs)
+            return
+        grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        if grad:  # gradients on in eval(): a training step in the wrong mode, judged at the optimizer step
+            self._inv_eval_grad_passes += 1
+        elif self._root.training:
+            self._inv_eval_run += 1
+            if self._inv_eval_run == rules.EVAL_PASS_RUN and self._inv_mode_modules and not any(
+                    m.momentum is None for _, m in self._inv_batchnorms):  # momentum None: update_bn recalibrating
+                self._inv_train_mode_evaluation()
+
+    def _inv_train_mode_evaluation(self) -> None:
+        step = max(self._inv_step_number() - (self.recorder.current_step is None), self._first_step)
+        modules = self._inv_mode_modules
+        self._inv_report(Violation(
+            "train_mode_evaluation", step, "model.train()",
+            f"evaluation passes without gradients ran with the model in train() mode after step {step}: "
+            f"{names_text([node_name(p) for p in modules], 3)} behave as in training (dropout active, BatchNorm "
+            f"normalising with the batch's statistics and updating its running statistics)",
+            evidence={"modules": [node_name(p) for p in modules[:20]], "num_modules": len(modules)}))
+
+    def _inv_batch_one(self, args: tuple, kwargs: dict) -> None:
+        first = next((t for _, t in tensor_leaves((args, kwargs)) if t.dim() > 0), None)
+        if first is None or first.shape[0] != 1:
+            return
+        training = [path for path, m in self._inv_batchnorms if m.training]
+        if training:
+            step = self._inv_step_number()
+            self._inv_report(Violation(
+                "batchnorm_batch_one", step, node_name(training[0]),
+                f"BatchNorm layers in training mode ({names_text([node_name(p) for p in training], 3)}) got a batch "
+                f"of 1 sample at step {step}: they normalise each channel with the statistics of that one sample "
+                f"and update their running statistics with them",
+                evidence={"batch_size": 1, "input_shape": list(first.shape),
+                          "modules": [node_name(p) for p in training[:20]]}))
+
+    # ---- backward ---------------------------------------------------------------------------------------------
+    def _inv_backward_call(self) -> None:
+        """The first backward call of a step: which parameters held which gradient before it."""
+        if self._inv_grad_start is None and self.recorder.current_step is not None:
+            self._inv_grad_start = self._grad_fingerprint()
+
+    def _inv_accumulated(self, i: int, parameter: torch.Tensor) -> None:
+        """Post-accumulate-grad hook of a watched parameter: did this accumulation land on the very gradient
+        the last optimizer step consumed, with nothing (a zero_) between?"""
+        try:
+            grad = parameter.grad
+            consumed = self._inv_consumed[i]
+            if grad is None or consumed is None or consumed[0]() is not grad:
+                self._inv_stale[i] = False
+            else:
+                before = grad._version - 1  # an in-place accumulation moves the version by one
+                if before == consumed[1]:
+                    self._inv_stale[i] = True
+                elif before != self._inv_after[i]:
+                    self._inv_stale[i] = False  # changed in place between: cleared
+            self._inv_after[i] = None if grad is None else grad._version
+        except Exception as error:  # a hook inside backward must never break it
+            self.recorder._warn("checking loop invariants", error)
+
+    # ---- the optimizer's step -----------------------------------------------------------------------------------
+    def _inv_optimizer(self, optimizer: torch.optim.Optimizer) -> tuple[int, frozenset, list[list]]:
+        """``(number, held parameter indices, [[group, held indices, foreign parameters, lr KPI name, its id]])``
+        of an optimizer holding the model's parameters, cached while its groups keep their sizes."""
+        key = tuple(len(group["params"]) for group in optimizer.param_groups)
+        cached = self._inv_optimizers.get(optimizer)
+        if cached is None or cached[1] != key:
+            number = cached[0] if cached is not None else len(self._inv_optimizers)
+            index = self._inv_index
+            groups = []
+            for g, group in enumerate(optimizer.param_groups):
+                held = [index[id(p)] for p in group["params"] if id(p) in index]
+                foreign = [p for p in group["params"] if id(p) not in index and id(p) not in self._parameter_ids]
+                groups.append([g, held, foreign, _lr_name(number, g, group), None])
+            cached = (number, key, frozenset(i for _, held, *_ in groups for i in held), groups)
+            self._inv_optimizers[optimizer] = cached
+        return cached[0], cached[2], cached[3]
+
+    def _inv_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer holding the model's parameters is about to step: the learning rates, the gradients it
+        will consume, the model's mode in the passes since the last step."""
+        number, held_all, groups = self._inv_optimizer(optimizer)
+        step = self._inv_step_number()
+        if self._inv_eval_grad_passes and not self._inv_train_passes and self._inv_mode_modules:
+            self._inv_eval_mode_training(self._next_step)  # a step of its own, not recorded (eval-mode pass)
+        if self._inv_train_passes:
+            self._inv_trained_in_train_mode = True
+        self._inv_eval_grad_passes = self._inv_train_passes = 0
+        self._inv_held.append(held_all)
+        rec = self.recorder
+        open_step = rec.current_step is not None
+        params, consumed, watched, ref = self._parameters, self._inv_consumed, self._inv_watch, weakref.ref
+        stale: list[int] = []
+        for entry in groups:
+            g, held, foreign, name, kpi = entry
+            group = optimizer.param_groups[g]
+            lr = group.get("lr")
+            if open_step and lr is not None:
+                if isinstance(lr, torch.Tensor):
+                    rec.record_kpi(name, lr.detach().clone())
+                elif kpi is None:  # the first time: checked, then by its id
+                    rec.record_kpi(name, lr)
+                    entry[4] = rec.catalog.kpi_id(name)
+                else:
+                    rec._record_known_kpi(kpi, lr)
+            if (id(optimizer), g) not in self._inv_groups_checked:
+                self._inv_groups_checked.add((id(optimizer), g))
+                self._inv_check_eps(number, g, group, step)
+            with_grad = 0
+            for i in held:
+                grad = params[i].grad
+                if grad is None:
+                    continue
+                with_grad += 1
+                previous = consumed[i]
+                version = grad._version
+                if previous is not None and previous[1] != version and previous[0]() is grad:
+                    if self._inv_grown_in_place(i, step):
+                        stale.append(i)
+                consumed[i] = (ref(grad), version)
+                if watched and i in watched:
+                    self._inv_stale[i] = False
+                    self._inv_after[i] = None
+            if not isinstance(lr, torch.Tensor) and lr is not None and float(lr) == 0.0:
+                self._inv_zero_lr += with_grad
+            else:
+                self._inv_live += with_grad
+            if foreign:
+                self._inv_foreign += [p for p in foreign if p.requires_grad and p.grad is None]
+        if stale:
+            self._inv_stale_gradients(number, stale, step)
+
+    def _inv_grown_in_place(self, i: int, step: int) -> bool:
+        """The gradient about to be consumed is the tensor the last step consumed, changed in place since:
+        uncleared (accumulated onto), or zeroed in place and accumulated again? A watched parameter's
+        post-accumulate-grad hook knows; otherwise start watching it."""
+        if i in self._inv_watch:
+            return self._inv_stale[i]
+        self._inv_ambiguous.setdefault(i, step)
+        self._inv_watch[i] = self._parameters[i].register_post_accumulate_grad_hook(partial(self._inv_accumulated, i))
+        return False
+
+    def _inv_stale_gradients(self, number: int, stale: list[int], step: int) -> None:
+        names = [self._inv_names[i] for i in stale]
+        onset = min(self._inv_ambiguous.get(i, step) for i in stale)
+        self._inv_report(Violation(
+            "stale_gradients", onset, _optimizer_label(number),
+            f"optimizer.zero_grad() is not called between steps: at step {onset} the gradient of '{names[0]}' still "
+            f"held the previous step's, and the next backward pass added to it (so did {len(names)} of "
+            f"{len(self._inv_names)} trainable parameters: {names_text(names)})",
+            evidence={"parameters": names[:20], "num_parameters": len(names),
+                      "num_trainable": len(self._inv_names), "confirmed_at": step,
+                      "nodes": sorted({self._inv_nodes[i] for i in stale})[:20]}))
+
+    def _inv_eval_mode_training(self, step: int) -> None:
+        modules = [node_name(p) for p in self._inv_mode_modules]
+        if self._inv_trained_in_train_mode:
+            message = (f"training steps run with the model in eval() mode from step {step} on (after an evaluation, "
+                       f"model.train() was not called again): {names_text(modules, 3)} compute as in evaluation "
+                       f"(no dropout, BatchNorm with running statistics); these steps are not recorded")
+            severity = FAILURE
+        else:
+            message = (f"every training step so far ran with the model in eval() mode: {names_text(modules, 3)} "
+                       f"compute as in evaluation (no dropout, BatchNorm with running statistics); steps in eval() "
+                       f"mode are not recorded")
+            severity = INFO
+        self._inv_report(Violation("eval_mode_training", step, "model.eval()", message, severity,
+                                   {"modules": modules[:20], "num_modules": len(modules)}))
+
+    def _inv_check_eps(self, number: int, g: int, group: dict, step: int) -> None:
+        eps = group.get("eps")
+        if isinstance(eps, tuple):  # Adafactor-style (eps1, eps2)
+            eps = eps[0]
+        first = next(iter(group["params"]), None)
+        if not isinstance(eps, (int, float)) or first is None:
+            return
+        dtype = str(first.dtype)
+        if rules.eps_below_resolution(float(eps), dtype):
+            tiny = torch.finfo(first.dtype).tiny
+            label = f"{_optimizer_label(number)} group {g}"
+            self._inv_report(Violation(
+                "half_precision_eps", step, label,
+                f"{label} updates {dtype.split('.')[1]} weights with eps={eps:g}, below the smallest normal "
+                f"{dtype.split('.')[1]} number ({tiny:.3g}): the denominator sqrt(v) + eps rounds to 0 once v "
+                f"underflows, and the update divides by zero",
+                evidence={"eps": float(eps), "dtype": dtype, "smallest_normal": float(tiny), "group": g}))
+
+    # ---- the end of a step ------------------------------------------------------------------------------------
+    def _inv_end_step(self) -> None:
+        """The step is over: what received a gradient, which optimizers stepped, what changed."""
+        step = self.recorder.current_step
+        if step is None or not self._backward_seen:
+            return
+        start = self._inv_grad_start or (None,) * len(self._inv_names)
+        received = list(map(ne, self._grad_mark, start))  # a gradient that changed (None stays None)
+        if not any(received):
+            return
+        params = self._parameters
+        self._inv_check_no_step(step)
+        if self._inv_held:  # an optimizer holding the model's parameters stepped (its pre-hook ran; the
+            # count of own steps is not there yet at the optimizer= post-hook that ends the step)
+            self._inv_check_omitted(step, received)
+            self._inv_check_foreign(step)
+            self._inv_check_no_update(step)
+        if all(received):  # the common case
+            if self._inv_unused_counting:
+                self._inv_unused = [0] * len(received)
+                self._inv_unused_counting = False
+            return
+        self._inv_unused_counting = True
+        for i, got in enumerate(received):
+            if got or not params[i].requires_grad:
+                self._inv_unused[i] = 0
+            else:
+                self._inv_unused[i] += 1
+        unused = [i for i, n in enumerate(self._inv_unused) if n == rules.UNUSED_STEPS]
+        if unused:
+            names = [self._inv_names[i] for i in unused]
+            onset = step - rules.UNUSED_STEPS + 1
+            nodes = sorted({self._inv_nodes[i] for i in unused})
+            self._inv_report(Violation(
+                "unused_parameters", onset, nodes[0],
+                f"{len(names)} trainable parameter(s) got no gradient in any of the {rules.UNUSED_STEPS} steps from "
+                f"step {onset} on while the others did: the loss does not depend on {names_text(names)}",
+                evidence={"parameters": names[:20], "num_parameters": len(names), "nodes": nodes[:20],
+                          "steps": rules.UNUSED_STEPS}))
+
+    def _inv_check_no_step(self, step: int) -> None:
+        skipped = (not self._inv_held and not self._own_steps and not self._foreign_steps
+                   and patches.scale_calls() == self._inv_scaled
+                   and self._parameter_version() == self._parameter_mark)
+        if not skipped:
+            self._inv_no_step = 0
+            return
+        if self._inv_no_step == 0:
+            self._inv_no_step_onset = step
+        self._inv_no_step += 1
+        if self._inv_no_step == rules.NO_STEP_STEPS:
+            onset = self._inv_no_step_onset
+            self._inv_report(Violation(
+                "no_optimizer_step", onset, "optimizer.step()",
+                f"optimizer.step() is not called: from step {onset} on, {rules.NO_STEP_STEPS} steps in a row computed "
+                f"gradients and cleared them, and no parameter changed",
+                evidence={"steps": rules.NO_STEP_STEPS}))
+
+    def _inv_check_omitted(self, step: int, received: list[bool]) -> None:
+        if any(len(h) == len(received) for h in self._inv_held):  # an optimizer that stepped holds them all
+            return
+        held = frozenset().union(*self._inv_held)
+        missing = [i for i, got in enumerate(received) if got and i not in held
+                   and ("not_in_optimizer", self._inv_nodes[i]) not in self._inv_seen]
+        if not missing:
+            return
+        with_grad = sum(self._inv_numel[i] for i, got in enumerate(received) if got)
+        share = sum(self._inv_numel[i] for i in missing) / max(with_grad, 1)
+        first_step = step == self._first_step
+        severity = rules.omission_severity(share, first_step)
+        names = [self._inv_names[i] for i in missing]
+        nodes = list(dict.fromkeys(self._inv_nodes[i] for i in missing))
+        if severity == INFO:
+            message = (f"only {percent(1 - share)} of the parameters that get gradients are in the optimizer's param "
+                       f"groups from the first step on: {names_text(names)} are not trained (a part frozen on "
+                       f"purpose by leaving it out of the optimizer?)")
+        else:
+            message = (f"{names_text(names)} get gradients but are in no param group of the optimizer(s) that "
+                       f"stepped at step {step}: they are never updated (a layer created or replaced after the "
+                       f"optimizer was built?)")
+        for node in nodes[1:]:
+            self._inv_seen.add(("not_in_optimizer", node))
+        self._inv_report(Violation("not_in_optimizer", step, nodes[0], message, severity,
+                                   {"parameters": names[:20], "num_parameters": len(names), "nodes": nodes[:20],
+                                    "share": share}))
+
+    def _inv_check_foreign(self, step: int) -> None:
+        foreign = self._inv_foreign
+        if not foreign:
+            self._inv_foreign_run = 0
+            return
+        if self._inv_foreign_run == 0:
+            self._inv_foreign_onset = step
+        self._inv_foreign_run += 1
+        if self._inv_foreign_run == rules.NO_STEP_STEPS:
+            onset = self._inv_foreign_onset
+            shapes = [list(p.shape) for p in foreign[:5]]
+            self._inv_report(Violation(
+                "foreign_parameters", onset, "param_groups",
+                f"the optimizer holds {len(foreign)} parameter(s) that are not the model's and get no gradient (shapes "
+                f"{shapes}): the optimizer was built before a layer was replaced, or for another copy of the model",
+                evidence={"num_parameters": len(foreign), "shapes": shapes}))
+
+    def _inv_check_no_update(self, step: int) -> None:
+        if self._inv_live or not self._inv_zero_lr:
+            self._inv_no_update = 0
+            return
+        if self._inv_no_update == 0:
+            self._inv_no_update_onset = step
+        self._inv_no_update += 1
+        if self._inv_no_update == rules.NO_UPDATE_STEPS:
+            onset = self._inv_no_update_onset
+            self._inv_report(Violation(
+                "no_update", onset, "learning rate",
+                f"optimizer.step() changes no parameter from step {onset} on: every parameter with a gradient is in a "
+                f"param group whose learning rate is 0",
+                evidence={"steps": rules.NO_UPDATE_STEPS, "parameters_with_gradients": self._inv_zero_lr}))
+
+    def _inv_check_share(self, step: int) -> None:
+        flags = list(map(_REQUIRES_GRAD, self._inv_all_params))
+        trainable, total = sum(compress(self._inv_all_numel, flags)), self._inv_total
+        if trainable == self._inv_trainable_before:
+            return
+        self._inv_trainable_before = trainable
+        norms_only = all(compress(self._inv_all_norm, flags))
+        share = trainable / total if total else 1.0
+        before = self._inv_share
+        self._inv_share = share
+        if before is None:
+            if share < 1.0:
+                frozen = total - trainable
+                self._inv_report(Violation(
+                    "trainable_share", step, "model",
+                    f"{percent(share)} of the model's parameter elements are trainable from the first step on "
+                    f"({frozen} of {total} frozen with requires_grad=False)", INFO,
+                    {"share": share, "trainable": trainable, "total": total, "at_start": True}))
+            return
+        severity = rules.share_collapse(before, share, only_norms=norms_only and trainable > 0)
+        if severity is not None:
+            self._inv_seen.discard(("trainable_share", "model"))
+            self._inv_report(Violation(
+                "trainable_share", step, "model",
+                f"the trainable share of the model's parameters fell from {percent(before)} to {percent(share)} at "
+                f"step {step}" + (" (only normalisation parameters still train)" if norms_only and trainable else ""),
+                severity, {"share": share, "before": before, "trainable": trainable, "total": total,
+                           "only_norms": bool(norms_only and trainable), "at_start": False}))
+
+
+def _numel(p: torch.Tensor) -> int:
+    try:
+        return int(p.numel())
+    except Exception:  # noqa: BLE001 - a lazy parameter not materialised yet
+        return 0
+
+
+def _optimizer_label(number: int) -> str:
+    return "optimizer" if number == 0 else f"optimizer {number}"
+
+
+def _lr_name(number: int, g: int, group: dict) -> str:
+    """KPI name of a param group's learning rate: ``lr/<group>`` (its ``name`` entry, or its index), with the
+    optimizer's number first for the second optimizer on (``lr/1.0``)."""
+    label = group.get("name")
+    label = label if isinstance(label, str) and label and "/" not in label else str(g)
+    return f"lr/{label}" if number == 0 else f"lr/{number}.{label}"

@@ -1,0 +1,134 @@
+"""Loop invariants: what each one is, its thresholds, and the sentence of a violation — pure functions.
+
+:mod:`~comgra_ndbg.instrument.invariants` gathers plain facts at the loop's step boundaries (which
+parameters had a gradient, which optimizer holds them, the learning rates, the model's mode) and asks the
+functions here whether an invariant is broken and how to say so. Nothing here touches a tensor's elements.
+Each violation becomes one row of the recording's log (category :data:`CATEGORY`) with its step, subject,
+sentence and the evidence as a JSON object whose ``invariant`` names the rule and ``severity`` says whether
+it is a failure or information (a choice the user may have made on purpose, e.g. a frozen backbone).
+
+>>> eps_below_resolution(1e-8, "torch.float16"), eps_below_resolution(1e-8, "torch.bfloat16")
+(True, False)
+>>> share_collapse(1.0, 0.004, only_norms=False)
+'failure'
+>>> share_collapse(1.0, 0.3, only_norms=False), share_collapse(1.0, 0.9, only_norms=False)
+('info', None)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from comgra_ndbg.store import schema
+
+__all__ = ["CATEGORY", "FAILURE", "INFO", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse",
+           "omission_severity",
+           "NO_STEP_STEPS", "NO_UPDATE_STEPS", "UNUSED_STEPS", "EVAL_PASS_RUN",
+           "SHARE_DROP", "SHARE_COLLAPSED", "OMITTED_ON_PURPOSE", "MODE_DEPENDENT", "NORM_LAYERS", "percent",
+           "names_text"]
+
+CATEGORY = schema.LOG_INVARIANT
+"""The log category of every loop-invariant row (``Recording.log("invariant")``)."""
+
+FAILURE, INFO = "failure", "info"
+
+INVARIANTS = {
+    "stale_gradients": "gradients carried over from one optimizer step into the next (no zero_grad)",
+    "not_in_optimizer": "a parameter with a gradient in no param group of the optimizers that stepped",
+    "foreign_parameters": "optimizer parameters that are not the model's and never get a gradient",
+    "no_optimizer_step": "gradients computed and cleared without optimizer.step()",
+    "no_update": "optimizer.step() leaves every parameter with a gradient unchanged (learning rate 0)",
+    "trainable_share": "the share of trainable parameters (frozen from the start, or collapsing mid-run)",
+    "eval_mode_training": "training steps taken with the model in eval() mode",
+    "train_mode_evaluation": "evaluation passes (no gradients) with the model in train() mode",
+    "batchnorm_batch_one": "BatchNorm in training mode on a batch of one sample",
+    "unused_parameters": "trainable parameters that receive no gradient for many steps",
+    "half_precision_eps": "half-precision weights with an optimizer eps the dtype cannot represent",
+}
+"""Every invariant checked during the loop, by the name its log rows carry in ``detail["invariant"]``."""
+
+NO_STEP_STEPS = 3
+"""Consecutive steps with gradients but no optimizer step (a skipped ``GradScaler`` step is exempt)."""
+NO_UPDATE_STEPS = 3
+"""Consecutive optimizer steps whose every parameter with a gradient sits in a group with learning rate 0
+(a warm-up that starts at 0 moves on after one step)."""
+UNUSED_STEPS = 10
+"""Consecutive steps in which a trainable parameter gets no gradient while others do."""
+EVAL_PASS_RUN = 2
+"""Consecutive evaluation passes (no gradients) in train() mode that make a validation loop; one such pass
+between training passes is a model used as a fixed part of another's step (a GAN's generator sample)."""
+SHARE_DROP = 0.5
+"""A trainable share that falls below this fraction of the share before is a change worth reporting."""
+SHARE_COLLAPSED = 0.05
+"""A trainable share at or below this (or only normalisation parameters left) is a collapse: a failure."""
+OMITTED_ON_PURPOSE = 0.5
+"""Parameters with gradients left out of every param group from the first step, holding at least this
+share of the trainable elements, read as fine-tuning a part on purpose (information, not a failure)."""
+
+MODE_DEPENDENT = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout",
+                  "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d",
+                  "LazyBatchNorm3d", "SyncBatchNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")
+"""Module classes that compute differently in train() and eval() (RNNs with dropout are added by value)."""
+NORM_LAYERS = ("BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm", "LocalResponseNorm")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant at ``step``: the log row's subject, sentence and evidence."""
+
+    invariant: str
+    step: int
+    subject: str
+    message: str
+    severity: str = FAILURE
+    evidence: dict = field(default_factory=dict)
+
+    def detail(self) -> dict:
+        """The log row's detail object."""
+        return {"invariant": self.invariant, "severity": self.severity, **self.evidence}
+
+
+def percent(share: float) -> str:
+    """A share as a short percentage.
+
+    >>> percent(0.123), percent(0.0004), percent(1.0)
+    ('12 %', '0.04 %', '100 %')
+    """
+    value = 100.0 * share
+    return f"{value:.2g} %" if value < 1 else f"{value:.0f} %"
+
+
+def names_text(names: list[str], limit: int = 4) -> str:
+    """``'a', 'b' and 3 more``.
+
+    >>> names_text(["a", "b", "c"], limit=2)
+    "'a', 'b' and 1 more"
+    """
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def eps_below_resolution(eps: float, dtype: str) -> bool:
+    """Whether an optimizer ``eps`` is below the smallest normal number of a half-precision ``dtype``
+    (written ``torch.float16``): there it rounds to 0 or to a subnormal, and ``grad / (sqrt(v) + eps)``
+    divides by zero once ``v`` underflows. float32 and wider are never flagged."""
+    if dtype not in ("torch.float16", "torch.bfloat16"):
+        return False
+    return 0 < eps < torch.finfo(getattr(torch, dtype.split(".")[1])).tiny
+
+
+def share_collapse(before: float, after: float, *, only_norms: bool) -> str | None:
+    """Severity of a trainable share that moved from ``before`` to ``after``: None when it did not fall
+    below :data:`SHARE_DROP` of its value, a failure when it collapsed (≤ :data:`SHARE_COLLAPSED`, or
+    only normalisation parameters still train), information otherwise (freezing a part on purpose)."""
+    if before <= 0 or after >= SHARE_DROP * before:
+        return None
+    return FAILURE if after <= SHARE_COLLAPSED or only_norms else INFO
+
+
+def omission_severity(share: float, first_step: bool) -> str:
+    """Parameters with gradients in no param group: information when they were left out from the first
+    step and hold at least :data:`OMITTED_ON_PURPOSE` of the trainable elements (training a head only),
+    a failure otherwise (a layer created or replaced after the optimizer)."""
+    return INFO if first_step and share >= OMITTED_ON_PURPOSE else FAILURE
