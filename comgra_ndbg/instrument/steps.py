@@ -71,7 +71,10 @@ class StepDetection:
         self._hooks.capture = capture
 
     def _optimizer_stepped(self) -> bool:
-        """Whether the open step is over: parameters changed, or gradients were cleared after a backward."""
+        """Whether the open step is over: parameters changed, or gradients were cleared after a backward (a
+        model without trainable parameters: any earlier pass ends it)."""
+        if self._steps_by_pass:
+            return True
         if self._parameter_version() != self._parameter_mark:
             return True
         return self._backward_seen and self._grad_fingerprint() != self._grad_mark
