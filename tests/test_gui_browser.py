@@ -140,8 +140,9 @@ def settled(driver: Any) -> bool:
 
 
 def click_stepper(driver: Any, selector: str, delta: int) -> None:
-    button = driver.execute_script("return document.getElementById(arguments[0]);",
-                                   ids.stepper_button_id(selector, delta))
+    button_id = ((ids.STEP_PREV if delta < 0 else ids.STEP_NEXT) if selector == "step"
+                 else ids.stepper_button_id(selector, delta))
+    button = driver.execute_script("return document.getElementById(arguments[0]);", button_id)
     button.click()
 
 
@@ -200,7 +201,7 @@ def test_opening_a_recording_paints_the_graph_and_the_tensor(browser: Any) -> No
     nodes = wait_for(lambda: browser.execute_script(
         "const c = document.getElementById(arguments[0]);"
         "return c && c._cyreg && c._cyreg.cy.nodes().map(n => n.id()).sort();", ids.GRAPH), "graph nodes")
-    assert nodes == ["hidden", "input", "loss", "model.0", "model.2", "output", "target"]
+    assert nodes == ["box:model", "hidden", "input", "loss", "model.0", "model.2", "output", "target"]
     wait_for(lambda: statistic(browser, "count") == "12", "the output's statistics")
     assert text(browser, ids.STEP_LABEL) == "step 7 · 4 of 4 short steps"
     assert text(browser, ids.STATUS) == "a: 8 recorded steps, last 7 · complete"
@@ -258,13 +259,30 @@ def test_clicking_the_timeline_moves_the_step(browser: Any) -> None:
     assert marker
 
 
-def test_collapsing_modules_groups_parameter_nodes(browser: Any) -> None:
-    choose(browser, ids.COLLAPSE, "model")
-    nodes = wait_for(lambda: (lambda n: n if "model" in n else None)(browser.execute_script(
-        "return document.getElementById(arguments[0])._cyreg.cy.nodes().map(n => n.id()).sort();", ids.GRAPH)),
-        "the collapsed node")
-    assert nodes == ["hidden", "input", "loss", "model", "output", "target"]
-    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("model / 2.bias"), "the same tensor, regrouped")
+def graph_nodes(driver: Any) -> list[str]:
+    return sorted(driver.execute_script(
+        "return document.getElementById(arguments[0])._cyreg.cy.nodes().map(n => n.id());", ids.GRAPH))
+
+
+def click_frame(driver: Any, frame: str) -> None:
+    """Click inside an open module's frame, on its padding (not on a node inside it)."""
+    x, y = driver.execute_script(
+        "const b = document.getElementById(arguments[0])._cyreg.cy.getElementById(arguments[1]).renderedBoundingBox();"
+        "return [b.x1 + 5, b.y2 - 5];", ids.GRAPH, frame)
+    canvas = driver.find_element(By.ID, ids.GRAPH)
+    size = canvas.size
+    ActionChains(driver).move_to_element_with_offset(canvas, int(x - size["width"] / 2),
+                                                     int(y - size["height"] / 2)).click().perform()
+
+
+def test_clicking_a_module_frame_closes_it_and_clicking_the_box_opens_it(browser: Any) -> None:
+    click_frame(browser, "box:model")
+    wait_for(lambda: graph_nodes(browser) == ["box:model", "hidden", "input", "loss", "output", "target"],
+             "the module closed into one box")
+    assert "box" in node_classes(browser, "box:model")
+    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("model.2 / bias"), "the selection kept")
+    click_node(browser, "box:model")
+    wait_for(lambda: "model.0" in graph_nodes(browser), "the module opened again")
 
 
 def test_other_tabs_render(browser: Any) -> None:
@@ -298,10 +316,7 @@ def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jum
     def nodes() -> set[str]:
         return set(browser.execute_script(
             "return document.getElementById(arguments[0])._cyreg.cy.nodes().map(n => n.id());", ids.GRAPH))
-    wait_for(lambda: FAULT_NODE in nodes(), "its graph")
-    if "model.2" not in nodes():
-        choose(browser, ids.COLLAPSE, "model")  # expand the module an earlier test collapsed
-    wait_for(lambda: "model.2" in nodes(), "its graph, expanded")
+    wait_for(lambda: FAULT_NODE in nodes() and "model.2" in nodes(), "its graph")
     assert "has-event" not in node_classes(browser, FAULT_NODE)
     tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
     tabs["Diagnosis"].click()
@@ -328,6 +343,9 @@ def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jum
     tabs["Tensors"].click()
     wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith(f"{FAULT_NODE} / {FAULT_NODE} · value · step 10"),
              "the tensor at the onset")
+    assert browser.execute_script(  # the timeline shows the statistic the rule fired on
+        "return document.querySelector(arguments[0]).layout.yaxis.title.text;",
+        f"#{ids.TIMELINE_BOX} .js-plotly-plot") == "saturated_fraction"
     label = wait_for(lambda: browser.execute_script(
         "const p = document.querySelector(arguments[0]); return p && p.layout.annotations.length && "
         "p.layout.annotations[0].text;", f"#{ids.TIMELINE_BOX} .js-plotly-plot"), "the event on the timeline")

@@ -267,27 +267,33 @@ def edge_kinds(graph: DependencyGraph) -> dict[tuple[str, str, str], str]:
 
 
 def visible_graph(graph: DependencyGraph, collapsed: Iterable[str] = (), *, show_implied: bool = False,
-                  show_unused: bool = False) -> VisibleGraph:
-    """What is drawn of ``graph`` with the boxes ``collapsed`` closed (paths that are no box are ignored)."""
+                  show_unused: bool = False, boxes: ModuleBoxes | None = None) -> VisibleGraph:
+    """What is drawn of ``graph`` with the boxes ``collapsed`` closed (paths that are no box are ignored).
+
+    ``boxes`` are the module boxes of all of ``graph``'s nodes (computed when not given); a box holding only
+    unused parameters is not drawn while they are left out."""
     unused = unused_parameters(graph)
     hidden = set() if show_unused else set(unused)
     roles = {n.name: n.role for n in graph.nodes}
-    boxes = module_boxes(n for n in graph.node_names if n not in hidden)
+    boxes = boxes if boxes is not None else module_boxes(graph.node_names)
     closed = set(collapsed) & set(boxes.paths)
     shown_as: dict[str, str] = {}
     for name in boxes.names:
+        if name in hidden:
+            continue
         shut = [p for p in boxes.ancestors(name) if p in closed]
         shown_as[name] = box_id(shut[0]) if shut else name
     items, frames = [], []
     for path in boxes.paths:
-        if any(a in closed for a in boxes.ancestors(path, box=True)):
+        if any(a in closed for a in boxes.ancestors(path, box=True)) or set(boxes.members[path]) <= hidden:
             continue
         parent = boxes.parent[box_id(path)]
+        shown = tuple(m for m in boxes.members[path] if m not in hidden)
         entry = VisibleItem(box_id(path), path, "box" if path in closed else "frame", "module",
-                            box_id(parent) if parent else None, _relative(path, parent), boxes.members[path])
+                            box_id(parent) if parent else None, _relative(path, parent), shown)
         (items if path in closed else frames).append(entry)
     for name in boxes.names:
-        if shown_as[name] == name:
+        if shown_as.get(name) == name:
             parent = boxes.parent[name]
             items.append(VisibleItem(name, name, "node", roles[name], box_id(parent) if parent else None,
                                      _relative(name, parent), (name,)))

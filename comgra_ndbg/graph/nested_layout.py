@@ -21,7 +21,7 @@ __all__ = ["FRAME_PADDING", "FRAME_TITLE", "item_size", "nested_layout"]
 FRAME_PADDING = 14.0  # px between a frame's edge and its contents (the stylesheet's compound padding)
 FRAME_TITLE = 18.0  # px above a frame taken by its label
 NODE_SIZE = 26.0
-BOX_HEIGHT = 30.0
+BOX_HEIGHT = 40.0  # two lines: the name with its node count, and the diagnosis badge
 CHARACTER = 6.6  # px per character of an 11 px label
 
 
@@ -32,7 +32,7 @@ def item_size(item: VisibleItem) -> tuple[float, float]:
     (39.6, 44.0)
     """
     if item.kind == "box":
-        return round(max(56.0, CHARACTER * len(item.label) + 20.0), 1), BOX_HEIGHT
+        return round(max(64.0, CHARACTER * (len(item.label) + 6) + 16.0), 1), BOX_HEIGHT
     return round(max(NODE_SIZE + 4.0, CHARACTER * len(item.label)), 1), NODE_SIZE + 18.0
 
 
