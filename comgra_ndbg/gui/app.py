@@ -6,7 +6,9 @@ for new steps every ``interval_ms``, so a run that is still training shows up li
 """
 from __future__ import annotations
 
+import errno
 import functools
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,13 +16,14 @@ from urllib.parse import urlsplit
 import flask
 from dash import Dash, no_update
 
+from comgra_ndbg.errors import ComgraError
 from comgra_ndbg.gui.callbacks import OUTPUTS, register_callbacks, update_view
 from comgra_ndbg.gui.custom import load_visualization
 from comgra_ndbg.gui.layout import build_layout
 from comgra_ndbg.gui.state import ReaderCache
 from comgra_ndbg.gui.style import index_string
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "create_app", "serve"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServerAddressError", "check_address", "create_app", "serve"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8055
@@ -94,6 +97,30 @@ def fill(layout: Any, outputs: dict[str, Any]) -> Any:
         visit(getattr(node, "children", None))
     visit(layout)
     return layout
+
+
+class ServerAddressError(ComgraError, OSError):
+    """The explorer cannot listen where it was asked to (the port is taken, or the address is not this
+    machine's)."""
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise :class:`ServerAddressError` with what to do when nothing could listen on ``host:port``.
+
+    Checked before the explorer says where it is served, so a taken port is reported as such, in one line,
+    and not after a line that claims the explorer is running there.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ServerAddressError(f"port {port} on {host} is already in use (another explorer or server is "
+                                         f"listening there): stop it, or pass --port with a free port") from None
+            raise ServerAddressError(f"cannot listen on {host}:{port} ({error.strerror}): pass --host with an "
+                                     f"address of this machine (default {DEFAULT_HOST})") from None
 
 
 def serve(app: Dash, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
