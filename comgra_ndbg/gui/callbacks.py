@@ -175,6 +175,9 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
     selection_trigger = None if trigger in ("generations", "analyses") else trigger
     selectors = update_selection(cache, selection_trigger, value, store)
     selection = Selection.from_dict(selectors["store"]["selection"])
+    if trigger in ("trial", "generations"):  # another run, or this one grew: the step shown is the one wanted now,
+        # so a step wanted in another trial does not pull the view along as this one grows towards it
+        selectors["store"]["wanted"].update(step=selection.step, step_type=selection.step_type)
     if trigger == "generations" and options.follow and current is not None and selection.trial == current.trial \
             and selection.generation != current.generation:
         steps = cache.steps_of_type(selection.trial, selection.step_type)
