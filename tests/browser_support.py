@@ -140,9 +140,20 @@ def click_frame(driver: Any, frame: str) -> None:
 def choose(driver: Any, dropdown_id: str, label: str) -> None:
     """Open a Dash 4 dropdown (once the page has rendered it) and click the option with ``label``."""
     wait_for(lambda: driver.find_elements(By.ID, dropdown_id), f"dropdown {dropdown_id}")[0].click()
+    if driver.execute_script("return document.activeElement.classList.contains('dash-dropdown-search');"):
+        ActionChains(driver).send_keys(label).perform()  # long lists show only some options until filtered
     option = wait_for(lambda: next(o for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']")
                                    if o.text.strip() == label), f"option {label!r} of {dropdown_id}")
     option.click()
+
+
+def type_into(driver: Any, element_id: str, typed: str) -> None:
+    """Replace the text of an input field and press Enter."""
+    from selenium.webdriver.common.keys import Keys
+
+    field = driver.find_element(By.ID, element_id)
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(typed + "\n")
 
 
 def screenshot(driver: Any, name: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from browser_support import (By, chromium, choose, click_frame, click_node, console_problems, graph_nodes,
-                             node_classes, screenshot, served, settled, text, wait_for)
+                             node_classes, screenshot, served, settled, text, type_into, wait_for)
 from selenium.webdriver.common.action_chains import ActionChains
 from test_gui_support import FAULT_NODE, make_faulty, make_recording, new_model, train_steps
 
@@ -198,9 +198,7 @@ def test_a_timeline_overlays_nodes_and_trials_with_log_y_and_smoothing_and_saves
                                                                              "b · hidden"], "three curves")
     browser.find_element(By.CSS_SELECTOR, f"#{ids.TIMELINE_OPTIONS} input").click()
     wait_for(lambda: plot_data(browser, ids.TIMELINE)[0]["axis"] == "log", "a log y axis")
-    ema = browser.find_element(By.ID, ids.EMA)
-    ema.clear()
-    ema.send_keys("0.6\n")
+    type_into(browser, ids.EMA, "0.6")
     wait_for(lambda: "a · hidden (EMA 0.6)" in [t["name"] for t in plot_data(browser, ids.TIMELINE)], "smoothed")
     screenshot(browser, "overlay.png")
     for fmt in ("csv", "png"):

@@ -40,12 +40,19 @@ def cells(component: Any) -> list[list[str]]:
 
 
 def act(cache: ReaderCache, trigger: str | None, value: Any, before: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One action through the view callback, starting from the page's first view or from ``before``."""
+    """One action through the view callback, starting from the page's first view or from ``before``: every
+    output as the page then shows it (what was sent, else what it showed before); ``_sent`` names what
+    this action sent."""
     if before is None:
-        before = callbacks.update_view(cache, "url", "", None, None)
+        before = _shown({}, callbacks.update_view(cache, "url", "", None, None))
         if trigger is None:
             return before
-    return callbacks.update_view(cache, trigger, value, before["store"], before["keys"])
+    return _shown(before, callbacks.update_view(cache, trigger, value, before["store"], before["keys"]))
+
+
+def _shown(before: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    sent = {name for name, value in out.items() if value is not no_update}
+    return {**{k: v for k, v in before.items() if k != "_sent"}, **{k: out[k] for k in sent}, "_sent": sent}
 
 
 def selection_of(out: dict[str, Any]) -> Selection:
@@ -57,7 +64,7 @@ def options_of(out: dict[str, Any]) -> ViewOptions:
 
 
 def sent(out: dict[str, Any]) -> set[str]:
-    return {name for name, value in out.items() if value is not no_update}
+    return out["_sent"]
 
 
 def test_first_load_fills_every_selector_with_valid_options(cache: ReaderCache) -> None:
@@ -114,7 +121,7 @@ def test_graph_elements_are_module_frames_nodes_and_edges(cache: ReaderCache) ->
     assert view["note"] == "7 drawn of 7 nodes, 0 module boxes collapsed"
     assert [o["value"] for o in view["search"]] == ["input", "model.0", "target", "hidden", "model.2", "output", "loss"]
     state, scale = panels.graph_state(cache, selection, ViewOptions(), centre=False)
-    assert (state, scale) == ({"selected": "output", "colours": None, "centre": False}, "")
+    assert (state, scale) == ({"selected": "output", "colours": None, "centre": False, "fit": None}, "")
 
 
 def test_colouring_by_a_statistic_colours_every_item_at_the_step(cache: ReaderCache) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +123,21 @@ def _options_after(options: ViewOptions, trigger: str, value: Any, trials: list[
 
 
 # ---- the view ------------------------------------------------------------------------------------------
+# Selector outputs the user cannot change in the browser: sent only when they differ from what was sent.
+UNCHANGING = ("trial_options", "step_type_options", "iteration_options", "tensor_options", "kind_options",
+              "sample_options", "step_max", "step_marks", "status")
+# Values the user sets in the browser: sent when they differ from what was sent, or when the user just set
+# that one (the view may have resolved the choice to another value).
+SETTABLE = ("trial", "step_type", "iteration", "node", "tensor", "kind", "sample", "stat", "step", "step_box", "tab",
+            "theme", "colour", "follow", "graph_options", "overlay_nodes", "overlay_trials", "timeline_options", "ema",
+            "values_mode", "values_page", "compare_mode", "compare_trial", "compare_step")
+
+
+def _digest(value: Any) -> int:
+    """A short fingerprint of a JSON value, to remember in the keys store what was sent."""
+    return zlib.crc32(json.dumps(value, sort_keys=True, default=str).encode())
+
+
 def _fresh(keys: dict[str, Any], name: str, key: Any) -> bool:
     """Whether the view ``name`` must be computed for ``key`` (and remember it)."""
     key = list(key) if isinstance(key, tuple) else key
@@ -139,6 +156,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
     ``"generations"`` or ``"analyses"`` (the live refresh and a stored analysis), or None.
     """
     store, keys = dict(store or {}), dict(keys or {})
+    acted = trigger  # what the user set (options and the address are applied below and become None)
     options = ViewOptions.from_dict(store.get("options"))
     wanted = dict(store.get("wanted") or {})
     current = Selection.from_dict(store["selection"]) if store.get("selection") else None
@@ -147,7 +165,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
         if value != keys.get("address") or current is None:
             wanted, named = from_address(value)
             options = ViewOptions.from_dict(named)
-            current, centre = None, True
+            current, centre = None, bool(wanted.get("node"))  # a link to a node shows it; else the whole graph
         trigger = None
     elif trigger in OPTION_INPUTS.values():
         options = _options_after(options, trigger, value, list(cache.trials))
@@ -164,6 +182,9 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
         centre = True
     elif trigger in ("search",):
         centre = True
+    fit = None
+    if trigger == "graph" and isinstance(value, (tuple, list)) and value[1] == "box":
+        fit = str(value[0])  # a box opened: its frame fills the view
     if trigger == "trial" and current is not None and value != current.trial:
         options = dataclasses.replace(options, focus="")
     store["options"] = options.to_dict()
@@ -185,16 +206,25 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
             selectors = _selectors(cache, {**selectors["store"]["wanted"], "step": int(steps[-1])}, options.to_dict())
             selection = Selection.from_dict(selectors["store"]["selection"])
     selectors["store"]["options"] = options.to_dict()
-    out = _outputs(cache, selection, options, selectors, keys, centre=centre, visualization=visualization)
+    out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization)
+    for name in SETTABLE:
+        if out[name] is not no_update and not _fresh(keys, "sent:" + name, _digest(out[name])) and \
+                name != acted and not (name == "node" and acted == "search"):
+            out[name] = no_update
+    out["keys"] = keys
     if trigger == "search":
         out["search"] = None  # ready for the next search, even of the same node
     return out
 
 
 def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, selectors: dict[str, Any],
-             keys: dict[str, Any], *, centre: bool, visualization: Visualization | None) -> dict[str, Any]:
+             keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None
+             ) -> dict[str, Any]:
     out: dict[str, Any] = {name: no_update for name in OUTPUTS}
     out.update({k: v for k, v in selectors.items() if k in OUTPUTS})
+    for name in UNCHANGING:  # option lists the browser already shows are not sent (nor re-rendered) again
+        if name in selectors and not _fresh(keys, name, _digest(selectors[name])):
+            out[name] = no_update
     out["store"] = selectors["store"]
     stamp = cache.analysis_stamp(selection.trial)
     drawn_key = (selection.trial, selection.step_type, selection.generation, list(selection.boxes),
@@ -215,7 +245,7 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
         out["search"] = None
     if _fresh(keys, "stylesheet", options.theme):
         out["stylesheet"] = graph_stylesheet(options.theme)
-    state, scale = graph_state(cache, selection, options, centre=centre)
+    state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
     if _fresh(keys, "graph_state", (repr(state), drawn_key)) or centre:
         out["graph_view"], out["colour_scale"] = state, scale
     _tensors_outputs(cache, selection, options, keys, out)

@@ -1,5 +1,6 @@
 """What the browser does without asking the server: the graph's selection highlight and statistic colours,
-fit and centre, the hover line, the theme, and saving plots as PNG and CSV.
+fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, and
+saving plots as PNG and CSV.
 
 The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, inlined in the page by
 :func:`comgra_ndbg.gui.style.index_string`) and are wired by :func:`register_clientside`. The graph's
@@ -43,15 +44,40 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   }
   let drawn = null;  // the elements last fitted into the view
   let moved = false;  // the user zoomed or panned since: a resize no longer refits
+  let pending = null;  // the slider position the last step button asked for, and when
+  let known = {position: 0, last: 0};  // the slider's position and last position as the page shows them
+  function stepBy(delta) {
+    // Presses quicker than the page updates (a held key) start from the position the last one asked for;
+    // the slider's new position is the one request to the server.
+    const from = pending !== null && performance.now() - pending.at < 400 ? pending.position : known.position;
+    const target = Math.min(Math.max(from + delta, 0), known.last);
+    pending = {position: target, at: performance.now()};
+    if (target !== from) { window.dash_clientside.set_props(%(step)s, {value: target}); }
+  }
+  document.addEventListener('click', (event) => {
+    const button = event.target && event.target.closest ? event.target.closest(%(buttons)s) : null;
+    if (button) { stepBy(button.id === %(prev)s ? -1 : 1); }
+  }, true);
   function fit(cy) {
     cy.fit(cy.elements(), 24);
     if (cy.zoom() > 1.6) { cy.zoom(1.6); cy.center(); }
   }
-  function fitSoon(cy) {
-    // The canvas may still change size while the page settles: fit now and again once it has.
+  function fitSoon(cy, target) {
+    // The canvas may still change size while the page settles: fit now and again once it has. A frame
+    // just opened fills the view; otherwise the whole graph does.
+    const fitNow = () => {
+      if (!(target && target.length)) { fit(cy); return; }
+      cy.fit(target, 30);
+      if (cy.zoom() > 1.6) { cy.zoom(1.6); cy.center(target); }
+      else if (cy.zoom() < 0.6) {  // a long row of boxes: its start readable, the rest a pan away
+        cy.zoom(0.6);
+        const box = target.boundingBox();
+        cy.pan({x: 30 - box.x1 * 0.6, y: cy.height() / 2 - (box.y1 + box.y2) / 2 * 0.6});
+      }
+    };
     moved = false;
-    fit(cy);
-    window.requestAnimationFrame(() => window.requestAnimationFrame(() => { if (!moved) { fit(cy); } }));
+    fitNow();
+    window.requestAnimationFrame(() => window.requestAnimationFrame(() => { if (!moved) { fitNow(); } }));
     if (!cy.scratch('_comgraWatch')) {
       cy.scratch('_comgraWatch', true);
       cy.on('resize', () => { if (!moved) { fit(cy); } });
@@ -66,12 +92,19 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       window.requestAnimationFrame(() => apply(view, elements, (attempt || 0) + 1));
       return;
     }
-    if (elements !== drawn && cy.nodes().length) { drawn = elements; fitSoon(cy); }
+    if (elements !== drawn && cy.nodes().length) {
+      drawn = elements;
+      fitSoon(cy, view && view.fit ? cy.getElementById(view.fit) : null);
+    }
     colour(cy, view ? view.colours : null);
     highlight(cy, view ? view.selected : null);
     if (view && view.centre && view.selected) {
       const sel = cy.getElementById(view.selected);
-      if (sel.length) { cy.animate({center: {eles: sel}, zoom: Math.max(cy.zoom(), 0.8), duration: 150}); }
+      if (sel.length) {
+        moved = true;  // the view is placed on the selection: a late refit would move it away
+        cy.stop();
+        cy.animate({center: {eles: sel}, zoom: Math.max(cy.zoom(), 0.8), duration: 150});
+      }
     }
   }
   function download(name, blob) {
@@ -102,11 +135,11 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       if (cy && tapped && tapped.kind === 'node') { highlight(cy, tapped.id); }
       return none();
     },
-    tools: function (fit, centre, view) {
+    tools: function (_fitClicks, _centreClicks, view) {
       const cy = cyOf();
       const trigger = window.dash_clientside.callback_context.triggered.map((t) => t.prop_id)[0] || '';
       if (!cy) { return none(); }
-      if (trigger.startsWith(%(fit)s)) { fit(cy); }
+      if (trigger.startsWith(%(fit)s)) { moved = true; fit(cy); }
       else if (view && view.selected && cy.getElementById(view.selected).length) {
         cy.animate({center: {eles: cy.getElementById(view.selected)}, duration: 150});
       }
@@ -118,14 +151,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
         ' · module, ' + data.members + ' nodes · click to ' + (data.kind === 'box' ? 'open' : 'close');
       return data.full + extra;
     },
-    stepSlider: function (previous, next, position, last) {
-      // The step buttons move the slider here, so presses in quick succession add up; the slider's new
-      // position is the one request to the server.
-      const trigger = (window.dash_clientside.callback_context.triggered[0] || {}).prop_id || '';
-      const delta = trigger.startsWith(%(prev)s) ? -1 : 1;
-      const moved = Math.min(Math.max((position || 0) + delta, 0), last || 0);
-      return moved === position ? none() : moved;
-    },
+    stepKnown: function (position, last) { known = {position: position || 0, last: last || 0}; return none(); },
     theme: function (theme) { document.documentElement.dataset.theme = theme || 'light'; return theme; },
     save: function (clicks) {
       const triggered = window.dash_clientside.callback_context.triggered;
@@ -155,7 +181,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     },
   };
 })()});
-""" % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT), "prev": json.dumps(ids.STEP_PREV)}
+""" % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT),
+       "step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV),
+       "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}")}
 
 
 def register_clientside(app: Dash) -> None:
@@ -171,13 +199,12 @@ def register_clientside(app: Dash) -> None:
                             Input(ids.GRAPH_CENTRE, "n_clicks"), State(ids.GRAPH_VIEW, "data"),
                             prevent_initial_call=True)
     app.clientside_callback(fn("hover"), Output(ids.GRAPH_HOVER, "children"), Input(ids.GRAPH, "mouseoverNodeData"))
-    app.clientside_callback(fn("stepSlider"), Output(ids.STEP, "value", allow_duplicate=True),
-                            Input(ids.STEP_PREV, "n_clicks"), Input(ids.STEP_NEXT, "n_clicks"), State(ids.STEP, "value"),
-                            State(ids.STEP, "max"), prevent_initial_call=True)
+    app.clientside_callback(fn("stepKnown"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP, "value"),
+                            Input(ids.STEP, "max"))
     app.clientside_callback(fn("theme"), Output(ids.CLIENT + "-theme", "data"), Input(ids.THEME, "value"))
     app.clientside_callback(fn("save"), Output(ids.CLIENT + "-save", "data"),
                             Input({"type": ids.EXPORT_TYPE, "target": ALL, "format": ALL}, "n_clicks"),
                             prevent_initial_call=True)
 
 
-CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tap", "-tools", "-theme", "-save"))
+CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tap", "-tools", "-theme", "-save", "-step"))

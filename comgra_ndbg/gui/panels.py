@@ -67,15 +67,16 @@ def graph_view(cache: ReaderCache, selection: Selection, options: ViewOptions) -
             "search": [{"label": name, "value": name} for name in drawn.order], "note": " · ".join(notes)}
 
 
-def graph_state(cache: ReaderCache, selection: Selection, options: ViewOptions, *, centre: bool
-                ) -> tuple[dict[str, Any], Any]:
+def graph_state(cache: ReaderCache, selection: Selection, options: ViewOptions, *, centre: bool,
+                fit: str | None = None) -> tuple[dict[str, Any], Any]:
     """``(state, scale)``: what the browser applies to the drawn graph — the item showing the selected node,
     the colour of every item when colouring by a statistic at the step, whether to centre on the selection
-    — and the colour scale's legend."""
+    — and the colour scale's legend. ``fit`` names a frame just opened, which the view then fills (else a
+    new graph is fitted whole)."""
     drawn = cache.drawn(selection.trial, selection.step_type, selection.boxes, show_implied=options.show_implied,
                         show_unused=options.show_unused)
     if drawn is None:
-        return {"selected": None, "colours": None, "centre": False}, ""
+        return {"selected": None, "colours": None, "centre": False, "fit": None}, ""
     selected = drawn.view.shown_as.get(selection.node) if selection.node else None
     colours, scale = None, ""
     if options.colour != "role":
@@ -86,7 +87,7 @@ def graph_state(cache: ReaderCache, selection: Selection, options: ViewOptions, 
                                                                                           f"{matrix.high:.3g}")
         scale = [f"{colour_label(options.colour)} at step {selection.step}:", f" {low}",
                  _scale_bar(), f"{high} (1st–99th percentile over the run) · grey: not recorded"]
-    return {"selected": selected, "colours": colours, "centre": centre}, scale
+    return {"selected": selected, "colours": colours, "centre": centre, "fit": fit}, scale
 
 
 def _scale_bar() -> Any:

@@ -97,7 +97,7 @@ def _resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Cho
     else:
         members = tuple(t.name for t in recording.tensors_of(node)) if node else ()
     tensors = [(name, tensor_label(name, node)) for name in members]
-    sizes = {t.name: int(np.prod(t.shape)) for t in recording.tensors}
+    sizes = cache.memo(trial, ("sizes",), lambda r: {t.name: int(np.prod(t.shape)) for t in r.tensors})
     tensor = _pick_tensor(tensors, wanted.get("tensor"), sizes)
 
     kinds = sorted(recording.kinds(tensor), key=_kind_rank) if tensor else []
@@ -294,11 +294,13 @@ def _default_step(cache: ReaderCache, trial: str, steps: np.ndarray, tensor: str
     """The last step with a snapshot of the tensor (so the first view has element values), else the last."""
     if not len(steps):
         return None
-    if tensor is not None and kind is not None:
+    if tensor is None or kind is None:
+        return int(steps[-1])
+
+    def compute(_: Any) -> int:
         snapshots = np.intersect1d(cache.snapshot_steps(trial, tensor, kind), steps)
-        if len(snapshots):
-            return int(snapshots[-1])
-    return int(steps[-1])
+        return int(snapshots[-1]) if len(snapshots) else int(steps[-1])
+    return cache.memo(trial, ("default-step", tensor, kind, len(steps), int(steps[-1])), compute)
 
 
 def _pick_tensor(tensors: list[tuple[str, str]], wanted: str | None, sizes: dict[str, int]) -> str | None:

@@ -24,7 +24,8 @@ TRACE_COLORS = ("#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#8C564B", "#E377C2"
 EVENT_COLOR = "#F28C28"  # event lines on timelines, nodes with events in the graph
 BASELINE_COLOR = "#6B7280"
 THRESHOLD_COLOR = "#DC2626"
-MAX_POINTS = 20_000  # points per trace drawn as they are; longer series are reduced to bucket minima and maxima
+MAX_POINTS = 4_000  # points per trace drawn as they are (several per pixel of a plot); longer series are reduced
+# to bucket minima and maxima, so a spike stays visible and the page is drawn sooner
 LAYER_POINTS = 600  # points per line of the per-layer plots, which draw hundreds of lines
 
 
