@@ -275,6 +275,7 @@ def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jum
     assert f"\n{round(confidence * 100)}%\n" in shown  # the card shows the sentence's confidence as a percentage
     wait_for(lambda: {"has-event", "event-origin"} <= set(node_classes(browser, FAULT_NODE)), "the event mark")
     assert [n for n in ("input", "hidden0", "output", "loss") if "has-event" in node_classes(browser, n)] == []
+    screenshot(browser, "diagnosis.png")
     wait_for(lambda: browser.find_element(By.CSS_SELECTOR, card).click() or True, "a click on the hypothesis")
     wait_for(lambda: text(browser, ids.STEP_LABEL) == "step 10 · 11 of 24 default steps", "the onset step")
     wait_for(lambda: text(browser, ids.NODE) == FAULT_NODE, "the node selector on the hypothesis' node")
