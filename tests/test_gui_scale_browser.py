@@ -179,6 +179,7 @@ def test_the_address_holds_the_view_and_reopens_it(browser: Any, url: str) -> No
 def test_the_dark_theme_darkens_page_graph_and_plots_and_is_kept_in_the_address(browser: Any) -> None:
     tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
     tabs["Tensors"].click()
+    wait_for(lambda: "tab=" not in address(browser), "the Tensors tab")
     browser.find_element(By.CSS_SELECTOR, f"#{ids.THEME} input[value='dark']").click()
     wait_for(lambda: "theme=dark" in address(browser), "the theme in the address")
     wait_for(lambda: browser.execute_script("return document.documentElement.dataset.theme;") == "dark", "dark")
