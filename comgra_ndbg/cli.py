@@ -29,9 +29,10 @@ __all__ = ["build_parser", "main"]
 
 
 def _gui(args: argparse.Namespace) -> int:
-    from comgra_ndbg.gui.app import create_app, serve
+    from comgra_ndbg.gui.app import check_address, create_app, serve
 
     app = create_app(args.path, visualization_file=args.visualization_file, interval_ms=args.refresh_ms)
+    check_address(args.host, args.port)
     print(f"comgra_ndbg explorer for {args.path} on http://{args.host}:{args.port}/ (Ctrl+C to stop)", flush=True)
     serve(app, host=args.host, port=args.port)
     return 0

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import random
+import time
 
 from comgra_ndbg.graph import DependencyGraph, GraphEdge, GraphNode, assign_layers, count_crossings, layered_layout
+from comgra_ndbg.graph.layout import implied_edges
 
 
 def node(name: str, role: str = "intermediate") -> GraphNode:
@@ -117,3 +119,18 @@ def test_cycles_from_manual_edges_and_iteration_edges_are_laid_out() -> None:
 def test_empty_and_edgeless_graphs() -> None:
     assert layered_layout(make_graph({}, [])) == {}
     assert layered_layout(make_graph({"a": "input", "b": "loss"}, [])) == {"a": (0.0, -40.0), "b": (0.0, 40.0)}
+
+
+def test_skip_edges_implied_by_longer_paths_do_not_move_or_slow_the_layout() -> None:
+    """A residual stream shows an edge from every block to every later block; only the chain orders columns."""
+    blocks = [f"b{i:03d}" for i in range(120)]
+    chain = [(a, b, "forward") for a, b in zip(blocks, blocks[1:])]
+    skips = [(a, b, "forward") for i, a in enumerate(blocks) for b in blocks[i + 2:]]
+    nodes = {name: "intermediate" for name in blocks}
+    dense, sparse = make_graph(nodes, chain + skips), make_graph(nodes, chain)
+    assert len(dense.edges) == 7140
+    start = time.perf_counter()
+    positions = layered_layout(dense)
+    assert time.perf_counter() - start < 2.0  # 7021 skip edges would need 280,840 dummy points
+    assert positions == layered_layout(sparse)
+    assert implied_edges(3, [(0, 1), (1, 2), (0, 2)]) == {(0, 2)}

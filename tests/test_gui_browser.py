@@ -1,44 +1,28 @@
 """The explorer in real headless Chromium (Debian's /usr/bin/chromium driven by /usr/bin/chromedriver).
 
 One server (a thread on a free port) and one browser serve every test of the module, in order: open the
-recording, click a node, step and pick selectors, see the values change, click the timeline, open the
-other tabs, analyse a faulty trial and jump to its hypothesis, follow a live recording. Screenshots go to
-a temporary folder, or to ``$COMGRA_SCREENSHOT_DIR`` (``docs/screenshots`` to refresh the docs' images). Without Chromium, ChromeDriver or selenium the module is skipped with the reason; CI
-installs all three.
+recording, click a node, step and pick selectors, see the values change, click the timeline, overlay nodes
+and trials and save the plot, open the other tabs, analyse a faulty trial and jump to its hypothesis' evidence,
+follow a live recording. Screenshots go to a temporary folder, or to ``$COMGRA_SCREENSHOT_DIR``
+(``docs/screenshots`` to refresh the docs' images). Without Chromium, ChromeDriver or selenium the module is
+skipped with the reason; CI installs all three.
 """
 from __future__ import annotations
 
-import logging
-import os
-import shutil
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from browser_support import (By, chromium, choose, click_frame, click_node, console_problems, graph_nodes,
+                             node_classes, screenshot, served, settled, text, type_into, wait_for)
+from selenium.webdriver.common.action_chains import ActionChains
 from test_gui_support import FAULT_NODE, make_faulty, make_recording, new_model, train_steps
 
 from comgra_ndbg import Recorder
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.app import create_app
-
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-# Screenshots go to a temporary folder, so a test run leaves the checkout clean; set
-# COMGRA_SCREENSHOT_DIR=docs/screenshots to refresh the ones the README and docs show.
-SCREENSHOTS = Path(os.environ.get("COMGRA_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "comgra_ndbg_screenshots")
-
-if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-    pytest.skip(f"browser tests need {CHROMIUM} and {CHROMEDRIVER} (Debian packages chromium, chromium-driver)",
-                allow_module_level=True)
-webdriver = pytest.importorskip("selenium.webdriver", reason="browser tests need selenium (pip install selenium)")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from werkzeug.serving import make_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -78,52 +62,21 @@ def docs_visualization(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def url(live: tuple[Path, Live], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder, _ = live
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request would drown the report
-    app = create_app(folder, interval_ms=400,
-                     visualization_file=docs_visualization(tmp_path_factory.mktemp("viz")))
-    server = make_server("127.0.0.1", 0, app.server, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/"
-    server.shutdown()
-    thread.join(timeout=5)
+    app = create_app(folder, interval_ms=400, visualization_file=docs_visualization(tmp_path_factory.mktemp("viz")))
+    with served(app) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
-def browser(url: str) -> Iterator[Any]:
-    profile = tempfile.mkdtemp(prefix="comgra-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage", "--disable-sync",
-                 f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 1440, "height": 1080, "deviceScaleFactor": 1, "mobile": False})
-    driver.get(url)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = condition()
-        except Exception:  # the page is re-rendering under us; look again
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def text(driver: Any, element_id: str) -> str:
-    return driver.find_element(By.ID, element_id).text
+@pytest.fixture(scope="module")
+def browser(url: str, downloads: Path) -> Iterator[Any]:
+    with chromium(downloads=downloads) as driver:
+        driver.get(url)
+        yield driver
 
 
 def statistic(driver: Any, name: str) -> str | None:
@@ -134,34 +87,11 @@ def statistic(driver: Any, name: str) -> str | None:
         "return null;", f"#{ids.STATS_TABLE}-table", name)
 
 
-def settled(driver: Any) -> bool:
-    """No Dash callback is running (the renderer marks the page while one is pending)."""
-    return not driver.execute_script("return !!document.querySelector('[data-dash-is-loading=\"true\"]');")
-
-
 def click_stepper(driver: Any, selector: str, delta: int) -> None:
-    button = driver.execute_script("return document.getElementById(arguments[0]);",
-                                   ids.stepper_button_id(selector, delta))
+    button_id = ((ids.STEP_PREV if delta < 0 else ids.STEP_NEXT) if selector == "step"
+                 else ids.stepper_button_id(selector, delta))
+    button = driver.execute_script("return document.getElementById(arguments[0]);", button_id)
     button.click()
-
-
-def choose(driver: Any, dropdown_id: str, label: str) -> None:
-    """Open a Dash 4 dropdown (once the page has rendered it) and click the option with ``label``."""
-    wait_for(lambda: driver.find_elements(By.ID, dropdown_id), f"dropdown {dropdown_id}")[0].click()
-    option = wait_for(lambda: next(o for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']")
-                                   if o.text.strip() == label), f"option {label!r} of {dropdown_id}")
-    option.click()
-
-
-def click_node(driver: Any, node: str) -> None:
-    """Click a graph node where cytoscape drew it."""
-    x, y = driver.execute_script(
-        "const cy = document.getElementById(arguments[0])._cyreg.cy;"
-        "const p = cy.getElementById(arguments[1]).renderedPosition(); return [p.x, p.y];", ids.GRAPH, node)
-    canvas = driver.find_element(By.ID, ids.GRAPH)
-    size = canvas.size
-    ActionChains(driver).move_to_element_with_offset(canvas, int(x - size["width"] / 2),
-                                                     int(y - size["height"] / 2)).click().perform()
 
 
 def select_node(driver: Any, node: str, attempts: int = 4) -> None:
@@ -183,34 +113,16 @@ def select_node(driver: Any, node: str, attempts: int = 4) -> None:
     wait_for(shown, f"node {node} selected")
 
 
-def node_classes(driver: Any, node: str) -> list[str]:
-    """The classes cytoscape holds for a graph node."""
-    return driver.execute_script("return document.getElementById(arguments[0])._cyreg.cy.getElementById(arguments[1])"
-                                 ".classes();", ids.GRAPH, node)
-
-
-def screenshot(driver: Any, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    wait_for(lambda: settled(driver), "callbacks to settle")
-    time.sleep(0.3)  # let plotly finish its transition
-    driver.save_screenshot(str(SCREENSHOTS / name))
-
-
 def test_opening_a_recording_paints_the_graph_and_the_tensor(browser: Any) -> None:
     nodes = wait_for(lambda: browser.execute_script(
         "const c = document.getElementById(arguments[0]);"
         "return c && c._cyreg && c._cyreg.cy.nodes().map(n => n.id()).sort();", ids.GRAPH), "graph nodes")
-    assert nodes == ["hidden", "input", "loss", "model.0", "model.2", "output", "target"]
+    assert nodes == ["box:model", "hidden", "input", "loss", "model.0", "model.2", "output", "target"]
     wait_for(lambda: statistic(browser, "count") == "12", "the output's statistics")
     assert text(browser, ids.STEP_LABEL) == "step 7 · 4 of 4 short steps"
     assert text(browser, ids.STATUS) == "a: 8 recorded steps, last 7 · complete"
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.TIMELINE_BOX} .js-plotly-plot"), "the timeline")
-    assert console_errors(browser) == []
-
-
-def console_errors(driver: Any) -> list[str]:
-    """The browser's console errors since the last call (Dash reports failed callbacks there)."""
-    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    assert console_problems(browser) == []
 
 
 def test_clicking_a_node_selects_it_and_stepping_changes_the_values(browser: Any) -> None:
@@ -258,19 +170,62 @@ def test_clicking_the_timeline_moves_the_step(browser: Any) -> None:
     assert marker
 
 
-def test_collapsing_modules_groups_parameter_nodes(browser: Any) -> None:
-    choose(browser, ids.COLLAPSE, "model")
-    nodes = wait_for(lambda: (lambda n: n if "model" in n else None)(browser.execute_script(
-        "return document.getElementById(arguments[0])._cyreg.cy.nodes().map(n => n.id()).sort();", ids.GRAPH)),
-        "the collapsed node")
-    assert nodes == ["hidden", "input", "loss", "model", "output", "target"]
-    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("model / 2.bias"), "the same tensor, regrouped")
+def test_clicking_a_module_frame_closes_it_and_clicking_the_box_opens_it(browser: Any) -> None:
+    click_frame(browser, "box:model")
+    wait_for(lambda: graph_nodes(browser) == ["box:model", "hidden", "input", "loss", "output", "target"],
+             "the module closed into one box")
+    assert "box" in node_classes(browser, "box:model")
+    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("model.2 / bias"), "the selection kept")
+    click_node(browser, "box:model")
+    wait_for(lambda: "model.0" in graph_nodes(browser), "the module opened again")
+
+
+def plot_data(driver: Any, plot_id: str) -> list[dict[str, Any]]:
+    """Name, type and point count of each trace of a drawn plot, and its y axis type as ``axis``."""
+    return driver.execute_script(
+        "const p = document.querySelector('#' + arguments[0] + ' .js-plotly-plot'); if (!p || !p.data) return null;"
+        "return p.data.map(t => ({name: t.name, type: t.type, points: (t.x || []).length,"
+        "                          axis: p.layout.yaxis.type}));", plot_id)
+
+
+def test_a_timeline_overlays_nodes_and_trials_with_log_y_and_smoothing_and_saves_as_png_and_csv(
+        browser: Any, downloads: Path) -> None:
+    click_node(browser, "hidden")
+    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("hidden / hidden"), "hidden")
+    choose(browser, ids.OVERLAY_NODES, "output")
+    choose(browser, ids.OVERLAY_TRIALS, "b")
+    wait_for(lambda: [t["name"] for t in plot_data(browser, ids.TIMELINE)] == ["a · hidden", "a · output",
+                                                                             "b · hidden"], "three curves")
+    browser.find_element(By.CSS_SELECTOR, f"#{ids.TIMELINE_OPTIONS} input").click()
+    wait_for(lambda: plot_data(browser, ids.TIMELINE)[0]["axis"] == "log", "a log y axis")
+    type_into(browser, ids.EMA, "0.6")
+    wait_for(lambda: "a · hidden (EMA 0.6)" in [t["name"] for t in plot_data(browser, ids.TIMELINE)], "smoothed")
+    screenshot(browser, "overlay.png")
+    for fmt in ("csv", "png"):
+        browser.execute_script("document.getElementById(arguments[0]).click();",
+                               '{"format":"%s","target":"%s","type":"%s"}' % (fmt, ids.TIMELINE, ids.EXPORT_TYPE))
+        saved = wait_for(lambda: [p for p in downloads.glob(f"comgra-{ids.TIMELINE}-*.{fmt}")], f"the {fmt} file")
+    rows = saved and next(downloads.glob(f"comgra-{ids.TIMELINE}-*.csv")).read_text().splitlines()
+    assert rows[0] == "trace,x,y" and rows[1].startswith("a · hidden,0,")
+    assert next(downloads.glob(f"comgra-{ids.TIMELINE}-*.png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for option in (ids.OVERLAY_NODES, ids.OVERLAY_TRIALS):  # back to one curve for the tests after this one
+        browser.execute_script("document.querySelectorAll('#' + arguments[0] + ' .dash-dropdown-clear, #' + "
+                               "arguments[0] + ' [aria-label=\"Clear all\"]').forEach(b => b.click());", option)
+    browser.find_element(By.CSS_SELECTOR, f"#{ids.TIMELINE_OPTIONS} input").click()
 
 
 def test_other_tabs_render(browser: Any) -> None:
     tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
     tabs["KPIs"].click()
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.KPIS} .js-plotly-plot"), "the KPI plot")
+    tabs["Layers"].click()
+    flow = wait_for(lambda: plot_data(browser, ids.GRADIENT_FLOW), "the gradient flow")
+    assert [(t["name"], t["points"]) for t in flow] == [("model.0", 8), ("model.2", 8)]
+    assert [t["name"] for t in wait_for(lambda: plot_data(browser, ids.UPDATE_RATIO), "the update ratio")] == [
+        "model.0", "model.2"]
+    tabs["Distribution"].click()
+    heatmap = wait_for(lambda: plot_data(browser, ids.DISTRIBUTION), "the distribution over steps")
+    assert heatmap[0]["type"] == "heatmap" and heatmap[0]["points"] == 8  # one column per snapshot step
     tabs["Network"].click()
     wait_for(lambda: "58 parameters in 3 modules" in text(browser, ids.NETWORK), "the module tree")
     screenshot(browser, "network.png")
@@ -285,6 +240,13 @@ def test_other_tabs_render(browser: Any) -> None:
     tabs["Compare"].click()
     wait_for(lambda: "hidden — A: a · step 6 · value vs B: b · step 6 · value" in text(browser, ids.COMPARE),
              "hidden in trial a against trial b")
+    overflow = browser.execute_script(  # the table and the overlaid histograms fit in the tab
+        "const tab = document.getElementById(arguments[0]).getBoundingClientRect();"
+        "return [...document.querySelectorAll('#' + arguments[0] + ' table, #' + arguments[0] + ' .js-plotly-plot')]"
+        ".filter(e => e.getBoundingClientRect().right > tab.right + 1).length;", ids.COMPARE)
+    assert overflow == 0
+    assert [t["name"] for t in plot_data(browser, f"{ids.COMPARE}-histogram")] == [
+        "A: a · step 6 · value", "B: b · step 6 · value"]
     screenshot(browser, "compare.png")
     tabs["Custom"].click()
     wait_for(lambda: "Weight norm per layer" in text(browser, ids.CUSTOM)
@@ -298,10 +260,7 @@ def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jum
     def nodes() -> set[str]:
         return set(browser.execute_script(
             "return document.getElementById(arguments[0])._cyreg.cy.nodes().map(n => n.id());", ids.GRAPH))
-    wait_for(lambda: FAULT_NODE in nodes(), "its graph")
-    if "model.2" not in nodes():
-        choose(browser, ids.COLLAPSE, "model")  # expand the module an earlier test collapsed
-    wait_for(lambda: "model.2" in nodes(), "its graph, expanded")
+    wait_for(lambda: FAULT_NODE in nodes() and "model.2" in nodes(), "its graph")
     assert "has-event" not in node_classes(browser, FAULT_NODE)
     tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
     tabs["Diagnosis"].click()
@@ -316,6 +275,7 @@ def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jum
     assert f"\n{round(confidence * 100)}%\n" in shown  # the card shows the sentence's confidence as a percentage
     wait_for(lambda: {"has-event", "event-origin"} <= set(node_classes(browser, FAULT_NODE)), "the event mark")
     assert [n for n in ("input", "hidden0", "output", "loss") if "has-event" in node_classes(browser, n)] == []
+    screenshot(browser, "diagnosis.png")
     wait_for(lambda: browser.find_element(By.CSS_SELECTOR, card).click() or True, "a click on the hypothesis")
     wait_for(lambda: text(browser, ids.STEP_LABEL) == "step 10 · 11 of 24 default steps", "the onset step")
     wait_for(lambda: text(browser, ids.NODE) == FAULT_NODE, "the node selector on the hypothesis' node")
@@ -324,10 +284,20 @@ def test_analyzing_a_faulty_trial_marks_its_node_and_choosing_the_hypothesis_jum
     wait_for(lambda: browser.execute_script(  # figures.SELECTED_COLOR: the graph selected it too
         "return document.getElementById(arguments[0])._cyreg.cy.getElementById(arguments[1]).style('border-color');",
         ids.GRAPH, FAULT_NODE) == "rgb(17,17,17)", "the node selected in the graph")
-    screenshot(browser, "diagnosis.png")
+    evidence = wait_for(lambda: text(browser, ids.EVIDENCE), "the evidence")
+    assert evidence.startswith(f"Evidence · Saturation originated in '{FAULT_NODE}' at step 10")
+    assert "Remedy: " in evidence and "saturated_enter = 0.5" in evidence
+    marks = wait_for(lambda: browser.execute_script(
+        "const p = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+        "return p && p.layout.annotations.map(a => a.text);", ids.EVIDENCE + "-plot"), "the evidence plot")
+    assert "onset 10" in marks and "saturated_enter 0.5" in marks
+    screenshot(browser, "evidence.png")
     tabs["Tensors"].click()
     wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith(f"{FAULT_NODE} / {FAULT_NODE} · value · step 10"),
              "the tensor at the onset")
+    assert browser.execute_script(  # the timeline shows the statistic the rule fired on
+        "return document.querySelector(arguments[0]).layout.yaxis.title.text;",
+        f"#{ids.TIMELINE_BOX} .js-plotly-plot") == "saturated_fraction"
     label = wait_for(lambda: browser.execute_script(
         "const p = document.querySelector(arguments[0]); return p && p.layout.annotations.length && "
         "p.layout.annotations[0].text;", f"#{ids.TIMELINE_BOX} .js-plotly-plot"), "the event on the timeline")
@@ -340,9 +310,15 @@ def test_steps_recorded_while_the_explorer_is_open_appear(browser: Any, live: tu
     wait_for(lambda: text(browser, ids.STATUS) == "live: 2 recorded steps, last 1 · live", "the live trial")
     recording.record(3)
     wait_for(lambda: text(browser, ids.STATUS) == "live: 5 recorded steps, last 4 · live", "the new steps")
+    wait_for(lambda: text(browser, ids.STEP_LABEL) == "step 3 · 2 of 2 short steps", "following the last step")
+    browser.find_element(By.CSS_SELECTOR, f"#{ids.FOLLOW} input").click()  # stop following
+    wait_for(lambda: "follow=0" in browser.execute_script("return window.location.search;"), "not following")
+    recording.record(2)
+    wait_for(lambda: text(browser, ids.STATUS) == "live: 7 recorded steps, last 6 · live", "more steps")
+    assert text(browser, ids.STEP_LABEL) == "step 3 · 2 of 3 short steps"  # the slider grew; the step stayed
     click_stepper(browser, "step_type", -1)
-    wait_for(lambda: text(browser, ids.STEP_LABEL).endswith("of 3 long steps"), "the grown slider")
+    wait_for(lambda: text(browser, ids.STEP_LABEL) == "step 2 · 2 of 4 long steps", "the nearest long step")
 
 
-def test_the_whole_journey_left_no_console_error(browser: Any) -> None:
-    assert console_errors(browser) == []
+def test_the_whole_journey_left_no_console_error_or_warning(browser: Any) -> None:
+    assert console_problems(browser) == []

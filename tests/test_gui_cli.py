@@ -1,6 +1,7 @@
 """The ``comgra-ndbg`` command line: ``gui`` and ``info``, called in-process through ``main``."""
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ from test_gui_support import make_recording
 from comgra_ndbg import cli
 from comgra_ndbg.gui import app as gui_app
 
+CHECK_ADDRESS = gui_app.check_address
+
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -18,9 +21,11 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Calls of ``serve`` (which would block), recorded instead of run."""
+    """Calls of ``serve`` (which would block), recorded instead of run; any port counts as free (another
+    program on this machine may hold 8055)."""
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(gui_app, "serve", lambda app, **kwargs: calls.append({"app": app, **kwargs}))
+    monkeypatch.setattr(gui_app, "check_address", lambda host, port: None)
     return calls
 
 
@@ -49,6 +54,23 @@ def test_gui_reports_a_missing_recording_or_a_broken_visualization_in_one_line(
     broken.write_text("import not_a_module_anywhere\n")
     assert cli.main(["gui", str(group), "--visualization-file", str(broken)]) == 2
     assert "ModuleNotFoundError" in capsys.readouterr().err and served == []
+
+
+def test_a_port_in_use_is_reported_as_such_before_anything_claims_to_be_served(
+        group: Path, served: list[dict[str, Any]], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gui_app, "check_address", CHECK_ADDRESS)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["gui", str(group), "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and served == []
+    assert err == (f"comgra-ndbg gui: port {port} on 127.0.0.1 is already in use (another explorer or server is "
+                   f"listening there): stop it, or pass --port with a free port\n")
+    assert cli.main(["gui", str(group), "--host", "192.0.2.1"]) == 2  # TEST-NET: no address of this machine
+    assert "cannot listen on 192.0.2.1:8055" in capsys.readouterr().err
 
 
 def test_info_summarizes_each_trial(group: Path, capsys: pytest.CaptureFixture[str]) -> None:

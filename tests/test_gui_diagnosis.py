@@ -9,7 +9,7 @@ from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Even
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.diagnosis import (HypothesisRow, chain_lines, coupled_rows, diagnosis_view, event_rows,
                                        hypothesis_rows, summary_line)
-from comgra_ndbg.gui.figures import event_text
+from comgra_ndbg.gui.timelines import event_text
 from comgra_ndbg.gui.state import StoredDiagnosis
 
 SATURATED = Event("activation_regime", "hidden1", "value", "normal", "saturated", 10, 23, 0.890625, 0.6953125)

@@ -1,30 +1,36 @@
-"""The pure figure builders: exact elements, stylesheets and figure data for hand-made inputs."""
+"""The pure builders: exact cytoscape elements and stylesheets, and figure data for hand-made inputs."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from comgra_ndbg.graph import TensorEdge, build_graph
-from comgra_ndbg.gui import figures
 from comgra_ndbg.analysis.events import Event
-from comgra_ndbg.gui.figures import (as_matrix, event_annotations, event_classes, event_shapes, event_text,
-                                     graph_elements, graph_stylesheet, heatmap_figure, histogram_figure, lineage,
-                                     statistics_rows, step_marker, timeline_figure, value_rows)
+from comgra_ndbg.graph import DependencyGraph, GraphEdge, GraphNode
+from comgra_ndbg.graph.compound import visible_graph
+from comgra_ndbg.gui import cyto, figures, timelines
+from comgra_ndbg.gui.cyto import event_classes, graph_elements, graph_stylesheet, heat_colours, item_marks
+from comgra_ndbg.gui.figures import (as_matrix, colour_scale, heatmap_figure, histogram_figure, statistics_rows,
+                                     value_rows)
+from comgra_ndbg.gui.timelines import (decimate, ema, event_annotations, event_shapes, event_text, layers_figure,
+                                       step_marker, timeline_figure)
 
 
-def small_graph():
-    return build_graph(
-        [TensorEdge("x", "h", 0, 0), TensorEdge("m.fc.weight", "h", 0, 0), TensorEdge("h", "out", 0, 0),
-         TensorEdge("out", "loss", 0, 0), TensorEdge("h", "h", 0, 1)],
-        {"x": ("x", "input", ""), "m.fc.weight": ("m.fc", "parameter", "m.fc"), "h": ("h", "intermediate", ""),
-         "out": ("out", "output", ""), "loss": ("loss", "loss", "")},
-    )
+def small_graph() -> DependencyGraph:
+    roles = {"x": "input", "m.w": "parameter", "m.fc": "intermediate", "m.act": "intermediate",
+             "out": "output", "loss": "loss"}
+    nodes = tuple(GraphNode(n, r, "", (n,), r == "parameter", (r,)) for n, r in sorted(roles.items()))
+    edges = (GraphEdge("x", "m.fc", "forward"), GraphEdge("m.w", "m.fc", "forward"),
+             GraphEdge("m.fc", "m.act", "forward"), GraphEdge("m.act", "out", "forward"),
+             GraphEdge("out", "loss", "forward"))
+    return DependencyGraph(nodes, tuple(sorted(edges)))
 
 
-def test_figures_module_never_imports_dash() -> None:
-    tree = ast.parse(Path(figures.__file__).read_text())
+@pytest.mark.parametrize("module", [figures, timelines, cyto])
+def test_builders_never_import_dash(module: object) -> None:
+    tree = ast.parse(Path(module.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
@@ -32,74 +38,60 @@ def test_figures_module_never_imports_dash() -> None:
     assert "dash" not in imported and "dash_cytoscape" not in imported
 
 
-def test_graph_elements_place_nodes_at_their_preset_positions_and_colour_by_role() -> None:
-    positions = {"x": (0.0, 0.0), "m.fc": (0.0, 50.0), "h": (100.0, 0.0), "out": (200.0, 0.0),
-                 "loss": (300.0, 0.0)}
-    elements = graph_elements(small_graph(), positions)
-    nodes = [e for e in elements if "source" not in e["data"]]
-    edges = [e for e in elements if "source" in e["data"]]
-    assert [(n["data"]["id"], n["position"], n["classes"]) for n in nodes] == [
-        ("h", {"x": 100.0, "y": 0.0}, "role-intermediate"),
-        ("loss", {"x": 300.0, "y": 0.0}, "role-loss"),
-        ("m.fc", {"x": 0.0, "y": 50.0}, "role-parameter parameter"),
-        ("out", {"x": 200.0, "y": 0.0}, "role-output"),
-        ("x", {"x": 0.0, "y": 0.0}, "role-input"),
-    ]
-    assert [e["data"]["id"] for e in edges] == ["h->h:iteration", "h->out:forward", "m.fc->h:forward",
-                                                "out->loss:forward", "x->h:forward"]
-    assert nodes[2]["data"] == {"id": "m.fc", "label": "m.fc", "role": "parameter", "tensors": 1}
+def test_elements_of_an_open_module_are_a_frame_holding_its_nodes_at_their_positions() -> None:
+    view = visible_graph(small_graph())
+    positions = {"x": (0.0, 0.0), "m.w": (50.0, 60.0), "m.fc": (100.0, 0.0), "m.act": (150.0, 0.0),
+                 "out": (200.0, 0.0), "loss": (300.0, 0.0)}
+    elements = graph_elements(view, positions)
+    frames = [e for e in elements if e.get("classes") == "frame"]
+    assert [f["data"] for f in frames] == [{"id": "box:m", "label": "m", "full": "m", "kind": "frame",
+                                            "role": "module", "members": 3}]
+    nodes = {e["data"]["id"]: e for e in elements if "source" not in e["data"] and e.get("classes") != "frame"}
+    assert nodes["m.fc"]["data"] == {"id": "m.fc", "label": "fc", "full": "m.fc", "kind": "node",
+                                     "role": "intermediate", "members": 1, "parent": "box:m"}
+    assert nodes["m.fc"]["position"] == {"x": 100.0, "y": 0.0}
+    assert nodes["x"]["classes"] == "role-input" and "parent" not in nodes["x"]["data"]
+    edges = sorted(e["data"]["id"] for e in elements if "source" in e["data"])
+    assert edges == ["m.act->out:forward", "m.fc->m.act:forward", "m.w->m.fc:forward", "out->loss:forward",
+                     "x->m.fc:forward"]
+
+
+def test_a_collapsed_box_is_one_item_sized_for_its_label_and_counts_its_events() -> None:
+    view = visible_graph(small_graph(), ("m",))
+    saturated = Event("activation_regime", "m.act", "value", "normal", "saturated", 10, 29, 0.9, 0.7)
+    dead = Event("activation_regime", "m.fc", "value", "normal", "dead", 12, 29, 0.5, 0.3)
+    marks = item_marks(view, [saturated, dead], "m.act")
+    assert marks == {"box:m": cyto.Mark("has-event event-origin", "⚑ 2 events")}
+    box = next(e for e in graph_elements(view, {}, marks) if e["data"]["id"] == "box:m")
+    assert box["data"]["label"] == "m (3)\n⚑ 2 events" and box["data"]["kind"] == "box"
+    assert box["classes"] == "role-module box has-event event-origin"
+    opened = item_marks(visible_graph(small_graph()), [saturated], None)
+    assert opened == {"m.act": cyto.Mark("has-event", "⚑ saturated")}
 
 
 def test_nodes_with_events_carry_classes_and_the_origin_is_emphasised() -> None:
-    positions = {"x": (0.0, 0.0), "m.fc": (0.0, 50.0), "h": (100.0, 0.0), "out": (200.0, 0.0),
-                 "loss": (300.0, 0.0)}
-    marks = event_classes(["h", "loss", "h"], "h")
-    assert marks == {"h": "has-event event-origin", "loss": "has-event"}
+    assert event_classes(["h", "loss", "h"], "h") == {"h": "has-event event-origin", "loss": "has-event"}
     assert event_classes(["h"], "x") == {"h": "has-event", "x": "event-origin"}
     assert event_classes([], None) == {}
-    nodes = [e for e in graph_elements(small_graph(), positions, marks) if "source" not in e["data"]]
-    assert [(n["data"]["id"], n["classes"]) for n in nodes] == [
-        ("h", "role-intermediate has-event event-origin"), ("loss", "role-loss has-event"),
-        ("m.fc", "role-parameter parameter"), ("out", "role-output"), ("x", "role-input")]
 
 
-def test_event_marks_are_styled_with_or_without_a_selection_and_stay_opaque() -> None:
-    halo = {"opacity": 1, "underlay-color": figures.EVENT_COLOR, "underlay-opacity": 0.55, "underlay-padding": 7,
-            "underlay-shape": "ellipse"}
-    origin = {"opacity": 1, "underlay-color": figures.ORIGIN_COLOR, "underlay-opacity": 0.6, "underlay-padding": 10,
-              "underlay-shape": "ellipse", "font-weight": "bold"}
-    for sheet in (graph_stylesheet(None), graph_stylesheet("out", ["h"], ["loss"], [("h", "out")])):
+def test_stylesheets_per_theme_keep_event_halos_above_the_fading_of_the_lineage() -> None:
+    for theme in ("light", "dark"):
+        sheet = graph_stylesheet(theme)
         selectors = [rule["selector"] for rule in sheet]
         by_selector = {rule["selector"]: rule["style"] for rule in sheet}
-        assert by_selector["node.has-event"] == halo and by_selector["node.event-origin"] == origin
-        if "node, edge" in selectors:  # after the fading rule, so marked nodes are not faded
-            assert selectors.index("node.has-event") > selectors.index("node, edge")
+        assert by_selector["node.has-event"]["opacity"] == 1 and by_selector["node.event-origin"]["opacity"] == 1
+        assert selectors.index("node.has-event") > selectors.index(".faded")
+        assert by_selector["node[heat]"] == {"background-color": "data(heat)"}
+        assert by_selector["node"]["color"] == cyto.GRAPH_THEMES[theme]["text"]
+        assert by_selector[".role-loss"] == {"background-color": cyto.ROLE_COLORS["loss"]}
+    assert graph_stylesheet("light") != graph_stylesheet("dark")
 
 
-def test_lineage_follows_dependencies_and_dependents_transitively() -> None:
-    assert lineage(small_graph(), "h") == (["m.fc", "x"], ["loss", "out"])
-    assert lineage(small_graph(), "loss") == (["h", "m.fc", "out", "x"], [])
-
-
-def test_stylesheet_without_selection_only_colours_roles() -> None:
-    sheet = graph_stylesheet(None)
-    by_selector = {rule["selector"]: rule["style"] for rule in sheet}
-    assert by_selector[".role-loss"] == {"background-color": figures.ROLE_COLORS["loss"]}
-    assert not any("[id" in rule["selector"] for rule in sheet)
-
-
-def test_stylesheet_highlights_the_selected_node_its_lineage_and_the_edges_between_them() -> None:
-    graph = small_graph()
-    dependencies, dependents = lineage(graph, "out")
-    sheet = graph_stylesheet("out", dependencies, dependents, [(e.source, e.target) for e in graph.edges])
-    by_selector = {rule["selector"]: rule["style"] for rule in sheet}
-    assert by_selector['node[id = "h"]']["border-color"] == figures.UPSTREAM_COLOR
-    assert by_selector['node[id = "loss"]']["border-color"] == figures.DOWNSTREAM_COLOR
-    assert by_selector['node[id = "out"]']["border-color"] == figures.SELECTED_COLOR
-    bold = sorted(rule["selector"] for rule in sheet if rule["selector"].startswith("edge[source"))
-    assert bold == ['edge[source = "h"][target = "h"]', 'edge[source = "h"][target = "out"]',
-                    'edge[source = "m.fc"][target = "h"]', 'edge[source = "out"][target = "loss"]',
-                    'edge[source = "x"][target = "h"]']
+def test_heat_colours_map_values_by_decade_onto_viridis_and_grey_the_unrecorded() -> None:
+    assert heat_colours({"a": 10.0, "b": 1e-3, "c": 0.0}, ["a", "b", "c", "d"], -3.0, 1.0, log=True) == {
+        "a": "#fde725", "b": "#440154", "c": cyto.MISSING_COLOR, "d": cyto.MISSING_COLOR}
+    assert heat_colours({"a": 0.5}, ["a"], 0.0, 1.0, log=False) == {"a": "#21918c"}
 
 
 def test_histogram_counts_finite_values_and_names_the_non_finite_ones() -> None:
@@ -123,6 +115,19 @@ def test_heatmap_blanks_positions_that_were_not_stored() -> None:
     assert figure["layout"]["yaxis"]["autorange"] == "reversed"
 
 
+def test_non_negative_values_get_a_sequential_colour_scale_and_signed_ones_a_diverging_one() -> None:
+    assert heatmap_figure(np.array([[0.0, 3.0]]), title="")["data"][0]["colorscale"] == "Viridis"
+    signed = heatmap_figure(np.array([[-1.0, 3.0]]), title="")["data"][0]
+    assert (signed["colorscale"], signed["zmid"]) == ("RdBu", 0.0)
+    assert colour_scale(np.array([np.nan])) == {"colorscale": "Viridis"}
+
+
+def test_dark_theme_figures_use_the_dark_template_and_colours() -> None:
+    figure = histogram_figure(np.array([1.0, 2.0]), title="", theme="dark")
+    assert figure["layout"]["template"] == "plotly_dark"
+    assert figure["layout"]["paper_bgcolor"] == figures.THEMES["dark"]["paper"]
+
+
 def test_as_matrix_and_value_rows() -> None:
     assert as_matrix(np.arange(24).reshape(2, 3, 4))[5].tolist() == [20, 21, 22, 23]
     rows, pages = value_rows(np.array([5.0, 6.0, 7.0]), (2, 3), np.array([1, 4, 5]), page=1, page_size=2)
@@ -135,7 +140,7 @@ def test_statistics_rows_format_exactly() -> None:
         ("count", "12"), ("mean", "0.123457"), ("dead_fraction", "—")]
 
 
-def test_timeline_has_one_trace_per_step_type_and_marks_the_step() -> None:
+def test_timeline_has_one_trace_per_curve_and_marks_the_step() -> None:
     curves = {"long": (np.array([0, 2]), np.array([1.0, np.nan])), "short": (np.array([1]), np.array([3.0]))}
     figure = timeline_figure(curves, title="mean", y_label="mean", step=2)
     assert [(t["name"], t["x"], t["y"], t["type"]) for t in figure["data"]] == [
@@ -144,10 +149,32 @@ def test_timeline_has_one_trace_per_step_type_and_marks_the_step() -> None:
     assert step_marker(2)[0]["x0"] == 2 and step_marker(None) == []
 
 
-def test_long_timelines_are_drawn_with_webgl() -> None:
-    steps = np.arange(5000)
-    figure = timeline_figure({"t": (steps, steps * 0.5)}, title="", y_label="", step=None)
-    assert figure["data"][0]["type"] == "scattergl" and figure["data"][0]["mode"] == "lines"
+def test_long_timelines_are_svg_reduced_to_bucket_extremes_never_webgl() -> None:
+    steps = np.arange(100_000)
+    values = np.sin(steps / 1000.0)
+    values[54_321] = 50.0  # a spike survives the reduction
+    figure = timeline_figure({"t": (steps, values)}, title="", y_label="", step=None, log_y=True)
+    trace = figure["data"][0]
+    assert trace["type"] == "scatter" and trace["mode"] == "lines" and len(trace["x"]) <= timelines.MAX_POINTS
+    assert 54_321 in trace["x"] and max(trace["y"]) == 50.0
+    assert figure["layout"]["yaxis"]["type"] == "log"
+    assert decimate(np.arange(8), np.array([0, 5, 1, 1, 2, -3, 2, 2.0]), limit=4)[1].tolist() == [0, 5, 2, -3]
+
+
+def test_ema_smooths_like_tensorboard_and_skips_non_finite_values() -> None:
+    assert ema(np.array([1.0, 3.0, np.nan, 3.0]), 0.5).round(4).tolist() == [1.0, 2.3333, 2.3333, 2.7143]
+    assert ema(np.array([1.0, 2.0]), 0.0).tolist() == [1.0, 2.0]
+    figure = timeline_figure({"t": (np.arange(3), np.array([1.0, 2.0, 3.0]))}, title="", y_label="", step=None,
+                             smoothing=0.5)
+    assert [(t["name"], t["opacity"]) for t in figure["data"]] == [("t", 0.3), ("t (EMA 0.5)", 1.0)]
+
+
+def test_layers_figure_draws_one_line_per_layer_from_first_to_last() -> None:
+    matrix = np.array([[1.0, 2.0], [0.1, 0.2], [1e-3, 1e-3]])
+    figure = layers_figure(["a", "b", "c"], np.array([0, 1]), matrix, title="gradient flow", y_label="L2", step=1)
+    assert [t["name"] for t in figure["data"]] == ["a", "b", "c"]
+    assert [t["line"]["color"] for t in figure["data"]] == ["#440154", "#21918c", "#fde725"]
+    assert figure["layout"]["yaxis"]["type"] == "log" and figure["layout"]["shapes"] == step_marker(1)
 
 
 SATURATED = Event("activation_regime", "h", "value", "normal", "saturated", 10, 29, 0.9, 0.7)
@@ -163,7 +190,7 @@ def test_event_text_describes_an_event_in_one_line() -> None:
 def test_timeline_marks_events_with_dashed_lines_and_hover_labels_at_their_onsets() -> None:
     events = [DEAD, SATURATED, VANISHING]
     line = {"type": "line", "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
-            "line": {"color": figures.EVENT_COLOR, "width": 1.5, "dash": "dash"}}
+            "line": {"color": timelines.EVENT_COLOR, "width": 1.5, "dash": "dash"}}
     assert event_shapes(events) == [{**line, "x0": 10, "x1": 10}, {**line, "x0": 15, "x1": 15}]
     labels = event_annotations(events)
     assert [(a["x"], a["text"], a["hovertext"]) for a in labels] == [

@@ -10,9 +10,9 @@ from test_gui_support import make_recording, make_recurrent, new_model, train_st
 
 import comgra_ndbg
 from comgra_ndbg import Recorder, open_recording
-from comgra_ndbg.graph.structure import expand_modules
-from comgra_ndbg.gui.selection import resolve, step_neighbour, wanted_from_trigger
-from comgra_ndbg.gui.state import ReaderCache, Selection, element_values, statistics_at, timeline_curves, view_graph
+from comgra_ndbg.gui.queries import element_values, statistics_at, timeline_curves
+from comgra_ndbg.gui.selection import resolve, snapshot_neighbour, step_neighbour, wanted_from_trigger
+from comgra_ndbg.gui.state import ReaderCache, Selection
 from comgra_ndbg.statistics import derive
 
 
@@ -36,7 +36,6 @@ def test_default_selection_is_the_output_at_the_last_snapshot_of_the_last_step_t
     assert choices.steps.tolist() == [1, 3, 5, 7, 9, 11]
     assert choices.nodes == ["input", "model.0", "target", "hidden", "model.2", "output", "loss"]
     assert choices.kinds == ["value", "grad"] and choices.samples == [0, 1, 2, 3]
-    assert choices.modules == ["model", "model.0", "model.2"]
 
 
 def test_wanted_choices_survive_contexts_where_they_are_invalid(cache: ReaderCache) -> None:
@@ -57,22 +56,18 @@ def test_step_type_change_keeps_the_nearest_step(cache: ReaderCache) -> None:
     assert selection.step == 11
 
 
-def test_collapsing_a_module_groups_its_parameters_and_keeps_the_tensor(cache: ReaderCache) -> None:
-    selection, choices = resolve(cache, {"collapsed": ["model"], "node": "model.2", "tensor": "model.2.bias"})
-    assert (selection.node, selection.tensor, selection.collapsed) == ("model", "model.2.bias", ("model",))
-    assert choices.tensors == [("model.0.bias", "0.bias"), ("model.0.weight", "0.weight"),
-                               ("model.2.bias", "2.bias"), ("model.2.weight", "2.weight")]
-    expanded, _ = resolve(cache, {"collapsed": [], "node": "model", "tensor": "model.2.bias"})
-    assert (expanded.node, expanded.tensor) == ("model.2", "model.2.bias")
-
-
-def test_view_graph_places_a_collapsed_module_at_the_centre_of_its_nodes(group: Path) -> None:
-    stored = open_recording(group).graph("long")
-    view = view_graph(stored.graph, stored.positions, ("model",))
-    expected = np.mean([stored.positions["model.0"], stored.positions["model.2"]], axis=0)
-    assert view.positions["model"] == tuple(expected)
-    assert "model.0" not in view.positions
-    assert expand_modules(view.graph, "model") == stored.graph
+def test_a_closed_module_box_stands_for_its_nodes_and_choosing_a_node_inside_opens_it(cache: ReaderCache) -> None:
+    selection, choices = resolve(cache, {"boxes": ["-model"], "node": "model.2", "tensor": "model.2.bias"})
+    assert (selection.node, selection.tensor, selection.boxes) == ("model.2", "model.2.bias", ("-model",))
+    assert choices.tensors == [("model.2.bias", "bias"), ("model.2.weight", "weight")]
+    drawn = cache.drawn("a", "short", ("-model",))
+    assert drawn.collapsed == ("model",) and drawn.view.shown_as["model.2"] == "box:model"
+    assert sorted(i.id for i in drawn.view.items) == ["box:model", "hidden", "input", "loss", "output", "target"]
+    closed, _ = resolve(cache, {"boxes": ["-model"]})
+    wanted = wanted_from_trigger({"boxes": ["-model"]}, "search", "model.0", closed, None, cache)
+    assert wanted == {"boxes": ["+model"], "node": "model.0"}
+    clicked = wanted_from_trigger({"boxes": ["-model"]}, "graph", ("box:model", "box"), closed, None, cache)
+    assert clicked == {"boxes": ["+model"]}
 
 
 def test_triggers_update_only_what_the_user_changed(cache: ReaderCache) -> None:
@@ -81,13 +76,13 @@ def test_triggers_update_only_what_the_user_changed(cache: ReaderCache) -> None:
     assert wanted == {"step": 9}
     assert wanted_from_trigger(wanted, "step", 0, current, choices, cache) == {"step": 1}
     assert wanted_from_trigger(wanted, "sample", "batch", current, choices, cache) == {"step": 9, "sample": None}
-    assert wanted_from_trigger({}, "stepper", ("node", 1), current, choices, cache) == {"node": "loss"}
+    assert wanted_from_trigger({}, "stepper", ("node", 1), current, choices, cache) == {"node": "loss", "boxes": []}
     assert wanted_from_trigger({}, "stepper", ("sample", 1), current, choices, cache) == {"sample": 0}
     assert wanted_from_trigger({}, "timeline", 4, current, choices, cache) == {"step_type": "long", "step": 4}
     assert wanted_from_trigger({}, "jump", ("hidden", 7, "grad"), current, choices, cache) == {
-        "step_type": "short", "step": 7, "node": "hidden", "kind": "grad"}
+        "step_type": "short", "step": 7, "node": "hidden", "kind": "grad", "boxes": []}
     assert wanted_from_trigger({}, "jump", ("hidden", 7, ""), current, choices, cache) == {
-        "step_type": "short", "step": 7, "node": "hidden"}
+        "step_type": "short", "step": 7, "node": "hidden", "boxes": []}
 
 
 def test_a_jump_goes_to_the_nearest_recorded_step_and_ignores_pseudo_nodes(cache: ReaderCache) -> None:
@@ -195,8 +190,18 @@ def test_the_stored_diagnosis_is_read_once_per_analysis_and_turns_stale_when_the
     cache.close()
 
 
-def test_shown_nodes_follow_collapsed_modules(cache: ReaderCache) -> None:
+def test_shown_nodes_follow_closed_module_boxes(cache: ReaderCache) -> None:
     assert cache.shown_nodes("a", "short") == {n: n for n in ("model.0", "model.2", "input", "target", "hidden",
                                                                "output", "loss")}
-    collapsed = cache.shown_nodes("a", "short", ("model",))
-    assert (collapsed["model.0"], collapsed["model.2"], collapsed["hidden"]) == ("model", "model", "hidden")
+    collapsed = cache.shown_nodes("a", "short", ("-model",))
+    assert (collapsed["model.0"], collapsed["model.2"], collapsed["hidden"]) == ("box:model", "box:model", "hidden")
+
+
+def test_snapshot_stepping_goes_to_the_nearest_snapshot_of_any_step_type(tmp_path: Path) -> None:
+    from test_gui_support import make_faulty
+    cache = ReaderCache(make_faulty(tmp_path))  # snapshots every 2 steps
+    first, _ = resolve(cache, {})
+    assert first.step == 22  # the first view lands on a step with a snapshot, not on the last step 23
+    odd, _ = resolve(cache, {"step": 15})
+    assert [snapshot_neighbour(cache, odd, d) for d in (-1, 1)] == [14, 16]
+    cache.close()

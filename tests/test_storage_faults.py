@@ -309,10 +309,10 @@ def test_the_storage_fault_helpers_damage_what_they_say(tmp_path: Path, referenc
 def test_the_gui_shows_damage_as_sentences_and_keeps_showing_what_is_readable(tmp_path: Path) -> None:
     from dash import html
 
-    from comgra_ndbg.gui import ids, tabs
+    from comgra_ndbg.gui import tabs
     from comgra_ndbg.gui.app import _page, create_app
     from comgra_ndbg.gui.callbacks import update_selection
-    from comgra_ndbg.gui.state import ReaderCache
+    from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 
     rec = record(tmp_path, "partly", steps=16, flush_every=4, close=False)
     (tmp_path / "partly" / "seg-00000002-L0.h5").unlink()
@@ -322,12 +322,12 @@ def test_the_gui_shows_damage_as_sentences_and_keeps_showing_what_is_readable(tm
         f.truncate(100)
     cache = ReaderCache(tmp_path)
     assert cache.trials == ["partly"] and list(cache.unreadable) == ["lost"]
-    page = _page(cache, source=str(tmp_path), interval_ms=1000, has_custom=False)
+    page = _page(cache, None, source=str(tmp_path), interval_ms=1000)
     banners = [c.children for c in page.children if isinstance(c, html.Div) and c.className == "message error"]
     assert len(banners) == 1 and banners[0].startswith("Trial 'lost' cannot be shown: the recording at")
     assert "Traceback" not in banners[0] and "--salvage" in banners[0]
-    store = update_selection(cache, None, None, None)["store"]
-    shown = tabs.notes_tab(cache, store, ids.TAB_NOTES)
+    selection = Selection.from_dict(update_selection(cache, None, None, None)["store"]["selection"])
+    shown = tabs.notes_tab(cache, selection, ViewOptions(tab="notes"))
     texts = [c.children for c in shown.children if isinstance(c, html.Div)]
     assert texts[0] == ("Damaged: segment files: segment files are missing (deleted?) steps between 3 and 8 "
                         "(sequences 2) (no file holds these sequences, though later ones exist)")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,16 @@ def test_unreadable_or_foreign_files_raise_a_format_error(tmp_path: Path) -> Non
     (tmp_path / RESULTS_NAME).write_text(json.dumps({"format": "other", "format_version": 1}))
     with pytest.raises(RecordingFormatError, match="not an analysis file"):
         read_results(tmp_path)
+
+
+def test_results_are_written_with_the_mode_of_a_plain_new_file(tmp_path: Path) -> None:
+    """Not mkstemp's 0600: whoever may read the recording may read its analysis."""
+    previous = os.umask(0o022)
+    try:
+        path = write_results(tmp_path, {"n": 1}, num_steps=1, last_step=0)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        os.umask(0o077)
+        path = write_results(tmp_path, {"n": 2}, num_steps=1, last_step=0)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    finally:
+        os.umask(previous)

@@ -8,7 +8,9 @@ browser does not scale. Steps, all deterministic (ties are broken by node name):
    reversing the edges that close it in a depth-first search in name order;
 2. *layering*: longest path from the sources gives each node its column; then every source that is not
    an input (parameters, targets, constants) moves to the column just before its first consumer;
-3. *ordering*: edges longer than one column get dummy points in the columns they cross, and a few
+3. *ordering*: edges implied by a longer path (``a -> c`` beside ``a -> b -> c``: the skip connections of
+   residual networks, which autograd shows from every earlier block to every later one) do not take part;
+   the others, when longer than one column, get dummy points in the columns they cross, and a few
    barycenter sweeps (down, then up) reorder each column; the order with the fewest crossings is kept;
 4. *coordinates*: ``column_spacing`` pixels between columns, ``row_spacing`` between rows, each column
    centred on ``y = 0``.
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from comgra_ndbg.graph.model import LAYERING_KINDS, DependencyGraph
 
-__all__ = ["assign_layers", "count_crossings", "layered_layout"]
+__all__ = ["assign_layers", "count_crossings", "layered_layout", "ordered_columns", "implied_edges"]
 
 INPUT_ROLE = "input"
 
@@ -45,9 +47,8 @@ def layered_layout(
     """
     names = [node.name for node in graph.nodes]
     index = {name: i for i, name in enumerate(names)}
-    edges = _acyclic_edges(len(names), _layering_pairs(graph, index))
-    layer = _layers(len(names), edges, [_pulls_right(node.role) for node in graph.nodes])
-    columns = _order(len(names), layer, edges, sweeps)
+    columns = ordered_columns(len(names), _layering_pairs(graph, index),
+                              [_pulls_right(node.role) for node in graph.nodes], sweeps=sweeps)
     positions: dict[str, tuple[float, float]] = {}
     for column_number, column in enumerate(columns):
         real = [v for v in column if v < len(names)]
@@ -55,6 +56,44 @@ def layered_layout(
         for row, v in enumerate(real):
             positions[names[v]] = (float(column_number * column_spacing), float((row - middle) * row_spacing))
     return dict(sorted(positions.items()))
+
+
+def ordered_columns(count: int, edges: Iterable[tuple[int, int]], pulls_right: Sequence[bool], *,
+                    sweeps: int = 4) -> list[list[int]]:
+    """Steps 1–3 on a graph of ``count`` nodes given as index pairs: the columns, left to right, each a list
+    of node indices top to bottom. ``pulls_right[v]``: a source that moves next to its first consumer.
+
+    >>> ordered_columns(4, [(0, 1), (1, 2), (0, 2), (3, 2)], [False, True, True, True])
+    [[0], [1, 3], [2]]
+    """
+    acyclic = _acyclic_edges(count, edges)
+    layer = _layers(count, acyclic, pulls_right)
+    implied = implied_edges(count, acyclic)
+    return [[v for v in column if v < count]
+            for column in _order(count, layer, [e for e in acyclic if e not in implied], sweeps)]
+
+
+def implied_edges(count: int, edges: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The edges of a DAG (index pairs) that a longer path also connects: ``(0, 2)`` beside ``0 -> 1 -> 2``.
+    Removing them keeps every node's ancestors and descendants (the transitive reduction).
+
+    >>> sorted(implied_edges(3, [(0, 1), (1, 2), (0, 2)]))
+    [(0, 2)]
+    """
+    successors: list[list[int]] = [[] for _ in range(count)]
+    for u, v in edges:
+        successors[u].append(v)
+    reach = [0] * count  # bit w of reach[u]: w is a descendant of u
+    for u in reversed(_topological(count, edges)):
+        for v in successors[u]:
+            reach[u] |= reach[v] | (1 << v)
+    implied = set()
+    for u in range(count):
+        beyond = 0
+        for v in successors[u]:
+            beyond |= reach[v]
+        implied.update((u, v) for v in successors[u] if beyond >> v & 1)
+    return implied
 
 
 def assign_layers(graph: DependencyGraph) -> dict[str, int]:

@@ -6,18 +6,24 @@ for new steps every ``interval_ms``, so a run that is still training shows up li
 """
 from __future__ import annotations
 
+import errno
 import functools
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from dash import Dash
+import flask
+from dash import Dash, no_update
 
-from comgra_ndbg.gui.callbacks import graph_style, graph_view, register_callbacks, update_selection
+from comgra_ndbg.errors import ComgraError
+from comgra_ndbg.gui.callbacks import OUTPUTS, register_callbacks, update_view
 from comgra_ndbg.gui.custom import load_visualization
-from comgra_ndbg.gui.layout import build_layout, index_string
+from comgra_ndbg.gui.layout import build_layout
 from comgra_ndbg.gui.state import ReaderCache
+from comgra_ndbg.gui.style import index_string
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "create_app", "serve"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServerAddressError", "check_address", "create_app", "serve"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8055
@@ -36,25 +42,85 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     cache = cache if cache is not None else ReaderCache(path)
     visualization = load_visualization(visualization_file) if visualization_file is not None else None
     app = Dash(__name__, title=TITLE, update_title=None, suppress_callback_exceptions=True)
-    app.index_string = index_string(TITLE)
-    app.layout = functools.partial(_page, cache, source=str(Path(path)), interval_ms=interval_ms,
-                                   has_custom=visualization is not None)
+    app.index_string = index_string(TITLE, app.config.requests_pathname_prefix)
+    app.layout = functools.partial(_page, cache, visualization, source=str(Path(path)), interval_ms=interval_ms)
     register_callbacks(app, cache, visualization)
     return app
 
 
-def _page(cache: ReaderCache, *, source: str, interval_ms: int, has_custom: bool) -> Any:
-    """The page for one visit: the layout with the first view's graph already in it."""
+def _page(cache: ReaderCache, visualization: Any, *, source: str, interval_ms: int) -> Any:
+    """The page for one visit, with the view its address names already in it (graph, selectors, figures).
+
+    The browser asks for the page's layout with the page's address as the referrer, so the first view is
+    drawn without a callback's round trip (Dash would also hold that callback back until plotly.js has
+    loaded). Without a referrer the first view is the default one; the page's address component then
+    reports the address and the view callback moves there.
+    """
+    search = _address_of(flask.request.referrer if flask.has_request_context() else None)
     with cache.lock:
         generations = cache.refresh()
-        first = update_selection(cache, None, None, None)
-        elements, key = graph_view(cache, first["store"], None)
-        graph = {"elements": elements, "stylesheet": graph_style(cache, first["store"]), "key": key}
-        return build_layout(cache.trials, title=TITLE, source=source, interval_ms=interval_ms,
-                            has_custom=has_custom, graph=graph, generations=generations,
-                            analyses=cache.analysis_stamps(),
-                            notices=[f"Trial {trial!r} cannot be shown: {text}" for trial, text in
-                                     cache.unreadable.items()])
+        layout = build_layout(cache.trials, title=TITLE, source=source, interval_ms=interval_ms,
+                              has_custom=visualization is not None, generations=generations,
+                              analyses=cache.analysis_stamps(),
+                              notices=[f"Trial {trial!r} cannot be shown: {text}" for trial, text in
+                                       cache.unreadable.items()])
+        outputs = update_view(cache, "url", search, None, None, visualization=visualization)
+        outputs["url"] = search  # as the browser has it, so the address component reports no change
+        return fill(layout, outputs)
+
+
+def _address_of(referrer: str | None) -> str:
+    """The query string (with ``?``) of the page's address, from the layout request's referrer."""
+    query = urlsplit(referrer).query if referrer else ""
+    return f"?{query}" if query else ""
+
+
+def fill(layout: Any, outputs: dict[str, Any]) -> Any:
+    """``layout`` with the view callback's ``outputs`` set as the initial properties of its components."""
+    by_id: dict[str, list[tuple[str, Any]]] = {}
+    for name, value in outputs.items():
+        if value is no_update or name not in OUTPUTS:
+            continue
+        component, prop = OUTPUTS[name]
+        by_id.setdefault(component, []).append((prop, value))
+
+    def visit(node: Any) -> None:
+        if isinstance(node, (list, tuple)):
+            for child in node:
+                visit(child)
+            return
+        if not hasattr(node, "to_plotly_json"):
+            return
+        for prop, value in by_id.get(getattr(node, "id", None), []) if isinstance(getattr(node, "id", None), str) \
+                else []:
+            setattr(node, prop, value)
+        visit(getattr(node, "children", None))
+    visit(layout)
+    return layout
+
+
+class ServerAddressError(ComgraError, OSError):
+    """The explorer cannot listen where it was asked to (the port is taken, or the address is not this
+    machine's)."""
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise :class:`ServerAddressError` with what to do when nothing could listen on ``host:port``.
+
+    Checked before the explorer says where it is served, so a taken port is reported as such, in one line,
+    and not after a line that claims the explorer is running there.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ServerAddressError(f"port {port} on {host} is already in use (another explorer or server is "
+                                         f"listening there): stop it, or pass --port with a free port") from None
+            raise ServerAddressError(f"cannot listen on {host}:{port} ({error.strerror}): pass --host with an "
+                                     f"address of this machine (default {DEFAULT_HOST})") from None
 
 
 def serve(app: Dash, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:

@@ -1,17 +1,20 @@
-"""The explorer's callbacks, written as plain functions of (cache, inputs) and registered by one function.
+"""The explorer's one view callback: every action is answered by one request that updates all it changed.
 
-Each function unpacks its inputs, asks the cached reader (:mod:`comgra_ndbg.gui.state`) one query, calls a
-pure builder (:mod:`comgra_ndbg.gui.figures`) and returns; the tests call them directly. Only
-:func:`register_callbacks` knows about Dash's decorators and ``ctx``; it closes over the cache instead of
-using globals, and serializes every callback on the cache's lock.
-
-One callback owns the selection: every selector, prev/next button, graph click, timeline click and
-diagnosis row feeds it, and it writes back the options and values of all selectors, so each shows only
-valid choices and a change of one keeps the others (see :mod:`comgra_ndbg.gui.selection`).
+A step change, a node tap, a selector, a diagnosis row, the page's address, the live refresh: each enters
+:func:`update_view`, which applies the action to what the user *wants* (:mod:`comgra_ndbg.gui.selection`),
+resolves the selection, and returns every output of the page — the selectors, the address, the graph's
+elements and browser-side state, the tensor panel, the timeline, the open tab — as ``no_update`` where
+nothing changed. What each view was last computed for is kept in a small store (``keys``), so a step
+change sends a few table rows, two small figures and a patch of the timeline's marks, never the graph's
+elements or 10,000 points again. Only :func:`register_callbacks` knows Dash's decorators and ``ctx``; it
+closes over the cache instead of using globals, and serializes the callbacks on the cache's lock.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,41 +22,53 @@ import numpy as np
 from dash import ALL, Dash, Input, Output, Patch, State, ctx, no_update
 
 from comgra_ndbg.gui import ids, tabs
+from comgra_ndbg.gui.clientside import register_clientside
 from comgra_ndbg.gui.custom import Visualization
-from comgra_ndbg.gui.figures import (as_matrix, event_classes, event_shapes, graph_elements, graph_stylesheet,
-                                     heatmap_figure, histogram_figure, lineage, message_figure, statistics_rows,
-                                     step_marker, timeline_figure, value_rows)
-from comgra_ndbg.gui.selection import resolve, tensor_label, wanted_from_trigger
-from comgra_ndbg.gui.state import (AGGREGATE, ReaderCache, Selection, element_values, node_events, statistics_at,
-                                   timeline_curves)
-from comgra_ndbg.gui.layout import tensors_tab
-from comgra_ndbg.gui.views import graph_of, message, table
+from comgra_ndbg.gui.cyto import graph_stylesheet
+from comgra_ndbg.gui.evidence import focus_of
+from comgra_ndbg.gui.outputs import OUTPUTS
+from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, tensor_panel,
+                                    timeline_shapes, timeline_view)
+from comgra_ndbg.gui.queries import evidence_statistic
+from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
+from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, ViewOptions
+from comgra_ndbg.gui.timelines import step_marker
+from comgra_ndbg.gui.urlstate import from_address, to_address
 
-__all__ = ["graph_marks", "graph_view", "graph_style", "refresh_generations", "register_callbacks", "tensor_panel",
-           "tensors_body", "timeline_view", "update_selection"]
+__all__ = ["OUTPUTS", "refresh_generations", "register_callbacks", "update_selection", "update_view"]
 
-HEATMAP_LIMIT = 65_536  # cells above which element values are shown as a table
 SLIDER_MARKS = 8
-# Selector component id -> the wanted-key it sets.
-TRIGGERS = {**{component: name for name, component in ids.SELECTORS.items()},
-            ids.STAT: "stat", ids.COLLAPSE: "collapsed", ids.GRAPH: "graph"}
+TAB_BY_ID = dict(ids.TAB_NAMES)
+TAB_ID = {name: tab for tab, name in ids.TAB_NAMES.items()}
+# Component id -> the trigger name its value enters update_view as.
+SELECTION_INPUTS = {ids.TRIAL: "trial", ids.STEP_TYPE: "step_type", ids.ITERATION: "iteration", ids.NODE: "node",
+                    ids.TENSOR: "tensor", ids.KIND: "kind", ids.SAMPLE: "sample", ids.STAT: "stat", ids.STEP: "step",
+                    ids.STEP_BOX: "step_box", ids.GRAPH_SEARCH: "search"}
+OPTION_INPUTS = {ids.COLOUR: "colour", ids.GRAPH_OPTIONS: "graph_options", ids.OVERLAY_NODES: "overlay_nodes",
+                 ids.OVERLAY_TRIALS: "overlay_trials", ids.TIMELINE_OPTIONS: "timeline_options", ids.EMA: "ema",
+                 ids.FOLLOW: "follow", ids.THEME: "theme", ids.TABS: "tab", ids.VALUES_MODE: "values_mode",
+                 ids.VALUES_PAGE: "values_page", ids.COMPARE_MODE: "compare_mode", ids.COMPARE_TRIAL: "compare_trial",
+                 ids.COMPARE_STEP: "compare_step"}
+CLICKABLE_PLOTS = (ids.TIMELINE, ids.GRADIENT_FLOW, ids.UPDATE_RATIO, ids.DISTRIBUTION)
 
 
 # ---- selection -----------------------------------------------------------------------------------------
 def update_selection(cache: ReaderCache, trigger: str | None, value: Any, store: dict[str, Any] | None
                      ) -> dict[str, Any]:
-    """Apply one user action to the selection and return every selector's options and value.
-
-    ``trigger`` is a key of :data:`TRIGGERS`' values, ``"stepper"`` (value ``(selector, delta)``),
-    ``"jump"`` (value ``(node, step, kind)``) or None (first load, or the live recording grew).
-    """
+    """Apply one selection action (see :func:`~comgra_ndbg.gui.selection.wanted_from_trigger`) and return the
+    store and every selector's options and value (the part of :func:`update_view` the selectors show)."""
     store = store or {}
     current, choices = None, None
     if store.get("selection"):
         current = Selection.from_dict(store["selection"])
         _, choices = resolve(cache, current.to_dict())
     wanted = wanted_from_trigger(store.get("wanted") or {}, trigger, value, current, choices, cache)
+    return _selectors(cache, wanted, store.get("options"))
+
+
+def _selectors(cache: ReaderCache, wanted: dict[str, Any], options: dict[str, Any] | None) -> dict[str, Any]:
     selection, choices = resolve(cache, wanted)
+    wanted = dict(wanted)
     for key in ("step_type", "step"):  # pin the defaults shown first, so other changes do not move them
         if wanted.get(key) is None and getattr(selection, key) is not None:
             wanted[key] = getattr(selection, key)
@@ -63,7 +78,7 @@ def update_selection(cache: ReaderCache, trigger: str | None, value: Any, store:
     recording = cache.recording(selection.trial)
     last = int(recording.steps.max()) if len(recording.steps) else None
     return {
-        "store": {"wanted": wanted, "selection": selection.to_dict()},
+        "store": {"wanted": wanted, "selection": selection.to_dict(), "options": options or {}},
         "trial_options": choices.trials, "trial": selection.trial,
         "step_type_options": choices.step_types, "step_type": selection.step_type,
         "step_max": max(len(steps) - 1, 0), "step": position,
@@ -74,164 +89,241 @@ def update_selection(cache: ReaderCache, trigger: str | None, value: Any, store:
         "node_options": choices.nodes, "node": selection.node,
         "tensor_options": [{"label": label, "value": name} for name, label in choices.tensors],
         "tensor": selection.tensor,
-        "kind_options": [{"label": _kind_label(k), "value": k} for k in choices.kinds], "kind": selection.kind,
+        "kind_options": [{"label": kind_label(k), "value": k} for k in choices.kinds], "kind": selection.kind,
         "sample_options": [{"label": "whole batch", "value": AGGREGATE}]
         + [{"label": f"sample {i}", "value": i} for i in choices.samples],
         "sample": AGGREGATE if selection.sample is None else selection.sample,
         "stat": selection.stat,
-        "collapse_options": choices.modules, "collapse": list(selection.collapsed),
         "status": (f"{selection.trial}: {len(recording.steps)} recorded steps, last {last} · "
                    f"{'complete' if recording.is_complete else 'live'}"),
     }
 
 
-def _kind_label(kind: str) -> str:
-    if kind == "grad":
-        return "gradient"
-    if kind.startswith("grad:"):
-        return f"gradient ({kind[5:]})"
-    return kind
+def _options_after(options: ViewOptions, trigger: str, value: Any, trials: list[str]) -> ViewOptions:
+    """``options`` after an option input changed."""
+    if trigger == "graph_options":
+        return dataclasses.replace(options, show_implied="implied" in (value or []),
+                                   show_unused="unused" in (value or []))
+    if trigger == "timeline_options":
+        return dataclasses.replace(options, log_y="log" in (value or []))
+    if trigger == "follow":
+        return dataclasses.replace(options, follow="follow" in (value or []))
+    if trigger == "tab":
+        return dataclasses.replace(options, tab=TAB_BY_ID.get(value, "tensors"))
+    if trigger == "ema":
+        return dataclasses.replace(options, ema=float(np.clip(float(value or 0), 0.0, 0.999)))
+    if trigger in ("overlay_nodes", "overlay_trials"):
+        return dataclasses.replace(options, **{trigger: tuple(value or ())})
+    if trigger == "values_page":
+        return dataclasses.replace(options, values_page=int(value or 1))
+    if trigger == "compare_step":
+        return dataclasses.replace(options, compare_step=None if value is None else int(value))
+    if trigger == "compare_trial" and value not in trials:
+        return options
+    return dataclasses.replace(options, **{trigger: value})
 
 
-# ---- graph ---------------------------------------------------------------------------------------------
-def graph_view(cache: ReaderCache, selection_data: dict[str, Any] | None, previous_key: Any) -> tuple[Any, Any]:
-    """``(elements, key)`` of the graph, nodes with events marked (``has-event``; ``event-origin`` for the
-    top hypothesis' node); ``no_update`` for both while trial, step type, grouping, generation and stored
-    analysis are unchanged, so picking a node or a step never resends the graph."""
-    if not selection_data:
-        return no_update, no_update
-    selection = Selection.from_dict(selection_data["selection"])
-    key = [selection.trial, selection.step_type, list(selection.collapsed), selection.generation,
-           cache.analysis_stamp(selection.trial)]
-    if key == previous_key:
-        return no_update, no_update
-    view = cache.view_graph(selection.trial, selection.step_type, selection.collapsed)
-    if view is None:
-        return [], key
-    return graph_elements(view.graph, view.positions, graph_marks(cache, selection)), key
+# ---- the view ------------------------------------------------------------------------------------------
+# Selector outputs the user cannot change in the browser: sent only when they differ from what was sent.
+UNCHANGING = ("trial_options", "step_type_options", "iteration_options", "tensor_options", "kind_options",
+              "sample_options", "step_max", "step_marks", "status")
+# Values the user sets in the browser: sent when they differ from what was sent, or when the user just set
+# that one (the view may have resolved the choice to another value).
+SETTABLE = ("trial", "step_type", "iteration", "node", "tensor", "kind", "sample", "stat", "step", "step_box", "tab",
+            "theme", "colour", "follow", "graph_options", "overlay_nodes", "overlay_trials", "timeline_options", "ema",
+            "values_mode", "values_page", "compare_mode", "compare_trial", "compare_step")
 
 
-def graph_marks(cache: ReaderCache, selection: Selection) -> dict[str, str]:
-    """Displayed node -> its event classes, from the trial's stored diagnosis (none without one)."""
-    stored = cache.readable_diagnosis(selection.trial)
-    if stored is None:
-        return {}
-    shown = cache.shown_nodes(selection.trial, selection.step_type, selection.collapsed)
-    top = stored.diagnosis.top
-    return event_classes([shown[e.node] for e in stored.diagnosis.events if e.node in shown],
-                         shown.get(top.node) if top is not None else None)
+def _digest(value: Any) -> int:
+    """A short fingerprint of a JSON value, to remember in the keys store what was sent."""
+    return zlib.crc32(json.dumps(value, sort_keys=True, default=str).encode())
 
 
-def graph_style(cache: ReaderCache, selection_data: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The stylesheet that highlights the selected node with its dependencies and dependents."""
-    if not selection_data:
-        return graph_stylesheet(None)
-    selection = Selection.from_dict(selection_data["selection"])
-    view = cache.view_graph(selection.trial, selection.step_type, selection.collapsed)
-    if view is None or selection.node not in view.graph.node_names:
-        return graph_stylesheet(None)
-    dependencies, dependents = lineage(view.graph, selection.node)
-    return graph_stylesheet(selection.node, dependencies, dependents,
-                            [(e.source, e.target) for e in view.graph.edges])
+def _fresh(keys: dict[str, Any], name: str, key: Any) -> bool:
+    """Whether the view ``name`` must be computed for ``key`` (and remember it)."""
+    key = list(key) if isinstance(key, tuple) else key
+    if keys.get(name) == key:
+        return False
+    keys[name] = key
+    return True
 
 
-# ---- tensor outputs ------------------------------------------------------------------------------------
-def tensor_panel(cache: ReaderCache, selection_data: dict[str, Any] | None, mode: str | None,
-                 page: int | None) -> dict[str, Any]:
-    """The Tensors tab for the selection: header, statistics table, histogram and element values."""
-    if not selection_data:
-        return {"header": "", "stats": message("Loading…"), "histogram": message_figure(""), "values": ""}
-    selection = Selection.from_dict(selection_data["selection"])
-    if selection.tensor is None or selection.kind is None or selection.step is None:
-        text = "Nothing recorded to show: no tensor or no recorded step in this trial."
-        return {"header": text, "stats": message(text), "histogram": message_figure(text), "values": ""}
-    info = next(t for t in cache.recording(selection.trial).tensors if t.name == selection.tensor)
-    where = "whole batch" if selection.sample is None else f"sample {selection.sample}"
-    label = tensor_label(selection.tensor, selection.node or info.node)
-    header = (f"{selection.node} / {label} · {_kind_label(selection.kind)} · step {selection.step} "
-              f"({selection.step_type}) · iteration {selection.iteration} · {where} · shape {info.shape} "
-              f"{info.dtype}")
-    stats = statistics_at(cache, selection)
-    stats_view = (table(("statistic", "value"), statistics_rows(stats), table_id=ids.STATS_TABLE + "-table")
-                  if stats is not None else message(f"No statistics of {selection.tensor} ({selection.kind}) "
-                                                    f"at step {selection.step}, {where}."))
-    snapshot = cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
-                              selection.iteration)
-    values = element_values(snapshot, selection.sample) if snapshot is not None else None
-    if values is None:
-        text = _no_snapshot_text(cache, selection)
-        return {"header": header, "stats": stats_view, "histogram": message_figure(text), "values": message(text)}
-    title = f"{label} {_kind_label(selection.kind)} · step {selection.step} · {where}"
-    histogram = histogram_figure(values.values, title=title)
-    if mode != "table" and values.dense.size <= HEATMAP_LIMIT:
-        row_label = "sample" if values.first_axis is not None and values.dense.ndim == 2 else "row"
-        matrix = as_matrix(values.dense)
-        figure = heatmap_figure(matrix, title=f"element values · {values.dense.shape}", row_label=row_label,
-                                column_label="index")
-        if row_label == "sample":
-            figure["data"][0]["y"] = [int(i) for i in values.first_axis]
-            figure["layout"]["yaxis"]["type"] = "category"
-        values_view: Any = graph_of(figure, ids.VALUES + "-heatmap", height=min(120 + 18 * len(matrix), 420))
+def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict[str, Any] | None,
+                keys: dict[str, Any] | None, *, visualization: Visualization | None = None) -> dict[str, Any]:
+    """Apply one action and return every output of the page (``no_update`` for what did not change).
+
+    ``trigger`` is a selection trigger (see :func:`update_selection`), an option name (a key of
+    :data:`OPTION_INPUTS`' values), ``"url"`` (the address, on load and on back / forward), ``"boxes"``,
+    ``"generations"`` or ``"analyses"`` (the live refresh and a stored analysis), or None.
+    """
+    store, keys = dict(store or {}), dict(keys or {})
+    acted = trigger  # what the user set (options and the address are applied below and become None)
+    options = ViewOptions.from_dict(store.get("options"))
+    wanted = dict(store.get("wanted") or {})
+    current = Selection.from_dict(store["selection"]) if store.get("selection") else None
+    centre = False
+    if trigger == "url":
+        if value != keys.get("address") or current is None:
+            wanted, named = from_address(value)
+            options = ViewOptions.from_dict(named)
+            current, centre = None, bool(wanted.get("node"))  # a link to a node shows it; else the whole graph
+        trigger = None
+    elif trigger in OPTION_INPUTS.values():
+        options = _options_after(options, trigger, value, list(cache.trials))
+        trigger = None
+    elif trigger == "jump":
+        item = value[3] if len(value) > 3 else ""
+        options = dataclasses.replace(options, focus=item, tab=options.tab)
+        stored = cache.readable_diagnosis(current.trial if current else cache.trials[0])
+        chosen = focus_of(stored.diagnosis if stored else None, item)
+        named = evidence_statistic(chosen.evidence.series) if chosen and chosen.evidence else None
+        if named is not None and named[0] in cache.recording(current.trial if current else cache.trials[0]).nodes:
+            value = (named[0], value[1], named[1], item)
+            wanted["stat"] = named[2]
+        centre = True
+    elif trigger in ("search",):
+        centre = True
+    fit = None
+    if trigger == "graph" and isinstance(value, (tuple, list)) and value[1] == "box":
+        fit = str(value[0])  # a box opened: its frame fills the view
+    if trigger == "trial" and current is not None and value != current.trial:
+        options = dataclasses.replace(options, focus="")
+    store["options"] = options.to_dict()
+    store["wanted"] = wanted
+    if current is not None:
+        store["selection"] = current.to_dict()
     else:
-        rows, pages = value_rows(values.values, values.shape, values.positions, page=max(int(page or 1), 1) - 1,
-                                 first_axis=values.first_axis)
-        values_view = [table(("position", "value"), rows, table_id=ids.VALUES + "-table"),
-                       message(f"page {min(max(int(page or 1), 1), pages)} of {pages} · {len(values.values)} "
-                               f"stored values")]
-    return {"header": header, "stats": stats_view, "histogram": histogram, "values": values_view}
+        store.pop("selection", None)
+    selection_trigger = None if trigger in ("generations", "analyses") else trigger
+    selectors = update_selection(cache, selection_trigger, value, store)
+    selection = Selection.from_dict(selectors["store"]["selection"])
+    if trigger in ("trial", "generations"):  # another run, or this one grew: the step shown is the one wanted now,
+        # so a step wanted in another trial does not pull the view along as this one grows towards it
+        selectors["store"]["wanted"].update(step=selection.step, step_type=selection.step_type)
+    if trigger == "generations" and options.follow and current is not None and selection.trial == current.trial \
+            and selection.generation != current.generation:
+        steps = cache.steps_of_type(selection.trial, selection.step_type)
+        if len(steps) and selection.step != int(steps[-1]):
+            selectors = _selectors(cache, {**selectors["store"]["wanted"], "step": int(steps[-1])}, options.to_dict())
+            selection = Selection.from_dict(selectors["store"]["selection"])
+    selectors["store"]["options"] = options.to_dict()
+    out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization)
+    for name in SETTABLE:
+        if out[name] is not no_update and not _fresh(keys, "sent:" + name, _digest(out[name])) and \
+                name != acted and not (name == "node" and acted == "search"):
+            out[name] = no_update
+    out["keys"] = keys
+    if trigger == "search":
+        out["search"] = None  # ready for the next search, even of the same node
+    return out
 
 
-def _no_snapshot_text(cache: ReaderCache, selection: Selection) -> str:
-    assert selection.tensor is not None and selection.kind is not None and selection.step is not None
-    steps = cache.snapshot_steps(selection.trial, selection.tensor, selection.kind)
-    if not len(steps):
-        return f"No snapshot of {selection.tensor} ({selection.kind}) was recorded in this trial."
-    position = int(np.searchsorted(steps, selection.step))
-    near = sorted({int(steps[i]) for i in (position - 1, position) if 0 <= i < len(steps)})
-    if selection.step in steps and selection.sample is not None:
-        return f"Sample {selection.sample} was not stored in the snapshot of step {selection.step}."
-    return (f"No snapshot at step {selection.step} (iteration {selection.iteration}); nearest snapshots at "
-            f"step {' and '.join(map(str, near))}.")
+def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, selectors: dict[str, Any],
+             keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None
+             ) -> dict[str, Any]:
+    out: dict[str, Any] = {name: no_update for name in OUTPUTS}
+    out.update({k: v for k, v in selectors.items() if k in OUTPUTS})
+    for name in UNCHANGING:  # option lists the browser already shows are not sent (nor re-rendered) again
+        if name in selectors and not _fresh(keys, name, _digest(selectors[name])):
+            out[name] = no_update
+    out["store"] = selectors["store"]
+    stamp = cache.analysis_stamp(selection.trial)
+    drawn_key = (selection.trial, selection.step_type, selection.generation, list(selection.boxes),
+                 options.show_implied, options.show_unused, stamp)
+    if not _fresh(keys, "node_options", (selection.trial, selection.step_type, selection.generation)):
+        out["node_options"] = no_update
+    address = to_address(selection, options)
+    if _fresh(keys, "address", address):
+        out["url"] = address
+    out["tab"], out["theme"], out["colour"], out["follow"] = (TAB_ID.get(options.tab, ids.TAB_TENSORS), options.theme,
+                                                              options.colour, ["follow"] if options.follow else [])
+    out["graph_options"] = [name for name, on in (("implied", options.show_implied),
+                                                  ("unused", options.show_unused)) if on]
+    out["step_box"] = selection.step
+    if _fresh(keys, "graph", drawn_key):
+        view = graph_view(cache, selection, options)
+        out["elements"], out["search_options"], out["graph_note"] = view["elements"], view["search"], view["note"]
+        out["search"] = None
+    if _fresh(keys, "stylesheet", options.theme):
+        out["stylesheet"] = graph_stylesheet(options.theme)
+    state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
+    if _fresh(keys, "graph_state", (repr(state), drawn_key)) or centre:
+        out["graph_view"], out["colour_scale"] = state, scale
+    _tensors_outputs(cache, selection, options, keys, out)
+    _tab_outputs(cache, selection, options, keys, out, stamp, visualization)
+    out["keys"] = keys
+    return out
 
 
-def timeline_view(cache: ReaderCache, selection_data: dict[str, Any] | None, previous_key: Any
-                  ) -> tuple[Any, Any]:
-    """``(figure, key)`` of the timeline with the events of the selected node marked; while the series and
-    the stored analysis are unchanged only the step marker is patched (the event lines with it), so
-    stepping through 10k steps never resends 10k points."""
-    if not selection_data:
-        return no_update, no_update
-    selection = Selection.from_dict(selection_data["selection"])
-    key = [selection.trial, selection.generation, selection.node, selection.tensor, selection.kind,
-           selection.iteration, selection.stat, cache.analysis_stamp(selection.trial)]
-    events = node_events(cache, selection)
-    if key == previous_key:
+def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, keys: dict[str, Any],
+                     out: dict[str, Any]) -> None:
+    if options.tab != "tensors":
+        return
+    theme, stamp = options.theme, cache.analysis_stamp(selection.trial)
+    if _fresh(keys, "overlay_options", (selection.trial, selection.step_type, selection.generation)):
+        drawn = cache.drawn(selection.trial, selection.step_type)
+        out["overlay_nodes_options"] = list(drawn.order) if drawn is not None else []
+        out["overlay_trials_options"] = list(cache.trials)
+    out["overlay_nodes"], out["overlay_trials"] = list(options.overlay_nodes), list(options.overlay_trials)
+    out["timeline_options"], out["ema"] = (["log"] if options.log_y else []), options.ema
+    out["values_mode"], out["values_page"] = options.values_mode, options.values_page
+    panel_key = (selection.trial, selection.generation, selection.tensor, selection.kind, selection.step,
+                 selection.iteration, selection.sample, options.values_mode, options.values_page, theme)
+    if _fresh(keys, "panel", panel_key):
+        panel = tensor_panel(cache, selection, options)
+        out.update(header=panel["header"], stats=panel["stats"], histogram=panel["histogram"], values=panel["values"])
+    timeline_key = (selection.trial, selection.generation, selection.node, selection.tensor, selection.kind,
+                    selection.iteration, selection.stat, list(options.overlay_nodes), list(options.overlay_trials),
+                    options.log_y, options.ema, options.focus, theme, stamp)
+    if _fresh(keys, "timeline", timeline_key):
+        out["timeline"] = timeline_view(cache, selection, options)
+        keys["timeline_step"] = selection.step
+    elif keys.get("timeline_step") != selection.step:
         patch = Patch()
-        patch["layout"]["shapes"] = step_marker(selection.step) + event_shapes(events)
-        return patch, no_update
-    if selection.tensor is None or selection.kind is None:
-        return message_figure("no tensor selected"), key
-    curves = timeline_curves(cache, selection)
-    if not any(len(steps) for steps, _ in curves.values()):
-        return message_figure(f"{selection.tensor} ({selection.kind}) has no summaries"), key
-    title = f"{selection.stat} of {selection.tensor} ({_kind_label(selection.kind)}) over steps · click to select"
-    return timeline_figure(curves, title=title, y_label=selection.stat, step=selection.step, events=events), key
+        patch["layout"]["shapes"] = timeline_shapes(cache, selection, options)
+        out["timeline"], keys["timeline_step"] = patch, selection.step
 
 
-def _present_timelines(view: tuple[Any, Any]) -> tuple[Any, Any]:
-    """``timeline_view``'s answer for the timelines on the page: the Tensors tab inserts the timeline after
-    the first selection, and a callback must not name an output that is not there yet (Dash reports it as an
-    error in the browser); with none there, nothing changes, the remembered key included."""
-    figure, key = view
-    present = len(ctx.outputs_list[0])
-    if not present:
-        return [], no_update
-    return [figure] * present, key
-
-
-def tensors_body(selection_data: dict[str, Any] | None, children: Any) -> Any:
-    """The Tensors tab's body, inserted once the first selection is known (after the graph is drawn)."""
-    return no_update if children or not selection_data else tensors_tab()
+def _tab_outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, keys: dict[str, Any],
+                 out: dict[str, Any], stamp: str | None, visualization: Visualization | None) -> None:
+    tab, theme = options.tab, options.theme
+    if tab == "distribution":
+        distribution_key = (selection.trial, selection.generation, selection.tensor, selection.kind,
+                            selection.iteration, selection.sample, theme)
+        if _fresh(keys, "distribution", distribution_key):
+            out["distribution"] = distribution_view(cache, selection, options)
+            keys["distribution_step"] = selection.step
+        elif keys.get("distribution_step") != selection.step:
+            patch = Patch()
+            patch["layout"]["shapes"] = step_marker(selection.step, theme)
+            out["distribution"], keys["distribution_step"] = patch, selection.step
+    elif tab == "diagnosis":
+        if _fresh(keys, "diagnosis", (selection.trial, selection.generation, stamp, selection.node, selection.step,
+                                      options.focus, theme)):
+            out["diagnosis"] = tabs.diagnosis_tab(cache, selection, options)
+            out["evidence"] = tabs.evidence_panel(cache, selection, options)
+    elif tab == "layers":
+        if _fresh(keys, "layers", (selection.trial, selection.generation, selection.step_type, theme)):
+            out["layers_note"], out["gradient_flow"], out["update_ratio"] = tabs.layers_tab(cache, selection, options)
+            keys["layers_step"] = selection.step
+        elif keys.get("layers_step") != selection.step:
+            for name in ("gradient_flow", "update_ratio"):
+                patch = Patch()
+                patch["layout"]["shapes"][0] = step_marker(selection.step, theme)[0]
+                out[name] = patch
+            keys["layers_step"] = selection.step
+    elif tab in ("kpis", "notes", "network"):
+        function = {"kpis": tabs.kpis_tab, "notes": tabs.notes_tab, "network": tabs.network_tab}[tab]
+        key = (selection.trial, selection.generation, theme) + ((selection.step,) if tab == "kpis" else ())
+        if _fresh(keys, tab, key):
+            out[tab] = function(cache, selection, options)
+    elif tab == "compare":
+        out["compare"] = tabs.compare_tab(cache, selection, options)
+        out["compare_mode"], out["compare_trial"], out["compare_step"] = tabs.compare_choice(cache, selection, options)
+    elif tab == "custom":
+        out["custom"] = tabs.custom_tab(cache, visualization, selection)
+    if tab != "layers":
+        keys.pop("layers", None)
 
 
 def refresh_generations(cache: ReaderCache, previous: dict[str, int] | None) -> Any:
@@ -240,25 +332,34 @@ def refresh_generations(cache: ReaderCache, previous: dict[str, int] | None) -> 
     return no_update if generations == (previous or {}) else generations
 
 
-# ---- registration --------------------------------------------------------------------------------------
-def _trigger(triggered_id: Any, triggered_value: Any, inputs: dict[str, Any]) -> tuple[str | None, Any]:
-    """Map Dash's ``ctx.triggered_id`` (and the triggering value) to :func:`update_selection`'s trigger."""
+def _trigger(triggered_id: Any, value: Any, inputs: dict[str, Any]) -> tuple[str | None, Any]:
+    """Map Dash's ``ctx.triggered_id`` (and the triggering value) to :func:`update_view`'s trigger."""
     if isinstance(triggered_id, dict):
-        if triggered_id.get("type") == ids.STEPPER_TYPE and triggered_value:
+        kind = triggered_id.get("type")
+        if kind == ids.STEPPER_TYPE and value:
             return "stepper", (triggered_id["selector"], int(triggered_id["delta"]))
-        if triggered_id.get("type") == ids.DIAGNOSIS_JUMP_TYPE and triggered_value:
-            return "jump", (triggered_id["node"], int(triggered_id["step"]), triggered_id["kind"])
-        if triggered_id.get("type") == ids.TIMELINE_TYPE:
-            points = (triggered_value or {}).get("points") or []
-            return ("timeline", points[0].get("x")) if points else (None, None)
+        if kind == ids.DIAGNOSIS_JUMP_TYPE and value:
+            return "jump", (triggered_id["node"], int(triggered_id["step"]), triggered_id["kind"],
+                            triggered_id["item"])
         return None, None
-    name = TRIGGERS.get(triggered_id)
-    if name is None:
+    if triggered_id in CLICKABLE_PLOTS:
+        points = (value or {}).get("points") or []
+        return ("timeline", points[0].get("x")) if points else (None, None)
+    if triggered_id == ids.GRAPH:
+        data = value or {}
+        return ("graph", (data["id"], data.get("kind", "node"))) if data.get("id") else (None, None)
+    if triggered_id == ids.URL:
+        return "url", value or ""
+    if triggered_id in (ids.GRAPH_EXPAND, ids.GRAPH_DEFAULT):
+        return ("boxes", "expand" if triggered_id == ids.GRAPH_EXPAND else "default") if value else (None, None)
+    if triggered_id == ids.GENERATION:
+        return "generations", value
+    if triggered_id == ids.ANALYSES:
+        return "analyses", value
+    if triggered_id == ids.GRAPH_SEARCH and not value:
         return None, None
-    value = inputs.get(name)
-    if name == "graph":
-        value = (value or {}).get("id")
-    return name, value
+    name = SELECTION_INPUTS.get(triggered_id) or OPTION_INPUTS.get(triggered_id)
+    return (name, value) if name is not None else (None, None)
 
 
 def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualization | None) -> None:
@@ -270,48 +371,27 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
                 return fn(*args, **kwargs)
         return run
 
-    selector_outputs = {
-        "store": Output(ids.SELECTION, "data"), "status": Output(ids.STATUS, "children"),
-        "step_max": Output(ids.STEP, "max"), "step_marks": Output(ids.STEP, "marks"),
-        "step": Output(ids.STEP, "value"), "step_label": Output(ids.STEP_LABEL, "children"),
-        "stat": Output(ids.STAT, "value"), "collapse_options": Output(ids.COLLAPSE, "options"),
-        "collapse": Output(ids.COLLAPSE, "value"),
-    }
-    for name in ("trial", "step_type", "iteration", "node", "tensor", "kind", "sample"):
-        selector_outputs[f"{name}_options"] = Output(ids.SELECTORS[name], "options")
-        selector_outputs[name] = Output(ids.SELECTORS[name], "value")
-    selector_inputs = {name: Input(component, "value") for component, name in TRIGGERS.items()
-                       if component != ids.GRAPH}
-    selector_inputs.update(graph=Input(ids.GRAPH, "tapNodeData"),
-                           timeline=Input({"type": ids.TIMELINE_TYPE, "index": ALL}, "clickData"),
-                           steppers=Input({"type": ids.STEPPER_TYPE, "selector": ALL, "delta": ALL}, "n_clicks"),
-                           jumps=Input({"type": ids.DIAGNOSIS_JUMP_TYPE, "item": ALL, "node": ALL, "step": ALL,
-                                        "kind": ALL}, "n_clicks"),
-                           generations=Input(ids.GENERATION, "data"))
+    plain = {**SELECTION_INPUTS, **OPTION_INPUTS}
+    inputs: dict[str, Any] = {f"i{n}": Input(component, "value") for n, component in enumerate(plain)}
+    inputs.update(
+        url=Input(ids.URL, "search"), graph=Input(ids.GRAPH, "tapNodeData"),
+        plots={f"p{n}": Input(plot, "clickData") for n, plot in enumerate(CLICKABLE_PLOTS)},
+        steppers=Input({"type": ids.STEPPER_TYPE, "selector": ALL, "delta": ALL}, "n_clicks"),
+        jumps=Input({"type": ids.DIAGNOSIS_JUMP_TYPE, "item": ALL, "node": ALL, "step": ALL, "kind": ALL}, "n_clicks"),
+        expand=Input(ids.GRAPH_EXPAND, "n_clicks"), default=Input(ids.GRAPH_DEFAULT, "n_clicks"),
+        generations=Input(ids.GENERATION, "data"), analyses=Input(ids.ANALYSES, "data"))
 
-    @app.callback(output=selector_outputs, inputs=selector_inputs, state={"store": State(ids.SELECTION, "data")})
+    # The page arrives with its first view (app._page), so the callback runs only on actions.
+    @app.callback(output={name: Output(*target) for name, target in OUTPUTS.items()}, inputs=inputs,
+                  state={"store": State(ids.SELECTION, "data"), "keys": State(ids.KEYS, "data")},
+                  prevent_initial_call=True)
     @locked
-    def _selection(store: dict[str, Any] | None, **inputs: Any) -> dict[str, Any]:
+    def _view(store: dict[str, Any] | None, keys: dict[str, Any] | None, **given: Any) -> dict[str, Any]:
         triggered_value = ctx.triggered[0]["value"] if ctx.triggered else None
-        trigger, value = _trigger(ctx.triggered_id, triggered_value, inputs)
-        return update_selection(cache, trigger, value, store)
+        trigger, value = _trigger(ctx.triggered_id, triggered_value, given)
+        return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
-    app.callback(Output(ids.TENSORS_BODY, "children"), Input(ids.SELECTION, "data"),
-                 State(ids.TENSORS_BODY, "children"))(tensors_body)
-    # The stored analyses' stamps only trigger the graph and the timeline: their keys read the stamp from the
-    # cache, so the plain functions do not take it.
-    app.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_KEY, "data"), Input(ids.SELECTION, "data"),
-                 Input(ids.ANALYSES, "data"), State(ids.GRAPH_KEY, "data"))(
-        locked(lambda selection_data, _analyses, key: graph_view(cache, selection_data, key)))
-    app.callback(Output(ids.GRAPH, "stylesheet"), Input(ids.SELECTION, "data"))(
-        locked(functools.partial(graph_style, cache)))
-    app.callback(output={"header": Output(ids.TENSOR_HEADER, "children"), "stats": Output(ids.STATS_TABLE, "children"),
-                         "histogram": Output(ids.HISTOGRAM, "figure"), "values": Output(ids.VALUES, "children")},
-                 inputs=[Input(ids.SELECTION, "data"), Input(ids.VALUES_MODE, "value"),
-                         Input(ids.VALUES_PAGE, "value")])(locked(functools.partial(tensor_panel, cache)))
-    app.callback(Output({"type": ids.TIMELINE_TYPE, "index": ALL}, "figure"), Output(ids.TIMELINE_KEY, "data"),
-                 Input(ids.SELECTION, "data"), Input(ids.ANALYSES, "data"), State(ids.TIMELINE_KEY, "data"))(
-        locked(lambda selection_data, _analyses, key: _present_timelines(timeline_view(cache, selection_data, key))))
     app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
                  prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
-    tabs.register_tab_callbacks(app, cache, visualization, locked)
+    tabs.register_analysis_callbacks(app, cache, locked)
+    register_clientside(app)

@@ -3,7 +3,8 @@
 Pure functions in two layers: ``*_rows`` and :func:`chain_lines` turn the analysis dataclasses into plain
 strings (the tests compare them exactly), and :func:`diagnosis_view` renders those as Dash components.
 Every hypothesis card and every event row is clickable: its id (:func:`ids.diagnosis_jump`) carries the
-node, onset step and kind, and the selection callback jumps there.
+item (``h0``, ``e3``), node, onset step and kind; the view callback jumps there, selects the statistic the
+rule fired on and shows its evidence (:func:`evidence_view`).
 """
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ from dataclasses import dataclass
 
 from dash import html
 
+from typing import Any
+
 from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Event, Hypothesis
 from comgra_ndbg.gui import ids
-from comgra_ndbg.gui.figures import event_text, format_number
+from comgra_ndbg.gui.evidence import Focus
+from comgra_ndbg.gui.figures import format_number
 from comgra_ndbg.gui.state import StoredDiagnosis
-from comgra_ndbg.gui.views import message, table
+from comgra_ndbg.gui.timelines import EvidenceMarks, event_text
+from comgra_ndbg.gui.views import graph_of, message, table
 
 __all__ = ["HypothesisRow", "chain_lines", "coupled_rows", "diagnosis_view", "event_label", "event_rows",
-           "hypothesis_rows", "percent", "plural", "summary_line"]
+           "evidence_rows", "evidence_view", "hypothesis_rows", "percent", "plural", "summary_line"]
 
 MAX_EVENT_ROWS = 100
 EVENT_HEADER = ("family", "node", "kind", "from → to", "steps", "magnitude", "strength")
@@ -114,6 +119,49 @@ def _current(node: str, selected: str | None, shown: Mapping[str, str]) -> bool:
     return selected is not None and shown.get(node, node) == selected
 
 
+def evidence_rows(focus: Focus, marks: EvidenceMarks | None) -> list[tuple[str, str]]:
+    """``(fact, value)`` rows of what a rule fired on: the series, the onset and end, the baseline, the
+    threshold with its name, and the event's magnitude and strength.
+
+    >>> from comgra_ndbg.analysis.events import Evidence
+    >>> event = Event("activation_regime", "h", "value", "normal", "saturated", 10, 23, 0.9, 0.7,
+    ...               (Evidence("h/value/saturated_fraction", (10, 11), (0.8, 0.9)),))
+    >>> marks = EvidenceMarks(10, 23, (10, 11), (0.8, 0.9), float("nan"), 0.5, "saturated_enter")
+    >>> evidence_rows(Focus("e0", event), marks)  # doctest: +NORMALIZE_WHITESPACE
+    [('event', 'activation_regime: normal → saturated'), ('series', 'h/value/saturated_fraction'),
+     ('onset – end', 'step 10 – step 23'), ('baseline', '— (an absolute rule)'),
+     ('threshold', 'saturated_enter = 0.5'), ('magnitude · strength', '0.9 · 0.7')]
+    """
+    event, evidence = focus.event, focus.evidence
+    rows = [("event", f"{event.family}: {event.from_state} → {event.to_state}")]
+    if evidence is not None:
+        rows.append(("series", evidence.series))
+    rows.append(("onset – end", f"step {event.onset} – step {event.end}"))
+    if marks is not None:
+        baseline = marks.baseline
+        rows.append(("baseline", format_number(baseline) if baseline == baseline else "— (an absolute rule)"))
+        rows.append(("threshold", f"{marks.threshold_name} = {format_number(marks.threshold)}"
+                      if marks.threshold is not None else "— (not named by the analysis' thresholds)"))
+    rows.append(("magnitude · strength", f"{format_number(event.magnitude)} · {format_number(event.strength)}"))
+    return rows
+
+
+def evidence_view(focus: Focus | None, marks: EvidenceMarks | None, figure: dict[str, Any] | None) -> Any:
+    """The evidence of the chosen hypothesis or event: its sentence and remedy, the facts, and the plot of
+    the series the rule fired on with onset, baseline and threshold drawn; empty when nothing is chosen."""
+    if focus is None:
+        return []
+    hypothesis = focus.hypothesis
+    heading = hypothesis.sentence if hypothesis is not None else event_text(focus.event)
+    parts: list[Any] = [html.Div(f"Evidence · {heading}", className="tensor-header")]
+    if hypothesis is not None and hypothesis.remedy:
+        parts.append(html.Div(f"Remedy: {hypothesis.remedy}", className="remedy"))
+    parts.append(table(("fact", "value"), evidence_rows(focus, marks), table_id=ids.EVIDENCE + "-table"))
+    if figure is not None:
+        parts.append(graph_of(figure, ids.EVIDENCE + "-plot", height=260))
+    return html.Div(parts, className="evidence")
+
+
 def _hypothesis_card(row: HypothesisRow, current: bool) -> html.Div:
     node, step, kind = row.jump
     return html.Div([
@@ -142,7 +190,7 @@ def _events_table(events: Sequence[Event], selected: str | None, shown: Mapping[
 
 
 def diagnosis_view(stored: StoredDiagnosis | None, *, selected: str | None = None,
-                   shown: Mapping[str, str] | None = None) -> html.Div:
+                   shown: Mapping[str, str] | None = None, focus: str = "") -> html.Div:
     """The Diagnosis tab for a stored diagnosis (None: none stored yet): a stale warning when the recording
     has grown since, the hypotheses (or the healthy-run message), the events and the coupled failures.
     Rows of the ``selected`` displayed node (``shown`` maps recorded nodes to displayed ones) are
@@ -159,8 +207,8 @@ def diagnosis_view(stored: StoredDiagnosis | None, *, selected: str | None = Non
     rows = hypothesis_rows(d)
     parts.append(html.H4(f"Hypotheses ({len(rows)})"))
     if rows:
-        parts.append(html.Div([_hypothesis_card(row, _current(row.jump[0], selected, shown)) for row in rows],
-                              id=ids.DIAGNOSIS + "-hypotheses"))
+        parts.append(html.Div([_hypothesis_card(row, focus == f"h{row.rank - 1}" or (
+            not focus and _current(row.jump[0], selected, shown))) for row in rows], id=ids.DIAGNOSIS + "-hypotheses"))
     else:
         parts.append(html.Div("Healthy run: no failure hypothesis.", className="message healthy"))
     shown_events = d.events[:MAX_EVENT_ROWS]

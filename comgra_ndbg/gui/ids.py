@@ -1,8 +1,9 @@
 """Every component id of the explorer, in one place.
 
-Layout, callbacks and the browser tests import these names, so an id is never a string repeated across
-files. Plain ids are strings; the prev/next buttons share one pattern-matching id (a dict) whose
-``selector`` says which selector they step and ``delta`` in which direction.
+Layout, callbacks, client-side scripts and the browser tests import these names, so an id is never a string
+repeated across files. Plain ids are strings; the prev/next buttons share one pattern-matching id (a dict)
+whose ``selector`` says which selector they step and ``delta`` in which direction, the diagnosis rows one
+whose fields say where choosing them goes, and the export buttons one naming the plot and the format.
 """
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from __future__ import annotations
 TRIAL = "trial"
 STEP_TYPE = "step-type"
 STEP = "step"  # a slider over the positions of the step type's recorded steps
+STEP_BOX = "step-box"  # a step number typed in: the nearest recorded step
+STEP_PREV = "step-prev"  # moves the slider in the browser (so quick presses add up), which asks the server once
+STEP_NEXT = "step-next"
 ITERATION = "iteration"
 NODE = "node"
 TENSOR = "tensor"  # the tensor within the node (its role there: weight, bias, ...)
 KIND = "kind"
 SAMPLE = "sample"
 STAT = "statistic"  # the statistic the timeline shows
-COLLAPSE = "collapse-modules"
 STEP_LABEL = "step-label"
+FOLLOW = "follow-live"  # checklist: move to each new step of a live recording
+THEME = "theme"
 
 # Selector name -> component id; the names are the keys of ``state.Selection`` the selector sets.
 SELECTORS: dict[str, str] = {
@@ -31,6 +36,7 @@ SELECTORS: dict[str, str] = {
     "sample": SAMPLE,
 }
 STEPPER_TYPE = "stepper"
+SNAPSHOT_STEPPER = "snapshot"  # the ``selector`` of the buttons that step to the previous / next snapshot
 
 
 def stepper(selector: str, delta: int) -> dict[str, str | int]:
@@ -44,25 +50,42 @@ def stepper_button_id(selector: str, delta: int) -> str:
 
 
 # ---- state -----------------------------------------------------------------------------------------------
+URL = "url"  # dcc.Location: the view state as the query string
 SELECTION = "selection-store"  # {"wanted": {...}, "selection": {...}}
+KEYS = "keys-store"  # what each view was last computed for, so unchanged views are not sent again
 GENERATION = "generation-store"  # {trial: generation}, bumped when a live recording grew
 INTERVAL = "refresh-interval"
-GRAPH_KEY = "graph-key-store"
-TIMELINE_KEY = "timeline-key-store"
 STATUS = "status"
+CLIENT = "client-store"  # written by client-side callbacks only (their required output)
 
 # ---- graph -----------------------------------------------------------------------------------------------
 GRAPH = "graph"
+GRAPH_VIEW = "graph-view-store"  # what the client-side script applies: selected item, colours, centring
+GRAPH_SEARCH = "graph-search"
+GRAPH_FIT = "graph-fit"
+GRAPH_CENTRE = "graph-centre"
+GRAPH_EXPAND = "graph-expand-all"
+GRAPH_DEFAULT = "graph-default-boxes"
+GRAPH_OPTIONS = "graph-options"  # checklist: implied edges, unused parameters
+COLOUR = "graph-colour"  # what the node colour shows: role, or a statistic at the step
+GRAPH_NOTE = "graph-note"
+GRAPH_HOVER = "graph-hover"
+COLOUR_SCALE = "graph-colour-scale"
 
 # ---- tabs ------------------------------------------------------------------------------------------------
 TABS = "tabs"
 TAB_TENSORS = "tab-tensors"
 TAB_DIAGNOSIS = "tab-diagnosis"
+TAB_DISTRIBUTION = "tab-distribution"
+TAB_LAYERS = "tab-layers"
 TAB_KPIS = "tab-kpis"
 TAB_NOTES = "tab-notes"
 TAB_NETWORK = "tab-network"
 TAB_COMPARE = "tab-compare"
 TAB_CUSTOM = "tab-custom"
+TAB_NAMES = {TAB_TENSORS: "tensors", TAB_DISTRIBUTION: "distribution", TAB_DIAGNOSIS: "diagnosis",
+             TAB_LAYERS: "layers", TAB_KPIS: "kpis",
+             TAB_NOTES: "notes", TAB_NETWORK: "network", TAB_COMPARE: "compare", TAB_CUSTOM: "custom"}
 
 # ---- Tensors tab -----------------------------------------------------------------------------------------
 TENSOR_HEADER = "tensor-header"
@@ -71,17 +94,24 @@ HISTOGRAM = "histogram"
 VALUES_MODE = "values-mode"
 VALUES_PAGE = "values-page"
 VALUES = "values"
-TENSORS_BODY = "tensors-body"  # filled after the first paint, so plotly does not delay the graph
-TIMELINE_TYPE = "timeline"
-TIMELINE = {"type": TIMELINE_TYPE, "index": 0}  # a dict id: the selection listens to it with ALL, present or not
+TIMELINE = "timeline"
 TIMELINE_BOX = "timeline-box"
+OVERLAY_NODES = "overlay-nodes"
+OVERLAY_TRIALS = "overlay-trials"
+TIMELINE_OPTIONS = "timeline-options"  # checklist: log y
+EMA = "ema"  # smoothing factor of the timeline, 0 = off
+DISTRIBUTION = "distribution"  # histograms of the snapshots over steps, as a heatmap
 
 # ---- other tabs ------------------------------------------------------------------------------------------
 DIAGNOSIS = "diagnosis"
 DIAGNOSIS_JUMP_TYPE = "diagnosis-jump"
+EVIDENCE = "evidence"  # the chosen hypothesis' or event's evidence: plot, thresholds, remedy
 ANALYZE = "analyze-now"  # the Diagnosis tab's button that runs comgra_ndbg.analyze for the trial
 ANALYZE_STATUS = "analyze-status"
 ANALYSES = "analyses-store"  # {trial: stamp of its stored analysis}, changes when an analysis is stored
+GRADIENT_FLOW = "gradient-flow"
+UPDATE_RATIO = "update-ratio"
+LAYERS_NOTE = "layers-note"
 KPIS = "kpis"
 NOTES = "notes"
 NETWORK = "network"
@@ -90,6 +120,15 @@ COMPARE_TRIAL = "compare-trial"
 COMPARE_STEP = "compare-step"
 COMPARE = "compare"
 CUSTOM = "custom"
+
+# ---- export ----------------------------------------------------------------------------------------------
+EXPORT_TYPE = "export"
+
+
+def export(target: str, fmt: str) -> dict[str, str]:
+    """The id of the button that saves the plot ``target`` (a ``dcc.Graph`` id, or the graph) as ``fmt``
+    (``png`` or ``csv``)."""
+    return {"type": EXPORT_TYPE, "target": target, "format": fmt}
 
 
 def diagnosis_jump(item: str, node: str, step: int, kind: str) -> dict[str, str | int]:

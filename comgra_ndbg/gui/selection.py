@@ -14,11 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from comgra_ndbg.graph.compound import ModuleBoxes
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection
 from comgra_ndbg.statistics import STATISTICS
 from comgra_ndbg.store import schema
 
-__all__ = ["Choices", "resolve", "step_neighbour", "tensor_label", "wanted_from_trigger"]
+__all__ = ["Choices", "opened", "resolve", "revealed", "snapshot_neighbour", "step_neighbour", "tensor_label",
+           "toggled", "wanted_from_trigger"]
 
 KIND_ORDER = (schema.KIND_VALUE, schema.KIND_GRAD, schema.KIND_UPDATE)
 DEFAULT_NODE_ROLES = ("output", "loss")  # the first node shown: what the network produced
@@ -36,7 +38,6 @@ class Choices:
     tensors: list[tuple[str, str]]  # (full name, label within the node)
     kinds: list[str]
     samples: list[int]
-    modules: list[str]  # module paths whose parameters can be collapsed into one node
 
     def options(self, selector: str) -> list[Any]:
         """The plain values of a selector, in display order (``None`` stands for the batch aggregate)."""
@@ -62,7 +63,22 @@ def tensor_label(tensor: str, node: str) -> str:
 
 
 def resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choices]:
-    """The selection closest to ``wanted`` that the recording can show, and the valid choices around it."""
+    """The selection closest to ``wanted`` that the recording can show, and the valid choices around it.
+
+    Without a wanted step or step type, the first view shows the last step where the chosen tensor has a
+    snapshot (of whichever step type), so it has element values to show.
+    """
+    selection, choices = _resolve(cache, wanted)
+    if wanted.get("step") is None and wanted.get("step_type") is None and selection.tensor and selection.kind:
+        snapshots = cache.snapshot_steps(selection.trial, selection.tensor, selection.kind)
+        if len(snapshots) and selection.step not in snapshots:
+            recording = cache.recording(selection.trial)
+            last = int(np.max(snapshots))
+            return _resolve(cache, {**wanted, "step": last, "step_type": recording.step_type_of(last)})
+    return selection, choices
+
+
+def _resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choices]:
     trials = list(cache.trials)
     trial = wanted.get("trial") if wanted.get("trial") in trials else trials[0]
     recording = cache.recording(trial)
@@ -71,16 +87,17 @@ def resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choi
         recording, step_types)
     steps = cache.steps_of_type(trial, step_type) if step_type else np.zeros(0, np.int64)
 
-    collapsed = tuple(wanted.get("collapsed") or ())
-    view = cache.view_graph(trial, step_type, collapsed) if step_type else None
-    nodes = view.ordered_nodes() if view is not None else list(recording.nodes)
-    node = _pick_node(recording, view, nodes, wanted)
-    if view is not None and node is not None:
-        members = view.graph.node(node).tensors
+    entries = tuple(wanted.get("boxes") or ())
+    drawn = cache.drawn(trial, step_type, entries) if step_type else None
+    nodes = list(drawn.order) if drawn is not None else list(recording.nodes)
+    node = _pick_node(recording, nodes, wanted)
+    stored = cache.stored_graph(trial, step_type) if step_type else None
+    if stored is not None and node in stored.graph.node_names:
+        members = stored.graph.node(node).tensors
     else:
         members = tuple(t.name for t in recording.tensors_of(node)) if node else ()
     tensors = [(name, tensor_label(name, node)) for name in members]
-    sizes = {t.name: int(np.prod(t.shape)) for t in recording.tensors}
+    sizes = cache.memo(trial, ("sizes",), lambda r: {t.name: int(np.prod(t.shape)) for t in r.tensors})
     tensor = _pick_tensor(tensors, wanted.get("tensor"), sizes)
 
     kinds = sorted(recording.kinds(tensor), key=_kind_rank) if tensor else []
@@ -91,43 +108,90 @@ def resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choi
     samples = _valid_samples(cache, trial, tensor, kind, step, iteration)
     sample = wanted.get("sample") if wanted.get("sample") in samples else None
     stat = wanted.get("stat") if wanted.get("stat") in STATISTICS else "mean"
-    modules = [m.path for m in recording.module_tree() if m.path and m.total_parameters > 0]
 
     selection = Selection(trial=trial, step_type=step_type, step=step, iteration=int(iteration), node=node,
-                          tensor=tensor, kind=kind, sample=sample, stat=stat,
-                          collapsed=tuple(m for m in collapsed if m in modules),
+                          tensor=tensor, kind=kind, sample=sample, stat=stat, boxes=entries,
                           generation=cache.generation(trial))
-    return selection, Choices(trials, step_types, steps, iterations, nodes, tensors, kinds, samples, modules)
+    return selection, Choices(trials, step_types, steps, iterations, nodes, tensors, kinds, samples)
+
+
+def toggled(entries: tuple[str, ...], path: str, collapsed: tuple[str, ...]) -> tuple[str, ...]:
+    """Box ``entries`` (see :class:`~comgra_ndbg.gui.state.Selection`) after a click on box ``path``: opened
+    when it is ``collapsed``, closed when it is open.
+
+    >>> toggled(("-a", "+b"), "a", ("a",)), toggled((), "b", ())
+    (('+b', '+a'), ('-b',))
+    """
+    kept = tuple(e for e in entries if e[1:] != path)
+    return (*kept, ("+" if path in collapsed else "-") + path)
+
+
+def revealed(entries: tuple[str, ...], boxes: ModuleBoxes, collapsed: tuple[str, ...], node: str) -> tuple[str, ...]:
+    """Box ``entries`` with every collapsed box around ``node`` opened, so that it is drawn."""
+    for path in boxes.ancestors(node):
+        if path in collapsed:
+            entries = toggled(entries, path, collapsed)
+    return entries
+
+
+def opened(command: str) -> tuple[str, ...]:
+    """Box entries of a graph command: ``expand`` opens every box, ``default`` goes back to the first view.
+
+    >>> opened("expand"), opened("default")
+    (('*',), ())
+    """
+    return ("*",) if command == "expand" else ()
 
 
 def wanted_from_trigger(wanted: dict[str, Any], trigger: Any, value: Any, current: Selection | None,
                         choices: Choices | None, cache: ReaderCache) -> dict[str, Any]:
-    """``wanted`` after the user acted on ``trigger`` (a selector name, ``"stepper"`` with a ``(selector,
-    delta)`` value, ``"graph"``, ``"timeline"`` with a step, or ``"jump"`` with ``(node, step, kind)``) with
-    ``value``; never mutates its input. A timeline or jump step goes to the nearest recorded step; a jump
-    keeps the node and kind when it names no node, or one the recording lacks (the optimizer)."""
+    """``wanted`` after the user acted on ``trigger`` with ``value``; never mutates its input.
+
+    Triggers: a selector name; ``"stepper"`` with ``(selector, delta)`` (selector ``"snapshot"``: the
+    previous / next step with a snapshot of the tensor); ``"graph"`` with a tapped node's id (a box's tap
+    opens or closes it: ``(id, "box")`` or ``(id, "frame")``); ``"search"`` with a node; ``"timeline"`` and
+    ``"step_box"`` with a step; ``"jump"`` with ``(node, step, kind)`` or ``(node, step, kind, item)``;
+    ``"boxes"`` with ``"expand"`` or ``"default"``. A timeline, step box or jump step goes to the nearest
+    recorded step (and its step type); a jump keeps the node and kind when it names no node the recording
+    has (the optimizer). Choosing a node that a collapsed box hides opens the boxes around it."""
     wanted = dict(wanted)
     if trigger is None or value is None:
         return wanted
+    recording = cache.recording(current.trial if current is not None else cache.trials[0])
     if trigger == "stepper":
         selector, delta = value
         if current is None or choices is None:
             return wanted
         if selector == "step":
             wanted["step"] = step_neighbour(choices.steps, current.step, delta)
+        elif selector == "snapshot":
+            step = snapshot_neighbour(cache, current, delta)
+            if step is not None:
+                wanted.update(step=step, step_type=recording.step_type_of(step))
         else:
             wanted[selector] = _neighbour(choices.options(selector), getattr(current, selector), delta)
+            if selector == "node":
+                wanted["boxes"] = _reveal(cache, current, wanted)
     elif trigger == "step":  # the slider gives a position among the shown step type's steps
         if choices is not None and len(choices.steps):
             wanted["step"] = int(choices.steps[int(np.clip(int(value), 0, len(choices.steps) - 1))])
     elif trigger == "sample":
         wanted["sample"] = None if value == AGGREGATE else int(value)
-    elif trigger in ("graph", "node"):
-        wanted["node"] = value
-    elif trigger in ("timeline", "jump"):
-        node, step, kind = value if trigger == "jump" else (None, value, None)
-        recording = cache.recording(current.trial if current is not None else cache.trials[0])
-        step = _nearest(np.sort(recording.steps), step, default=None)
+    elif trigger == "graph" and isinstance(value, (tuple, list)) and value[1] in ("box", "frame"):
+        if current is not None:
+            drawn = cache.drawn(current.trial, current.step_type, current.boxes)
+            if drawn is not None:
+                wanted["boxes"] = list(toggled(tuple(current.boxes), str(value[0])[4:], drawn.collapsed))
+    elif trigger in ("graph", "node", "search"):
+        wanted["node"] = value[0] if isinstance(value, (tuple, list)) else value
+        if trigger != "graph":
+            wanted["boxes"] = _reveal(cache, current, wanted)
+    elif trigger in ("timeline", "jump", "step_box"):
+        node, step, kind, item = (list(value) + [""])[:4] if trigger == "jump" else (None, value, None, "")
+        try:
+            step = _nearest(np.sort(recording.steps), int(float(step)), default=None)
+        except (TypeError, ValueError):
+            return wanted
         if step is None:
             return wanted
         wanted["step_type"] = recording.step_type_of(step)
@@ -136,11 +200,40 @@ def wanted_from_trigger(wanted: dict[str, Any], trigger: Any, value: Any, curren
             wanted["node"] = node
             if kind:
                 wanted["kind"] = kind
-    elif trigger == "collapsed":
-        wanted["collapsed"] = list(value)
+            wanted["boxes"] = _reveal(cache, current, wanted)
+    elif trigger == "boxes":
+        wanted["boxes"] = list(opened(value))
     else:
         wanted[trigger] = value
     return wanted
+
+
+def _reveal(cache: ReaderCache, current: Selection | None, wanted: dict[str, Any]) -> list[str]:
+    """The wanted box entries with the boxes around the wanted node opened."""
+    entries = tuple(wanted.get("boxes") or ())
+    if current is None or not wanted.get("node"):
+        return list(entries)
+    drawn, boxes = cache.drawn(current.trial, current.step_type, entries), cache.boxes(current.trial,
+                                                                                       current.step_type)
+    if drawn is None or boxes is None:
+        return list(entries)
+    return list(revealed(entries, boxes[0], drawn.collapsed, wanted["node"]))
+
+
+def snapshot_neighbour(cache: ReaderCache, current: Selection, delta: int) -> int | None:
+    """The step with a snapshot of the selected tensor before (``delta < 0``) or after the selected step,
+    of any step type; the first or last one when there is none further; None without snapshots."""
+    if current.tensor is None or current.kind is None:
+        return None
+    steps = np.sort(cache.snapshot_steps(current.trial, current.tensor, current.kind))
+    if not len(steps):
+        return None
+    step = current.step if current.step is not None else int(steps[0])
+    if delta < 0:
+        before = steps[steps < step]
+        return int(before[-1]) if len(before) else int(steps[0])
+    after = steps[steps > step]
+    return int(after[0]) if len(after) else int(steps[-1])
 
 
 def step_neighbour(steps: np.ndarray, step: int | None, delta: int) -> int | None:
@@ -171,23 +264,16 @@ def _nearest(values: np.ndarray, wanted: Any, *, default: int | None) -> int | N
     return int(min(candidates, key=lambda v: (abs(int(v) - int(wanted)), int(v))))
 
 
-def _pick_node(recording: Any, view: Any, nodes: list[str], wanted: dict[str, Any]) -> str | None:
+def _pick_node(recording: Any, nodes: list[str], wanted: dict[str, Any]) -> str | None:
+    """The wanted node, else the node holding the wanted tensor, else the output (or loss), else the first."""
     if not nodes:
         return None
     if wanted.get("node") in nodes:
         return wanted["node"]
-    if view is not None:  # the wanted node was regrouped: find the node that holds its tensors now
-        members = {name: view.graph.node(name).tensors for name in nodes}
-        for name in nodes:
-            if wanted.get("tensor") in members[name] or wanted.get("node") in members[name]:
-                return name
-        prefix = f"{wanted.get('node')}."
-        for name in nodes:
-            if any(t.startswith(prefix) for t in members[name]):
-                return name
+    holder = {t.name: t.node for t in recording.tensors}
+    if holder.get(wanted.get("tensor")) in nodes:
+        return holder[wanted["tensor"]]
     roles = {t.node: t.role for t in recording.tensors}
-    if view is not None:
-        roles.update({n.name: n.role for n in view.graph.nodes})
     for role in DEFAULT_NODE_ROLES:
         for name in nodes:
             if roles.get(name) == role:
@@ -208,11 +294,13 @@ def _default_step(cache: ReaderCache, trial: str, steps: np.ndarray, tensor: str
     """The last step with a snapshot of the tensor (so the first view has element values), else the last."""
     if not len(steps):
         return None
-    if tensor is not None and kind is not None:
+    if tensor is None or kind is None:
+        return int(steps[-1])
+
+    def compute(_: Any) -> int:
         snapshots = np.intersect1d(cache.snapshot_steps(trial, tensor, kind), steps)
-        if len(snapshots):
-            return int(snapshots[-1])
-    return int(steps[-1])
+        return int(snapshots[-1]) if len(snapshots) else int(steps[-1])
+    return cache.memo(trial, ("default-step", tensor, kind, len(steps), int(steps[-1])), compute)
 
 
 def _pick_tensor(tensors: list[tuple[str, str]], wanted: str | None, sizes: dict[str, int]) -> str | None:

@@ -6,8 +6,8 @@ and memoizes what is expensive to read again — a tensor's whole summary series
 graph — under a key that includes the trial's *generation*, which bumps whenever a refresh found new data.
 Selecting another step therefore costs a lookup in an array already in memory, never a reload of the file.
 
-Every query takes the cache and a :class:`Selection` and returns numpy arrays or plain values, so the
-figure builders stay pure and the callbacks stay thin.
+The data queries callbacks make (:mod:`comgra_ndbg.gui.queries`) take the cache and a :class:`Selection`
+and return numpy arrays or plain values, so the figure builders stay pure and the callbacks stay thin.
 """
 from __future__ import annotations
 
@@ -20,16 +20,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict
+from comgra_ndbg.analysis.events import Diagnosis, diagnosis_from_dict
 from comgra_ndbg.errors import CorruptRecordingError, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
-from comgra_ndbg.graph import DependencyGraph
-from comgra_ndbg.graph.structure import collapse_modules
-from comgra_ndbg.statistics import derive, derive_one
-from comgra_ndbg.store.reader import Recording, Snapshot, list_trials, open_recording
+from comgra_ndbg.graph.compound import ModuleBoxes, VisibleGraph, default_collapsed, module_boxes, visible_graph
+from comgra_ndbg.graph.nested_layout import nested_layout
+from comgra_ndbg.store.reader import Recording, Snapshot, StoredGraph, list_trials, open_recording
 from comgra_ndbg.store.results import results_path
 
-__all__ = ["ElementValues", "ReaderCache", "Selection", "StoredDiagnosis", "ViewGraph", "element_values", "node_events",
-           "statistics_at", "timeline_curves", "view_graph"]
+__all__ = ["AGGREGATE", "DrawnGraph", "ReaderCache", "Selection", "StoredDiagnosis", "ViewOptions", "collapsed_boxes"]
 
 T = TypeVar("T")
 AGGREGATE = "batch"  # the sample selector's value for "statistics over the whole batch"
@@ -39,10 +37,11 @@ AGGREGATE = "batch"  # the sample selector's value for "statistics over the whol
 class Selection:
     """What the user looks at: a tensor of a node, of one kind, at one step and iteration of one trial.
 
-    ``node`` is a node of the graph as shown (a collapsed module is one node); ``tensor`` is the recorded
-    tensor's full name; ``sample`` is a batch position, or ``None`` for the whole batch; ``stat`` is the
-    statistic of the timeline; ``collapsed`` the module paths whose parameters are shown as one node;
-    ``generation`` changes whenever the live recording grew, so views depending on it are recomputed.
+    ``node`` is a node of the dependency graph; ``tensor`` is the recorded tensor's full name; ``sample`` is
+    a batch position, or ``None`` for the whole batch; ``stat`` is the statistic of the timeline; ``boxes``
+    says which module boxes of the graph differ from the default view (``+path`` opened, ``-path``
+    closed, ``*`` first: start from every box open; :func:`collapsed_boxes`); ``generation`` changes
+    whenever the live recording grew, so views depending on it are recomputed.
     """
 
     trial: str
@@ -54,18 +53,18 @@ class Selection:
     kind: str | None
     sample: int | None = None
     stat: str = "mean"
-    collapsed: tuple[str, ...] = ()
+    boxes: tuple[str, ...] = ()
     generation: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["collapsed"] = list(self.collapsed)
+        data["boxes"] = list(self.boxes)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Selection:
         values = {k: data.get(k) for k in cls.__dataclass_fields__}
-        values["collapsed"] = tuple(data.get("collapsed") or ())
+        values["boxes"] = tuple(data.get("boxes") or ())
         values["iteration"] = int(data.get("iteration") or 0)
         values["stat"] = data.get("stat") or "mean"
         values["generation"] = int(data.get("generation") or 0)
@@ -73,40 +72,72 @@ class Selection:
 
 
 @dataclass(frozen=True)
-class ViewGraph:
-    """The graph as displayed: the stored graph regrouped by the collapsed modules, with positions for every
-    node (a collapsed module sits at the centre of the nodes it replaced)."""
+class ViewOptions:
+    """How things are shown, beside what is selected: the graph's node colour (``role`` or
+    ``<kind>:<statistic>`` at the step) and its options, the timeline's overlays (other nodes, other
+    trials), log scale and smoothing (an EMA factor in [0, 1)), the diagnosis item whose evidence is drawn
+    (``h0``, ``e3``; ``""`` none), whether to follow a live recording, the theme, the open tab, and the
+    controls of the element values and the Compare tab. All of it is part of the page's address."""
 
-    graph: DependencyGraph
-    positions: dict[str, tuple[float, float]] = field(hash=False)
+    colour: str = "role"
+    show_implied: bool = False
+    show_unused: bool = False
+    overlay_nodes: tuple[str, ...] = ()
+    overlay_trials: tuple[str, ...] = ()
+    log_y: bool = False
+    ema: float = 0.0
+    focus: str = ""
+    follow: bool = True
+    theme: str = "light"
+    tab: str = "tensors"
+    values_mode: str = "heatmap"
+    values_page: int = 1
+    compare_mode: str = ""  # "": another trial when there are several, else another step
+    compare_trial: str = ""  # "": the first other trial
+    compare_step: int | None = None
 
-    def ordered_nodes(self) -> list[str]:
-        """Node names left to right, then top to bottom, so prev/next walks the graph in reading order."""
-        return sorted(self.graph.node_names, key=lambda n: (*self.positions.get(n, (0.0, 0.0)), n))
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["overlay_nodes"], data["overlay_trials"] = list(self.overlay_nodes), list(self.overlay_trials)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ViewOptions:
+        data = {k: v for k, v in (data or {}).items() if k in cls.__dataclass_fields__ and v is not None}
+        for key in ("overlay_nodes", "overlay_trials"):
+            if key in data:
+                data[key] = tuple(data[key])
+        return cls(**data)
 
 
-def view_graph(graph: DependencyGraph, positions: dict[str, tuple[float, float]],
-               collapsed: tuple[str, ...]) -> ViewGraph:
-    """``graph`` with the parameters of each module in ``collapsed`` grouped into one node.
+def collapsed_boxes(boxes: ModuleBoxes, default: tuple[str, ...], entries: tuple[str, ...]) -> tuple[str, ...]:
+    """The collapsed boxes: ``default`` (or none, after ``*``) changed by ``+path`` (open) and ``-path`` (close)
+    entries in order; paths that are no box are ignored.
 
-    Outer modules are applied last, so collapsing ``model`` and ``model.enc`` shows one ``model`` node.
-    Module paths that own no parameter of this graph are ignored (the graph of another step type may not
-    use them).
+    >>> from comgra_ndbg.graph.compound import module_boxes
+    >>> boxes = module_boxes(["m.a.x", "m.a.y", "m.b.x", "m.b.y"])
+    >>> collapsed_boxes(boxes, ("m.a", "m.b"), ("+m.a",)), collapsed_boxes(boxes, ("m.a",), ("*", "-m.b"))
+    (('m.b',), ('m.b',))
     """
-    original_node = {info.name: info.node for info in graph.tensors}
-    for prefix in sorted(set(collapsed), key=lambda p: (-p.count("."), p)):
-        if any(info.role == "parameter" and (info.module == prefix or info.module.startswith(prefix + "."))
-               for info in graph.tensors):
-            graph = collapse_modules(graph, prefix)
-    placed = dict(positions)
-    for node in graph.nodes:
-        if node.name not in placed:
-            points = [positions[original_node[t]] for t in node.tensors if original_node.get(t) in positions]
-            if points:
-                placed[node.name] = (float(np.mean([p[0] for p in points])), float(np.mean([p[1] for p in points])))
-            else:
-                placed[node.name] = (0.0, 0.0)
-    return ViewGraph(graph, {n: placed[n] for n in graph.node_names})
+    closed = set() if "*" in entries else set(default)
+    for entry in entries:
+        if entry[:1] == "+":
+            closed.discard(entry[1:])
+        elif entry[:1] == "-":
+            closed.add(entry[1:])
+    return tuple(p for p in boxes.paths if p in closed)
+
+
+@dataclass(frozen=True)
+class DrawnGraph:
+    """The graph of a step type as drawn: what is visible (:func:`~comgra_ndbg.graph.compound.visible_graph`),
+    where each item sits, the collapsed boxes, and every node of the graph in reading order (by the stored
+    layered layout: left to right, then top to bottom)."""
+
+    view: VisibleGraph
+    positions: dict[str, tuple[float, float]] = field(hash=False)
+    collapsed: tuple[str, ...]
+    order: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -126,7 +157,7 @@ class ReaderCache:
     used concurrently, so every public method and every ``with cache.lock:`` block is serialized.
     """
 
-    def __init__(self, path: str | Path, *, memo_size: int = 64) -> None:
+    def __init__(self, path: str | Path, *, memo_size: int = 256, memo_bytes: int = 256 * 2**20) -> None:
         self.path = Path(path)
         self.trials: list[str] = list_trials(self.path)
         self.lock = threading.RLock()
@@ -134,6 +165,8 @@ class ReaderCache:
         self._generation: dict[str, int] = {trial: 0 for trial in self.trials}
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
         self._memo_size = memo_size
+        self._memo_bytes = memo_bytes
+        self._bytes = 0
         self.unreadable: dict[str, str] = {}  # trials that cannot be opened at all -> the reader's sentence
         for trial in list(self.trials):
             try:
@@ -185,6 +218,7 @@ class ReaderCache:
                 recording.close()
             self._recordings.clear()
             self._memo.clear()
+            self._bytes = 0
 
     # ---- memo ----------------------------------------------------------------------------------------
     def memo(self, trial: str, key: tuple[Hashable, ...], compute: Callable[[Recording], T]) -> T:
@@ -196,8 +230,9 @@ class ReaderCache:
                 return self._memo[full]
             value = compute(self.recording(trial))
             self._memo[full] = value
-            while len(self._memo) > self._memo_size:
-                self._memo.popitem(last=False)
+            self._bytes += _nbytes(value)
+            while len(self._memo) > 1 and (len(self._memo) > self._memo_size or self._bytes > self._memo_bytes):
+                self._bytes -= _nbytes(self._memo.popitem(last=False)[1])
             return value
 
     # ---- queries -------------------------------------------------------------------------------------
@@ -252,23 +287,42 @@ class ReaderCache:
         except RecordingFormatError:
             return None
 
-    def shown_nodes(self, trial: str, step_type: str, collapsed: tuple[str, ...] = ()) -> dict[str, str]:
-        """Recorded node -> the node of the displayed graph that shows its tensors (itself, or the collapsed
-        module holding it); nodes the graph of the step type lacks are left out."""
-        def compute(recording: Recording) -> dict[str, str]:
-            view = self.view_graph(trial, step_type, collapsed)
-            if view is None:
-                return {}
-            holder = {tensor: node.name for node in view.graph.nodes for tensor in node.tensors}
-            return {t.node: holder[t.name] for t in recording.tensors if t.name in holder}
-        return self.memo(trial, ("shown", step_type, collapsed), compute)
+    def stored_graph(self, trial: str, step_type: str) -> StoredGraph | None:
+        """The dependency graph of a step type as stored, or None when none was discovered for it."""
+        def compute(recording: Recording) -> StoredGraph | None:
+            return recording.graph(step_type) if step_type in recording.step_types else None
+        return self.memo(trial, ("stored-graph", step_type), compute)
 
-    def view_graph(self, trial: str, step_type: str, collapsed: tuple[str, ...] = ()) -> ViewGraph | None:
-        """The displayed graph of a step type, or None when none was discovered for it."""
-        def compute(recording: Recording) -> ViewGraph | None:
-            stored = recording.graph(step_type) if step_type in recording.step_types else None
-            return None if stored is None else view_graph(stored.graph, stored.positions, collapsed)
-        return self.memo(trial, ("graph", step_type, collapsed), compute)
+    def boxes(self, trial: str, step_type: str) -> tuple[ModuleBoxes, tuple[str, ...]] | None:
+        """The module boxes of a step type's graph and the boxes collapsed by default; None without a graph."""
+        def compute(recording: Recording) -> tuple[ModuleBoxes, tuple[str, ...]] | None:
+            stored = self.stored_graph(trial, step_type)
+            if stored is None:
+                return None
+            boxes = module_boxes(stored.graph.node_names)
+            return boxes, default_collapsed(boxes)
+        return self.memo(trial, ("boxes", step_type), compute)
+
+    def drawn(self, trial: str, step_type: str, entries: tuple[str, ...] = (), *, show_implied: bool = False,
+              show_unused: bool = False) -> DrawnGraph | None:
+        """The graph of a step type as drawn with the box ``entries`` of :class:`Selection` (None without a
+        graph): what is visible, laid out."""
+        def compute(recording: Recording) -> DrawnGraph | None:
+            stored, boxes = self.stored_graph(trial, step_type), self.boxes(trial, step_type)
+            if stored is None or boxes is None:
+                return None
+            collapsed = collapsed_boxes(boxes[0], boxes[1], entries)
+            view = visible_graph(stored.graph, collapsed, show_implied=show_implied, show_unused=show_unused,
+                                 boxes=boxes[0])
+            order = sorted(stored.graph.node_names, key=lambda n: (*stored.positions.get(n, (0.0, 0.0)), n))
+            return DrawnGraph(view, nested_layout(view), collapsed, tuple(order))
+        return self.memo(trial, ("drawn", step_type, entries, show_implied, show_unused), compute)
+
+    def shown_nodes(self, trial: str, step_type: str, entries: tuple[str, ...] = ()) -> dict[str, str]:
+        """Recorded node -> the id of the drawn item that shows it (itself, or the collapsed box holding it);
+        nodes the graph of the step type lacks, or leaves out, are left out."""
+        drawn = self.drawn(trial, step_type, entries)
+        return dict(drawn.view.shown_as) if drawn is not None else {}
 
     def series_rows(self, trial: str, tensor: str, kind: str, iteration: int) -> tuple[np.ndarray, np.ndarray]:
         """``(steps, rows)``: the tensor's sufficient statistics at every summarized step (one read, cached)."""
@@ -290,91 +344,14 @@ class ReaderCache:
         return self.memo(trial, ("snapshot", tensor, kind, step, iteration), compute)
 
 
-def timeline_curves(cache: ReaderCache, selection: Selection) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Step type -> ``(steps, values)`` of the timeline statistic of the selected tensor over every step
-    where it was summarized (one cached series read, split by step type)."""
-    if selection.tensor is None or selection.kind is None:
-        return {}
-    tensor, kind = selection.tensor, selection.kind
-
-    def compute(recording: Recording) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        steps, rows = cache.series_rows(selection.trial, tensor, kind, selection.iteration)
-        values = derive_one(rows, selection.stat) if len(rows) else np.zeros(0)
-        curves = {}
-        for step_type in recording.step_types:
-            mask = np.isin(steps, cache.steps_of_type(selection.trial, step_type), assume_unique=True)
-            if mask.any():
-                curves[step_type] = (steps[mask], values[mask])
-        return curves
-    return cache.memo(selection.trial, ("curves", tensor, kind, selection.iteration, selection.stat), compute)
 
 
-def node_events(cache: ReaderCache, selection: Selection) -> list[Event]:
-    """The stored events of the recorded nodes that the selected (displayed) node shows, in step order."""
-    stored = cache.readable_diagnosis(selection.trial)
-    if stored is None or selection.node is None:
-        return []
-    shown = cache.shown_nodes(selection.trial, selection.step_type, selection.collapsed)
-    return sorted((e for e in stored.diagnosis.events if shown.get(e.node, e.node) == selection.node),
-                  key=lambda e: (e.onset, e.node, e.family))
-
-
-def statistics_at(cache: ReaderCache, selection: Selection) -> dict[str, float] | None:
-    """Every statistic of the selected tensor at the selected step: of the whole batch from the summary, of
-    one sample from the snapshot's per-sample statistics; None when that was not recorded."""
-    if selection.tensor is None or selection.kind is None or selection.step is None:
-        return None
-    if selection.sample is None:
-        steps, rows = cache.series_rows(selection.trial, selection.tensor, selection.kind, selection.iteration)
-        position = int(np.searchsorted(steps, selection.step))
-        if position >= len(steps) or steps[position] != selection.step:
-            return None
-        return {name: float(value) for name, value in derive(rows[position]).items()}
-    snapshot = cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
-                              selection.iteration)
-    row = _sample_row(snapshot, selection.sample)
-    if snapshot is None or row is None:
-        return None
-    return {name: float(values[row]) for name, values in snapshot.sample_stats.items()}
-
-
-@dataclass(frozen=True)
-class ElementValues:
-    """Stored element values of a snapshot (or of one of its samples), with where they sit.
-
-    ``positions`` are flat indices into an array of ``shape`` (``None``: every element, in C order); for a
-    batched snapshot's whole batch, axis 0 of ``shape`` counts the stored samples and ``first_axis`` gives
-    each one's position in the batch.
-    """
-
-    values: np.ndarray
-    positions: np.ndarray | None
-    shape: tuple[int, ...]
-    first_axis: np.ndarray | None
-    dense: np.ndarray
-
-
-def element_values(snapshot: Snapshot, sample: int | None) -> ElementValues | None:
-    """The stored values of the whole snapshot (``sample=None``) or of one batch sample; None when that
-    sample was not stored."""
-    dense = snapshot.dense()
-    batched = bool(snapshot.sample_index.size)
-    if sample is None:
-        return ElementValues(snapshot.values, snapshot.value_index, tuple(dense.shape),
-                             snapshot.sample_index if batched else None, dense)
-    row = _sample_row(snapshot, sample)
-    if row is None:
-        return None
-    shape = tuple(snapshot.shape[1:])
-    per_row = int(np.prod(shape))
-    if snapshot.value_index is None:
-        return ElementValues(snapshot.values[row * per_row:(row + 1) * per_row], None, shape, None, dense[row])
-    keep = (snapshot.value_index // max(per_row, 1)) == row
-    return ElementValues(snapshot.values[keep], snapshot.value_index[keep] - row * per_row, shape, None, dense[row])
-
-
-def _sample_row(snapshot: Snapshot | None, sample: int | None) -> int | None:
-    if snapshot is None or sample is None:
-        return None
-    hits = np.flatnonzero(snapshot.sample_index == sample)
-    return int(hits[0]) if len(hits) else None
+def _nbytes(value: Any) -> int:
+    """The bytes of the arrays a memo entry holds (arrays, tuples, lists and dicts of them)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0

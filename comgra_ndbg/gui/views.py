@@ -13,7 +13,7 @@ from dash import dcc, html
 
 from comgra_ndbg.gui import ids
 
-__all__ = ["GRAPH_CONFIG", "graph_of", "message", "module_table", "notes_table", "problems_view", "table"]
+__all__ = ["GRAPH_CONFIG", "graph_of", "message", "module_table", "notes_table", "plot", "problems_view", "table"]
 
 # No mode bar: it covers the titles of small plots; drag still zooms and a double click resets.
 GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False, "displayModeBar": False}
@@ -42,7 +42,8 @@ def module_table(modules: Sequence[Any], classes: dict[str, str]) -> html.Table:
                        style={"paddingLeft": f"{1.2 * m.depth}em"}, title=m.path),
              classes.get(m.path, ""), f"{m.own_parameters:,}", f"{m.total_parameters:,}")
             for m in modules]
-    return table(("module", "class", "own parameters", "total parameters"), rows, table_id=ids.NETWORK + "-table")
+    return html.Div(table(("module", "class", "own parameters", "total parameters"), rows,
+                          table_id=ids.NETWORK + "-table"), className="scroll")
 
 
 def notes_table(notes: Sequence[Any]) -> html.Table | html.Div:
@@ -68,9 +69,22 @@ def problems_view(damage: Sequence[Any], problems: Sequence[Any]) -> list[Any]:
     return shown
 
 
-def graph_of(figure: dict[str, Any], graph_id: str | None = None, height: int = 300) -> dcc.Graph:
-    """A ``dcc.Graph`` of a figure dict, sized for the tab it sits in."""
-    props: dict[str, Any] = {"figure": figure, "style": {"height": f"{height}px"}, "config": GRAPH_CONFIG}
+def graph_of(figure: dict[str, Any], graph_id: str | None = None, height: int = 300) -> Any:
+    """A plot of a figure dict, sized for the tab it sits in; with an id it gets PNG and CSV buttons
+    (:func:`plot`)."""
     if graph_id is not None:
-        props["id"] = graph_id
-    return dcc.Graph(**props)
+        return plot(graph_id, height, figure)
+    return dcc.Graph(figure=figure, style={"height": f"{height}px"}, config=GRAPH_CONFIG)
+
+
+def plot(graph_id: str, height: int, figure: dict[str, Any] | None = None) -> html.Div:
+    """A ``dcc.Graph`` with buttons that save it as a PNG image and its data as CSV (in the browser, from
+    what the plot holds)."""
+    figure = figure if figure is not None else {"data": [], "layout": {"xaxis": {"visible": False},
+                                                                       "yaxis": {"visible": False}}}
+    return html.Div([
+        html.Div([html.Button(fmt.upper(), id=ids.export(graph_id, fmt), n_clicks=0, className="tool",
+                              title=f"save this plot as {'a PNG image' if fmt == 'png' else 'CSV data'}")
+                  for fmt in ("png", "csv")], className="exports"),
+        dcc.Graph(id=graph_id, figure=figure, style={"height": f"{height}px"}, config=GRAPH_CONFIG),
+    ], className="plot")

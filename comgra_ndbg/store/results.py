@@ -57,6 +57,7 @@ def write_results(location: str | Path, diagnosis: dict, *, num_steps: int, last
     text = json.dumps(payload, indent=1, sort_keys=True)
     fd, temp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _plain_file_mode())  # mkstemp makes 0600; results are as readable as the recording
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -67,6 +68,21 @@ def write_results(location: str | Path, diagnosis: dict, *, num_steps: int, last
         raise
     fsync_directory(path.parent)
     return path
+
+
+def _plain_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0666 less the process umask (read without changing it where the
+    platform reports it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def read_results(location: str | Path, *, num_steps: int | None = None) -> StoredAnalysis | None:

@@ -1,0 +1,210 @@
+"""What the browser does without asking the server: the graph's selection highlight and statistic colours,
+fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, and
+saving plots as PNG and CSV.
+
+The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, inlined in the page by
+:func:`comgra_ndbg.gui.style.index_string`) and are wired by :func:`register_clientside`. The graph's
+state comes from the server as one small store (:data:`ids.GRAPH_VIEW`: the selected item, the colours,
+whether to centre), applied to cytoscape with classes and a ``heat`` data field, so stepping or tapping
+never resends the graph's elements or stylesheet.
+"""
+from __future__ import annotations
+
+import json
+
+from dash import ALL, ClientsideFunction, Dash, Input, Output, State
+
+from comgra_ndbg.gui import ids
+
+__all__ = ["SCRIPT", "register_clientside"]
+
+SCRIPT = """
+window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (function () {
+  const GRAPH = %(graph)s;
+  const none = () => window.dash_clientside.no_update;
+  const cyOf = () => { const box = document.getElementById(GRAPH); return box && box._cyreg ? box._cyreg.cy : null; };
+  function highlight(cy, selected) {
+    cy.batch(() => {
+      cy.elements().removeClass('focus up down faded');
+      const sel = selected ? cy.getElementById(selected) : null;
+      if (sel && sel.length) {
+        const up = sel.predecessors(), down = sel.successors();
+        cy.elements().not(sel).not(up).not(down).not('node.frame').addClass('faded');
+        up.addClass('up'); down.addClass('down'); sel.addClass('focus');
+      }
+    });
+  }
+  function colour(cy, colours) {
+    cy.batch(() => {
+      cy.nodes().forEach((n) => {
+        const c = colours ? colours[n.id()] : undefined;
+        if (c) { if (n.data('heat') !== c) { n.data('heat', c); } } else if (n.data('heat')) { n.removeData('heat'); }
+      });
+    });
+  }
+  let drawn = null;  // the elements last fitted into the view
+  let moved = false;  // the user zoomed or panned since: a resize no longer refits
+  let pending = null;  // the slider position the last step button asked for, and when
+  let known = {position: 0, last: 0};  // the slider's position and last position as the page shows them
+  function stepBy(delta) {
+    // Presses quicker than the page updates (a held key) start from the position the last one asked for;
+    // the slider's new position is the one request to the server.
+    const from = pending !== null && performance.now() - pending.at < 400 ? pending.position : known.position;
+    const target = Math.min(Math.max(from + delta, 0), known.last);
+    pending = {position: target, at: performance.now()};
+    if (target !== from) { window.dash_clientside.set_props(%(step)s, {value: target}); }
+  }
+  document.addEventListener('click', (event) => {
+    const button = event.target && event.target.closest ? event.target.closest(%(buttons)s) : null;
+    if (button) { stepBy(button.id === %(prev)s ? -1 : 1); }
+  }, true);
+  function fit(cy) {
+    cy.fit(cy.elements(), 24);
+    if (cy.zoom() > 1.6) { cy.zoom(1.6); cy.center(); }
+  }
+  function fitSoon(cy, target) {
+    // The canvas may still change size while the page settles: fit now and again once it has. A frame
+    // just opened fills the view; otherwise the whole graph does.
+    const fitNow = () => {
+      if (!(target && target.length)) { fit(cy); return; }
+      cy.fit(target, 30);
+      if (cy.zoom() > 1.6) { cy.zoom(1.6); cy.center(target); }
+      else if (cy.zoom() < 0.6) {  // a long row of boxes: its start readable, the rest a pan away
+        cy.zoom(0.6);
+        const box = target.boundingBox();
+        cy.pan({x: 30 - box.x1 * 0.6, y: cy.height() / 2 - (box.y1 + box.y2) / 2 * 0.6});
+      }
+    };
+    moved = false;
+    fitNow();
+    window.requestAnimationFrame(() => window.requestAnimationFrame(() => { if (!moved) { fitNow(); } }));
+    if (!cy.scratch('_comgraWatch')) {
+      cy.scratch('_comgraWatch', true);
+      cy.on('resize', () => { if (!moved) { fit(cy); } });
+      const box = cy.container();
+      ['wheel', 'mousedown', 'touchstart'].forEach((name) => box.addEventListener(name, () => { moved = true; },
+                                                                                  {passive: true}));
+    }
+  }
+  function apply(view, elements, attempt) {
+    const cy = cyOf();
+    if (!cy || (view && view.selected && !cy.getElementById(view.selected).length && attempt < 20)) {
+      window.requestAnimationFrame(() => apply(view, elements, (attempt || 0) + 1));
+      return;
+    }
+    if (elements !== drawn && cy.nodes().length) {
+      drawn = elements;
+      fitSoon(cy, view && view.fit ? cy.getElementById(view.fit) : null);
+    }
+    colour(cy, view ? view.colours : null);
+    highlight(cy, view ? view.selected : null);
+    if (view && view.centre && view.selected) {
+      const sel = cy.getElementById(view.selected);
+      if (sel.length) {
+        moved = true;  // the view is placed on the selection: a late refit would move it away
+        cy.stop();
+        cy.animate({center: {eles: sel}, zoom: Math.max(cy.zoom(), 0.8), duration: 150});
+      }
+    }
+  }
+  function download(name, blob) {
+    const a = document.createElement('a');
+    a.href = URL.createObjectURL(blob); a.download = name; document.body.appendChild(a); a.click();
+    setTimeout(() => { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
+  }
+  const cell = (v) => { const s = v === null || v === undefined ? '' : String(v);
+                        return /[",\\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s; };
+  function plotCsv(div) {
+    const lines = [];
+    (div.data || []).forEach((t) => {
+      if (t.z) {
+        lines.push(['trace', 'x', 'y', 'z'].join(','));
+        t.z.forEach((row, i) => row.forEach((z, j) => lines.push(
+          [cell(t.name || t.type), cell(t.x ? t.x[j] : j), cell(t.y ? t.y[i] : i), cell(z)].join(','))));
+      } else {
+        lines.push(['trace', 'x', 'y'].join(','));
+        (t.x || []).forEach((x, i) => lines.push([cell(t.name || t.type), cell(x), cell(t.y ? t.y[i] : '')].join(',')));
+      }
+    });
+    return lines.join('\\n') + '\\n';
+  }
+  return {
+    graphSync: function (view, elements) { apply(view, elements, 0); return Date.now(); },
+    tapHighlight: function (tapped) {
+      const cy = cyOf();
+      if (cy && tapped && tapped.kind === 'node') { highlight(cy, tapped.id); }
+      return none();
+    },
+    tools: function (_fitClicks, _centreClicks, view) {
+      const cy = cyOf();
+      const trigger = window.dash_clientside.callback_context.triggered.map((t) => t.prop_id)[0] || '';
+      if (!cy) { return none(); }
+      if (trigger.startsWith(%(fit)s)) { moved = true; fit(cy); }
+      else if (view && view.selected && cy.getElementById(view.selected).length) {
+        cy.animate({center: {eles: cy.getElementById(view.selected)}, duration: 150});
+      }
+      return Date.now();
+    },
+    hover: function (data) {
+      if (!data) { return ''; }
+      const extra = data.kind === 'node' ? ' (' + data.role + ')' :
+        ' · module, ' + data.members + ' nodes · click to ' + (data.kind === 'box' ? 'open' : 'close');
+      return data.full + extra;
+    },
+    stepKnown: function (position, last) { known = {position: position || 0, last: last || 0}; return none(); },
+    theme: function (theme) { document.documentElement.dataset.theme = theme || 'light'; return theme; },
+    save: function (clicks) {
+      const triggered = window.dash_clientside.callback_context.triggered;
+      if (!triggered.length || !triggered[0].value) { return none(); }
+      const id = JSON.parse(triggered[0].prop_id.split('.n_clicks')[0]);
+      const stamp = new Date().toISOString().slice(0, 19).replace(/[:T]/g, '-');
+      const name = 'comgra-' + id.target + '-' + stamp + '.' + id.format;
+      if (id.target === GRAPH) {
+        const cy = cyOf(); if (!cy) { return none(); }
+        if (id.format === 'png') { download(name, cy.png({output: 'blob', full: true, scale: 2, bg: '#ffffff'})); }
+        else {
+          const rows = ['id,label,kind,role,members,colour'];
+          cy.nodes().forEach((n) => rows.push([n.id(), n.data('label'), n.data('kind'), n.data('role'),
+            n.data('members'), n.data('heat') || ''].map(cell).join(',')));
+          download(name, new Blob([rows.join('\\n') + '\\n'], {type: 'text/csv'}));
+        }
+        return Date.now();
+      }
+      const div = document.querySelector('#' + CSS.escape(id.target) + ' .js-plotly-plot') ||
+                  document.getElementById(id.target);
+      if (!div || !window.Plotly) { return none(); }
+      if (id.format === 'png') {
+        window.Plotly.toImage(div, {format: 'png', scale: 2}).then((url) => fetch(url)).then((r) => r.blob())
+          .then((blob) => download(name, blob));
+      } else { download(name, new Blob([plotCsv(div)], {type: 'text/csv'})); }
+      return Date.now();
+    },
+  };
+})()});
+""" % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT),
+       "step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV),
+       "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}")}
+
+
+def register_clientside(app: Dash) -> None:
+    """Wire the browser-side functions of :data:`SCRIPT` to the page's components."""
+    def fn(name: str) -> ClientsideFunction:
+        return ClientsideFunction(namespace="comgra", function_name=name)
+
+    app.clientside_callback(fn("graphSync"), Output(ids.CLIENT + "-graph", "data"), Input(ids.GRAPH_VIEW, "data"),
+                            Input(ids.GRAPH, "elements"))
+    app.clientside_callback(fn("tapHighlight"), Output(ids.CLIENT + "-tap", "data"), Input(ids.GRAPH, "tapNodeData"),
+                            prevent_initial_call=True)
+    app.clientside_callback(fn("tools"), Output(ids.CLIENT + "-tools", "data"), Input(ids.GRAPH_FIT, "n_clicks"),
+                            Input(ids.GRAPH_CENTRE, "n_clicks"), State(ids.GRAPH_VIEW, "data"),
+                            prevent_initial_call=True)
+    app.clientside_callback(fn("hover"), Output(ids.GRAPH_HOVER, "children"), Input(ids.GRAPH, "mouseoverNodeData"))
+    app.clientside_callback(fn("stepKnown"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP, "value"),
+                            Input(ids.STEP, "max"))
+    app.clientside_callback(fn("theme"), Output(ids.CLIENT + "-theme", "data"), Input(ids.THEME, "value"))
+    app.clientside_callback(fn("save"), Output(ids.CLIENT + "-save", "data"),
+                            Input({"type": ids.EXPORT_TYPE, "target": ALL, "format": ALL}, "n_clicks"),
+                            prevent_initial_call=True)
+
+
+CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tap", "-tools", "-theme", "-save", "-step"))

@@ -1,0 +1,209 @@
+"""The views of one selection, as plain functions of (cache, selection, options): the graph's elements and
+browser-side state, the tensor panel, the timeline and the distribution over steps.
+
+Each returns figure dicts, element lists or components; the view callback decides which of them
+changed and sends only those. Where only the step moved, :func:`timeline_shapes` gives the marks to patch
+into the timeline already drawn, so 10,000 points are never sent again to move a line.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from dash import html
+
+from comgra_ndbg.gui import ids
+from comgra_ndbg.gui.cyto import graph_elements, heat_colours, item_marks, item_values
+from comgra_ndbg.gui.evidence import evidence_marks, focus_of
+from comgra_ndbg.gui.figures import (as_matrix, distribution_figure, heatmap_figure, histogram_figure, message_figure,
+                                     statistics_rows, value_rows)
+from comgra_ndbg.gui.overview import colour_label, distribution, node_matrix
+from comgra_ndbg.gui.queries import element_values, evidence_statistic, node_events, statistics_at, trace_curves
+from comgra_ndbg.gui.selection import tensor_label
+from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
+from comgra_ndbg.gui.tabs import thresholds_of
+from comgra_ndbg.gui.timelines import EvidenceMarks, event_shapes, evidence_shapes, step_marker, timeline_figure
+from comgra_ndbg.gui.views import graph_of, message, table
+
+__all__ = ["HEATMAP_LIMIT", "distribution_view", "graph_state", "graph_view", "kind_label", "no_snapshot_text",
+           "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
+
+HEATMAP_LIMIT = 65_536  # cells above which element values are shown as a table
+
+
+def kind_label(kind: str) -> str:
+    """A kind as the selectors show it.
+
+    >>> [kind_label(k) for k in ("value", "grad", "grad:aux", "update")]
+    ['value', 'gradient', 'gradient (aux)', 'update']
+    """
+    if kind == "grad":
+        return "gradient"
+    if kind.startswith("grad:"):
+        return f"gradient ({kind[5:]})"
+    return kind
+
+
+# ---- graph ---------------------------------------------------------------------------------------------
+def graph_view(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
+    """The drawn graph: ``elements`` (diagnosis marks included), the ``search`` options (every node, in
+    reading order) and a ``note`` on what is left out."""
+    drawn = cache.drawn(selection.trial, selection.step_type, selection.boxes, show_implied=options.show_implied,
+                        show_unused=options.show_unused)
+    if drawn is None:
+        return {"elements": [], "search": [], "note": "No dependency graph was recorded for this step type."}
+    stored = cache.readable_diagnosis(selection.trial)
+    marks = {}
+    if stored is not None:
+        top = stored.diagnosis.top
+        marks = item_marks(drawn.view, stored.diagnosis.events, top.node if top is not None else None)
+    view = drawn.view
+    notes = [f"{len(view.items)} drawn of {len(drawn.order)} nodes, {len(drawn.collapsed)} module boxes collapsed"]
+    if view.implied:
+        notes.append(f"{view.implied} edges implied by longer paths not drawn (residual skips; ancestors are kept)")
+    if view.unused:
+        notes.append(f"{len(view.unused)} unused parameter nodes {'drawn' if options.show_unused else 'not drawn'}")
+    return {"elements": graph_elements(view, drawn.positions, marks),
+            "search": [{"label": name, "value": name} for name in drawn.order], "note": " · ".join(notes)}
+
+
+def graph_state(cache: ReaderCache, selection: Selection, options: ViewOptions, *, centre: bool,
+                fit: str | None = None) -> tuple[dict[str, Any], Any]:
+    """``(state, scale)``: what the browser applies to the drawn graph — the item showing the selected node,
+    the colour of every item when colouring by a statistic at the step, whether to centre on the selection
+    — and the colour scale's legend. ``fit`` names a frame just opened, which the view then fills (else a
+    new graph is fitted whole)."""
+    drawn = cache.drawn(selection.trial, selection.step_type, selection.boxes, show_implied=options.show_implied,
+                        show_unused=options.show_unused)
+    if drawn is None:
+        return {"selected": None, "colours": None, "centre": False, "fit": None}, ""
+    selected = drawn.view.shown_as.get(selection.node) if selection.node else None
+    colours, scale = None, ""
+    if options.colour != "role":
+        matrix = node_matrix(cache, selection.trial, drawn.order, options.colour)
+        values = item_values(drawn.view, matrix.at(selection.step), log=matrix.log)
+        colours = heat_colours(values, [i.id for i in drawn.view.items], matrix.low, matrix.high, log=matrix.log)
+        low, high = (f"10^{matrix.low:.1f}", f"10^{matrix.high:.1f}") if matrix.log else (f"{matrix.low:.3g}",
+                                                                                          f"{matrix.high:.3g}")
+        scale = [f"{colour_label(options.colour)} at step {selection.step}:", f" {low}",
+                 _scale_bar(), f"{high} (1st–99th percentile over the run) · grey: not recorded"]
+    return {"selected": selected, "colours": colours, "centre": centre, "fit": fit}, scale
+
+
+def _scale_bar() -> Any:
+    return html.Span(className="bar")
+
+
+# ---- tensor panel --------------------------------------------------------------------------------------
+def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
+    """The Tensors tab's header, statistics table, histogram and element values for the selection."""
+    theme = options.theme
+    if selection.tensor is None or selection.kind is None or selection.step is None:
+        text = "Nothing recorded to show: no tensor or no recorded step in this trial."
+        return {"header": text, "stats": message(text), "histogram": message_figure(text, theme=theme), "values": ""}
+    info = next(t for t in cache.recording(selection.trial).tensors if t.name == selection.tensor)
+    where = "whole batch" if selection.sample is None else f"sample {selection.sample}"
+    label = tensor_label(selection.tensor, selection.node or info.node)
+    header = (f"{selection.node} / {label} · {kind_label(selection.kind)} · step {selection.step} "
+              f"({selection.step_type}) · iteration {selection.iteration} · {where} · shape {info.shape} "
+              f"{info.dtype}")
+    stats = statistics_at(cache, selection)
+    stats_view = (table(("statistic", "value"), statistics_rows(stats), table_id=ids.STATS_TABLE + "-table")
+                  if stats is not None else message(f"No statistics of {selection.tensor} ({selection.kind}) "
+                                                    f"at step {selection.step}, {where}."))
+    snapshot = cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
+                              selection.iteration)
+    values = element_values(snapshot, selection.sample) if snapshot is not None else None
+    if values is None:
+        text = no_snapshot_text(cache, selection)
+        return {"header": header, "stats": stats_view, "histogram": message_figure(text, theme=theme),
+                "values": message(text)}
+    title = f"{label} {kind_label(selection.kind)} · step {selection.step} · {where}"
+    histogram = histogram_figure(values.values, title=title, theme=theme)
+    if options.values_mode != "table" and values.dense.size <= HEATMAP_LIMIT:
+        row_label = "sample" if values.first_axis is not None and values.dense.ndim == 2 else "row"
+        matrix = as_matrix(values.dense)
+        figure = heatmap_figure(matrix, title=f"element values · {values.dense.shape}", row_label=row_label,
+                                column_label="index", theme=theme)
+        if row_label == "sample":
+            figure["data"][0]["y"] = [int(i) for i in values.first_axis]
+            figure["layout"]["yaxis"]["type"] = "category"
+        values_view: Any = graph_of(figure, ids.VALUES + "-heatmap", height=min(120 + 18 * len(matrix), 420))
+    else:
+        page = max(int(options.values_page or 1), 1)
+        rows, pages = value_rows(values.values, values.shape, values.positions, page=page - 1,
+                                 first_axis=values.first_axis)
+        values_view = [table(("position", "value"), rows, table_id=ids.VALUES + "-table"),
+                       message(f"page {min(page, pages)} of {pages} · {len(values.values)} stored values")]
+    return {"header": header, "stats": stats_view, "histogram": histogram, "values": values_view}
+
+
+def no_snapshot_text(cache: ReaderCache, selection: Selection) -> str:
+    """Why there are no element values, and where the nearest snapshots are."""
+    assert selection.tensor is not None and selection.kind is not None and selection.step is not None
+    steps = np.sort(cache.snapshot_steps(selection.trial, selection.tensor, selection.kind))
+    if not len(steps):
+        return f"No snapshot of {selection.tensor} ({selection.kind}) was recorded in this trial."
+    position = int(np.searchsorted(steps, selection.step))
+    near = sorted({int(steps[i]) for i in (position - 1, position) if 0 <= i < len(steps)})
+    if selection.step in steps and selection.sample is not None:
+        return f"Sample {selection.sample} was not stored in the snapshot of step {selection.step}."
+    return (f"No snapshot at step {selection.step} (iteration {selection.iteration}); nearest snapshots at "
+            f"step {' and '.join(map(str, near))} — Shift+← / Shift+→ or the snapshot buttons go there.")
+
+
+# ---- timeline ------------------------------------------------------------------------------------------
+def timeline_evidence(cache: ReaderCache, selection: Selection, options: ViewOptions) -> EvidenceMarks | None:
+    """The marks of the chosen item's evidence when the timeline shows the series its rule fired on (the
+    node, kind and statistic of its evidence); None otherwise."""
+    if not options.focus:
+        return None
+    stored = cache.readable_diagnosis(selection.trial)
+    chosen = focus_of(stored.diagnosis if stored is not None else None, options.focus)
+    if chosen is None or chosen.evidence is None:
+        return None
+    named = evidence_statistic(chosen.evidence.series)
+    if named != (selection.node, selection.kind, selection.stat):
+        return None
+    marks = evidence_marks(chosen.event, chosen.evidence, thresholds_of(cache, selection.trial))
+    if "÷" in chosen.evidence.series:  # the timeline shows the numerator: onset and span only
+        return EvidenceMarks(marks.onset, marks.end, (), (), float("nan"))
+    return marks
+
+
+def timeline_view(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
+    """The timeline of the selected tensor's statistic (with the overlaid nodes and trials), the node's
+    events and the chosen evidence marked."""
+    theme = options.theme
+    if selection.tensor is None or selection.kind is None:
+        return message_figure("no tensor selected", theme=theme)
+    curves, notes = trace_curves(cache, selection, options.overlay_nodes, options.overlay_trials)
+    if not any(len(steps) for steps, _ in curves.values()):
+        return message_figure(f"{selection.tensor} ({selection.kind}) has no summaries", theme=theme)
+    title = (f"{selection.stat} of {selection.tensor} ({kind_label(selection.kind)}) over steps · click to select"
+             + (f" · not drawn: {'; '.join(notes)}" if notes else ""))
+    return timeline_figure(curves, title=title, y_label=selection.stat, step=selection.step,
+                           events=node_events(cache, selection), log_y=options.log_y, smoothing=options.ema,
+                           evidence=timeline_evidence(cache, selection, options), theme=theme)
+
+
+def timeline_shapes(cache: ReaderCache, selection: Selection, options: ViewOptions) -> list[dict[str, Any]]:
+    """The shapes of the timeline for the current step (marker, event lines, evidence), to patch in."""
+    evidence = timeline_evidence(cache, selection, options)
+    return (step_marker(selection.step, options.theme) + event_shapes(node_events(cache, selection))
+            + (evidence_shapes(evidence)[0] if evidence is not None else []))
+
+
+def distribution_view(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
+    """The histograms of the selected tensor's snapshots over the steps, as a heatmap."""
+    found = distribution(cache, selection)
+    if found is None:
+        return message_figure("the distribution over steps needs snapshots at two steps or more",
+                              theme=options.theme)
+    where = "whole batch" if selection.sample is None else f"sample {selection.sample}"
+    title = (f"distribution of {selection.tensor} ({kind_label(selection.kind or '')}, {where}) over "
+             f"{len(found.steps)} snapshot steps")
+    if found.nonfinite.any():
+        title += f" · {int(found.nonfinite.sum())} non-finite values not binned"
+    return distribution_figure(found.steps, found.edges, found.counts, title=title, step=selection.step,
+                               theme=options.theme)

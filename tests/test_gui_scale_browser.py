@@ -1,0 +1,211 @@
+"""The explorer on a network of real size in headless Chromium: 497 graph nodes (a 70-block residual MLP
+recorded by NeuralDbg, :mod:`benchmarks.gui_recording`), 250 steps, a fault from step 150 on.
+
+One server and one browser serve the tests of the module, in order: the first view of the graph, opening
+and closing module boxes, search, fit and centre, the hover line, colouring by a statistic, the keyboard
+and the step box, snapshot stepping, the view in the address, the dark theme and a 1024 px wide window.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_support import (By, chromium, choose, click_frame, click_node, console_problems, cy, graph_nodes,
+                             screenshot, served, settled, text, type_into,
+                             wait_for)
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.keys import Keys
+
+from benchmarks import gui_recording
+from comgra_ndbg.gui import ids
+from comgra_ndbg.gui.app import create_app
+
+pytestmark = pytest.mark.slow
+FAULT_STEP = 150
+DEEP = "model.decoder.blocks.20.mlp.1"  # inside two closed boxes in the first view
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("scale")
+    gui_recording.make_recording(folder, steps=250, fault_step=FAULT_STEP)
+    with served(create_app(folder)) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def browser(url: str) -> Iterator[Any]:
+    with chromium() as driver:
+        driver.get(url)
+        wait_for(lambda: cy(driver, "return cy.nodes().length;"), "the graph", timeout=30)
+        yield driver
+
+
+def drawn(driver: Any) -> list[dict[str, Any]]:
+    """Every drawn item (not the frames): id, kind, label, parent, rendered box."""
+    return cy(driver, "return cy.nodes().filter(n => n.data('kind') !== 'frame').map(n => ({id: n.id(),"
+                      " kind: n.data('kind'), label: n.data('label'), parent: n.data('parent') || '',"
+                      " box: n.renderedBoundingBox({includeLabels: false})}));")
+
+
+def inside_canvas(driver: Any) -> bool:
+    width, height = cy(driver, "return [cy.width(), cy.height()];")
+    return all(i["box"]["x1"] >= -1 and i["box"]["y1"] >= -1 and i["box"]["x2"] <= width + 1
+               and i["box"]["y2"] <= height + 1 for i in drawn(driver))
+
+
+def address(driver: Any) -> str:
+    return driver.execute_script("return window.location.search;")
+
+
+def test_the_first_view_of_500_nodes_is_at_most_40_boxes_and_nodes_fitted_with_distinct_labels(browser: Any) -> None:
+    items = drawn(browser)
+    assert 5 <= len(items) <= 40
+    assert any(i["kind"] == "box" for i in items)
+    labels = Counter((i["parent"], i["label"].split("\n")[0]) for i in items)
+    assert [label for label, count in labels.items() if count > 1] == []  # distinct within each frame
+    wait_for(lambda: inside_canvas(browser), "the graph fitted into its canvas")
+    assert cy(browser, "return cy.zoom();") >= 0.3
+    assert "497 nodes" in text(browser, ids.GRAPH_NOTE)
+    screenshot(browser, "graph-500.png")
+
+
+def test_a_click_opens_a_box_and_a_click_on_its_frame_closes_it(browser: Any) -> None:
+    box = next(i["id"] for i in drawn(browser) if i["kind"] == "box")
+    before = len(drawn(browser))
+    click_node(browser, box)
+    wait_for(lambda: box in cy(browser, "return cy.nodes('.frame').map(n => n.id());"), "the box opened")
+    assert len(drawn(browser)) > before and "boxes=%2B" in address(browser)
+    frame = wait_for(lambda: (lambda b: b if b["y1"] > 0 and b["x1"] >= 0 and cy(browser, "return cy.zoom();") >= 0.6
+                              else None)(cy(browser, "return cy.getElementById(arguments[1]).renderedBoundingBox();",
+                                            box)), "the opened frame filling the view, readable")
+    assert frame["y2"] < cy(browser, "return cy.height();")
+    click_frame(browser, box)
+    wait_for(lambda: len(drawn(browser)) == before, "the box closed again")
+
+
+def test_search_selects_a_node_opens_the_boxes_around_it_and_centres_it(browser: Any) -> None:
+    assert DEEP not in graph_nodes(browser)
+    choose(browser, ids.GRAPH_SEARCH, DEEP)
+    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith(f"{DEEP} / "), "the searched node")
+    wait_for(lambda: "focus" in cy(browser, "return cy.getElementById(arguments[1]).classes();", DEEP),
+             "the node drawn and selected")
+    def centred() -> bool:
+        x, y, width, height = cy(browser, "const p = cy.getElementById(arguments[1]).renderedPosition();"
+                                          "return [p.x, p.y, cy.width(), cy.height()];", DEEP)
+        return math.hypot(x - width / 2, y - height / 2) < 30
+    wait_for(centred, "the node centred")
+
+
+def test_fit_shows_everything_and_centre_brings_back_the_selection(browser: Any) -> None:
+    cy(browser, "cy.zoom({level: 3, renderedPosition: {x: 0, y: 0}});")
+    assert not inside_canvas(browser)
+    browser.find_element(By.ID, ids.GRAPH_FIT).click()
+    wait_for(lambda: inside_canvas(browser), "everything in view")
+    browser.find_element(By.ID, ids.GRAPH_CENTRE).click()
+    wait_for(lambda: (lambda p: abs(p[0] - p[2] / 2) < 30 and abs(p[1] - p[3] / 2) < 30)(cy(
+        browser, "const p = cy.getElementById(arguments[1]).renderedPosition(); return [p.x, p.y, cy.width(),"
+                 " cy.height()];", DEEP)), "the selection centred")
+
+
+def test_hovering_a_node_shows_its_full_name(browser: Any) -> None:
+    browser.find_element(By.ID, ids.GRAPH_FIT).click()
+    target = next(i for i in drawn(browser) if i["kind"] == "node" and "." in i["id"] and i["id"] != DEEP)
+    x, y = cy(browser, "const p = cy.getElementById(arguments[1]).renderedPosition(); return [p.x, p.y];",
+              target["id"])
+    canvas = browser.find_element(By.ID, ids.GRAPH)
+    ActionChains(browser).move_to_element_with_offset(canvas, int(x - canvas.size["width"] / 2),
+                                                      int(y - canvas.size["height"] / 2)).perform()
+    wait_for(lambda: text(browser, ids.GRAPH_HOVER).startswith(target["id"] + " ("), "the full name on hover")
+    assert target["label"].split("\n")[0] != target["id"]  # the label is short, the hover line is whole
+
+
+def heat(driver: Any) -> dict[str, str]:
+    return cy(driver, "const h = {}; cy.nodes().forEach(n => { if (n.data('heat')) h[n.id()] = n.data('heat'); });"
+                      "return h;")
+
+
+def test_colouring_by_gradient_rms_shows_where_the_gradient_died(browser: Any) -> None:
+    choose(browser, ids.COLOUR, "gradient RMS")
+    wait_for(lambda: len(heat(browser)) == len(drawn(browser)), "every drawn item coloured")
+    wait_for(lambda: text(browser, ids.COLOUR_SCALE).startswith("gradient RMS at step "), "the scale")
+    for step in (100, 200):
+        type_into(browser, ids.STEP_BOX, str(step))
+        wait_for(lambda: text(browser, ids.STEP_LABEL).startswith(f"step {step} "), f"step {step}")
+        wait_for(lambda: f"at step {step}:" in text(browser, ids.COLOUR_SCALE), "the colours of that step")
+        if step == 100:
+            before = heat(browser)
+    after = heat(browser)
+    changed = [item for item in after if after[item] != before.get(item)]
+    assert "box:model.encoder.layers" in changed  # its gradients fell a hundredfold at the fault
+    screenshot(browser, "graph-500-gradient.png")
+    choose(browser, ids.COLOUR, "role")
+    wait_for(lambda: not heat(browser), "the role colours back")
+
+
+def test_arrow_keys_step_and_shift_arrows_go_to_the_next_snapshot(browser: Any) -> None:
+    browser.execute_script("document.activeElement && document.activeElement.blur();")
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
+    wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 199 "), "step 199 by ←")
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).send_keys(Keys.ARROW_RIGHT).perform()
+    wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 201 "), "step 201 by → →")
+    ActionChains(browser).key_down(Keys.SHIFT).send_keys(Keys.ARROW_LEFT).key_up(Keys.SHIFT).perform()
+    wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 200 "), "the snapshot before, by Shift+←")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
+
+
+def test_the_address_holds_the_view_and_reopens_it(browser: Any, url: str) -> None:
+    tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
+    tabs["Layers"].click()
+    wait_for(lambda: "tab=layers" in address(browser), "the tab in the address")
+    link = address(browser)
+    assert f"node={DEEP}" in link and "step=200" in link
+    browser.get("about:blank")
+    browser.get(url + link)
+    wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 200 "), "the linked step")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.GRADIENT_FLOW} .js-plotly-plot"), "the tab")
+    assert text(browser, ids.NODE) == DEEP
+    assert "focus" in cy(browser, "return cy.getElementById(arguments[1]).classes();", DEEP)
+    browser.back()
+    wait_for(lambda: browser.execute_script("return location.href;") == "about:blank", "back")
+    browser.forward()
+    wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 200 "), "forward to the link")
+
+
+def test_the_dark_theme_darkens_page_graph_and_plots_and_is_kept_in_the_address(browser: Any) -> None:
+    tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
+    tabs["Tensors"].click()
+    wait_for(lambda: "tab=" not in address(browser), "the Tensors tab")
+    browser.find_element(By.CSS_SELECTOR, f"#{ids.THEME} input[value='dark']").click()
+    wait_for(lambda: "theme=dark" in address(browser), "the theme in the address")
+    wait_for(lambda: browser.execute_script("return document.documentElement.dataset.theme;") == "dark", "dark")
+    background = browser.execute_script("return getComputedStyle(document.body).backgroundColor;")
+    assert background == "rgb(11, 18, 32)"
+    wait_for(lambda: browser.execute_script(
+        "return document.querySelector('#timeline .js-plotly-plot').layout.paper_bgcolor;") == "#111827",
+        "a dark timeline")
+    screenshot(browser, "dark.png")
+    browser.find_element(By.CSS_SELECTOR, f"#{ids.THEME} input[value='light']").click()
+    wait_for(lambda: "theme=dark" not in address(browser), "light again")
+
+
+def test_a_1024_px_window_shows_everything_without_sideways_scrolling(url: str) -> None:
+    with chromium(width=1024, height=800) as driver:
+        driver.get(url)
+        wait_for(lambda: cy(driver, "return cy.nodes().length;"), "the graph", timeout=30)
+        wait_for(lambda: settled(driver), "the first view")
+        assert driver.execute_script("return document.documentElement.scrollWidth;") <= 1024
+        widths = driver.execute_script(
+            "return ['graph', 'timeline', 'tabs'].map(id => document.getElementById(id).getBoundingClientRect())"
+            ".map(r => [r.left, r.right]);")
+        assert all(left >= 0 and right <= 1024 and right - left > 400 for left, right in widths)
+        screenshot(driver, "narrow-1024.png")
+        assert console_problems(driver) == []
+
+
+def test_no_console_error_or_warning(browser: Any) -> None:
+    assert console_problems(browser) == []
