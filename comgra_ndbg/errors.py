@@ -16,6 +16,7 @@ __all__ = [
     "RecordingFormatError",
     "UnknownSeriesError",
     "GraphError",
+    "UnknownModuleError",
 ]
 
 
@@ -60,3 +61,10 @@ class UnknownSeriesError(ComgraError, KeyError):
 
 class GraphError(ComgraError, ValueError):
     """A graph, a graph description or a graph request is inconsistent (unknown tensor, bad format)."""
+
+
+class UnknownModuleError(ComgraError, KeyError):
+    """A module was looked up by object that was never given to ``track_module`` (nor is inside one that was)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
