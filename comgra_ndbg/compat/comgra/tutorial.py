@@ -39,7 +39,14 @@ import comgra_ndbg.compat.comgra as comgra
 from comgra_ndbg.compat.comgra.recorder import ComgraRecorder
 from comgra_ndbg.compat.comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 
-__all__ = ["CONFIGURATIONS", "Demonstration", "run", "main"]
+__all__ = ["CONFIGURATIONS", "Demonstration", "run", "main", "source_for_comgra"]
+
+LAYER_IMPORTS = ("import comgra_ndbg.compat.comgra as comgra",
+                 "from comgra_ndbg.compat.comgra.recorder import ComgraRecorder",
+                 "from comgra_ndbg.compat.comgra.objects import DecisionMakerForRecordingsFrequencyPerType")
+COMGRA_IMPORTS = ("import comgra",
+                  "from comgra.recorder import ComgraRecorder",
+                  "from comgra.objects import DecisionMakerForRecordingsFrequencyPerType")
 
 CONFIGURATIONS = ("bugged_original_version", "no_activation_function_on_output_layer")
 TRAINING_LENGTHS = tuple(range(1, 11))
@@ -197,7 +204,7 @@ class Demonstration:
         if update_the_model_parameters:
             self.optimizer.step()
         comgra.my_recorder.record_current_gradients("gradients")
-        self.losses[self.configuration].append(float(loss))
+        self.losses[self.configuration].append(loss.item())
         if comgra.my_recorder.recording_is_active():
             note = (f"{self.configuration}, Step {training_step:5}: {num_iterations:2} iterations "
                     f"{'(training)' if update_the_model_parameters else ' (testing)'}  -  Loss = {loss.item():10.6f}"
@@ -214,6 +221,17 @@ def run(path: str | Path, *, configuration: str = "bugged_original_version", ste
     ``recorder_options``)."""
     Path(path).mkdir(parents=True, exist_ok=True)
     return Demonstration(path, group, steps=steps, seed=seed, **options).run_configuration(configuration)
+
+
+def source_for_comgra() -> str:
+    """This script's source with the three import lines Comgra itself needs: nothing else differs. Written
+    to a file, it runs on Comgra 0.11.5 (``pip install comgra==0.11.5``) with the same arguments."""
+    source = Path(__file__).read_text()
+    for ours, theirs in zip(LAYER_IMPORTS, COMGRA_IMPORTS):
+        if source.count(f"\n{ours}\n") != 1:
+            raise RuntimeError(f"the tutorial's import line {ours!r} is not where source_for_comgra() expects it")
+        source = source.replace(f"\n{ours}\n", f"\n{theirs}\n")
+    return source
 
 
 def main(argv: Sequence[str] | None = None) -> None:
