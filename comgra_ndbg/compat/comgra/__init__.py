@@ -3,7 +3,7 @@
 >>> import comgra_ndbg.compat.comgra as comgra                     # was: import comgra
 >>> from comgra_ndbg.compat.comgra.recorder import ComgraRecorder  # was: from comgra.recorder import ...
 >>> from comgra_ndbg.compat.comgra.objects import DecisionMakerForRecordingsFrequencyPerType
->>> comgra.my_recorder is None                                      # the slot Comgra scripts assign
+>>> hasattr(comgra, "my_recorder")                                 # the slot Comgra scripts assign
 True
 
 ``my_recorder`` is the module-level slot that Comgra scripts assign a ``ComgraRecorder`` to and call from
