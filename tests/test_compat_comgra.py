@@ -230,15 +230,23 @@ def test_gradient_sets_the_first_is_the_steps_gradient(tmp_path: Path) -> None:
     out.pow(2).mean().backward(retain_graph=True)
     recorder.record_current_gradients("main")
     out.abs().mean().backward()
-    recorder.record_current_gradients("aux")
+    assert x.grad is not None  # a leaf that registration made require a gradient: autograd fills its .grad
+    with pytest.warns(CompatibilityWarning, match="holds what the backward passes since the previous set added"):
+        recorder.record_current_gradients("aux", set_gradients_to_zero_if_not_a_parameter=True)
+    assert x.grad is None and all(p.grad is not None for p in model.parameters())  # Comgra's clearing
     recorder.finish_iteration()
     recorder.finish_batch()
     recorder.finalize()
+    x_again = x.detach().requires_grad_()  # the same passes again, outside the recording
+    out_again, _ = model(x_again, torch.zeros(BATCH, WIDTH))
+    expected_main, expected_aux = (torch.autograd.grad(loss(out_again), x_again, retain_graph=True)[0].numpy()
+                                   for loss in (lambda o: o.pow(2).mean(), lambda o: o.abs().mean()))
     with open_recording(tmp_path / "group") as recording:
         assert recording.kinds("input") == ["value", "grad", "grad:aux"]
         main = recording.snapshot(0, "input", "grad").dense()
         aux = recording.snapshot(0, "input", "grad:aux").dense()
-        assert not np.allclose(main, aux)
+        np.testing.assert_allclose(main, expected_main, rtol=1e-6)
+        np.testing.assert_allclose(aux, expected_aux, rtol=1e-6)  # the second pass only, not the sum of both
 
 
 def test_detach_while_keeping_connection_links_what_follows_to_the_node(tmp_path: Path) -> None:

@@ -345,7 +345,11 @@ class ComgraRecorder(Registrations):
                                  set_gradients_to_zero_if_not_a_parameter: bool = False) -> None:
         """Record the gradients that the backward passes since the previous call produced on every registered
         tensor and tracked parameter. The step's first set is kind ``grad`` (what the analysis reads), each
-        further set kind ``grad:<name_of_loss_group>``."""
+        further set kind ``grad:<name_of_loss_group>``. The gradients are taken by hooks, which keep no ``.grad``;
+        ``set_gradients_to_zero_if_not_a_parameter=True`` clears the ``.grad`` that autograd leaves on registered
+        leaf tensors (an input that registration made require a gradient), as Comgra does on the steps it
+        records. A second set in a step warns once that it holds the new passes only (Comgra: the accumulated
+        ``.grad``)."""
         if not self.comgra_is_active:
             return
         if self.recording_is_active() and self.type_of_execution is None:
@@ -358,9 +362,20 @@ class ComgraRecorder(Registrations):
             raise DuplicateTensorError(f"record_current_gradients({name_of_loss_group!r}) was already called in step "
                                        f"{self.training_step}; give each set of gradients its own name")
         first = not self._gradient_sets
+        if not first:
+            self._warner.once("gradient_sets", "a second set of gradients in a step (record_current_gradients) holds "
+                                               "what the backward passes since the previous set added, for parameters "
+                                               "and registered tensors alike; Comgra records each tensor's accumulated "
+                                               ".grad, the same only when zero_grad() and "
+                                               "set_gradients_to_zero_if_not_a_parameter=True separate the sets")
         self._gradient_sets.append(name_of_loss_group)
         if self._recording:
             self.recorder.record_gradients(None if first else name_of_loss_group)
+        if set_gradients_to_zero_if_not_a_parameter and self.recording_is_active():
+            for entries in self._by_tensor.values():  # as Comgra: only a leaf keeps a .grad (hooks take the rest)
+                for entry in entries:
+                    if entry.kind != "parameter" and entry.tensor.is_leaf and entry.tensor.grad is not None:
+                        entry.tensor.grad = None
 
     def record_kpi_in_graph(self, kpi_group: str, kpi_name: str, val: float | torch.Tensor,
                             timepoint: int | None = None, record_even_if_recording_is_inactive: bool = False) -> None:
