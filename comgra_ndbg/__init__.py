@@ -1,12 +1,13 @@
 """comgra_ndbg: record what happens inside a neural network during training, and explain why it failed."""
-from comgra_ndbg.errors import (ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError,
-                                RecorderStateError, RecordingExistsError, RecordingFormatError,
+from comgra_ndbg.errors import (ComgraError, CorruptRecordingError, DuplicateTensorError, InvalidArgumentError,
+                                InvalidTensorError, RecorderStateError, RecordingExistsError, RecordingFormatError,
                                 RecordingNotFoundError, UnknownSeriesError)
 
 __version__ = "0.1.0"
 
 from comgra_ndbg.recorder import Recorder, RecorderWarning  # noqa: E402
 from comgra_ndbg.store import Recording, open_recording  # noqa: E402
+from comgra_ndbg.store.check import check  # noqa: E402
 from comgra_ndbg.analysis import analyze  # noqa: E402
 from comgra_ndbg.neuraldbg import NeuralDbg  # noqa: E402
 
@@ -17,6 +18,7 @@ __all__ = [
     "open_recording",
     "Recording",
     "analyze",
+    "check",
     "RecorderWarning",
     "ComgraError",
     "RecorderStateError",
@@ -26,5 +28,6 @@ __all__ = [
     "RecordingExistsError",
     "RecordingNotFoundError",
     "RecordingFormatError",
+    "CorruptRecordingError",
     "UnknownSeriesError",
 ]

@@ -1,9 +1,11 @@
 """The ``comgra-ndbg`` command: one subcommand per task, each in its own small ``_add_*`` function.
 
 ``demo`` records and explains a buggy and a fixed run, then serves the explorer; ``gui`` serves the
-explorer for a recording; ``info`` says what a recording holds; ``explain`` prints the ranked hypotheses
-and events (running the analysis when none is stored or it is stale); ``export`` writes summaries, events
-and hypotheses as csv or json tables.
+explorer for a recording; ``info`` says what a recording holds, whether its writer is live, finished or
+was killed, and what it could not record; ``check`` verifies every file against its checksums, lists what
+is damaged or missing and exits non-zero on damage (``--salvage`` copies the rest into a new recording);
+``explain`` prints the ranked hypotheses and events (running the analysis when none is stored or it is
+stale); ``export`` writes summaries, events and hypotheses as csv or json tables.
 
 To add a subcommand, write ``_add_<name>(subparsers)`` that
 creates its parser and sets ``handler`` to a function ``(args) -> exit code``, and append it to
@@ -52,18 +54,26 @@ def _add_gui(subparsers: Any) -> None:
     parser.set_defaults(handler=_gui)
 
 
+_STATES = {"finished": "complete", "live": "live (still being written)",
+           "killed": "killed (its writer stopped without closing; every flushed step is readable, mode='a' "
+                     "continues it)",
+           "incomplete": "incomplete (not consolidated: its writer was killed, failed to close, or is an older "
+                         "version)"}
+
+
 def _info(args: argparse.Namespace) -> int:
     from comgra_ndbg.store.reader import list_trials, open_recording
 
     sizes: dict[str, int] = {}
+    damaged = False
     for trial in list_trials(args.path):
-        with open_recording(args.path, trial) as recording:
+        with open_recording(args.path, trial, damaged="skip") as recording:
             steps = recording.steps
             if len(steps) > 1:
                 span = f"{len(steps)} recorded steps {int(steps.min())}–{int(steps.max())}"
             else:
                 span = f"1 recorded step ({int(steps[0])})" if len(steps) else "no recorded step yet"
-            print(f"trial {trial}: {span}, {'complete' if recording.is_complete else 'live (still being written)'}")
+            print(f"trial {trial}: {span}, {_STATES[recording.state]}")
             for step_type in recording.step_types:
                 print(f"  step type {step_type}: {_plural(len(recording.steps_of_type(step_type)), 'step')}")
             kinds = recording.kinds()
@@ -73,10 +83,32 @@ def _info(args: argparse.Namespace) -> int:
                 print(f"  KPIs: {', '.join(recording.kpi_names)}")
             if recording.notes:
                 print(f"  {len(recording.notes)} notes")
+            _print_problems(recording.problems())
+            for damage in recording.damage:
+                print(f"  DAMAGED: {damage.describe()}")
+            if recording.damage:
+                damaged = True
+                print(f"  run `comgra-ndbg check {recording.location}` for the full list, `--salvage` to repair")
             sizes[trial] = _disk_size(recording.location)
     parts = ", ".join(f"{trial} {_human_size(size)}" for trial, size in sizes.items())
     print(f"on disk: {_human_size(sum(sizes.values()))} in {len(sizes)} trial{'s' * (len(sizes) != 1)} ({parts})")
-    return 0
+    return 1 if damaged else 0
+
+
+def _print_problems(problems: list, shown: int = 5) -> None:
+    """The problems log of a trial: counts per category and subject, then the first few entries."""
+    if not problems:
+        return
+    counts: dict[tuple[str, str], int] = {}
+    for entry in problems:
+        counts[(entry.category, entry.subject)] = counts.get((entry.category, entry.subject), 0) + 1
+    parts = [f"{category} {subject!r} ×{n}" if subject else f"{category} ×{n}"
+             for (category, subject), n in counts.items()]
+    print(f"  {_plural(len(problems), 'problem')} logged: " + ", ".join(parts))
+    for entry in problems[:shown]:
+        print(f"    step {entry.step}: {entry.message}")
+    if len(problems) > shown:
+        print(f"    ... {len(problems) - shown} more (Recording.problems())")
 
 
 def _plural(count: int, noun: str) -> str:
@@ -109,10 +141,35 @@ def _human_size(size: int) -> str:
 
 def _add_info(subparsers: Any) -> None:
     parser = subparsers.add_parser("info", help="summarize what a recording holds",
-                                   description="Print trials, steps, step types, nodes, KPIs and the size on disk of a "
-                                               "recording.")
+                                   description="Print trials, steps, step types, nodes, KPIs, the problems log, "
+                                               "whether each trial is finished, live or was killed, damage found, "
+                                               "and the size on disk of a recording.")
     parser.add_argument("path", help="group folder, trial folder or .h5 file")
     parser.set_defaults(handler=_info)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from comgra_ndbg.store.check import check
+
+    report = check(args.path, args.trial, salvage=args.salvage, out=args.out)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def _add_check(subparsers: Any) -> None:
+    parser = subparsers.add_parser("check", help="verify a recording's checksums; list and salvage damage",
+                                   description="Read every file of a recording chunk by chunk against its "
+                                               "checksums, and list exactly which steps and tensors are damaged "
+                                               "or missing (unreadable, truncated, foreign or deleted segment "
+                                               "files). Exits 0 when everything is intact, 1 on damage, 2 when "
+                                               "PATH is not a recording. --salvage copies everything still "
+                                               "readable into a new trial <trial>-salvaged.")
+    parser.add_argument("path", help="group folder, trial folder or .h5 file")
+    parser.add_argument("--trial", help="check only this trial of a group folder")
+    parser.add_argument("--salvage", action="store_true",
+                        help="write everything readable of each damaged trial into a new trial beside it")
+    parser.add_argument("--out", metavar="DIR", help="with --salvage and one trial: the trial folder to write")
+    parser.set_defaults(handler=_check)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -245,7 +302,7 @@ def _add_export(subparsers: Any) -> None:
     parser.set_defaults(handler=_export)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_explain, _add_export]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,9 +14,11 @@ __all__ = [
     "RecordingExistsError",
     "RecordingNotFoundError",
     "RecordingFormatError",
+    "CorruptRecordingError",
     "UnknownSeriesError",
     "GraphError",
     "UnknownModuleError",
+    "RecorderWarning",
 ]
 
 
@@ -52,6 +54,16 @@ class RecordingFormatError(ComgraError, ValueError):
     """A file exists but is not a recording this version can read (wrong or newer format)."""
 
 
+class CorruptRecordingError(RecordingFormatError):
+    """A recording is damaged: a file is unreadable, truncated, fails its checksums, belongs to another
+    recording, or is missing. The message names the file, the steps affected and what to run
+    (``comgra-ndbg check PATH --salvage``); ``damage`` lists each finding."""
+
+    def __init__(self, message: str, damage: tuple = ()) -> None:
+        super().__init__(message)
+        self.damage = tuple(damage)
+
+
 class UnknownSeriesError(ComgraError, KeyError):
     """A query named a node, tensor, kind, statistic or step that the recording does not contain."""
 
@@ -68,3 +80,8 @@ class UnknownModuleError(ComgraError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class RecorderWarning(UserWarning):
+    """The recorder hit a problem of its own and carried on without it; training is unaffected. Each
+    problem is also logged in the recording (``Recording.problems()``)."""

@@ -41,7 +41,7 @@ from torch import nn
 from comgra_ndbg.analysis.api import analyze
 from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Event, Hypothesis
 from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
-from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
+from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError, RecordingExistsError
 from comgra_ndbg.graph.eager import unwrap_compiled
 from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import ROOT, ModuleHooks, ModulePattern, node_name, select_modules
@@ -52,6 +52,7 @@ from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
+from comgra_ndbg.recorder.validation import check_step
 
 __all__ = ["Explanations", "NeuralDbg"]
 
@@ -71,6 +72,12 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     every leaf module). ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the
     :class:`Recorder`.
 
+    ``resume=True`` continues an existing trial (killed or finished; checkpoint-restart training): steps are
+    numbered on from its last recorded step, or from ``first_step`` (the step the restarted run begins
+    with; steps already in the recording are not recorded again). A model without trainable parameters
+    (a frozen backbone) has no optimizer step to see: each training forward pass is then one step, unless
+    ``optimizer=`` says when steps end.
+
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
     """
@@ -89,6 +96,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         flight_recorder: Any = None,
         step_type: str = "train",
         enabled: bool = True,
+        resume: bool = False,
+        first_step: int | None = None,
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -101,6 +110,14 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
                                        f"loss= out: the tensor backward() is called on is recorded as the loss")
         if not isinstance(step_type, str) or not step_type:
             raise InvalidArgumentError(f"step_type must be a non-empty str, got {step_type!r}")
+        if not isinstance(resume, bool):
+            raise InvalidArgumentError(f"resume must be True or False, got {resume!r}")
+        if first_step is not None:
+            check_step(first_step)
+        if resume:
+            if recorder_options.get("mode", "a") != "a":
+                raise InvalidArgumentError("resume=True continues the trial (mode='a'); do not pass another mode")
+            recorder_options["mode"] = "a"
         self.model = model
         self.step_type = step_type
         self.enabled = bool(enabled)
@@ -116,8 +133,13 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         if announce:
             path = Path.cwd() / "runs"  # absolute: the printed path still works after a chdir, from anywhere
             trial = trial or time.strftime("ndbg-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
-        self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
-                                 flight_recorder=flight_recorder, **recorder_options)
+        try:
+            self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
+                                     flight_recorder=flight_recorder, **recorder_options)
+        except RecordingExistsError as error:
+            if resume or "already has a recording" not in str(error):
+                raise
+            raise RecordingExistsError(f"{error} (NeuralDbg(..., resume=True) continues it)") from None
         self.path = self.recorder.path
         if announce:
             print(f"comgra_ndbg: recording to {self.path}")
@@ -130,7 +152,10 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         self._root_selected = any(p == "" for p, _ in chosen)
         self._hooks = ModuleHooks(chosen, self._on_output)
         self._hooks.bind(self._on_tap_grad)
-        self._next_step = 0
+        resumed = self.recorder.resume_after
+        self._next_step = first_step if first_step is not None else (0 if resumed is None else resumed + 1)
+        self._first_step = self._next_step
+        self._steps_by_pass = optimizer is None and not self._parameters  # a frozen model: one pass, one step
         self._pass_open = False  # a training forward pass (an iteration) is running
         self._iteration = 0
         self._training_pass = False  # the last forward pass was a training pass
@@ -184,7 +209,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         try:
             if self.recorder.current_step is not None:
                 self._safely("finishing the last step", self._end_step)
-            if self._next_step == 0:
+            if self._next_step == self._first_step:
                 self._warn_once("no step", _why_no_step(self._evaluation_passes))
         finally:
             self._hooks.remove()
@@ -198,7 +223,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     @property
     def steps(self) -> int:
         """Training steps seen so far."""
-        return self._next_step if self.enabled else 0
+        return self._next_step - self._first_step if self.enabled else 0
 
     # ---- analysis ----------------------------------------------------------------------------------------
     def diagnose(self) -> Diagnosis:
@@ -241,9 +266,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         try:
             fn(*args)
         except Exception as error:  # a recording problem must never break the training loop
-            self._warn_once(what + type(error).__name__,
-                            f"{what} failed at step {self.recorder.current_step} ({type(error).__name__}: {error}); "
-                            f"training continues and this part is not recorded")
+            self.recorder._warn(what, error)  # logged in the recording, warned about per part with counts
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

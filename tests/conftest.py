@@ -1,11 +1,19 @@
 """Fixtures shared by several test modules."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from comgra_ndbg.recorder import kernels
+
+# Fuzz tests (tests/test_fuzz_recorder.py): no deadline (a recording's first numba compilation takes seconds);
+# on CI a fixed set of cases, so that a red build is reproducible.
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True, max_examples=60)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev")
 
 
 @pytest.fixture(params=["kernels", "numpy"])

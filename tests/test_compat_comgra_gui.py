@@ -128,7 +128,7 @@ def test_the_other_trial_keeps_the_selection_and_kpis_and_notes_render(browser: 
     wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, f"#{ids.KPIS} .js-plotly-plot")) >= 1, "the KPI plots")
     kpis = text(browser, ids.KPIS)
     assert all(name in kpis for name in ("loss", "accuracy/all", "accuracy/first_ten_samples")), kpis
-    tabs["Notes"].click()
+    tabs["Notes & problems"].click()
     wait_for(lambda: "Configuration: no_activation_function_on_output_layer, 26 steps" in text(browser, ids.NOTES),
              "the notes")
     notes = text(browser, ids.NOTES)  # the page collapses the notes' runs of spaces

@@ -274,7 +274,7 @@ def test_other_tabs_render(browser: Any) -> None:
     tabs["Network"].click()
     wait_for(lambda: "58 parameters in 3 modules" in text(browser, ids.NETWORK), "the module tree")
     screenshot(browser, "network.png")
-    tabs["Notes"].click()
+    tabs["Notes & problems"].click()
     wait_for(lambda: "learning rate kept" in text(browser, ids.NOTES), "the note")
     tabs["Diagnosis"].click()
     wait_for(lambda: "No analysis stored for this trial yet" in text(browser, ids.DIAGNOSIS), "the diagnosis")

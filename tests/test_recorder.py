@@ -598,6 +598,8 @@ def test_zero_samples_per_snapshot_still_records(tmp_path: Path) -> None:
 
 # ---- internal failures never break training ------------------------------------------------------------------
 def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk from step 20 on: reported at the step it happens (not a flush later), with the steps kept
+    for a retry; the rows that could not be written at close() are reported as lost, by step number."""
     rec = Recorder(tmp_path, trial="t", flush_every_steps=1, flush_every_seconds=3600)
 
     def disk_full(*args: object, **kwargs: object) -> None:
@@ -614,22 +616,27 @@ def test_a_failing_writer_does_not_break_training(tmp_path: Path, monkeypatch: p
         recorded_model, _ = train(rec, steps=30, on_step=on_step)
     messages = recorder_warnings(caught)
     assert len(messages) == 1, messages
-    assert "flushing failed at step 21" in messages[0]  # reported by the flush after the one that failed
-    assert "No space left" in messages[0] and "training continues" in messages[0]
+    assert "writing 1 segment file(s) into" in messages[0] and "No space left on device (ENOSPC)" in messages[0]
+    assert "kept in memory and written at the next flush; free space on that disk" in messages[0]
+    # one report per failed write (steps 20..28; step 29's background write is still running): none hidden
+    assert rec._problems.count == 9
     plain_model, _ = train(None, steps=30)
     for a, b in zip(recorded_model.parameters(), plain_model.parameters()):
         assert torch.equal(a, b)
     with open_recording(tmp_path / "t") as recording:  # what was flushed before the failure stays readable
         assert recording.steps.tolist() == list(range(20))
         assert recording.summary("hidden")[0].tolist() == list(range(20))
-        assert not recording.is_complete
+        assert not recording.is_complete and recording.state == "live"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rec.close()
         rec.close()
-    assert len(recorder_warnings(caught)) == 1
+    messages = recorder_warnings(caught)
+    lost = [m for m in messages if "recorded steps were lost" in m]
+    assert len(lost) == 1 and "10 recorded steps were lost (steps 20–29)" in lost[0], messages
     with open_recording(tmp_path / "t") as recording:
         assert recording.steps.tolist() == list(range(20))
+        assert recording.state == "incomplete"  # closed, but its last rows never reached the disk
 
 
 def test_a_periodic_flush_is_written_on_a_worker_thread_while_training_goes_on(tmp_path: Path,
@@ -674,7 +681,8 @@ def test_a_failing_reducer_does_not_break_training(tmp_path: Path, monkeypatch: 
                     optimizer.step()
                     rec.record_kpi("loss", loss)
     messages = recorder_warnings(caught)
-    assert len(messages) == 1 and "reduction kernel failed" in messages[0] and "'x'" in messages[0]
+    assert len(messages) == 2 and "reduction kernel failed" in messages[0] and "'x'" in messages[0]
+    assert "'x' (skipped_tensor) 10 times, steps 0–9" in messages[1]  # counted, not hidden
     torch.manual_seed(0)
     plain = torch.zeros(3, requires_grad=True)
     plain_optimizer = torch.optim.SGD([plain], lr=0.5)
@@ -688,6 +696,8 @@ def test_a_failing_reducer_does_not_break_training(tmp_path: Path, monkeypatch: 
         assert recording.is_complete
         assert recording.steps.tolist() == list(range(10))
         assert recording.kpi("loss")[0].tolist() == list(range(10))
+        assert [(p.step, p.category, p.subject) for p in recording.problems()] == [
+            (step, schema.PROBLEM_SKIPPED_TENSOR, "x") for step in range(10)]
 
 
 def test_a_failure_inside_one_tensor_never_mixes_up_the_others(tmp_path: Path,

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-import comgra_ndbg.recorder.recorder as recorder_module
-from comgra_ndbg import (InvalidArgumentError, Recorder, RecorderStateError, RecordingNotFoundError,
+import comgra_ndbg.recorder.retroactive as retroactive_module
+from comgra_ndbg import (InvalidArgumentError, Recorder, RecorderStateError, RecorderWarning, RecordingNotFoundError,
                          open_recording)
 from comgra_ndbg.recorder.flight import FlightRecorder, GradNormAbove, LossSpike, NonFinite, Predicate, StepFacts
 from comgra_ndbg.recorder.policy import Always, EveryK, PerTypeBackoff
@@ -126,7 +126,7 @@ def test_a_late_typed_step_no_policy_can_record_does_no_tensor_work(tmp_path: Pa
         chosen.append(len(categories))
         return balanced_samples(categories, count)
 
-    monkeypatch.setattr(recorder_module, "balanced_samples", counting)
+    monkeypatch.setattr(retroactive_module, "balanced_samples", counting)
     recording_states = []
     with Recorder(tmp_path, trial="t", summaries=EveryK(5), snapshots=EveryK(5), num_samples=2) as rec:
         rec.track_module("model", nn.Linear(3, 2))
@@ -460,7 +460,7 @@ def test_grad_norm_above_takes_one_norm_over_the_iterations_and_sees_named_gradi
         assert mark.step == 1 and mark.reason == "gradient norm of 'h (grad:aux)' is 7 > 6"
 
 
-def test_a_raising_predicate_warns_once_and_never_breaks_training(tmp_path: Path) -> None:
+def test_a_raising_predicate_is_logged_every_step_warned_once_and_never_breaks_training(tmp_path: Path) -> None:
     def broken(facts: StepFacts) -> bool:
         return 1 / 0 > facts.step
 
@@ -469,13 +469,17 @@ def test_a_raising_predicate_warns_once_and_never_breaks_training(tmp_path: Path
         warnings.simplefilter("always")
         with Recorder(tmp_path, trial="t", summaries=None, snapshots=None, flight_recorder=flight) as rec:
             train(rec, 12)
-    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert len(messages) == 1
-    assert "predicate 'broken' raised ZeroDivisionError" in messages[0] and "at step 0" in messages[0]
+    messages = [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+    assert len(messages) == 2, messages  # the first failure, and the count when the recorder closes
+    assert "trigger Predicate('broken') raised ZeroDivisionError" in messages[0] and "at step 0" in messages[0]
+    assert "\"Predicate('broken')\" (trigger_error) 12 times, steps 0–11" in messages[1]
     assert rec.flight_recorder.buffered_steps == [9, 10, 11]
     with open_recording(tmp_path) as recording:
         assert recording.triggers == [] and recording.steps.tolist() == []
         assert recording.kpi("loss")[0].tolist() == list(range(12))
+        problems = recording.problems()
+        assert [p.step for p in problems] == list(range(12))
+        assert {(p.category, p.subject) for p in problems} == {(schema.PROBLEM_TRIGGER, "Predicate('broken')")}
 
 
 def test_the_ring_never_exceeds_its_byte_bound_and_keeps_the_newest_steps(tmp_path: Path) -> None:

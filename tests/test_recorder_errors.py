@@ -210,17 +210,20 @@ def test_calls_on_a_closed_recorder(tmp_path: Path) -> None:
     rec.flush()
 
 
-def test_an_existing_trial_is_kept_unless_mode_w(tmp_path: Path) -> None:
+def test_an_existing_trial_is_kept_unless_overwrite_is_asked_for(tmp_path: Path) -> None:
+    """Replacing a trial's steps needs an explicit overwrite=True: mode='w' alone once deleted a killed run."""
     with Recorder(tmp_path, trial="t") as rec:
         for step in range(3):
             with rec.step(step):
                 rec.register_tensor("old", torch.ones(1))
-    with pytest.raises(RecordingExistsError, match=r"trial 't' already has a recording.*mode='w'") as info:
-        Recorder(tmp_path, trial="t")
-    assert isinstance(info.value, FileExistsError)
+    for mode in ("w-", "w"):
+        with pytest.raises(RecordingExistsError, match=r"trial 't' already has a recording.*mode='a' to continue "
+                                                       r"it.*overwrite=True to delete it") as info:
+            Recorder(tmp_path, trial="t", mode=mode)
+        assert isinstance(info.value, FileExistsError)
     with open_recording(tmp_path, "t") as recording:
         assert recording.steps.tolist() == [0, 1, 2]
-    with Recorder(tmp_path, trial="t", mode="w") as rec:
+    with Recorder(tmp_path, trial="t", mode="w", overwrite=True) as rec:
         with rec.step(10):
             rec.register_tensor("new", torch.zeros(1))
     with open_recording(tmp_path, "t") as recording:
@@ -253,7 +256,7 @@ def test_mode_w_replaces_only_a_recording(tmp_path: Path) -> None:
     (tmp_path / "t" / "seg-00000007-L0.h5.tmp").write_bytes(b"left by a killed process")
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["analysis.json", "recording.h5",
                                                                   "seg-00000007-L0.h5.tmp"]
-    with Recorder(tmp_path, trial="t", mode="w") as rec:
+    with Recorder(tmp_path, trial="t", mode="w", overwrite=True) as rec:
         with rec.step(5):
             rec.register_tensor("y", torch.ones(1))
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["recording.h5"]

@@ -25,8 +25,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
-from comgra_ndbg import RecordingNotFoundError, open_recording
+from comgra_ndbg import Recorder, RecordingNotFoundError, check, open_recording
 from comgra_ndbg.statistics import STATISTICS
 from comgra_ndbg.store import schema
 
@@ -264,6 +265,9 @@ def _check_recording(trial_dir: Path, last_flushed: int) -> int:
         for step in range(0, n, SNAPSHOT_EVERY):
             np.testing.assert_array_equal(rec.snapshot(step, "x").dense(), expected_input(step).astype(np.float32))
         assert all(p.name.endswith(schema.SEGMENT_SUFFIX) for p in rec.files)
+        assert rec.state in ("killed", "finished")  # the kernel dropped the dead writer's lock
+    report = check(trial_dir)  # every chunk of every file passes its checksum; nothing is missing
+    assert report.ok, str(report)
     return n
 
 
@@ -293,6 +297,16 @@ def test_sigkill_at_any_moment_leaves_every_flushed_step_readable(forker, tmp_pa
             assert n == 45
             with open_recording(folder) as rec:
                 assert rec.is_complete
+    folder, _, _, _ = runs[0]  # a killed trial is continued after its last flushed step
+    with open_recording(folder) as before:
+        last = int(before.steps[-1])
+    with Recorder(folder, trial="run", mode="a") as rec:
+        assert rec.resume_after == last
+        for step in range(last - 2, last + 3):
+            with rec.step(step, "odd" if step % 2 else "even"):
+                rec.register_tensor("x", torch.ones(BATCH, FEATURES), role="input")
+    with open_recording(folder) as after:
+        assert after.is_complete and after.steps.tolist() == list(range(last + 3))
 
 
 def test_a_reader_in_another_process_sees_a_growing_recording(forker, tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from comgra_ndbg import RecordingNotFoundError, __version__, open_recording
-from comgra_ndbg.store import reader, schema
+from comgra_ndbg.store import schema, views
 from comgra_ndbg.store import writer as writer_module
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, parse_segment_name, read_segment,
@@ -189,7 +189,7 @@ def test_a_failed_write_never_leaves_a_file_under_its_final_name(tmp_path, monke
     with pytest.raises(OSError, match="disk full"):
         write_segment(target, _steps_content(_catalog(), [1]), _attrs(2, [2], 0))
     assert not target.exists()
-    assert (tmp_path / (target.name + schema.TEMP_SUFFIX)).exists()
+    assert not (tmp_path / (target.name + schema.TEMP_SUFFIX)).exists()  # removed, not left behind
     assert list_live_segments(tmp_path) == [(1, 0, earlier)]
     with open_recording(tmp_path) as rec:
         assert rec.steps.tolist() == [0]
@@ -374,7 +374,7 @@ def test_writer_merges_every_fanout_segments_into_the_next_level(tmp_path):
         writer.flush(catalog)
     writer.wait_for_merges()
     directory = tmp_path / "trial"
-    assert sorted(os.listdir(directory)) == ["seg-00000009-L2.h5", "seg-00000010-L0.h5"]
+    assert sorted(os.listdir(directory)) == ["seg-00000009-L2.h5", "seg-00000010-L0.h5", schema.LOCK_NAME]
     assert _names(list_live_segments(directory)) == ["seg-00000009-L2.h5", "seg-00000010-L0.h5"]
     with h5py.File(directory / "seg-00000009-L2.h5", "r") as f:
         assert f.attrs[schema.ATTR_COVERS].tolist() == list(range(1, 10))
@@ -444,8 +444,15 @@ def test_a_reader_lists_again_when_a_listed_segment_was_merged_away(tmp_path, mo
     for path in inputs:
         path.unlink()
     listings = [stale]
-    monkeypatch.setattr(reader, "list_live_segments",
-                        lambda directory: listings.pop() if listings else list_live_segments(directory))
+    real_scan = views.scan_trial
+
+    def scan(directory):
+        found = real_scan(directory)
+        if listings:
+            found.live = listings.pop()
+        return found
+
+    monkeypatch.setattr(views, "scan_trial", scan)
     with open_recording(tmp_path) as rec:
         assert rec.files == [merged]
         assert rec.steps.tolist() == [0, 1]
@@ -474,10 +481,17 @@ def test_a_reader_follows_segments_across_merges(tmp_path):
 
 
 # ---- merges on the worker thread ---------------------------------------------------------------------------
-def _gated_writer(directory: Path, fanout: int, fail: bool = False) -> tuple[RecordingWriter, threading.Event, list]:
+def _reports() -> tuple[list, object]:
+    """A list and a writer's ``report`` that appends (step, category, subject, message, detail) to it."""
+    reports: list = []
+    return reports, lambda *args: reports.append(args)
+
+
+def _gated_writer(directory: Path, fanout: int, fail: bool = False, report=None
+                  ) -> tuple[RecordingWriter, threading.Event, list]:
     """A writer whose merges wait for the returned gate (and then fail, with ``fail``); the list collects the
     threads they ran on."""
-    writer = RecordingWriter(directory, directory.name, fanout=fanout)
+    writer = RecordingWriter(directory, directory.name, fanout=fanout, report=report)
     gate, threads = threading.Event(), []
     merge = writer._merger._merge
 
@@ -503,12 +517,12 @@ def test_a_merge_runs_on_a_worker_thread_while_flushes_and_readers_go_on(tmp_pat
     writer, gate, threads = _gated_writer(tmp_path / "t", fanout=2)
     _flush_steps(writer, catalog, range(5))  # the first merge is held at the gate: flushes do not wait for it
     assert threads and all(t is not threading.main_thread() for t in threads)
-    assert sorted(os.listdir(tmp_path / "t")) == [f"seg-0000000{i}-L0.h5" for i in range(1, 6)]
+    assert sorted(os.listdir(tmp_path / "t")) == [f"seg-0000000{i}-L0.h5" for i in range(1, 6)] + [schema.LOCK_NAME]
     with open_recording(tmp_path / "t") as rec:
         assert rec.steps.tolist() == [0, 1, 2, 3, 4]
     gate.set()
     writer.wait_for_merges()
-    assert sorted(os.listdir(tmp_path / "t")) == ["seg-00000004-L2.h5", "seg-00000005-L0.h5"]
+    assert sorted(os.listdir(tmp_path / "t")) == ["seg-00000004-L2.h5", "seg-00000005-L0.h5", schema.LOCK_NAME]
     with open_recording(tmp_path / "t") as rec:
         assert rec.summary("t0", stat="max")[1].tolist() == [0, 1, 2, 3, 4]
     writer.close(catalog)
@@ -533,16 +547,20 @@ def test_close_waits_for_a_running_merge_and_consolidates_everything(tmp_path):
 
 def test_a_failed_background_merge_is_reported_once_and_close_merges_its_inputs(tmp_path):
     catalog = _catalog(1)
-    writer, gate, threads = _gated_writer(tmp_path / "t", fanout=2, fail=True)
+    reports, report = _reports()
+    writer, gate, threads = _gated_writer(tmp_path / "t", fanout=2, fail=True, report=report)
     _flush_steps(writer, catalog, range(2))
     gate.set()
     writer.wait_for_merges()
-    with pytest.raises(RuntimeError, match="merging segment files in the background failed .*No space left"):
-        _flush_steps(writer, catalog, range(2, 3))
+    _flush_steps(writer, catalog, range(2, 3))  # reports the failure, never raises into training
+    [(step, category, subject, message, _)] = reports
+    assert (category, subject) == (schema.PROBLEM_STORAGE, "merge")
+    assert "merging segment files" in message and "No space left on device (ENOSPC)" in message
     _flush_steps(writer, catalog, range(3, 6))  # reported once; no merge is tried again
+    assert len(reports) == 1
     writer.wait_for_merges()
     assert len(threads) == 1
-    assert sorted(os.listdir(tmp_path / "t")) == [f"seg-0000000{i}-L0.h5" for i in range(1, 7)]
+    assert sorted(os.listdir(tmp_path / "t")) == [f"seg-0000000{i}-L0.h5" for i in range(1, 7)] + [schema.LOCK_NAME]
     writer._merger._merge = writer._merge  # the disk has space again
     writer.close(catalog)
     with open_recording(tmp_path / "t") as rec:
@@ -568,12 +586,12 @@ def _gated_segment_writes(monkeypatch, fail: bool = False) -> tuple[threading.Ev
 
 
 
-def _failing_background_write(directory: Path, monkeypatch, steps: range) -> tuple[Catalog, RecordingWriter,
-                                                                                     threading.Event, list]:
+def _failing_background_write(directory: Path, monkeypatch, steps: range, report=None
+                              ) -> tuple[Catalog, RecordingWriter, threading.Event, list]:
     """A writer that buffered ``steps`` and handed them to a background write that fails once the returned
     gate opens."""
     catalog = _catalog(1)
-    writer = RecordingWriter(directory, directory.name)
+    writer = RecordingWriter(directory, directory.name, report=report)
     gate, writes = _gated_segment_writes(monkeypatch, fail=True)
     _buffer_steps(writer, steps)
     writer.flush(catalog, wait=False)
@@ -605,34 +623,44 @@ def test_a_flush_without_waiting_writes_on_a_worker_thread_and_the_next_flush_wa
         assert rec.summary("t0", stat="max")[1].tolist() == [0, 1, 2, 3, 4]
 
 
-def test_a_failed_background_write_is_raised_by_the_next_flush_and_its_steps_are_written_later(tmp_path, monkeypatch):
-    catalog, writer, gate, writes = _failing_background_write(tmp_path / "t", monkeypatch, range(2))
+def test_a_failed_background_write_is_reported_at_once_and_its_steps_are_written_later(tmp_path, monkeypatch):
+    reports, report = _reports()
+    catalog, writer, gate, writes = _failing_background_write(tmp_path / "t", monkeypatch, range(2), report)
     gate.set()
-    _buffer_steps(writer, range(2, 4))
-    with pytest.raises(OSError, match="No space left"):
-        writer.flush(catalog, wait=False)  # reports the failure and writes nothing
-    assert len(writes) == 1 and not (tmp_path / "t" / segment_name(1, 0)).exists()
+    writer._job.thread.join()
+    assert reports == []
+    writer.poll()  # what the recorder calls at every step: the failure is reported now, not a flush later
+    [(step, category, subject, message, detail)] = reports
+    assert (step, category, subject) == (1, schema.PROBLEM_STORAGE, "segment write")
+    assert "No space left on device (ENOSPC)" in message and "their 2 steps are kept in memory" in message
+    assert "free space on that disk" in message and detail["errno"] == "ENOSPC" and detail["steps"] == [0, 1]
+    assert len(writes) == 1 and sorted(os.listdir(tmp_path / "t")) == [schema.LOCK_NAME]  # no .tmp left behind
     monkeypatch.setattr(writer_module, "write_segment", write_segment)  # the disk has space again
+    _buffer_steps(writer, range(2, 4))
     writer.flush(catalog)
-    assert sorted(os.listdir(tmp_path / "t")) == [segment_name(1, 0), segment_name(2, 0)]
+    assert sorted(os.listdir(tmp_path / "t")) == [segment_name(1, 0), segment_name(2, 0), schema.LOCK_NAME]
     with open_recording(tmp_path / "t") as rec:
         assert rec.steps.tolist() == [0, 1, 2, 3]
+    writer.close(catalog)
+    with open_recording(tmp_path / "t") as rec:
+        assert [(e.step, e.category) for e in rec.problems()] == [(1, schema.PROBLEM_STORAGE)]
 
 
-def test_a_flush_that_waits_writes_what_a_failed_background_write_kept_without_raising(tmp_path, monkeypatch):
-    catalog, writer, gate, _ = _failing_background_write(tmp_path / "t", monkeypatch, range(2))
+def test_a_flush_that_waits_writes_what_a_failed_background_write_kept(tmp_path, monkeypatch):
+    reports, report = _reports()
+    catalog, writer, gate, _ = _failing_background_write(tmp_path / "t", monkeypatch, range(2), report)
     monkeypatch.setattr(writer_module, "write_segment", write_segment)  # the disk has space again
     gate.set()
     _buffer_steps(writer, range(2, 3))
     path = writer.flush(catalog)  # e.g. the flush after a trigger: everything must be on disk when it returns
-    assert sorted(os.listdir(tmp_path / "t")) == [segment_name(1, 0), segment_name(2, 0)] and path.name == \
-        segment_name(2, 0)
+    assert sorted(os.listdir(tmp_path / "t")) == [segment_name(1, 0), segment_name(2, 0), schema.LOCK_NAME]
+    assert path.name == segment_name(2, 0) and len(reports) == 1
     with open_recording(tmp_path / "t") as rec:
         assert rec.steps.tolist() == [0, 1, 2]
 
 
 def test_close_writes_what_a_failed_background_write_kept(tmp_path, monkeypatch):
-    catalog, writer, gate, _ = _failing_background_write(tmp_path / "t", monkeypatch, range(2))
+    catalog, writer, gate, _ = _failing_background_write(tmp_path / "t", monkeypatch, range(2), _reports()[1])
     gate.set()
     monkeypatch.setattr(writer_module, "write_segment", write_segment)
     writer._job.thread.join()  # failed, while the disk came back
@@ -643,22 +671,35 @@ def test_close_writes_what_a_failed_background_write_kept(tmp_path, monkeypatch)
         assert rec.is_complete and rec.steps.tolist() == [0, 1, 2]
 
 
-def test_a_write_that_keeps_failing_is_given_up_after_max_failed_flushes(tmp_path, monkeypatch):
+def test_rows_that_keep_failing_are_kept_within_a_memory_bound_and_dropped_loudly(tmp_path, monkeypatch):
+    """Failed writes keep their rows for later flushes (a full disk may get space back) until they exceed
+    ``MAX_UNWRITTEN_BYTES``; the oldest are then dropped, and the report names exactly their steps. The
+    rows kept are renumbered, so the dropped sequence does not read as a deleted file later."""
+    reports, report = _reports()
     catalog = _catalog(1)
-    writer = RecordingWriter(tmp_path / "t", "t")
+    writer = RecordingWriter(tmp_path / "t", "t", report=report)
     gate, writes = _gated_segment_writes(monkeypatch, fail=True)
     gate.set()
-    _buffer_steps(writer, range(1))
-    for attempt in range(RecordingWriter.MAX_FAILED_FLUSHES):
-        writer.flush(catalog, wait=False)  # retries what the failed one kept
-        with pytest.raises(OSError):
-            writer.flush(catalog, wait=False)
-    assert len(writes) == RecordingWriter.MAX_FAILED_FLUSHES and writer._unwritten == []
+    for step in range(3):
+        _buffer_steps(writer, range(step, step + 1))
+        writer.flush(catalog)
+    assert [r[1] for r in reports] == [schema.PROBLEM_STORAGE] * 3 and len(writer._unwritten) == 3
+    monkeypatch.setattr(writer, "MAX_UNWRITTEN_BYTES", 2 * writer._unwritten[-1][1].nbytes)
+    _buffer_steps(writer, range(3, 4))
+    writer.flush(catalog)
+    [(step, _, _, message, detail)] = [r for r in reports if r[1] == schema.PROBLEM_DROPPED_ROWS]
+    lost = detail["steps"]
+    kept = sorted(int(s) for _, content in writer._unwritten for s in content.step)
+    assert lost == list(range(len(lost))) and kept == list(range(len(lost), 4)) and lost  # the oldest go first
+    assert sum(c.nbytes for _, c in writer._unwritten) <= writer.MAX_UNWRITTEN_BYTES
+    assert f"{len(lost)} recorded steps were lost" in message and step == lost[-1]
+    assert [sequence for sequence, _ in writer._unwritten] == list(range(1, len(writer._unwritten) + 1))
     monkeypatch.setattr(writer_module, "write_segment", write_segment)
-    _buffer_steps(writer, range(1, 2))
     writer.close(catalog)
-    with open_recording(tmp_path / "t") as rec:
-        assert rec.steps.tolist() == [1]  # step 0 was given up, the rest is recorded
+    with open_recording(tmp_path / "t") as rec:  # renumbered: no gap reads as a deleted file
+        assert rec.steps.tolist() == kept and rec.is_complete
+        logged = [(e.category, e.detail.get("steps")) for e in rec.problems()]
+        assert (schema.PROBLEM_DROPPED_ROWS, lost) in logged
 
 
 # ---- the schema, read with raw h5py -----------------------------------------------------------------------
@@ -710,7 +751,7 @@ def test_the_writers_file_holds_exactly_the_schema_paths_with_exact_values(tmp_p
         assert _datasets(f) == _schema_dataset_paths() | {f"{schema.GRAPHS}/abc123"}
         attrs = f.attrs
         assert attrs[schema.ATTR_FORMAT] == "comgra_ndbg.recording"
-        assert attrs[schema.ATTR_FORMAT_VERSION] == schema.FORMAT_VERSION == 1
+        assert attrs[schema.ATTR_FORMAT_VERSION] == schema.FORMAT_VERSION == 2
         assert attrs[schema.ATTR_TRIAL] == "run"
         assert attrs[schema.ATTR_SEQUENCE] == 2 and attrs[schema.ATTR_LEVEL] == FINAL_LEVEL
         assert attrs[schema.ATTR_COVERS].tolist() == [1, 2]

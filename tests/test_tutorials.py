@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from comgra_ndbg import open_recording
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
@@ -49,15 +51,20 @@ def test_02_neuraldbg_explains_the_vanishing_gradient_of_the_sigmoid_stack(tmp_p
 def test_03_flight_recorder_dumps_the_steps_before_the_divergence(tmp_path: Path) -> None:
     out = run_tutorial("03_flight_recorder.py", "--steps", "60", "--path", str(tmp_path))
     bad_step = 60 * 3 // 4
-    trigger = re.search(r"^trigger at step (\d+): (.+)$", out, re.M)
-    assert trigger is not None and bad_step <= int(trigger.group(1)) <= bad_step + 2
-    assert "exceeds 10x its running median" in trigger.group(2) or "non-finite" in trigger.group(2)
+    marks = re.findall(r"^trigger at step (\d+): (.+)$", out, re.M)
+    assert marks and bad_step <= int(marks[0][0]) <= bad_step + 2
+    assert "exceeds 10x its running median" in marks[0][1] or "non-finite" in marks[0][1]
     dumped = re.search(r"^steps written by the flight recorder: \[(.+)\]$", out, re.M)
     steps = [int(s) for s in dumped.group(1).split(", ")]
     assert steps[0] < bad_step < steps[-1] and len(steps) >= 8  # the ring: steps before the trigger
     assert re.search(rf"^1\. Optimizer divergence originated in the optimizer at step {bad_step}\b", out, re.M)
     with open_recording(tmp_path, "lr-bug") as recording:
-        assert [t.step for t in recording.triggers] == [int(trigger.group(1))]
+        assert [(str(t.step), t.reason) for t in recording.triggers] == marks
+        # the loss spike that fired first does not keep the non-finite trigger from firing at the first NaN
+        kpi_steps, losses = recording.kpi("loss")
+        first_nan = int(kpi_steps[~np.isfinite(losses)][0])
+        assert [int(step) for step, why in marks if why.startswith("non-finite")] == [first_nan]
+        assert first_nan in recording.steps.tolist()
 
 
 def test_04_tests_hypotheses_on_a_finished_recording(tmp_path: Path) -> None:

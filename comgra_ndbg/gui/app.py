@@ -28,9 +28,10 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
                cache: ReaderCache | None = None) -> Dash:
     """The explorer for the recording(s) at ``path``.
 
-    Raises ``RecordingNotFoundError`` when ``path`` holds no recording and ``CustomVisualizationError``
-    when ``visualization_file`` cannot be used, before anything is served. Pass ``cache`` to share or
-    inspect the readers (tests and benchmarks do).
+    Raises ``RecordingNotFoundError`` when ``path`` holds no recording, ``CorruptRecordingError`` when no
+    trial of it can be opened at all (damage in part of a trial is read around and shown), and
+    ``CustomVisualizationError`` when ``visualization_file`` cannot be used, before anything is served.
+    Pass ``cache`` to share or inspect the readers (tests and benchmarks do).
     """
     cache = cache if cache is not None else ReaderCache(path)
     visualization = load_visualization(visualization_file) if visualization_file is not None else None
@@ -51,7 +52,9 @@ def _page(cache: ReaderCache, *, source: str, interval_ms: int, has_custom: bool
         graph = {"elements": elements, "stylesheet": graph_style(cache, first["store"]), "key": key}
         return build_layout(cache.trials, title=TITLE, source=source, interval_ms=interval_ms,
                             has_custom=has_custom, graph=graph, generations=generations,
-                            analyses=cache.analysis_stamps())
+                            analyses=cache.analysis_stamps(),
+                            notices=[f"Trial {trial!r} cannot be shown: {text}" for trial, text in
+                                     cache.unreadable.items()])
 
 
 def serve(app: Dash, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:

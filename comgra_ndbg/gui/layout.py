@@ -164,19 +164,20 @@ def _compare_tab(trials: list[str]) -> html.Div:
 
 def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int, has_custom: bool,
                  graph: dict[str, Any] | None = None, generations: dict[str, int] | None = None,
-                 analyses: dict[str, str | None] | None = None) -> html.Div:
+                 analyses: dict[str, str | None] | None = None, notices: list[str] | None = None) -> html.Div:
     """The whole page. ``interval_ms`` is how often the live recording is checked for new steps.
 
     ``graph`` (``elements``, ``stylesheet``, ``key``) paints the graph with the page itself, before any
     callback answered; ``generations`` and ``analyses`` are the trials' generations and stored analyses'
-    stamps the page starts from.
+    stamps the page starts from. ``notices`` are sentences shown above everything (trials that could not
+    be opened at all, and why).
     """
     graph = graph or {"elements": [], "stylesheet": graph_stylesheet(None), "key": None}
     tabs = [
         dcc.Tab(label="Tensors", value=ids.TAB_TENSORS, children=html.Div(id=ids.TENSORS_BODY)),
         dcc.Tab(label="Diagnosis", value=ids.TAB_DIAGNOSIS, children=_diagnosis_tab()),
         dcc.Tab(label="KPIs", value=ids.TAB_KPIS, children=html.Div(id=ids.KPIS)),
-        dcc.Tab(label="Notes", value=ids.TAB_NOTES, children=html.Div(id=ids.NOTES)),
+        dcc.Tab(label="Notes & problems", value=ids.TAB_NOTES, children=html.Div(id=ids.NOTES)),
         dcc.Tab(label="Network", value=ids.TAB_NETWORK, children=html.Div(id=ids.NETWORK)),
         dcc.Tab(label="Compare", value=ids.TAB_COMPARE, children=_compare_tab(trials)),
         dcc.Tab(label="Custom", value=ids.TAB_CUSTOM, children=html.Div(id=ids.CUSTOM), disabled=not has_custom),
@@ -190,6 +191,7 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
         dcc.Interval(id=ids.INTERVAL, interval=interval_ms, n_intervals=0),
         html.Div([html.H1(title), html.Span(source, className="path"), html.Span(id=ids.STATUS, className="status")],
                  className="header"),
+        *[html.Div(text, className="message error") for text in notices or ()],
         html.Div([
             _selector("trial", "trial", ids.TRIAL),
             _selector("step type", "step_type", ids.STEP_TYPE),

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict
-from comgra_ndbg.errors import RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
+from comgra_ndbg.errors import CorruptRecordingError, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
 from comgra_ndbg.graph import DependencyGraph
 from comgra_ndbg.graph.structure import collapse_modules
 from comgra_ndbg.statistics import derive, derive_one
@@ -134,6 +134,15 @@ class ReaderCache:
         self._generation: dict[str, int] = {trial: 0 for trial in self.trials}
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
         self._memo_size = memo_size
+        self.unreadable: dict[str, str] = {}  # trials that cannot be opened at all -> the reader's sentence
+        for trial in list(self.trials):
+            try:
+                self.recording(trial)
+            except CorruptRecordingError as error:
+                self.unreadable[trial] = str(error)
+                self.trials.remove(trial)
+        if not self.trials and self.unreadable:
+            raise CorruptRecordingError(" ".join(self.unreadable.values()))
 
     # ---- readers -------------------------------------------------------------------------------------
     def recording(self, trial: str) -> Recording:
@@ -142,7 +151,8 @@ class ReaderCache:
             if trial not in self._recordings:
                 if trial not in self.trials:
                     raise UnknownSeriesError(f"no trial {trial!r} in {self.path}; trials are {self.trials}")
-                self._recordings[trial] = open_recording(self.path, trial)
+                # damage is read around and shown (Notes tab), never a traceback in the browser
+                self._recordings[trial] = open_recording(self.path, trial, damaged="skip")
             return self._recordings[trial]
 
     def generation(self, trial: str) -> int:
@@ -157,7 +167,7 @@ class ReaderCache:
         with self.lock:
             if self.path.is_dir():
                 for trial in list_trials(self.path):
-                    if trial not in self.trials:
+                    if trial not in self.trials and trial not in self.unreadable:
                         self.trials.append(trial)
                         self._generation[trial] = 0
             for trial, recording in self._recordings.items():
@@ -275,7 +285,7 @@ class ReaderCache:
                 return None
             try:
                 return recording.snapshot(step, tensor, kind, iteration=iteration)
-            except UnknownSeriesError:
+            except (UnknownSeriesError, CorruptRecordingError):  # a damaged snapshot is listed in .damage
                 return None
         return self.memo(trial, ("snapshot", tensor, kind, step, iteration), compute)
 

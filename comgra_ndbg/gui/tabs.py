@@ -26,7 +26,7 @@ from comgra_ndbg.gui.diagnosis import diagnosis_view, plural
 from comgra_ndbg.gui.figures import format_number, histogram_figure, kpi_figure, message_figure
 from comgra_ndbg.gui.selection import resolve
 from comgra_ndbg.gui.state import ReaderCache, Selection, element_values, statistics_at
-from comgra_ndbg.gui.views import graph_of, message, module_table, notes_table, table
+from comgra_ndbg.gui.views import graph_of, message, module_table, notes_table, problems_view, table
 
 __all__ = ["analysis_state", "compare_tab", "custom_tab", "diagnosis_tab", "kpis_tab", "network_tab", "notes_tab",
            "register_tab_callbacks"]
@@ -91,7 +91,9 @@ def notes_tab(cache: ReaderCache, selection_data: dict[str, Any] | None, tab: st
     selection = _selection(selection_data)
     if tab != ids.TAB_NOTES or selection is None:
         return no_update
-    return notes_table(cache.recording(selection.trial).notes)
+    recording = cache.recording(selection.trial)
+    shown = problems_view(recording.damage, recording.problems())
+    return html.Div([*shown, notes_table(recording.notes)]) if shown else notes_table(recording.notes)
 
 
 def network_tab(cache: ReaderCache, selection_data: dict[str, Any] | None, tab: str | None) -> Any:

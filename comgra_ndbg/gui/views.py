@@ -13,7 +13,7 @@ from dash import dcc, html
 
 from comgra_ndbg.gui import ids
 
-__all__ = ["GRAPH_CONFIG", "graph_of", "message", "module_table", "notes_table", "table"]
+__all__ = ["GRAPH_CONFIG", "graph_of", "message", "module_table", "notes_table", "problems_view", "table"]
 
 # No mode bar: it covers the titles of small plots; drag still zooms and a double click resets.
 GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False, "displayModeBar": False}
@@ -52,6 +52,20 @@ def notes_table(notes: Sequence[Any]) -> html.Table | html.Div:
     rows = [("before step 0" if n.step < 0 else str(n.step),
              time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(n.time)), n.text) for n in notes]
     return table(("step", "time", "note"), rows, table_id=ids.NOTES + "-table")
+
+
+def problems_view(damage: Sequence[Any], problems: Sequence[Any]) -> list[Any]:
+    """Damage found while reading (one error line each, with what to run) and the recording's problems log
+    (what the recorder could not record, by step); empty when there is neither."""
+    shown: list[Any] = [message(f"Damaged: {d.describe()}", error=True) for d in damage]
+    if damage:
+        shown.append(message("Run `comgra-ndbg check PATH` for the full list and `--salvage` to copy everything "
+                             "readable into a new recording; what is shown here skips the damaged parts.", error=True))
+    if problems:
+        rows = [("before step 0" if p.step < 0 else str(p.step), p.category, p.subject, p.message) for p in problems]
+        shown.append(html.H4(f"Problems logged while recording ({len(problems)})"))
+        shown.append(table(("step", "category", "subject", "what happened"), rows, table_id=ids.NOTES + "-problems"))
+    return shown
 
 
 def graph_of(figure: dict[str, Any], graph_id: str | None = None, height: int = 300) -> dcc.Graph:

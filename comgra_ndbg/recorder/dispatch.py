@@ -2,12 +2,16 @@
 
 The flight recorder sees every step; when a trigger fires, the steps in its ring that were not written
 (or written without snapshots) are written now, marked retroactive, the trigger is stored, and the next
-``after`` steps are forced to be recorded in full. A trigger fires again only after its condition has
-cleared for a step, so a persistent NaN is one trigger, not one per step.
+``after`` steps are forced to be recorded in full. Each trigger is armed on its own: it fires when its
+condition starts to hold and fires again only after that condition has cleared for a step, so a persistent
+NaN is one trigger, not one per step, and a loss spike still holding does not stop the NaN trigger. A trigger
+that raises is reported (``report``) and counts as not holding.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from collections.abc import Callable
 
 from comgra_ndbg.recorder.flight import FlightRecorder, StepFacts
 from comgra_ndbg.recorder.step_record import StepRecord
@@ -21,14 +25,16 @@ __all__ = ["StepDispatcher"]
 class StepDispatcher:
     """Writes finished steps and runs the flight recorder's triggers (the recorder owns one)."""
 
-    def __init__(self, writer: RecordingWriter, catalog: Catalog, flight: FlightRecorder | None) -> None:
+    def __init__(self, writer: RecordingWriter, catalog: Catalog, flight: FlightRecorder | None,
+                 report: Callable[[int, object, BaseException], None] | None = None) -> None:
         self.writer = writer
         self.catalog = catalog
         self.flight = flight
+        self.report = report  # (step, trigger, error) of a trigger that raised
         self.forced_until = -1
         self.trigger_step = -1
         self.flush_now = False  # set when a trigger fired: the caller flushes at once
-        self._armed = True
+        self._armed = [True] * len(flight.triggers) if flight is not None else []
 
     def is_forced(self, step: int) -> bool:
         """Whether ``step`` falls in the window recorded in full after a trigger."""
@@ -47,13 +53,17 @@ class StepDispatcher:
         flight = self.flight
         if flight is None:
             return written
-        reason = flight.check(self._facts(record, kpis))
-        if reason is None:
-            self._armed = True  # the condition cleared: the next trigger may fire again
-        if reason is None or not self._armed or self.is_forced(record.step):
+        holding, failures = flight.evaluate(self._facts(record, kpis))
+        for index, error in failures:
+            if self.report is not None:
+                self.report(record.step, flight.triggers[index], error)
+        fired = [(index, why) for index, why in holding if self._armed[index]]
+        held = {index for index, _ in holding}
+        self._armed = [index not in held for index in range(len(self._armed))]  # re-armed where it cleared
+        if not fired:
             flight.push(record, summaries_written=write_summary, snapshots_written=write_snapshot)
             return written
-        self._armed = False
+        reason = fired[0][1]
         dumped = f"flight recorder: retroactive, trigger at step {record.step}: {reason}"
         for entry in flight.drain():
             if not (entry.summaries_written or entry.snapshots_written):
@@ -64,7 +74,8 @@ class StepDispatcher:
             record.write(self.writer, summaries=True, snapshots=True, reason=f"trigger: {reason}")
         elif not write_snapshot:
             record.write(self.writer, summaries=False, snapshots=True, step_entry=False)
-        self.writer.add_trigger(record.step, reason)
+        for _, why in fired:
+            self.writer.add_trigger(record.step, why)
         self.trigger_step = record.step
         self.forced_until = record.step + flight.after
         self.flush_now = True  # a crash often follows a trigger

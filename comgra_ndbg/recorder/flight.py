@@ -4,7 +4,9 @@ Long runs record rarely to stay cheap, yet the steps right before a failure are 
 With a flight recorder every step is summarized and snapshotted into a ring buffer bounded in steps and
 bytes; when a trigger fires (non-finite values, a loss spike, a gradient norm above a threshold, or a user
 predicate) the ring is written into the recording, marked as retroactive, and every following step is
-recorded in full for ``after`` more steps.
+recorded in full for ``after`` more steps. Triggers are independent: each fires when its own condition
+starts to hold and re-arms when that condition clears, so a loss spike that persists never keeps the
+non-finite trigger from firing at the first NaN.
 
 >>> fr = FlightRecorder(steps=3, triggers=[LossSpike(factor=10, window=5, min_history=3)])
 >>> [fr.check(StepFacts(step, {"loss": loss}, [], {})) for step, loss in enumerate([1.0, 1.1, 0.9, 25.0])]
@@ -15,7 +17,6 @@ from __future__ import annotations
 import abc
 import collections
 import statistics
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -106,22 +107,17 @@ class GradNormAbove(Trigger):
 
 
 class Predicate(Trigger):
-    """Fires when ``fn(facts)`` is true; an exception in ``fn`` is reported once and counts as false."""
+    """Fires when ``fn(facts)`` is true. An exception in ``fn`` counts as false: the recorder logs it in the
+    recording's problems (``trigger_error``) and warns about it once, with a count at ``close()``."""
 
     def __init__(self, fn: Callable[[StepFacts], bool], description: str | None = None) -> None:
+        if not callable(fn):
+            raise InvalidArgumentError(f"Predicate needs a function of StepFacts, got {type(fn).__name__}")
         self.fn = fn
         self.description = description or getattr(fn, "__name__", "predicate")
-        self._failed = False
 
     def check(self, facts: StepFacts) -> str | None:
-        try:
-            return f"predicate {self.description!r}" if self.fn(facts) else None
-        except Exception as error:  # a user predicate must not break the training run
-            if not self._failed:
-                self._failed = True
-                warnings.warn(f"flight-recorder predicate {self.description!r} raised {type(error).__name__}: "
-                              f"{error} at step {facts.step}; treated as not firing", RuntimeWarning, stacklevel=2)
-            return None
+        return f"predicate {self.description!r}" if self.fn(facts) else None
 
     def __repr__(self) -> str:
         return f"Predicate({self.description!r})"
@@ -173,10 +169,24 @@ class FlightRecorder:
         return [e.record.step for e in self._ring]
 
     def check(self, facts: StepFacts) -> str | None:
-        """The reason of the first trigger that fires for this step, or None. Every trigger sees every step
-        (so running medians stay current)."""
-        reasons = [trigger.check(facts) for trigger in self.triggers]
-        return next((r for r in reasons if r is not None), None)
+        """The reason of the first trigger whose condition holds for this step, or None (a trigger that
+        raises counts as not holding)."""
+        holding, _ = self.evaluate(facts)
+        return holding[0][1] if holding else None
+
+    def evaluate(self, facts: StepFacts) -> tuple[list[tuple[int, str]], list[tuple[int, BaseException]]]:
+        """Every trigger sees every step (so running medians stay current): ``(index, reason)`` of those whose
+        condition holds, and ``(index, error)`` of those that raised (counted as not holding)."""
+        holding, failures = [], []
+        for index, trigger in enumerate(self.triggers):
+            try:
+                reason = trigger.check(facts)
+            except Exception as error:  # noqa: BLE001 - a trigger must not break the training run
+                failures.append((index, error))
+                continue
+            if reason is not None:
+                holding.append((index, str(reason)))
+        return holding, failures
 
     def push(self, record: StepRecord, *, summaries_written: bool, snapshots_written: bool) -> None:
         """Keep ``record``; drop the oldest records beyond ``steps`` or ``max_bytes``. A record larger than

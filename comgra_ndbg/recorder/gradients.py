@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
+from comgra_ndbg.recorder.reduce import Reducer
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
+from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.recorder.step_record import SummaryRows
 from comgra_ndbg.store import schema
 
@@ -41,6 +43,7 @@ class GradientRecording:
             return
         try:
             self._discover_graph()
+            grad = summarizable(grad)
             key = (tid, iteration)
             repeated = key in self._set_grads
             grad = self._add_earlier_passes(key, grad, keep=deferred)
@@ -58,7 +61,7 @@ class GradientRecording:
                 else:
                     self._grad_snaps[key] = self._take(grad, batched)
         except Exception as error:  # a recorder problem must not break the user's backward pass
-            self._warn("recording a gradient", error, key=str(tid))
+            self._skipped(self.catalog.tensors[tid].name, "grad", error)
 
     def _add_earlier_passes(self, key: tuple[int, int], grad: torch.Tensor, *, keep: bool) -> torch.Tensor:
         """The gradient of ``key`` in the current set so far: ``grad`` plus what earlier backward passes of
@@ -113,12 +116,13 @@ class GradientRecording:
         if not self._step_open or not (self._summarize or self._snapshot):
             return
         try:
+            grad = summarizable(grad)
             if self._summarize:
                 self._grad_batch.add(tid, grad, False)
             if self._snapshot:
                 self._parameter_grad_snaps[tid] = self._take(grad, False)
         except Exception as error:  # a recorder problem must not break the user's backward pass
-            self._warn("recording a parameter gradient", error, key=str(tid))
+            self._skipped(self.catalog.tensors[tid].name, "grad", error)
 
     def refresh_parameter_gradients(self) -> None:
         """Take again the gradients of parameters tracked with ``gradients_in_hook`` whose ``.grad`` changed
@@ -152,8 +156,9 @@ class GradientRecording:
             else:  # a parameter's accumulated gradient replaces an earlier accumulation
                 self._parameter_grads[key] = index
         for key in dropped:
-            self._warn("recording a gradient", RuntimeError("it was changed in place before the backward pass "
-                                                            "ended; that gradient is not recorded"), key=str(key))
+            tid = key[0] if isinstance(key, tuple) else key
+            self._skipped(self.catalog.tensors[tid].name, "grad", RuntimeError(
+                "it was changed in place before the backward pass ended; that gradient is not recorded"))
 
     def record_gradients(self, gradient_set: str | None = None) -> None:
         """Record the gradients produced since the last call, and the tracked parameters' ``.grad``.
@@ -164,6 +169,8 @@ class GradientRecording:
         if not self.enabled:
             return
         self._check_step_open("record_gradients()")
+        if gradient_set is not None:
+            check_name(gradient_set, "gradient set names")
         kind = schema.grad_kind(gradient_set)
         if kind in self._grad_kinds:
             raise DuplicateTensorError(f"gradient set {kind!r} was already recorded in step {self._step}; give each "
@@ -188,6 +195,9 @@ class GradientRecording:
         if self._snapshot:
             self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in gradients)
         rows = self._grads.collect()
+        if self._grads.failed:
+            self._report_failed(self._grads, kind, {index: tid for (tid, _), index in self._grad_keys.items()}
+                                | {index: tid for (tid, _), index in zip(gradients, parameter_rows)})
         if self._grad_keys:
             keys = np.array([(tid, iteration, index) for (tid, iteration), index in self._grad_keys.items()],
                             dtype=np.int64)
@@ -213,12 +223,24 @@ class GradientRecording:
 
     def _collect_values(self) -> None:
         rows = self._values.collect()
+        if self._values.failed:
+            by_row = {row: self.catalog.series[sid][0] for sid, _, row in self._value_keys}
+            by_row.update((row, self.catalog.series[sid][0]) for series, indices in self._value_blocks
+                          for sid, row in zip(series.tolist(), indices))
+            self._report_failed(self._values, schema.KIND_VALUE, by_row)
         if self._value_keys:
             keys = np.array(self._value_keys, dtype=np.int64)
             self._rows.append(SummaryRows(keys[:, 0], keys[:, 1], rows[keys[:, 2]]))
         for series, indices in self._value_blocks:
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
         self._value_keys, self._value_blocks = [], []
+
+    def _report_failed(self, reducer: Reducer, kind: str, tensor_of_row: dict[int, int]) -> None:
+        """Log each row ``reducer.collect()`` could not compute as a skipped tensor (it stays absent)."""
+        for row, reason in reducer.failed.items():
+            tid = tensor_of_row.get(row)
+            name = self.catalog.tensors[tid].name if tid is not None else f"row {row}"
+            self._skipped(name, kind, RuntimeError(f"its summary could not be computed ({reason})"))
 
     def _discover_graph(self) -> None:
         if self._structure.pending:

@@ -106,6 +106,7 @@ class Reducer:
         self._slots: dict[tuple[torch.device, torch.dtype], list[tuple[int, int]]] = {}
         self._blocks: list[_Block] = []  # segment_moments' rows on the device, not yet copied to the host
         self._deferred: list[tuple[int, torch.Tensor, int, tuple[float, float] | None]] = []  # row, copy, batch, bounds
+        self.failed: dict[int, str] = {}  # rows the last collect() could not compute -> why
 
     def __len__(self) -> int:
         return self._size
@@ -303,40 +304,78 @@ class Reducer:
         self._slots.setdefault(key, []).append((row, field))
 
     def collect(self) -> np.ndarray:
-        """All queued rows, ``[n, NUM_FIELDS]``; the reducer is empty afterwards."""
+        """All queued rows, ``[n, NUM_FIELDS]``; the reducer is empty afterwards, whatever happens.
+
+        A row that cannot be computed (a tensor whose device cannot hand its values over) is left as the
+        merge identity (absent) and listed in :attr:`failed` (row -> reason), so one bad tensor costs its own
+        row and never the others, or the next step's.
+        """
+        self.failed: dict[int, str] = {}
+        try:
+            return self._collect()
+        finally:
+            self._buffer[:self._size] = _IDENTITY
+            self._size = 0
+            self._deferred = []
+            self._pending.clear()
+            self._scalars.clear()
+            self._slots.clear()
+            self._blocks.clear()
+
+    def _collect(self) -> np.ndarray:
         if self._deferred:
-            self._reduce_deferred()
+            try:
+                self._reduce_deferred()
+            except Exception as error:  # noqa: BLE001 - the rows are reported as failed
+                self._fail([row for row, *_ in self._deferred], error)
+                self._deferred = []
         rows = self._buffer[:self._size].copy()
-        self._buffer[:self._size] = _IDENTITY
-        self._size = 0
         if self._scalars or self._blocks:
             keys = list(self._scalars)
-            host = _to_host([torch.stack(self._scalars[k]).to(torch.float64) for k in keys]
-                            + [block.moments for block in self._blocks])
-            if keys:
-                packed = np.concatenate(host[:len(keys)])
-                slots = np.array([slot for k in keys for slot in self._slots[k]], dtype=np.int64)
+            parts = [torch.stack(self._scalars[k]).to(torch.float64) for k in keys] + [b.moments for b in self._blocks]
+            try:
+                host = _to_host(parts)
+            except Exception:  # noqa: BLE001 - one part at a time, to find the ones that fail
+                host = [self._part_to_host(part, [s[0] for s in self._slots[keys[i]]] if i < len(keys) else
+                                           self._blocks[i - len(keys)].rows.tolist()) for i, part in enumerate(parts)]
+            good = [i for i, k in enumerate(keys) if host[i] is not None]
+            if good:
+                packed = np.concatenate([host[i] for i in good])
+                slots = np.array([slot for i in good for slot in self._slots[keys[i]]], dtype=np.int64)
                 rows[slots[:, 0], slots[:, 1]] = packed
                 for f in ("zeros", "dead_units"):
                     # count_nonzero counted the non-zero elements / units; store the zero ones.
                     _complement(rows, slots, packed, FIELD[f], FIELD["count"] if f == "zeros" else FIELD["units"])
             wide = np.zeros(len(rows), dtype=np.bool_)  # rows summed in float64: they cancel much later
             for block, values in zip(self._blocks, host[len(keys):]):
-                block.write(rows, values.reshape(len(block.rows), -1))
-                wide[block.rows] = True
+                if values is not None:
+                    block.write(rows, values.reshape(len(block.rows), -1))
+                    wide[block.rows] = True
             cancels = _cancels(rows)
             cancels[wide] = _cancels(rows[wide], tolerance=1e-8)
             suspicious = ~np.isfinite(rows[:, _MOMENT_COLUMNS]).all(axis=1) | cancels
             if suspicious.any():
                 for pending in self._pending:
-                    if suspicious[pending.row]:
+                    if suspicious[pending.row] and pending.row not in self.failed:
                         rows[pending.row, _MOMENT_COLUMNS] = np.nan
-                        _exact_moments(pending.tensor, rows[pending.row])
-        self._pending.clear()
-        self._scalars.clear()
-        self._slots.clear()
-        self._blocks.clear()
+                        try:
+                            _exact_moments(pending.tensor, rows[pending.row])
+                        except Exception as error:  # noqa: BLE001 - reported as failed
+                            self._fail([pending.row], error)
+        if self.failed:
+            rows[list(self.failed)] = _IDENTITY
         return rows
+
+    def _part_to_host(self, part: torch.Tensor, rows: list[int]) -> np.ndarray | None:
+        try:
+            return part.reshape(-1).cpu().numpy()
+        except Exception as error:  # noqa: BLE001 - reported as failed
+            self._fail(rows, error)
+            return None
+
+    def _fail(self, rows: list[int], error: BaseException) -> None:
+        for row in rows:
+            self.failed.setdefault(int(row), f"{type(error).__name__}: {error}")
 
 
 def _to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:

@@ -165,13 +165,13 @@ def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elemen
         a, b = flat_value.numpy(), flat_start.numpy()
         if index is not None:
             a, b = a[index], b[index]
-        values = np.subtract(a, b).astype(np.float32, copy=False)
+        values = np.subtract(a, b).astype(_value_dtype(value.dtype), copy=False)
     else:
         if index is not None:
             positions = torch.from_numpy(index.copy()).to(value.device)
             flat_value, flat_start = flat_value.index_select(0, positions), flat_start.index_select(0, positions)
         delta = difference(flat_value, flat_start)
-        values = (delta.abs() if delta.is_complex() else delta).to(torch.float32).cpu().numpy()
+        values = (delta.abs() if delta.is_complex() else delta).to(_torch_value_dtype(value.dtype)).cpu().numpy()
     return SnapshotData(tuple(int(d) for d in value.shape), np.zeros(0, dtype=np.int64), np.zeros((0, NUM_FIELDS)),
                         values, index)
 
@@ -180,17 +180,31 @@ _HOST_VIEWABLE = (torch.float32, torch.float64, torch.float16, torch.int8, torch
                   torch.int64, torch.bool)
 
 
+_WIDE = (torch.float64, torch.complex128)
+
+
+def _value_dtype(dtype: torch.dtype) -> type:
+    """The element-value dtype of a snapshot of a ``dtype`` tensor: float64 for float64 and complex128 (float32
+    would turn 1e300 into inf), else float32 (integers beyond 2**24 are rounded)."""
+    return np.float64 if dtype in _WIDE else np.float32
+
+
+def _torch_value_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype in _WIDE else torch.float32
+
+
 def _values(x: torch.Tensor, keep: np.ndarray | None, axis: int) -> np.ndarray:
-    """The elements of ``x`` at positions ``keep`` along ``axis`` (all when None), flattened, as a new float32
-    host array: with numpy on a host tensor (no per-op dispatch), else with torch on its device."""
+    """The elements of ``x`` at positions ``keep`` along ``axis`` (all when None), flattened, as a new host
+    array (``_value_dtype``): with numpy on a host tensor (no per-op dispatch), else with torch on its device."""
+    target = _value_dtype(x.dtype)
     if x.is_cpu and x.dtype in _HOST_VIEWABLE:
         a = x.numpy()
         if keep is None:
-            return np.array(a.reshape(-1), dtype=np.float32)
-        return np.take(a, keep, axis=axis).reshape(-1).astype(np.float32, copy=False)
+            return np.array(a.reshape(-1), dtype=target)
+        return np.take(a, keep, axis=axis).reshape(-1).astype(target, copy=False)
     if keep is not None:
         x = x.index_select(axis, torch.from_numpy(keep.copy()).to(x.device))
-    return x.reshape(-1).to(torch.float32).cpu().numpy().copy()
+    return x.reshape(-1).to(_torch_value_dtype(x.dtype)).cpu().numpy().copy()
 
 
 def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float) -> np.ndarray:

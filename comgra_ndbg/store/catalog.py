@@ -13,6 +13,8 @@ import h5py
 import numpy as np
 
 from comgra_ndbg.store import schema
+from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset
+from comgra_ndbg.store.damage import DamagedData
 
 __all__ = ["TensorInfo", "ModuleInfo", "Catalog"]
 
@@ -104,6 +106,9 @@ class Catalog:
         return kid
 
     def add_module(self, info: ModuleInfo) -> None:
+        """Add a tracked module; a path already known (a resumed trial tracking its model again) is kept once."""
+        if any(m.path == info.path for m in self.modules):
+            return
         self.modules.append(info)
         self.version += 1
 
@@ -127,56 +132,55 @@ class Catalog:
 
     # ---- HDF5 ----------------------------------------------------------------------------------------
     def write(self, f: h5py.File) -> None:
-        """Store every table into an open, empty file."""
-        t = f.create_group(schema.TENSORS)
+        """Store every table into an open, empty file, each with its checksum (``store/checksums.py``)."""
         for column in schema.TENSOR_COLUMNS:
             values = _tensor_column(self.tensors, column)
-            t.create_dataset(column, data=values, dtype=values.dtype)
-        f.create_dataset(schema.SERIES_TENSOR, data=np.array([s[0] for s in self.series], dtype=np.int32))
-        f.create_dataset(schema.SERIES_KIND, data=np.array([s[1] for s in self.series], dtype=object), dtype=_STR)
-        f.create_dataset(schema.STEP_TYPES, data=np.array(self.step_types, dtype=object), dtype=_STR)
-        f.create_dataset(schema.KPI_NAMES, data=np.array(self.kpi_names, dtype=object), dtype=_STR)
-        f.create_dataset(schema.MODULE_PATH, data=np.array([m.path for m in self.modules], dtype=object), dtype=_STR)
-        f.create_dataset(schema.MODULE_CLASS, data=np.array([m.class_name for m in self.modules], dtype=object),
-                         dtype=_STR)
-        f.create_dataset(schema.MODULE_PARAMETERS, data=np.array([m.parameters for m in self.modules], dtype=np.int64))
-        g = f.create_group(schema.GRAPHS)
+            write_dataset(f, f"{schema.TENSORS}/{column}", values, text=values.dtype == object)
+        write_dataset(f, schema.SERIES_TENSOR, np.array([s[0] for s in self.series], dtype=np.int32), text=False)
+        write_dataset(f, schema.SERIES_KIND, [s[1] for s in self.series], text=True)
+        write_dataset(f, schema.STEP_TYPES, self.step_types, text=True)
+        write_dataset(f, schema.KPI_NAMES, self.kpi_names, text=True)
+        write_dataset(f, schema.MODULE_PATH, [m.path for m in self.modules], text=True)
+        write_dataset(f, schema.MODULE_CLASS, [m.class_name for m in self.modules], text=True)
+        write_dataset(f, schema.MODULE_PARAMETERS, np.array([m.parameters for m in self.modules], dtype=np.int64),
+                      text=False)
+        f.create_group(schema.GRAPHS)
         for key, text in self.graphs.items():
-            g.create_dataset(key, data=text, dtype=_STR)
-        f.create_dataset(schema.GRAPH_INDEX, data=json.dumps(self.graph_of_type, sort_keys=True), dtype=_STR)
+            write_dataset(f, f"{schema.GRAPHS}/{key}", text, text=True)
+        write_dataset(f, schema.GRAPH_INDEX, json.dumps(self.graph_of_type, sort_keys=True), text=True)
 
     @classmethod
     def read(cls, f: h5py.File) -> Catalog:
-        """Load the tables a segment file holds."""
+        """Load the tables a segment file holds; raises ``DamagedData`` when one fails its checksum (h5py's
+        ``OSError`` for a damaged chunk or header passes through)."""
         catalog = cls()
-        t = f[schema.TENSORS]
-        columns = {c: t[c][()] for c in schema.TENSOR_COLUMNS}
+        columns = {c: _column(f, f"{schema.TENSORS}/{c}") for c in schema.TENSOR_COLUMNS}
         for i in range(len(columns["name"])):
             low, high = float(columns["bounds_low"][i]), float(columns["bounds_high"][i])
-            shape_text = _text(columns["shape"][i])
+            shape_text = columns["shape"][i]
             catalog.add_tensor(TensorInfo(
-                name=_text(columns["name"][i]),
-                node=_text(columns["node"][i]),
-                role=_text(columns["role"][i]),
-                module=_text(columns["module"][i]),
-                dtype=_text(columns["dtype"][i]),
+                name=columns["name"][i],
+                node=columns["node"][i],
+                role=columns["role"][i],
+                module=columns["module"][i],
+                dtype=columns["dtype"][i],
                 shape=tuple(json.loads(shape_text)) if shape_text else (),
                 batched=bool(columns["batched"][i]),
                 bounds=None if np.isnan(low) else (low, high),
             ))
-        for tensor_id, kind in zip(f[schema.SERIES_TENSOR][()], f[schema.SERIES_KIND][()]):
-            catalog.series_id(int(tensor_id), _text(kind))
-        for name in f[schema.STEP_TYPES][()]:
-            catalog.step_type_id(_text(name))
-        for name in f[schema.KPI_NAMES][()]:
-            catalog.kpi_id(_text(name))
-        for path, cls_name, count in zip(f[schema.MODULE_PATH][()], f[schema.MODULE_CLASS][()],
-                                         f[schema.MODULE_PARAMETERS][()]):
-            catalog.add_module(ModuleInfo(_text(path), _text(cls_name), int(count)))
-        for key, dataset in f[schema.GRAPHS].items():
-            catalog.add_graph(key, _text(dataset[()]))
+        for tensor_id, kind in zip(_column(f, schema.SERIES_TENSOR), _column(f, schema.SERIES_KIND)):
+            catalog.series_id(int(tensor_id), kind)
+        for name in _column(f, schema.STEP_TYPES):
+            catalog.step_type_id(name)
+        for name in _column(f, schema.KPI_NAMES):
+            catalog.kpi_id(name)
+        for path, cls_name, count in zip(_column(f, schema.MODULE_PATH), _column(f, schema.MODULE_CLASS),
+                                         _column(f, schema.MODULE_PARAMETERS)):
+            catalog.add_module(ModuleInfo(path, cls_name, int(count)))
+        for key in f[schema.GRAPHS]:
+            catalog.add_graph(key, _column(f, f"{schema.GRAPHS}/{key}")[0])
         if schema.GRAPH_INDEX in f:
-            for step_type, key in json.loads(_text(f[schema.GRAPH_INDEX][()])).items():
+            for step_type, key in json.loads(_column(f, schema.GRAPH_INDEX)[0]).items():
                 catalog.set_graph_of_type(step_type, key)
         return catalog
 
@@ -203,8 +207,15 @@ def _tensor_column(tensors: list[TensorInfo], column: str) -> np.ndarray:
         values = [json.dumps(list(t.shape)) for t in tensors]
     else:
         values = [getattr(t, column) for t in tensors]
-    return np.array(values, dtype=h5py.string_dtype("utf-8")) if values else np.zeros(0, dtype=_STR)
+    return np.array(values, dtype=object)
 
 
-def _text(value: object) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def _column(f: h5py.File, path: str) -> np.ndarray:
+    """A catalog table as read: decoded strings (checked against their checksum) or numbers."""
+    dataset = f[path]
+    if dataset.dtype.kind != "O":
+        return dataset[()]
+    values = decode_text(dataset[()])
+    if not text_intact(dataset, values):
+        raise DamagedData(f.filename, path, "its text fails its checksum")
+    return values

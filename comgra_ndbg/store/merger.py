@@ -9,8 +9,9 @@ merged file (``list_live_segments``), exactly as before.
 
 The worker exists only while a level is full, and is not a daemon: an interpreter that exits while it
 merges lets that merge finish (a killed process leaves complete files either way). A failed merge (a full
-disk) leaves its inputs as they are and stops merging in the background; ``raise_error`` hands the error
-to the training thread once, and ``drain`` returns every segment for ``close()`` to merge.
+disk) leaves its inputs as they are and stops merging in the background; ``take_error`` hands the error
+to the training thread once, and ``drain`` returns every segment for ``close()`` to merge. A writer that
+continues a trial ``adopt``s the files already there, so they are merged like its own.
 """
 from __future__ import annotations
 
@@ -42,14 +43,19 @@ class BackgroundMerger:
         self._stopped = False
         self._error: BaseException | None = None
 
-    def add(self, sequence: int, path: Path) -> None:
-        """Register a freshly flushed level-0 segment; starts merging if that filled a level."""
+    def add(self, sequence: int, path: Path, level: int = 0) -> None:
+        """Register a freshly flushed level-0 segment (or an existing file of ``level``); starts merging if
+        that filled a level."""
         with self._condition:
-            self._levels[0].append((sequence, path))
+            self._levels[level].append((sequence, path))
             if not self._stopped and not self._merging() and self._full_level() is not None:
                 self._worker = threading.Thread(target=self._work, name="comgra-ndbg-merge", daemon=False)
                 self._process = os.getpid()
                 self._worker.start()
+
+    def adopt(self, sequence: int, path: Path, level: int) -> None:
+        """Take over a live file a previous writer of the trial left (merged later like the writer's own)."""
+        self.add(sequence, path, level)
 
     def wait(self) -> None:
         """Return once no merge is running (and none is due)."""
@@ -57,13 +63,11 @@ class BackgroundMerger:
             while self._merging():
                 self._condition.wait()
 
-    def raise_error(self) -> None:
-        """Raise the error of a failed background merge, once."""
+    def take_error(self) -> BaseException | None:
+        """The error of a failed background merge, once (None when there was none)."""
         with self._condition:
             error, self._error = self._error, None
-        if error is not None:
-            raise RuntimeError(f"merging segment files in the background failed ({type(error).__name__}: {error}); "
-                               f"they stay as they are and close() merges them") from error
+        return error
 
     def drain(self) -> list[Segment]:
         """Stop merging, wait for a running merge, and return every live segment, oldest first."""

@@ -3,93 +3,41 @@
 The reader keeps its files open and caches their small index arrays; timelines are read as one hyperslab
 per file (``summary/data[series]``), so a 10k-step timeline is a single chunked read of the consolidated
 file. ``refresh()`` picks up segments written since the last look, which is how the GUI follows a run.
+
+Damage is never passed over in silence: by default a damaged, foreign or missing file, or a read that fails
+its checksum, raises one ``CorruptRecordingError`` naming the file, the steps and what to run. Opened with
+``damaged="skip"`` (the GUI, ``comgra-ndbg info``), the reader reads around it instead and lists each
+finding in ``Recording.damage``.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import h5py
 import numpy as np
 
-from comgra_ndbg.errors import RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
-from comgra_ndbg.graph import DependencyGraph, graph_from_dict
+from comgra_ndbg.errors import InvalidArgumentError, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
+from comgra_ndbg.graph import graph_from_dict
 from comgra_ndbg.graph.modules import ModuleInfo as ModuleTreeEntry
 from comgra_ndbg.graph.modules import module_tree
-from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
+from comgra_ndbg.statistics import STATISTICS, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
+from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
+from comgra_ndbg.store.fileview import FileView, open_h5
+from comgra_ndbg.store.lock import trial_state
+from comgra_ndbg.store.records import LogEntry, Note, Snapshot, StoredGraph, TriggerMark
+from comgra_ndbg.store.snapshot_reading import SnapshotReading
+from comgra_ndbg.store.step_tables import StepTables
 from comgra_ndbg.store.results import StoredAnalysis, read_results
-from comgra_ndbg.store.writer import list_live_segments
+from comgra_ndbg.store.segment import parse_segment_name
+from comgra_ndbg.store.views import between, file_steps, open_views
 
-__all__ = ["open_recording", "list_trials", "Recording", "Snapshot", "Note", "StoredGraph", "TriggerMark"]
+__all__ = ["open_recording", "list_trials", "Recording", "Snapshot", "Note", "StoredGraph", "TriggerMark", "LogEntry",
+           "DAMAGE_MODES"]
 
-
-@dataclass(frozen=True)
-class Note:
-    """A free-text note; ``step`` is -1 for notes written before the first step."""
-
-    step: int
-    time: float
-    text: str
-
-
-@dataclass(frozen=True)
-class TriggerMark:
-    """A flight-recorder trigger: the step it fired at and why."""
-
-    step: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class StoredGraph:
-    """A dependency graph as recorded: its structure hash, the graph and the node positions of its layout."""
-
-    structure_hash: str
-    graph: DependencyGraph
-    positions: dict[str, tuple[float, float]]
-    step_types: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The stored arrays of one snapshot.
-
-    ``values`` are element values (float32); ``value_index`` gives their flat positions in a tensor of
-    ``shape`` (``None`` when every element is stored, in C order). For batched tensors ``sample_index`` are
-    the batch positions whose per-sample statistics are in ``sample_stats`` (name -> array over samples).
-    """
-
-    step: int
-    iteration: int
-    tensor: str
-    kind: str
-    shape: tuple[int, ...]
-    values: np.ndarray
-    value_index: np.ndarray | None
-    sample_index: np.ndarray
-    sample_rows: np.ndarray
-    sample_categories: tuple[str, ...] = ()
-
-    @property
-    def sample_stats(self) -> dict[str, np.ndarray]:
-        return derive(self.sample_rows) if len(self.sample_rows) else {k: np.zeros(0) for k in STATISTICS}
-
-    def dense(self) -> np.ndarray:
-        """Element values laid out in the tensor's shape (batched tensors: the recorded samples only);
-        positions that were not kept are NaN."""
-        if self.value_index is None:
-            if self.sample_index.size:
-                return self.values.reshape((len(self.sample_index),) + self.shape[1:])
-            return self.values.reshape(self.shape)
-        rows = len(self.sample_index) if self.sample_index.size else 1
-        per_row = int(np.prod(self.shape[1:] if self.sample_index.size else self.shape))
-        out = np.full(rows * per_row, np.nan, dtype=np.float32)
-        out[self.value_index] = self.values
-        return out.reshape(((rows,) + self.shape[1:]) if self.sample_index.size else self.shape)
+DAMAGE_MODES = ("raise", "skip")
 
 
 def list_trials(path: str | Path) -> list[str]:
@@ -97,12 +45,17 @@ def list_trials(path: str | Path) -> list[str]:
     return [name for name, _ in _resolve(Path(path))]
 
 
-def open_recording(path: str | Path, trial: str | None = None) -> Recording:
+def open_recording(path: str | Path, trial: str | None = None, *, damaged: str = "raise") -> Recording:
     """Open a recording for reading.
 
     ``path`` is a group folder (pass ``trial``, or the first trial in sorted order is opened; ``.trials``
-    lists them all), a trial directory, or a single recording file.
+    lists them all), a trial directory, or a single recording file. ``damaged="raise"`` (the default)
+    raises ``CorruptRecordingError`` for damage; ``"skip"`` reads around it and lists it in ``.damage``.
     """
+    if damaged not in DAMAGE_MODES:
+        raise InvalidArgumentError(f"damaged must be 'raise' or 'skip', got {damaged!r}")
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise InvalidArgumentError(f"path must be a folder or file name (str or Path), got {path!r}")
     entries = _resolve(Path(path))
     names = [n for n, _ in entries]
     if trial is None:
@@ -113,7 +66,7 @@ def open_recording(path: str | Path, trial: str | None = None) -> Recording:
             raise UnknownSeriesError(f"no trial {trial!r} in {path}; trials are {names}")
         location = matches[0]
     return Recording(location, trial=trial, trials=names, group=Path(path) if len(entries) > 1 or
-                     Path(path) != location else None)
+                     Path(path) != location else None, damaged=damaged)
 
 
 def _is_trial_dir(path: Path) -> bool:
@@ -126,8 +79,13 @@ def _resolve(path: Path) -> list[tuple[str, Path]]:
         raise RecordingNotFoundError(f"{path} does not exist; pass the folder given to Recorder(...) or a trial "
                                      f"folder inside it")
     if path.is_file():
-        with _open_h5(path) as f:
-            return [(str(f.attrs.get(schema.ATTR_TRIAL, path.stem)), path)]
+        try:
+            with open_h5(path) as f:
+                return [(str(f.attrs.get(schema.ATTR_TRIAL, path.stem)), path)]
+        except RecordingFormatError as error:
+            if path.name != schema.FINAL_NAME and parse_segment_name(path.name) is None:
+                raise
+            raise corrupt_error(path, [Damage("unreadable", path, "the file cannot be read", str(error))]) from None
     if _is_trial_dir(path):
         return [(path.name, path)]
     trials = sorted((p.name, p) for p in path.iterdir() if _is_trial_dir(p))
@@ -137,111 +95,59 @@ def _resolve(path: Path) -> list[tuple[str, Path]]:
     return trials
 
 
-def _open_h5(path: Path) -> h5py.File:
-    try:
-        f = h5py.File(path, "r")
-    except OSError as error:
-        raise RecordingFormatError(f"{path} is not a readable HDF5 recording: {error}") from None
-    if f.attrs.get(schema.ATTR_FORMAT) != schema.FORMAT_NAME:
-        f.close()
-        raise RecordingFormatError(f"{path} is an HDF5 file but not a comgra_ndbg recording")
-    version = int(f.attrs.get(schema.ATTR_FORMAT_VERSION, -1))
-    if version > schema.FORMAT_VERSION:
-        f.close()
-        raise RecordingFormatError(f"{path} has format version {version}, newer than this library's "
-                                   f"{schema.FORMAT_VERSION}; upgrade comgra_ndbg to read it")
-    return f
-
-
-_LIST_ATTEMPTS = 20  # listings tried when files vanish under a concurrent merge
-
-
-class _FileView:
-    """One open segment file with its small index arrays cached."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.file = _open_h5(path)
-        self.sequence = int(self.file.attrs[schema.ATTR_SEQUENCE])
-        self.complete = bool(self.file.attrs.get(schema.ATTR_COMPLETE, False))
-
-    def array(self, name: str) -> np.ndarray:
-        cache = self.__dict__.setdefault("_cache", {})
-        if name not in cache:
-            cache[name] = self.file[name][()] if name in self.file else np.zeros(0)
-        return cache[name]
-
-    @cached_property
-    def num_series(self) -> int:
-        return int(self.file[schema.SUMMARY_DATA].shape[0])
-
-    def summary_block(self, series: int) -> np.ndarray:
-        """``[rows, NUM_FIELDS]`` of one series (the merge identity where this file predates it)."""
-        rows = len(self.array(schema.SUMMARY_STEP))
-        if series >= self.num_series or rows == 0:
-            block = np.zeros((rows, schema.NUM_FIELDS))
-            block[:, schema.FIELD["min"]], block[:, schema.FIELD["max"]] = np.inf, -np.inf
-            return block
-        return self.file[schema.SUMMARY_DATA][series].T
-
-    def close(self) -> None:
-        self.file.close()
-
-
-class Recording:
+class Recording(SnapshotReading, StepTables):
     """Read access to one trial. Use as a context manager or call ``close()``."""
 
-    def __init__(self, location: Path, *, trial: str, trials: list[str], group: Path | None) -> None:
+    def __init__(self, location: Path, *, trial: str, trials: list[str], group: Path | None,
+                 damaged: str = "raise") -> None:
         self.location = Path(location)
         self.trial = trial
         self.trials = trials
         self.group = group
-        self._views: dict[Path, _FileView] = {}
+        self.skip_damage = damaged == "skip"
+        self.damage: list[Damage] = []  # with damaged="skip": every finding read around so far
+        self._views: dict[Path, FileView] = {}
         self._catalog: Catalog | None = None
         self.refresh()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Look for segments written since the last call; True when something changed."""
-        opened = self._open_live()
-        if opened is None:
+        found = open_views(self.location, self._views, skip=self.skip_damage)
+        if found is None:
             return False
+        opened, damage = found
+        if damage and (not self.skip_damage or not opened):
+            for path, view in opened.items():
+                if path not in self._views:
+                    view.close()
+            raise corrupt_error(self.location, damage)
         for path, view in self._views.items():
             if path not in opened:
                 view.close()
-        self._views = dict(sorted(opened.items(), key=lambda kv: kv[1].sequence))
+        self._views = opened
+        self.damage = [d for d in self.damage if d.kind == "checksum" and d.file in opened] + damage
         self._catalog = None
         self.__dict__.pop("_index", None)
         return True
 
-    def _open_live(self) -> dict[Path, _FileView] | None:
-        """Views of the files that hold the trial now; None when they are exactly the open ones.
-
-        A writer's merge deletes segments once the merged file covering them is in place, which can happen
-        between listing the directory and opening a listed file: the listing is then simply taken again.
-        """
-        attempt = 0
-        while True:
-            attempt += 1
-            if self.location.is_file():
-                live = [self.location]
-            else:
-                live = [path for _, _, path in list_live_segments(self.location)]
-            if not live:
-                raise RecordingNotFoundError(f"{self.location} holds no flushed segment yet")
-            if list(self._views) == live:
-                return None
-            opened: dict[Path, _FileView] = {}
-            try:
-                for path in live:
-                    opened[path] = self._views.get(path) or _FileView(path)
-                return opened
-            except RecordingFormatError:
-                for path, view in opened.items():
-                    if path not in self._views:
-                        view.close()
-                if attempt >= _LIST_ATTEMPTS or all(path.exists() for path in live):
-                    raise
+    def _damaged(self, error: DamagedData, what: str, *, tensors: tuple[str, ...] = (),
+                 steps: tuple[int, ...] | None = None) -> Damage:
+        """The record of a failed read of ``error.file``: the steps it affects where known, else the file's
+        steps, else the gap it leaves between its neighbours. Recorded in ``damage`` with ``skip``, else
+        raised."""
+        view = self._views.get(error.file)
+        reason = error.reason.lower()
+        kind = "checksum" if "checksum" in reason or "filter" in reason else "unreadable"
+        if steps is None:
+            steps = file_steps(view) if view is not None else ()
+        record = Damage(kind, error.file, what, error.reason, tuple(steps), tensors,
+                        None if steps or view is None else between(self._views, view.sequence))
+        if not self.skip_damage:
+            raise corrupt_error(self.location, [record])
+        if record not in self.damage:
+            self.damage.append(record)
+        return record
 
     def close(self) -> None:
         for view in self._views.values():
@@ -258,20 +164,38 @@ class Recording:
         """Open another trial of the same group."""
         if self.group is None:
             raise UnknownSeriesError(f"{self.location} is a single trial; there is no other trial to open")
+        require(trial, str, "trial", f"a trial name (str); trials are {self.trials}")
         return open_recording(self.group, trial)
 
     # ---- catalog -------------------------------------------------------------------------------------------
     @property
     def catalog(self) -> Catalog:
+        """The newest file's name tables (with ``damaged="skip"``, the newest that reads intact)."""
         if self._catalog is None:
-            newest = list(self._views.values())[-1]
-            self._catalog = Catalog.read(newest.file)
+            for view in reversed(list(self._views.values())):
+                try:
+                    self._catalog = view.catalog()
+                    break
+                except DamagedData as error:
+                    self._damaged(error, "its catalog (names of tensors, step types, KPIs) was unreadable; an "
+                                         "older file's was used", steps=())
+            else:
+                raise corrupt_error(self.location, self.damage)
         return self._catalog
 
     @property
     def is_complete(self) -> bool:
         """True once the recorder was closed and everything was consolidated into one file."""
-        return any(view.complete for view in self._views.values())
+        views = list(self._views.values())
+        return len(views) == 1 and views[0].complete and not self.damage
+
+    @property
+    def state(self) -> str:
+        """``finished`` (closed and consolidated), ``live`` (its writer runs), ``killed`` (its writer ended
+        without closing) or ``incomplete`` (not consolidated, and no lock says why)."""
+        if not self.location.is_dir():
+            return "finished" if self.is_complete else "incomplete"
+        return trial_state(self.location, self.is_complete)[0]
 
     @property
     def files(self) -> list[Path]:
@@ -325,6 +249,8 @@ class Recording:
     def graph(self, step_type: str | None = None) -> StoredGraph | None:
         """The dependency graph of a step type (default: of the first step type that has one), or None
         when nothing was discovered (no registered tensor reached a recorded step)."""
+        require(step_type, (str, type(None)), "step_type", f"a step type (str) or None; step types are "
+                                                            f"{self.step_types}")
         index = self.catalog.graph_of_type
         if step_type is None:
             step_type = next((t for t in self.catalog.step_types if t in index), None)
@@ -342,7 +268,13 @@ class Recording:
 
     # ---- steps -------------------------------------------------------------------------------------------
     def _concat(self, name: str) -> np.ndarray:
-        arrays = [view.array(name) for view in self._views.values()]
+        arrays = []
+        for view in self._views.values():
+            try:
+                arrays.append(view.array(name))
+            except DamagedData as error:
+                self._damaged(error, f"its table {name} was unreadable and is left out")
+                arrays.append(_blank(view, name))
         return np.concatenate(arrays) if arrays else np.zeros(0)
 
     @cached_property
@@ -360,12 +292,14 @@ class Recording:
         return self._concat(schema.STEPS_ITERATIONS).astype(np.int64)
 
     def steps_of_type(self, step_type: str) -> np.ndarray:
+        require(step_type, str, "step_type", f"a step type (str); step types are {self.step_types}")
         if step_type not in self.catalog.step_types:
             raise UnknownSeriesError(f"no step type {step_type!r}; step types are {self.step_types}")
         tid = self.catalog.step_types.index(step_type)
         return self.steps[self._index[schema.STEPS_TYPE] == tid]
 
     def step_type_of(self, step: int) -> str:
+        require(step, (int, np.integer), "step", "an int")
         hits = np.flatnonzero(self.steps == step)
         if not len(hits):
             raise UnknownSeriesError(f"step {step} was not recorded; recorded steps run from "
@@ -375,11 +309,12 @@ class Recording:
 
     def step_reasons(self) -> dict[int, str]:
         """Why each step was recorded, as the recorder's policy said."""
-        reasons = self._concat(schema.STEPS_REASON)
-        return {int(s): (r.decode() if isinstance(r, bytes) else str(r)) for s, r in zip(self.steps, reasons)}
+        return {int(s): str(r) for s, r in zip(self.steps, self._concat(schema.STEPS_REASON))}
 
     # ---- summaries ---------------------------------------------------------------------------------------
     def _tensors_for(self, name: str, tensor: str | None = None) -> list[TensorInfo]:
+        require(name, str, "a node or tensor name", f"a str; nodes are {self.nodes[:8]}")
+        require(tensor, (str, type(None)), "tensor=", "a tensor name of the node (str) or None")
         tid = self.catalog.tensor_id(name)
         if tid is not None and tensor is None:
             return [self.catalog.tensors[tid]]
@@ -394,6 +329,7 @@ class Recording:
         return members
 
     def _series(self, name: str, kind: str, tensor: str | None) -> tuple[TensorInfo, int]:
+        require(kind, str, "kind", "'value', 'grad', 'update' or 'grad:<set>'")
         members = self._tensors_for(name, tensor)
         if len(members) > 1:
             raise UnknownSeriesError(f"node {name!r} holds several tensors {[t.label for t in members]}; pass "
@@ -411,14 +347,26 @@ class Recording:
 
         ``iteration=None`` merges the iterations of each step; an int selects one iteration.
         """
-        _, sid = self._series(node, kind, tensor)
+        require(iteration, (int, np.integer, type(None)), "iteration", "an int or None (every iteration merged)")
+        info, sid = self._series(node, kind, tensor)
         steps, iterations, blocks = [], [], []
         for view in self._views.values():
-            if not len(view.array(schema.SUMMARY_STEP)):
+            try:
+                if not len(view.array(schema.SUMMARY_STEP)):
+                    continue
+                block, bad = view.summary_block(sid, skip=self.skip_damage)
+                iterations.append(view.array(schema.SUMMARY_ITERATION))
+            except DamagedData as error:
+                rows = error.rows if error.rows is not None else np.zeros(0, np.int64)
+                self._damaged(error, f"summaries ({kind})", tensors=(info.name,),
+                              steps=_unique(view, schema.SUMMARY_STEP, rows) or None)
                 continue
+            if len(bad):
+                self._damaged(DamagedData(view.path, schema.SUMMARY_DATA, "data fails its checksum"),
+                              f"summaries ({kind}) read around", tensors=(info.name,),
+                              steps=_unique(view, schema.SUMMARY_STEP, bad))
             steps.append(view.array(schema.SUMMARY_STEP))
-            iterations.append(view.array(schema.SUMMARY_ITERATION))
-            blocks.append(view.summary_block(sid))
+            blocks.append(block)
         if not blocks:
             return np.zeros(0, np.int64), np.zeros((0, schema.NUM_FIELDS))
         step, it, rows = np.concatenate(steps), np.concatenate(iterations), np.concatenate(blocks)
@@ -437,85 +385,10 @@ class Recording:
         ``node`` is a node or tensor name; ``kind`` is ``value``, ``grad``, ``update`` or ``grad:<set>``;
         ``stat`` is one of ``comgra_ndbg.statistics.STATISTICS``.
         """
-        if stat not in STATISTICS:
+        if not isinstance(stat, str) or stat not in STATISTICS:
             raise UnknownSeriesError(f"unknown statistic {stat!r}; choose one of {sorted(STATISTICS)}")
         steps, rows = self.summary_rows(node, kind, tensor=tensor, iteration=iteration)
         return steps, derive_one(rows, stat)
-
-    # ---- snapshots ---------------------------------------------------------------------------------------
-    def snapshot_steps(self, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None) -> np.ndarray:
-        _, sid = self._series(node, kind, tensor)
-        found = [view.array(schema.SNAP_STEP)[view.array(schema.SNAP_SERIES) == sid] for view in self._views.values()]
-        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
-
-    def snapshot(self, step: int, node: str, kind: str = schema.KIND_VALUE, *, tensor: str | None = None,
-                 iteration: int | None = None) -> Snapshot:
-        """The stored arrays of one tensor at one step and iteration; ``iteration=None`` takes the first
-        iteration of the step that has one (a tensor registered only in a later iteration is found too)."""
-        info, sid = self._series(node, kind, tensor)
-        found: tuple[int, _FileView, int] | None = None
-        for view in self._views.values():
-            iterations = view.array(schema.SNAP_ITERATION)
-            match = (view.array(schema.SNAP_STEP) == step) & (view.array(schema.SNAP_SERIES) == sid)
-            if iteration is not None:
-                match &= iterations == iteration
-            for i in np.flatnonzero(match).tolist():
-                if found is None or iterations[i] < found[0]:
-                    found = (int(iterations[i]), view, i)
-        if found is not None:
-            return self._read_snapshot(found[1], found[2], info, kind)
-        available = self.snapshot_steps(node, kind, tensor=tensor)
-        where = f"step {step}" if iteration is None else f"step {step}, iteration {iteration}"
-        raise UnknownSeriesError(f"no snapshot of {info.name!r} ({kind}) at {where}; snapshots exist at steps "
-                                 f"{available[:20].tolist()}{' …' if len(available) > 20 else ''}")
-
-    def _read_snapshot(self, view: _FileView, i: int, info: TensorInfo, kind: str) -> Snapshot:
-        f = view.file
-        shape = tuple(int(d) for d in view.array(schema.SNAP_SHAPE)[i] if d >= 0)
-        s0, sn = int(view.array(schema.SNAP_SAMPLES_OFFSET)[i]), int(view.array(schema.SNAP_SAMPLES_COUNT)[i])
-        v0, vn = int(view.array(schema.SNAP_VALUES_OFFSET)[i]), int(view.array(schema.SNAP_VALUES_COUNT)[i])
-        x0 = int(view.array(schema.SNAP_INDEX_OFFSET)[i])
-        return Snapshot(
-            step=int(view.array(schema.SNAP_STEP)[i]),
-            iteration=int(view.array(schema.SNAP_ITERATION)[i]),
-            tensor=info.name,
-            kind=kind,
-            shape=shape,
-            values=f[schema.VALUE_POOL][v0:v0 + vn],
-            value_index=f[schema.VALUE_INDEX_POOL][x0:x0 + vn] if x0 >= 0 else None,
-            sample_index=f[schema.SAMPLE_INDEX][s0:s0 + sn],
-            sample_rows=f[schema.SAMPLE_STATS][s0:s0 + sn],
-            sample_categories=tuple(_text(c) for c in f[schema.SAMPLE_CATEGORY][s0:s0 + sn])
-            if schema.SAMPLE_CATEGORY in f else (),
-        )
-
-    # ---- KPIs and notes ------------------------------------------------------------------------------------
-    def kpi(self, name: str, step_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(steps, values)`` of a KPI, optionally restricted to one step type."""
-        if name not in self.catalog.kpi_names:
-            raise UnknownSeriesError(f"no KPI {name!r}; KPIs are {self.kpi_names}")
-        ids, steps, values = (self._concat(schema.KPI_ID), self._concat(schema.KPI_STEP),
-                              self._concat(schema.KPI_VALUE))
-        mask = ids == self.catalog.kpi_names.index(name)
-        if step_type is not None:
-            types = self._concat(schema.KPI_STEP_TYPE)
-            if step_type not in self.catalog.step_types:
-                raise UnknownSeriesError(f"no step type {step_type!r}; step types are {self.step_types}")
-            mask &= types == self.catalog.step_types.index(step_type)
-        return steps[mask].astype(np.int64), values[mask].astype(np.float64)
-
-    @property
-    def triggers(self) -> list[TriggerMark]:
-        """Flight-recorder triggers that fired, in order."""
-        return [TriggerMark(int(s), _text(r)) for s, r in zip(self._concat(schema.TRIGGER_STEP),
-                                                              self._concat(schema.TRIGGER_REASON))]
-
-    @property
-    def notes(self) -> list[Note]:
-        steps, times, texts = (self._concat(schema.NOTE_STEP), self._concat(schema.NOTE_TIME),
-                               self._concat(schema.NOTE_TEXT))
-        return [Note(int(s), float(t), x.decode() if isinstance(x, bytes) else str(x))
-                for s, t, x in zip(steps, times, texts)]
 
     # ---- stored analysis results -----------------------------------------------------------------------------
     def analysis(self) -> StoredAnalysis | None:
@@ -525,8 +398,30 @@ class Recording:
 
     def __repr__(self) -> str:
         return (f"Recording(trial={self.trial!r}, steps={len(self.steps)}, nodes={len(self.nodes)}, "
-                f"files={len(self._views)}, complete={self.is_complete})")
+                f"files={len(self._views)}, complete={self.is_complete}"
+                + (f", damage={len(self.damage)}" if self.damage else "") + ")")
 
 
-def _text(value: object) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def require(value: object, types: type | tuple[type, ...], what: str, hint: str) -> None:
+    """A query argument of the wrong type is a typed error that says what to pass (``hint``)."""
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        value_ok = False
+    else:
+        value_ok = isinstance(value, types)
+    if not value_ok:
+        raise UnknownSeriesError(f"{what} must be {hint}, got {type(value).__name__} ({value!r:.40})")
+
+
+def _blank(view: FileView, name: str) -> np.ndarray:
+    """What stands in for a damaged table whose rows must stay parallel to the steps: empty strings."""
+    rows = len(view.array(schema.STEPS_STEP)) if name == schema.STEPS_REASON else 0
+    return np.full(rows, "", dtype=object)
+
+
+def _unique(view: FileView, name: str, rows: np.ndarray) -> tuple[int, ...]:
+    """The distinct values of table ``name`` at ``rows`` (the steps of damaged summary rows); () when that
+    table cannot be read either."""
+    try:
+        return tuple(np.unique(view.array(name)[rows]).tolist())
+    except DamagedData:
+        return ()

@@ -8,12 +8,18 @@ name, closed, flushed to disk and renamed, so a file that carries a final name i
 written again. A merged segment lists, in its ``covers`` attribute, the sequence numbers of the segments
 it replaces; readers ignore any segment covered by another. ``close()`` merges everything into
 ``recording.h5``. See ``docs/format.md``.
+
+Version 2 added, without changing anything version 1 readers rely on: checksums (HDF5's Fletcher-32 filter
+on every numeric dataset, a CRC-32 attribute on every text dataset, metadata checksums of the HDF5 1.10
+object headers), the ``recording_id`` attribute that tells a trial's own files from foreign ones, the
+append-only ``log`` table, float64 element values of float64 tensors, shapes of any rank in
+``snapshot/shape`` and the writer's lock file. Readers read versions 1 and 2.
 """
 from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT_NAME = "comgra_ndbg.recording"
 
 # ---- files -------------------------------------------------------------------------------------------
@@ -21,6 +27,8 @@ SEGMENT_PREFIX = "seg-"
 SEGMENT_SUFFIX = ".h5"
 TEMP_SUFFIX = ".tmp"
 FINAL_NAME = "recording.h5"
+LOCK_NAME = "writer.lock"  # held (flock) by the writing process; pid, host, heartbeat and last sequence inside
+LIBVER = ("v110", "v110")  # HDF5 1.10 object headers and superblock: their metadata carries checksums
 
 # ---- root attributes -----------------------------------------------------------------------------------
 ATTR_FORMAT = "format"
@@ -33,6 +41,8 @@ ATTR_COMPLETE = "complete"  # True only on the file written by close()
 ATTR_CREATED = "created"  # unix time the recorder was opened
 ATTR_LIBRARY_VERSION = "library_version"
 ATTR_CONFIG = "config"  # JSON of the recorder's settings
+ATTR_RECORDING_ID = "recording_id"  # (version 2) the same in every file of one trial, kept when it is resumed
+ATTR_CHECKSUM = "crc32"  # (version 2) dataset attribute of text datasets: see ``store/checksums.py``
 
 # ---- tensor table: one row per recorded tensor name (cumulative, ids are stable across segments) ---
 TENSORS = "tensors"
@@ -105,7 +115,7 @@ _IDENTITY[FIELD["max"]] = -np.inf
 SNAP_STEP = "snapshot/step"  # int64 [snapshots]
 SNAP_ITERATION = "snapshot/iteration"  # int32
 SNAP_SERIES = "snapshot/series"  # int32 id into the series table
-SNAP_SHAPE = "snapshot/shape"  # int64 [snapshots, MAX_RANK], -1 padded
+SNAP_SHAPE = "snapshot/shape"  # int64 [snapshots, max(MAX_RANK, largest rank)], -1 padded
 SNAP_SAMPLES_OFFSET = "snapshot/samples_offset"  # int64 into the sample pools
 SNAP_SAMPLES_COUNT = "snapshot/samples_count"  # int32 (0 for batch-less tensors)
 SNAP_VALUES_OFFSET = "snapshot/values_offset"  # int64 into the value pool
@@ -115,9 +125,9 @@ SNAP_INDEX_OFFSET = "snapshot/index_offset"  # int64 into the value-index pool (
 SAMPLE_INDEX = "snapshot/sample_index"  # int64 [pool]: position of the sample in the batch
 SAMPLE_CATEGORY = "snapshot/sample_category"  # utf-8 [pool]: the sample's category ("" when none was given)
 SAMPLE_STATS = "snapshot/sample_stats"  # float64 [pool, NUM_FIELDS]: per-sample sufficient statistics
-VALUE_POOL = "snapshot/values"  # float32 [pool]: element values (NaN/Inf kept)
+VALUE_POOL = "snapshot/values"  # float32 [pool] (float64 when a float64 tensor is in it): element values
 VALUE_INDEX_POOL = "snapshot/value_index"  # int64 [pool]: flat element index (only for subsampled)
-MAX_RANK = 8
+MAX_RANK = 8  # columns of snapshot/shape at least; a file with tensors of higher rank has more
 
 # ---- KPIs and notes --------------------------------------------------------------------------------------
 KPI_NAMES = "kpi_names"  # utf-8 list, cumulative
@@ -133,6 +143,27 @@ NOTE_TEXT = "notes/text"  # utf-8
 TRIGGER_STEP = "triggers/step"  # int64: the step at which a trigger fired
 TRIGGER_REASON = "triggers/reason"  # utf-8: what fired, e.g. "non-finite values in 'block3' (grad)"
 
+# ---- the log: append-only, step-level findings of the recorder (version 2) ---------------------------------
+LOG_STEP = "log/step"  # int64: the step it concerns (-1 before the first step)
+LOG_TIME = "log/time"  # float64 unix time
+LOG_CATEGORY = "log/category"  # utf-8: one of LOG_CATEGORIES, or a category added later
+LOG_SUBJECT = "log/subject"  # utf-8: what it is about (a tensor name, a trigger, a file), "" when nothing
+LOG_MESSAGE = "log/message"  # utf-8: one sentence: what happened and what it means for the recording
+LOG_DETAIL = "log/detail"  # utf-8: JSON object with details, "" when none
+
+# Problems: something the run asked for is not (or not exactly) in the recording.
+PROBLEM_SKIPPED_TENSOR = "skipped_tensor"  # a tensor (or its gradient) could not be summarised or snapshotted
+PROBLEM_DROPPED_ROWS = "dropped_rows"  # recorded steps that never reached the disk
+PROBLEM_STORAGE = "storage_error"  # a write, merge or consolidation failed (kept and retried)
+PROBLEM_TRIGGER = "trigger_error"  # a flight-recorder trigger raised; it counted as not firing
+PROBLEM_RECORDER = "recorder_error"  # a part of a step failed inside the recorder
+PROBLEM_OVERFLOW = "overflow"  # a statistic overflowed float64 (e.g. Σx² of values near 1e300)
+PROBLEM_DAMAGE = "damage"  # written by a salvage: what the damaged original had lost
+PROBLEM_CATEGORIES = (PROBLEM_SKIPPED_TENSOR, PROBLEM_DROPPED_ROWS, PROBLEM_STORAGE, PROBLEM_TRIGGER,
+                      PROBLEM_RECORDER, PROBLEM_OVERFLOW, PROBLEM_DAMAGE)
+LOG_RESUMED = "resumed"  # not a problem: the trial was continued by a new writer (mode="a")
+LOG_CATEGORIES = PROBLEM_CATEGORIES + (LOG_RESUMED,)
+
 # ---- modules tracked with track_module (cumulative) ------------------------------------------------------
 MODULE_PATH = "modules/path"  # utf-8, e.g. "model.encoder.0"
 MODULE_CLASS = "modules/class"  # utf-8, e.g. "Linear"
@@ -145,6 +176,7 @@ GRAPH_INDEX = "graph_index"  # utf-8 JSON: {step type: structure hash of its lat
 ROLES = ("input", "target", "output", "loss", "parameter", "intermediate")
 
 SUMMARY_CHUNK_ROWS = 4096
+CHUNK_ELEMENTS = 16384  # rows per chunk of every other table: the unit a checksum protects
 COMPRESSION = "gzip"
 COMPRESSION_LEVEL = 1
 

@@ -7,6 +7,7 @@ therefore complete and immutable, which is what makes a recording crash-safe and
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -17,11 +18,12 @@ import numpy as np
 
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
+from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset
+from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.index_pool import merge_index_pools
 
-__all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name", "parse_segment_name"]
-
-_STR = h5py.string_dtype("utf-8")
+__all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
+           "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "PATHS", "TEXT_FIELDS"]
 _SEGMENT_RE = re.compile(r"^seg-(\d{8,})-L(\d+)\.h5$")  # segment_name pads to 8 digits, never cuts
 
 
@@ -75,9 +77,21 @@ class SegmentContent:
     note_text: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
     trigger_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     trigger_reason: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    log_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    log_time: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    log_category: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    log_subject: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    log_message: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    log_detail: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
 
     def is_empty(self) -> bool:
-        return not (len(self.step) or len(self.kpi_step) or len(self.note_step) or len(self.trigger_step))
+        return not (len(self.step) or len(self.kpi_step) or len(self.note_step) or len(self.trigger_step)
+                    or len(self.log_step))
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory of the arrays (what the writer counts against its bound for unwritten segments)."""
+        return sum(getattr(self, name).nbytes for name in _ARRAYS)
 
 
 # attribute of SegmentContent -> dataset path in the file
@@ -91,15 +105,21 @@ _PATHS = {
     "snap_samples_count": schema.SNAP_SAMPLES_COUNT, "snap_values_offset": schema.SNAP_VALUES_OFFSET,
     "snap_values_count": schema.SNAP_VALUES_COUNT, "snap_subsampled": schema.SNAP_SUBSAMPLED,
     "snap_index_offset": schema.SNAP_INDEX_OFFSET,
-    "sample_index": schema.SAMPLE_INDEX, "sample_category": schema.SAMPLE_CATEGORY, "sample_stats": schema.SAMPLE_STATS, "values": schema.VALUE_POOL,
+    "sample_index": schema.SAMPLE_INDEX, "sample_category": schema.SAMPLE_CATEGORY,
+    "sample_stats": schema.SAMPLE_STATS, "values": schema.VALUE_POOL,
     "value_index": schema.VALUE_INDEX_POOL,
     "kpi_step": schema.KPI_STEP, "kpi_id": schema.KPI_ID, "kpi_value": schema.KPI_VALUE,
     "kpi_type": schema.KPI_STEP_TYPE,
     "note_step": schema.NOTE_STEP, "note_time": schema.NOTE_TIME, "note_text": schema.NOTE_TEXT,
     "trigger_step": schema.TRIGGER_STEP, "trigger_reason": schema.TRIGGER_REASON,
+    "log_step": schema.LOG_STEP, "log_time": schema.LOG_TIME, "log_category": schema.LOG_CATEGORY,
+    "log_subject": schema.LOG_SUBJECT, "log_message": schema.LOG_MESSAGE, "log_detail": schema.LOG_DETAIL,
 }
-_TEXT = {"step_reason", "note_text", "sample_category", "trigger_reason"}
+_TEXT = {"step_reason", "note_text", "sample_category", "trigger_reason", "log_category", "log_subject",
+         "log_message", "log_detail"}
 _ARRAYS = [f.name for f in fields(SegmentContent) if f.name != "catalog"]
+PATHS = _PATHS  # attribute of SegmentContent -> dataset path, for readers that walk a file table by table
+TEXT_FIELDS = frozenset(_TEXT)
 
 
 def segment_name(sequence: int, level: int) -> str:
@@ -114,42 +134,52 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
 
 
 def write_segment(path: Path, content: SegmentContent, attrs: dict) -> None:
-    """Write ``content`` to ``path`` atomically: temporary file, fsync, rename, fsync of the directory."""
-    path = Path(path)
-    tmp = path.with_name(path.name + schema.TEMP_SUFFIX)
-    with h5py.File(tmp, "w") as f:
+    """Write ``content`` to ``path`` atomically: temporary file, fsync, rename, fsync of the directory. Every
+    dataset carries its checksum (``checksums``). The HDF5 file is built in memory and written with plain
+    writes (``write_file``), so a full disk is an ``OSError`` here, never a failure inside HDF5 (which can
+    leave a half-written file behind, or crash the process)."""
+    write_file(Path(path), _image(content, attrs))
+
+
+_IMAGES = itertools.count()
+
+
+def _image(content: SegmentContent, attrs: dict) -> bytes:
+    """The bytes of the HDF5 file holding ``content`` (HDF5's in-memory "core" driver: nothing touches disk)."""
+    name = f"comgra-ndbg-segment-{os.getpid()}-{next(_IMAGES)}"  # HDF5 tells open files apart by name
+    f = h5py.File(name, "w", driver="core", backing_store=False, libver=schema.LIBVER)
+    try:
         for key, value in attrs.items():
             f.attrs[key] = value
         content.catalog.write(f)
-        for name in _ARRAYS:
-            _write_array(f, _PATHS[name], getattr(content, name), text=name in _TEXT)
-    commit_file(tmp, path)
-
-
-def commit_file(tmp: Path, path: Path) -> None:
-    """Make the finished temporary file ``tmp`` durable and put it in place as ``path`` (fsync, rename,
-    fsync of the directory): a reader sees the old state or the whole new file, never a partial one."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
+        for field_name in _ARRAYS:
+            write_dataset(f, _PATHS[field_name], getattr(content, field_name), text=field_name in _TEXT)
+        f.flush()
+        return f.id.get_file_image()
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        f.close()
+
+
+def write_file(path: Path, data: bytes | memoryview) -> None:
+    """Put ``data`` in place as ``path``: written to ``path.tmp``, fsynced, renamed, the directory fsynced; a
+    reader sees the old state or the whole file, never part of it. A failure (a full disk) removes the
+    temporary file and raises."""
+    tmp = path.with_name(path.name + schema.TEMP_SUFFIX)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fsync_directory(path.parent)
-
-
-def _write_array(f: h5py.File, path: str, data: np.ndarray, *, text: bool) -> None:
-    if text:
-        f.create_dataset(path, data=np.asarray(data, dtype=object), dtype=_STR)
-        return
-    kwargs: dict = {}
-    if path == schema.SUMMARY_DATA and data.size:
-        kwargs = dict(chunks=(1, data.shape[1], min(data.shape[2], schema.SUMMARY_CHUNK_ROWS)),
-                      compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL, shuffle=True)
-    elif data.size > 65536 and path != schema.VALUE_POOL:  # element values barely compress: stored raw
-        kwargs = dict(chunks=True, compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL,
-                      shuffle=True)
-    f.create_dataset(path, data=data, **kwargs)
 
 
 def fsync_directory(directory: Path) -> None:
@@ -166,16 +196,27 @@ def fsync_directory(directory: Path) -> None:
 
 
 def read_segment(f: h5py.File) -> SegmentContent:
-    """Load a whole segment into memory (used by the merge; the reader reads lazily instead)."""
+    """Load a whole segment into memory (used by the merge; the reader reads lazily instead). A damaged chunk
+    raises h5py's ``OSError``, text failing its checksum ``DamagedData``."""
     content = SegmentContent(catalog=Catalog.read(f))
     for name in _ARRAYS:
         if _PATHS[name] not in f:  # a table this file's writer did not know yet: keep the empty default
             continue
-        data = f[_PATHS[name]][()]
+        dataset = f[_PATHS[name]]
+        data = dataset[()]
         if name in _TEXT:
-            data = np.array([v.decode("utf-8") if isinstance(v, bytes) else v for v in data], dtype=object)
+            data = decode_text(data)
+            if not text_intact(dataset, data):
+                raise DamagedData(f.filename, _PATHS[name], "its text fails its checksum")
         setattr(content, name, data)
     return content
+
+
+def pad_shapes(shapes: np.ndarray, width: int) -> np.ndarray:
+    """Rows of ``snapshot/shape`` widened to ``width`` columns with ``-1``."""
+    if shapes.shape[1] >= width:
+        return shapes
+    return np.concatenate([shapes, np.full((len(shapes), width - shapes.shape[1]), -1, np.int64)], axis=1)
 
 
 def concat(parts: list[SegmentContent]) -> SegmentContent:
@@ -204,8 +245,10 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
                                                        [p.snap_index_offset for p in parts],
                                                        [p.snap_values_count for p in parts])
     out.snap_index_offset = np.concatenate(index_offsets)
+    width = max(p.snap_shape.shape[1] for p in parts)
+    out.snap_shape = np.concatenate([pad_shapes(p.snap_shape, width) for p in parts])
     for name in _ARRAYS:
-        if name in ("summary_data", "value_index", "snap_index_offset"):
+        if name in ("summary_data", "value_index", "snap_index_offset", "snap_shape"):
             continue
         if name in pools:
             shifted, base = [], 0

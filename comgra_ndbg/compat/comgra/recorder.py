@@ -3,19 +3,19 @@
 Every public method of Comgra's ``ComgraRecorder`` is here with Comgra's signature and meaning; each call
 becomes calls of the Recorder's public API (see ``docs/comgra.md`` for the full table):
 
-============================================  ========================================================
-Comgra                                        here
-============================================  ========================================================
-``ComgraRecorder(root, group, trial_id, …)``  ``Recorder(root / group, trial=trial_id, mode="w")``
-decision maker ("recording" a step)           the snapshot policy (:mod:`.decisions`)
-``start_batch(step, batch_size, type, …)``    ``start_step(step, step_type=type)`` (``None``: decided later)
-``start_iteration`` / ``finish_iteration``    ``start_iteration`` / ``finish_iteration``
+==============================================  ====================================================================
+Comgra                                          here
+==============================================  ====================================================================
+``ComgraRecorder(root, group, trial_id, …)``    ``Recorder(root / group, trial=trial_id, mode="w", overwrite=True)``
+decision maker ("recording" a step)             the snapshot policy (:mod:`.decisions`)
+``start_batch(step, batch_size, type, …)``      ``start_step(step, step_type=type)`` (``None``: decided later)
+``start_iteration`` / ``finish_iteration``      ``start_iteration`` / ``finish_iteration``
 ``register_tensor(name, t, is_input=True, …)``  ``register_tensor(name, t, role="input", node=…)``
-``add_tensor_connection(src, sink)``          ``add_dependency(src, sink)``
-``record_current_gradients(name)``            ``record_gradients()`` (first set), ``record_gradients(name)``
-``record_kpi_in_graph(group, name, value)``   ``record_kpi("group/name", value)``
-``add_note`` / ``finalize``                   ``add_note`` / ``close``
-============================================  ========================================================
+``add_tensor_connection(src, sink)``            ``add_dependency(src, sink)``
+``record_current_gradients(name)``              ``record_gradients()`` (first set), ``record_gradients(name)``
+``record_kpi_in_graph(group, name, value)``     ``record_kpi("group/name", value)``
+``add_note`` / ``finalize``                     ``add_note`` / ``close``
+==============================================  ====================================================================
 
 Iterations. Comgra registers initial values (``is_initial_value=True``) and parameters in iteration
 -1, before the first forward pass. Here a step that registers initial values keeps them in iteration 0
@@ -46,7 +46,7 @@ __all__ = ["ComgraRecorder"]
 ALL_SAMPLES = 2 ** 31 - 1
 """``num_samples`` for ``max_num_batch_size_to_record=None``: every sample of the batch."""
 
-_LAYER_OPTIONS = ("path", "trial", "enabled", "mode", "snapshots", "num_samples")
+_LAYER_OPTIONS = ("path", "trial", "enabled", "mode", "overwrite", "snapshots", "num_samples")
 
 
 class ComgraRecorder(Registrations):
@@ -116,7 +116,7 @@ class ComgraRecorder(Registrations):
         self._state = StepState()
         summaries = ComgraSummaries(as_policy(options.pop("summaries", 1), name="summaries"), self._state)
         snapshots = ComgraSnapshots(decision_maker_for_recordings, self._state)
-        self.recorder = Recorder(self.group_path, trial=trial_id, mode="w", summaries=summaries,
+        self.recorder = Recorder(self.group_path, trial=trial_id, mode="w", overwrite=True, summaries=summaries,
                                  snapshots=snapshots, num_samples=max_num_batch_size_to_record or ALL_SAMPLES,
                                  **options)
         self._stage = "inactive"
@@ -196,7 +196,7 @@ class ComgraRecorder(Registrations):
                                      f"first") from None
 
     def add_note(self, note: Any) -> None:
-        """Attach ``str(note)`` to the current (or last) step; shown in the GUI's Notes tab."""
+        """Attach ``str(note)`` to the current (or last) step; shown in the GUI's Notes & problems tab."""
         if self.comgra_is_active:
             self.recorder.add_note(str(note))
 

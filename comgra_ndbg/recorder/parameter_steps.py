@@ -1,0 +1,108 @@
+"""Tracked parameters on the recorder's side: ``track_module``, their values at the start of a step (copied
+for the updates, in the same pass as their summaries) and their updates at its end (a mixin of ``Recorder``;
+``parameters`` holds them)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from comgra_ndbg.errors import InvalidArgumentError, InvalidTensorError, RecorderStateError
+from comgra_ndbg.recorder.snapshot import take_update_snapshot
+from comgra_ndbg.recorder.step_record import SummaryRows
+from comgra_ndbg.recorder.validation import check_name, check_text
+from comgra_ndbg.store import schema
+
+__all__ = ["ParameterSteps"]
+
+
+class ParameterSteps:
+    """``track_module``, and the parameter values and updates of ``Recorder``'s steps; not used on its own."""
+
+    def track_module(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
+                     gradients_in_hook: bool = False, node_prefixes: Sequence[str] = ()) -> None:
+        """Record every parameter of ``module`` (value, gradient, update), named ``name.<parameter path>``.
+
+        Each parameter belongs to the node named by its owning module's path (plus ``node_suffix``), so a
+        ``Linear`` is one node holding ``weight`` and ``bias``; a parameter whose name starts with one of
+        ``node_prefixes`` (the first that matches) belongs to the node named by that prefix instead, so
+        ``node_prefixes=["model.encoder"]`` makes all of the encoder's parameters one node.
+        ``gradients_in_hook=True`` reduces each
+        gradient in its post-accumulate-grad hook as soon as it is accumulated (the last accumulation of a
+        step wins), for loops that clear ``.grad`` before ``record_gradients()`` or ``finish_step()`` runs.
+        """
+        if not self.enabled:
+            return
+        self._check_open_recorder("track_module")
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidTensorError(f"track_module({name!r}, ...) needs a torch.nn.Module, got "
+                                     f"{type(module).__name__}")
+        check_name(name, "module names")
+        if name in self._parameters.modules:
+            raise InvalidArgumentError(f"a module is already tracked as {name!r}; give each module its own name")
+        if self._step_open:
+            raise RecorderStateError(f"track_module({name!r}) was called inside step {self._step}; call it before "
+                                     f"the first start_step()")
+        if not isinstance(node_suffix, str):
+            raise InvalidArgumentError(f"node_suffix must be a str, got {type(node_suffix).__name__}")
+        check_text("node_suffix", node_suffix)
+        if isinstance(node_prefixes, str) or any(not isinstance(p, str) or not p for p in node_prefixes):
+            raise InvalidArgumentError(f"node_prefixes must be a list of non-empty str, got {node_prefixes!r}")
+        for prefix in node_prefixes:
+            check_name(prefix, "node_prefixes")
+        self._parameters.track(name, module, node_suffix=node_suffix,
+                               on_gradient=self._on_parameter_grad if gradients_in_hook else None,
+                               node_prefixes=tuple(node_prefixes))
+
+    def _start_parameters(self) -> None:
+        tracker = self._parameters
+        tracker.watch()
+        tracker.forget_gradients()  # accumulated between steps: not this step's
+        series = self._parameter_series(schema.KIND_VALUE)
+        if self._summarize:
+            if self.record_updates:
+                indices = tracker.capture(self._values)
+            else:
+                indices = self._values.add_many([value for _, value in tracker.values()])
+            self._value_blocks.append((series, indices))
+        elif self.record_updates:
+            tracker.capture()
+        if self._snapshot:
+            for sid, (_, value) in zip(series.tolist(), tracker.values()):
+                self._snaps.append((sid, 0, self._take(value, False)))
+
+    def _parameter_series(self, kind: str) -> np.ndarray:
+        """Series ids of every tracked parameter's ``kind``, in ``ParameterTracker.tensor_ids()`` order."""
+        tids = self._parameters.tensor_ids()
+        key = (kind, len(tids))
+        cached = self._series_of_parameters.get(key)
+        if cached is None:
+            cached = self._series_of_parameters[key] = np.array([self.catalog.series_id(tid, kind) for tid in tids],
+                                                                dtype=np.int64)
+        return cached
+
+    def _finish_parameters(self) -> None:
+        if not self._parameters.captured:
+            return
+        keep = self._parameters.update_mask()  # a frozen parameter that did not move has no update
+        everything = bool(keep.all())
+        if everything:
+            series = self._parameter_series(schema.KIND_UPDATE)
+        else:
+            series = np.array([self.catalog.series_id(tid, schema.KIND_UPDATE) for tid, kept
+                               in zip(self._parameters.tensor_ids(), keep.tolist()) if kept], dtype=np.int64)
+        if self._summarize:
+            indices = self._parameters.summarize_updates(self._updates)
+            rows = self._updates.collect()
+            if self._updates.failed:
+                self._report_failed(self._updates, schema.KIND_UPDATE,
+                                    dict(zip(indices, self._parameters.tensor_ids())))
+            rows = rows[indices]
+            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows if everything else rows[keep]))
+        if self._snapshot:
+            for (tid, value, start), kept in zip(self._parameters.update_pairs(), keep.tolist()):
+                if kept:
+                    self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
+                                        take_update_snapshot(value, start, max_elements=self.max_elements)))
+        self._parameters.release()

@@ -1,0 +1,163 @@
+"""Registering tensors in a step: validation at the call, the catalog entry, summary and snapshot, the
+gradient hook (a mixin of ``Recorder``).
+
+``register_tensor`` is the hot path: a known name costs a dict lookup and a fused reduction; the checks that
+need more (names the file cannot hold, roles, nodes) run when a name is new. A tensor that cannot be
+summarised (on the meta device, nested) is skipped alone and logged (``faults``).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
+from comgra_ndbg.graph import TensorEdge
+from comgra_ndbg.recorder.grad_hook import on_gradient
+from comgra_ndbg.recorder.reduce import saturation_bounds
+from comgra_ndbg.recorder.snapshot import DeferredSnapshot
+from comgra_ndbg.recorder.validation import check_name, summarizable
+from comgra_ndbg.store import schema
+from comgra_ndbg.store.catalog import TensorInfo
+
+__all__ = ["TensorRegistration", "AUTO"]
+
+AUTO = "auto"
+
+
+class TensorRegistration:
+    """``register_tensor`` and ``add_dependency`` of ``Recorder``; not used on its own."""
+
+    def register_tensor(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        *,
+        role: str = "intermediate",
+        node: str | None = None,
+        batched: bool | None = None,
+        bounds: tuple[float, float] | None | str = AUTO,
+        module: str = "",
+    ) -> torch.Tensor:
+        """Record ``tensor`` under ``name`` in the current iteration; returns ``tensor`` unchanged.
+
+        ``role`` is one of input, target, output, loss, parameter, intermediate. ``node`` groups several
+        tensors into one graph node (default: the name). ``batched`` says whether dim 0 is the batch
+        (default: yes if dim 0 matches the step's batch size, set by the first batched tensor). ``bounds``
+        is the activation's output range for saturation statistics (default: known for tanh, sigmoid and
+        softmax outputs; None for no saturation statistics). ``module`` is the path of the module that
+        produced the tensor, if any. Its gradient is recorded, through a hook, when it requires one.
+        """
+        if not self.enabled:
+            return tensor
+        if not self._step_open:
+            self._check_step_open(f"register_tensor({name!r})")
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidTensorError(f"register_tensor({name!r}, ...) needs a torch.Tensor, got "
+                                     f"{type(tensor).__name__}; convert it with torch.as_tensor(...) first")
+        if not isinstance(name, str) or name not in self._known_tensors:
+            check_name(name, "tensor names")
+        if name in self._names:
+            raise DuplicateTensorError(
+                f"tensor {name!r} was already registered in iteration {self._iteration} of step {self._step}; "
+                f"give each tensor its own name, or call start_iteration() between forward passes")
+        if role not in schema.ROLES:
+            raise InvalidArgumentError(f"role of {name!r} must be one of {list(schema.ROLES)}, got {role!r}")
+        self._step_names.add(name)
+        if not (self._summarize or self._snapshot):
+            self._names.add(name)
+            return tensor
+        self._names.add(name)
+        try:
+            self._record_tensor(name, tensor, role, node, batched, bounds, module)
+        except ComgraError:
+            self._names.discard(name)
+            raise
+        except Exception as error:  # a recorder problem must not break the training run
+            self._skipped(name, "value", error)
+        return tensor
+
+    def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
+                       bounds: Any, module: str = "") -> None:
+        known = self._known_tensors.get(name)
+        if known is None or known[1] != (node or name):
+            for text, what in ((node, "node names"), (module, "module paths")):
+                if text:
+                    check_name(text, what)
+        tensor = summarizable(tensor)
+        if batched is None:
+            batched = (role != "parameter" and tensor.dim() >= 1
+                       and (self._batch_size is None or tensor.shape[0] == self._batch_size))
+        if batched and self._batch_size is None and tensor.dim() >= 1:
+            self._batch_size = int(tensor.shape[0])
+        if isinstance(bounds, str):
+            bounds = saturation_bounds(tensor)
+        node = node or name
+        if known is None or known[0] != role or known[1] != node:
+            tid = self._tensor_id(name, tensor, role, node, bool(batched), bounds, module)
+            known = self._known_tensors[name] = (role, node, tid, self.catalog.series_id(tid, schema.KIND_VALUE))
+        tid, sid = known[2], known[3]
+        iteration = self._iteration
+        if self._summarize:
+            self._value_keys.append((sid, iteration, self._values.add(tensor, batched=bool(batched), bounds=bounds)))
+        if self._snapshot:
+            if self._deferring and batched:
+                self._deferred_values.append(DeferredSnapshot(sid, iteration, tensor.detach().clone(), True, bounds))
+            else:
+                self._snaps.append((sid, iteration, self._take(tensor, bool(batched), bounds)))
+        self._structure.add(name, iteration, tensor)
+        if tensor.requires_grad:
+            self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
+                                                           not _compiled_region(tensor))))
+
+    def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
+                       target_iteration: int | None = None, discovered: bool = False) -> None:
+        """Declare that ``target`` depends on ``source`` where autograd cannot see it (a detach, integer
+        indices, a non-differentiable step). Both are tensor names; iterations default to the current one.
+        ``discovered=True`` marks an edge that autograd did show, elsewhere (an eager pass over a compiled
+        model): it counts as a forward edge, not a manual one.
+        """
+        if not self.enabled:
+            return
+        self._check_step_open(f"add_dependency({source!r}, {target!r})")
+        for name in (source, target):
+            check_name(name, "tensor names")
+            if name not in self._step_names and self.catalog.tensor_id(name) is None:
+                raise InvalidArgumentError(
+                    f"add_dependency({source!r}, {target!r}): no tensor {name!r} was registered in this trial; "
+                    f"register both tensors (register_tensor or track_module) before connecting them")
+        iterations = [self._iteration if i is None else i for i in (source_iteration, target_iteration)]
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in iterations):
+            raise InvalidArgumentError(f"iterations of add_dependency({source!r}, {target!r}) must be ints >= 0")
+        if source == target and iterations[0] == iterations[1]:
+            raise InvalidArgumentError(f"add_dependency({source!r}, {target!r}) connects a tensor to itself; connect "
+                                       f"two tensors, or a tensor to itself in another iteration (source_iteration=, "
+                                       f"target_iteration=)")
+        self._structure.add_edge(TensorEdge(source, target, iterations[0], iterations[1]), discovered=discovered)
+
+    def _declare_all_edges(self) -> None:
+        """This step's edges all come through ``add_dependency`` (NeuralDbg's eager pass over a partly
+        compiled model): walking autograd would add shortcuts across the compiled region, whose backward is
+        one opaque node."""
+        self._structure.autograd = False
+
+    def _tensor_id(self, name: str, tensor: torch.Tensor, role: str, node: str, batched: bool,
+                   bounds: tuple[float, float] | None, module: str = "") -> int:
+        tid = self.catalog.tensor_id(name)
+        if tid is None:
+            return self.catalog.add_tensor(TensorInfo(
+                name=name, node=node, role=role, module=module, dtype=str(tensor.dtype).replace("torch.", ""),
+                shape=tuple(tensor.shape), batched=batched, bounds=bounds))
+        info = self.catalog.tensors[tid]
+        if info.role != role or info.node != node:
+            raise InvalidArgumentError(
+                f"tensor {name!r} was first registered with role {info.role!r} in node {info.node!r}, now with role "
+                f"{role!r} in node {node!r}; keep one role and node per name (or use a new name)")
+        return tid
+
+
+def _compiled_region(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` comes out of a ``torch.compile`` region, whose backward may write into the buffer
+    of the gradient it receives (so that gradient must be summarised inside its hook)."""
+    return tensor.grad_fn is not None and "CompiledFunction" in type(tensor.grad_fn).__name__

@@ -1,0 +1,118 @@
+"""The rows of the next segment as they arrive, and the segment content they become at a flush.
+
+The recorder hands the writer plain numbers and numpy arrays, one step at a time; they are kept in lists
+(appending costs nothing measurable on the training thread) and turned into the parallel arrays of a
+``SegmentContent`` only when a flush takes them.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from comgra_ndbg.store import schema
+from comgra_ndbg.store.catalog import Catalog
+from comgra_ndbg.store.index_pool import SharedPool
+from comgra_ndbg.store.segment import SegmentContent, SnapshotData
+
+__all__ = ["RowBuffers"]
+
+
+class RowBuffers:
+    """Rows of every table since the last flush."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int, int, float, int, str]] = []
+        self.summaries: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        self.snapshots: list[tuple[int, int, int, SnapshotData]] = []
+        self.kpis: list[tuple[int, int, float, int]] = []
+        self.notes: list[tuple[int, float, str]] = []
+        self.triggers: list[tuple[int, str]] = []
+        self.log: list[tuple[int, float, str, str, str, str]] = []
+
+    def add_log(self, step: int, category: str, subject: str, message: str, detail: dict | None = None,
+                when: float | None = None) -> None:
+        """One row of the log table (``schema.LOG_*``)."""
+        text = json.dumps(detail, sort_keys=True, default=str) if detail else ""
+        self.log.append((int(step), time.time() if when is None else when, category, subject, message, text))
+
+    def build(self, catalog: Catalog) -> SegmentContent:
+        """The buffered rows as one segment's content (with ``catalog``)."""
+        c = SegmentContent(catalog=catalog)
+        if self.steps:
+            cols = list(zip(*self.steps))
+            c.step = np.array(cols[0], np.int64)
+            c.step_type = np.array(cols[1], np.int32)
+            c.step_iterations = np.array(cols[2], np.int32)
+            c.step_time = np.array(cols[3], np.float64)
+            c.step_flags = np.array(cols[4], np.uint8)
+            c.step_reason = np.array(cols[5], object)
+        if self.summaries:
+            self._build_summaries(c, catalog)
+        if self.snapshots:
+            self._build_snapshots(c)
+        if self.kpis:
+            cols = list(zip(*self.kpis))
+            c.kpi_step, c.kpi_id = np.array(cols[0], np.int64), np.array(cols[1], np.int32)
+            c.kpi_value, c.kpi_type = np.array(cols[2], np.float64), np.array(cols[3], np.int32)
+        if self.triggers:
+            c.trigger_step = np.array([t[0] for t in self.triggers], np.int64)
+            c.trigger_reason = np.array([t[1] for t in self.triggers], object)
+        if self.notes:
+            cols = list(zip(*self.notes))
+            c.note_step, c.note_time = np.array(cols[0], np.int64), np.array(cols[1], np.float64)
+            c.note_text = np.array(cols[2], object)
+        if self.log:
+            cols = list(zip(*self.log))
+            c.log_step, c.log_time = np.array(cols[0], np.int64), np.array(cols[1], np.float64)
+            c.log_category, c.log_subject = np.array(cols[2], object), np.array(cols[3], object)
+            c.log_message, c.log_detail = np.array(cols[4], object), np.array(cols[5], object)
+        return c
+
+    def _build_summaries(self, c: SegmentContent, catalog: Catalog) -> None:
+        keys = sorted({(s, it) for s, it, _, _ in self.summaries})
+        position = {k: i for i, k in enumerate(keys)}
+        data = np.zeros((len(catalog.series), schema.NUM_FIELDS, len(keys)), np.float64)
+        data[:, schema.FIELD["min"], :] = np.inf
+        data[:, schema.FIELD["max"], :] = -np.inf
+        for s, it, series, rows in self.summaries:
+            data[series, :, position[(s, it)]] = rows
+        c.summary_step = np.array([k[0] for k in keys], np.int64)
+        c.summary_iteration = np.array([k[1] for k in keys], np.int32)
+        c.summary_data = data
+
+    def _build_snapshots(self, c: SegmentContent) -> None:
+        snapshots = self.snapshots
+        n = len(snapshots)
+        datas = [s[3] for s in snapshots]
+        c.snap_step = np.array([s[0] for s in snapshots], np.int64)
+        c.snap_iteration = np.array([s[1] for s in snapshots], np.int32)
+        c.snap_series = np.array([s[2] for s in snapshots], np.int32)
+        width = max(schema.MAX_RANK, max(len(d.shape) for d in datas))
+        c.snap_shape = np.array([_padded_shape(d.shape, width) for d in datas], np.int64).reshape(n, width)
+        sample_counts = np.fromiter((len(d.sample_index) for d in datas), np.int64, n)
+        value_counts = np.fromiter((len(d.values) for d in datas), np.int64, n)
+        c.snap_samples_count = sample_counts.astype(np.int32)
+        c.snap_values_count = value_counts
+        c.snap_samples_offset = np.cumsum(sample_counts) - sample_counts
+        c.snap_values_offset = np.cumsum(value_counts) - value_counts
+        index_pool = SharedPool()
+        c.snap_index_offset = np.fromiter((-1 if d.value_index is None else index_pool.add(d.value_index)
+                                           for d in datas), np.int64, n)
+        c.snap_subsampled = c.snap_index_offset >= 0
+        c.sample_index = np.concatenate([d.sample_index for d in datas]).astype(np.int64, copy=False)
+        c.sample_category = np.full(int(sample_counts.sum()), "", dtype=object)
+        for i in [i for i, d in enumerate(datas) if d.sample_category is not None]:
+            c.sample_category[c.snap_samples_offset[i]:c.snap_samples_offset[i] + sample_counts[i]] = \
+                datas[i].sample_category
+        c.sample_stats = np.concatenate([d.sample_stats for d in datas]).reshape(-1, schema.NUM_FIELDS)
+        # float32 element values, unless a float64 tensor's are among them (float32 would turn 1e300 into inf)
+        wide = any(d.values.dtype == np.float64 for d in datas)
+        c.values = np.concatenate([d.values for d in datas]).astype(np.float64 if wide else np.float32, copy=False)
+        c.value_index = index_pool.array()
+
+
+def _padded_shape(shape: tuple[int, ...], width: int) -> tuple[int, ...]:
+    """A snapshot's shape as a row of the shape table, ``-1`` padded to ``width`` columns."""
+    return tuple(shape) + (-1,) * (width - len(shape))

@@ -1,0 +1,96 @@
+"""Checksums on everything a recording stores, and how datasets are written so that they carry them.
+
+Three layers, so that no flipped byte goes unnoticed (see ``docs/format.md``, "Guarantees"):
+
+- **Numeric data**: every non-empty numeric dataset is chunked with HDF5's Fletcher-32 filter, so HDF5 checks
+  each chunk it reads and refuses a damaged one (h5py raises ``OSError``); any HDF5 reader does this, with
+  no plugin.
+- **Text**: variable-length strings live in HDF5's global heap, which no filter covers; each text dataset
+  carries a CRC-32 of its strings in the attribute ``crc32`` (:func:`text_checksum`).
+- **Metadata**: files are written with HDF5 1.10 object headers and superblock (``schema.LIBVER``), whose
+  metadata blocks carry checksums of their own, so damaged attributes or dataset layouts are refused too.
+
+Only the flush and merge paths pay for this (computing and checking checksums while writing and reading
+files); a recorded step does no extra work.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+
+import h5py
+import numpy as np
+
+from comgra_ndbg.store import schema
+
+__all__ = ["text_checksum", "write_dataset", "decode_text", "text_intact", "chunk_rows"]
+
+_STR = h5py.string_dtype("utf-8")
+
+
+def text_checksum(values: Iterable[object]) -> int:
+    """CRC-32 of a sequence of strings: their count, then each one UTF-8 encoded and NUL terminated (names,
+    notes and messages never hold a NUL: the recorder refuses them).
+
+    >>> text_checksum(["a", "b"]) == text_checksum(["a", "b"]), text_checksum(["ab"]) == text_checksum(["a", "b"])
+    (True, False)
+    """
+    items = [_encoded(v) for v in values]
+    crc = zlib.crc32(f"{len(items)}\0".encode())
+    for item in items:
+        crc = zlib.crc32(item + b"\0", crc)
+    return crc
+
+
+def _encoded(value: object) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def decode_text(data: object) -> np.ndarray:
+    """Strings read from a text dataset (bytes or str, array or scalar) as an object array of str. Bytes that
+    are not UTF-8 (a damaged heap) become U+FFFD, so that the checksum, not a decoding error, reports them."""
+    array = np.asarray(data, dtype=object).reshape(-1)
+    return np.array([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array], dtype=object)
+
+
+def text_intact(dataset: h5py.Dataset, values: np.ndarray | None = None) -> bool:
+    """Whether a text dataset's strings match its ``crc32`` attribute (True for files written before
+    version 2, which have none). ``values`` are its already decoded strings, to save reading them again."""
+    expected = dataset.attrs.get(schema.ATTR_CHECKSUM)
+    if expected is None:
+        return True
+    if values is None:
+        values = decode_text(dataset[()])
+    return int(expected) == text_checksum(values.tolist())
+
+
+def chunk_rows(data: np.ndarray) -> tuple[int, ...]:
+    """The chunk shape of a table written with checksums: ``CHUNK_ELEMENTS`` rows (or fewer, for a short
+    table) with every column."""
+    return (min(len(data), schema.CHUNK_ELEMENTS),) + tuple(data.shape[1:])
+
+
+def write_dataset(f: h5py.File, path: str, data: np.ndarray | str, *, text: bool) -> None:
+    """Create dataset ``path`` holding ``data`` with its checksum: a ``crc32`` attribute for text, the
+    Fletcher-32 filter (on chunks, with gzip where it pays) for numbers."""
+    if text:
+        if isinstance(data, str):  # a scalar string (a graph's JSON)
+            dataset = f.create_dataset(path, data=data, dtype=_STR)
+            dataset.attrs[schema.ATTR_CHECKSUM] = np.int64(text_checksum([data]))
+            return
+        values = np.asarray(data, dtype=object).reshape(-1)
+        dataset = f.create_dataset(path, data=values, dtype=_STR)
+        dataset.attrs[schema.ATTR_CHECKSUM] = np.int64(text_checksum(values.tolist()))
+        return
+    if data.size == 0:  # nothing to protect; HDF5 cannot chunk an empty dataset
+        f.create_dataset(path, data=data)
+        return
+    kwargs: dict = dict(fletcher32=True)
+    if path == schema.SUMMARY_DATA:
+        kwargs.update(chunks=(1, data.shape[1], min(data.shape[2], schema.SUMMARY_CHUNK_ROWS)),
+                      compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL, shuffle=True)
+    else:
+        kwargs.update(chunks=chunk_rows(data))
+        if data.size > 65536 and path != schema.VALUE_POOL:  # element values barely compress: stored raw
+            kwargs.update(compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL, shuffle=True)
+    f.create_dataset(path, data=data, **kwargs)
