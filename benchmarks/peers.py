@@ -14,7 +14,9 @@ Three variants of the same script, run interleaved in rounds so that machine noi
   (``source_for_comgra()``), Comgra's ``DecisionMakerForRecordingsFrequencyPerType``;
 - ``layer``: ``comgra_ndbg.compat.comgra`` with the same decision maker and difference. Its snapshots are
   Comgra's recordings (the same steps); on top, it writes summaries of every tensor at every step (the
-  library's default, what the analysis reads), which Comgra does not have.
+  library's default, what the analysis reads), which Comgra does not have;
+- ``layer, no summaries``: the same with ``recorder_options={"summaries": None}``: only the steps the
+  decision maker picks are recorded, as in Comgra.
 
 Printed per variant: mean seconds per step over the whole run (from the first step to the end of
 ``finalize()``, everything written), the median step, the mean of the steps the decision maker records,
@@ -146,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                                 lambda root: on_comgra.Demonstration(root, "peers", **options)))
     variants.append(Variant("layer, the same decision maker", lambda root: tutorial.Demonstration(
         root, "peers", **options)))
+    variants.append(Variant("layer, no summaries (Comgra's choice)", lambda root: tutorial.Demonstration(
+        root, "peers", recorder_options={"summaries": None}, **options)))
     print(f"Comgra's tutorial workload ({args.configuration}), {args.steps} steps x {args.rounds} rounds, CPU "
           f"({torch.get_num_threads()} threads), decision maker difference {args.min_training_steps_difference}",
           flush=True)

@@ -257,3 +257,29 @@ def test_real_comgra_records_the_same_steps_tensors_roles_iterations_and_values(
                                 str(j))]["val"] for j in range(5)]
             np.testing.assert_allclose(values[0], neurons, rtol=1e-6)
     assert compared > 1000
+
+
+def test_the_layer_has_comgras_calls_with_comgras_arguments_and_defaults() -> None:
+    """Every public method of Comgra 0.11.5's ComgraRecorder and decision makers, with the same arguments in
+    the same order and the same defaults (the layer adds keyword-only extras at the end: ``is_output``,
+    ``recorder_options``)."""
+    pytest.importorskip("comgra", reason="comparing with Comgra needs comgra==0.11.5 (the 'bench' extra)")
+    import inspect
+
+    import comgra.objects
+    import comgra.recorder
+
+    from comgra_ndbg.compat.comgra import objects
+    from comgra_ndbg.compat.comgra.recorder import ComgraRecorder
+
+    pairs = [(comgra.recorder.ComgraRecorder, ComgraRecorder)] + [
+        (getattr(comgra.objects, name), getattr(objects, name)) for name in objects.__all__]
+    for theirs, ours in pairs:
+        for name, function in inspect.getmembers(theirs, inspect.isfunction):
+            if name.startswith("_") and name not in ("__init__",):
+                continue
+            assert hasattr(ours, name), f"{ours.__name__}.{name}"
+            expected = [(p.name, p.default) for p in inspect.signature(function).parameters.values()]
+            found = [(p.name, p.default) for p in inspect.signature(getattr(ours, name)).parameters.values()]
+            assert found[:len(expected)] == expected, f"{ours.__name__}.{name}"
+            assert [n for n, _ in found[len(expected):]] in ([], ["is_output"], ["recorder_options"]), name
