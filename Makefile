@@ -29,6 +29,7 @@ bench: setup
 	$(PY) benchmarks/graph_layout.py
 	$(PY) benchmarks/gui_latency.py
 	$(PY) -m benchmarks.diagbench
+	$(PY) -m benchmarks.peers
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

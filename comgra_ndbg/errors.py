@@ -17,6 +17,7 @@ __all__ = [
     "CorruptRecordingError",
     "UnknownSeriesError",
     "GraphError",
+    "UnknownModuleError",
     "RecorderWarning",
 ]
 
@@ -72,6 +73,13 @@ class UnknownSeriesError(ComgraError, KeyError):
 
 class GraphError(ComgraError, ValueError):
     """A graph, a graph description or a graph request is inconsistent (unknown tensor, bad format)."""
+
+
+class UnknownModuleError(ComgraError, KeyError):
+    """A module was looked up by object that was never given to ``track_module`` (nor is inside one that was)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class RecorderWarning(UserWarning):

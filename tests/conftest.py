@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -33,3 +34,13 @@ def _missing(name: str):
         raise AssertionError(f"kernels.{name} was called although kernels.AVAILABLE is False")
 
     return kernel
+
+
+@pytest.fixture(autouse=True)
+def empty_comgra_slot() -> Iterator[None]:
+    """Every test leaves ``comgra_ndbg.compat.comgra.my_recorder`` empty, as a fresh process has it: a Comgra
+    script assigns its recorder there, and a stale one must not reach the next test."""
+    yield
+    import comgra_ndbg.compat.comgra as comgra
+
+    comgra.my_recorder = None

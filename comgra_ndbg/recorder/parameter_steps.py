@@ -3,6 +3,8 @@ for the updates, in the same pass as their summaries) and their updates at its e
 ``parameters`` holds them)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -19,11 +21,14 @@ class ParameterSteps:
     """``track_module``, and the parameter values and updates of ``Recorder``'s steps; not used on its own."""
 
     def track_module(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
-                     gradients_in_hook: bool = False) -> None:
+                     gradients_in_hook: bool = False, node_prefixes: Sequence[str] = ()) -> None:
         """Record every parameter of ``module`` (value, gradient, update), named ``name.<parameter path>``.
 
         Each parameter belongs to the node named by its owning module's path (plus ``node_suffix``), so a
-        ``Linear`` is one node holding ``weight`` and ``bias``. ``gradients_in_hook=True`` reduces each
+        ``Linear`` is one node holding ``weight`` and ``bias``; a parameter whose name starts with one of
+        ``node_prefixes`` (the first that matches) belongs to the node named by that prefix instead, so
+        ``node_prefixes=["model.encoder"]`` makes all of the encoder's parameters one node.
+        ``gradients_in_hook=True`` reduces each
         gradient in its post-accumulate-grad hook as soon as it is accumulated (the last accumulation of a
         step wins), for loops that clear ``.grad`` before ``record_gradients()`` or ``finish_step()`` runs.
         """
@@ -42,8 +47,13 @@ class ParameterSteps:
         if not isinstance(node_suffix, str):
             raise InvalidArgumentError(f"node_suffix must be a str, got {type(node_suffix).__name__}")
         check_text("node_suffix", node_suffix)
+        if isinstance(node_prefixes, str) or any(not isinstance(p, str) or not p for p in node_prefixes):
+            raise InvalidArgumentError(f"node_prefixes must be a list of non-empty str, got {node_prefixes!r}")
+        for prefix in node_prefixes:
+            check_name(prefix, "node_prefixes")
         self._parameters.track(name, module, node_suffix=node_suffix,
-                               on_gradient=self._on_parameter_grad if gradients_in_hook else None)
+                               on_gradient=self._on_parameter_grad if gradients_in_hook else None,
+                               node_prefixes=tuple(node_prefixes))
 
     def _start_parameters(self) -> None:
         tracker = self._parameters

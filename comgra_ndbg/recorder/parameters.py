@@ -16,7 +16,7 @@ read it, as ``NeuralDbg`` does.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +59,11 @@ class ParameterTracker:
     _names: dict[str, torch.nn.Parameter] | None = None
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
-              on_gradient: Callable[[int, torch.Tensor], None] | None = None) -> None:
+              on_gradient: Callable[[int, torch.Tensor], None] | None = None,
+              node_prefixes: Sequence[str] = ()) -> None:
         """Add every parameter of ``module`` as tensor ``name.<path>`` in node ``name.<owning module>`` (plus
-        ``node_suffix``). ``on_gradient(tensor id, grad)``, if given, receives each gradient as it is
+        ``node_suffix``), or in node ``prefix`` for the first of ``node_prefixes`` that ``name.<path>``
+        starts with. ``on_gradient(tensor id, grad)``, if given, receives each gradient as it is
         accumulated, and ``take_gradients`` no longer returns it."""
         self.modules.add(name)
         for path, sub in module.named_modules():
@@ -70,10 +72,11 @@ class ParameterTracker:
         for path, parameter in module.named_parameters():
             owner = _join(name, path.rpartition(".")[0])
             full = _join(name, path)
+            node = next((prefix for prefix in node_prefixes if full.startswith(prefix)), owner)
             tid = self.catalog.tensor_id(full)
             if tid is None:
                 tid = self.catalog.add_tensor(TensorInfo(
-                    name=full, node=owner + node_suffix, role="parameter", module=owner,
+                    name=full, node=node + node_suffix, role="parameter", module=owner,
                     dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
             entry = _Tracked(full, parameter, tid, handed_over=on_gradient is not None)
             self.tracked.append(entry)
