@@ -20,11 +20,11 @@ GRAPH = DependencyGraph(tuple(GraphNode(n, r, "", (n,), r == "parameter") for n,
 
 
 def run(worse_from: int | None = 200):
-    """Flat summaries; the loss doubles from step ``worse_from`` on (harm), or stays flat (None)."""
+    """Flat summaries; the loss rises 1.5x from step ``worse_from`` on (harm), or stays flat (None)."""
     rows = {(n, "value"): summary_rows(rms=np.ones(300)) for n in ROLES}
     loss = np.ones(300)
     if worse_from is not None:
-        loss[worse_from:] = 2.0
+        loss[worse_from:] = 1.5
     return build_series(rows, roles=ROLES, kpis={"loss": (np.arange(300), loss)}, graph=GRAPH)
 
 
@@ -131,3 +131,46 @@ def test_a_sudden_shift_is_harm_by_itself_a_drift_is_not() -> None:
     sudden = Event(**{**jump.__dict__, "sudden": True})
     assert summary(hypotheses([sudden], worse_from=None)) == [("exploding", "node", "b2.pre", 200)]
     assert hypotheses([jump], worse_from=None) == []
+
+
+def test_a_soft_state_from_the_first_step_is_no_failure_while_the_loss_falls() -> None:
+    band = event("optimizer_stability", "w1", "update", "unstable", 0, magnitude=0.2, at_start=True)
+    series = run(worse_from=None)
+    learning = build_series({k: v for k, v in [((n, "value"), summary_rows(rms=np.ones(300))) for n in ROLES]},
+                            roles=ROLES, kpis={"loss": (np.arange(300), np.geomspace(2.0, 0.1, 300))}, graph=GRAPH)
+    assert rank_hypotheses([band], [], learning) == []
+    assert summary(rank_hypotheses([band], [], series)) == [("optimizer_divergence", "architecture", "w1", 0)]
+
+
+def test_an_optimizer_event_that_leaves_the_model_worse_than_untrained_is_a_divergence() -> None:
+    loss = np.r_[np.geomspace(2.0, 0.05, 200), np.full(100, 5.0)]
+    rows = {(n, "value"): summary_rows(rms=np.ones(300)) for n in ROLES}
+    series = build_series(rows, roles=ROLES, kpis={"loss": (np.arange(300), loss)}, graph=GRAPH)
+    cluster = event("optimizer_stability", "optimizer", "update", "unstable", 200, magnitude=3.0)
+    assert summary(rank_hypotheses([cluster], [], series)) == [("optimizer_divergence", "optimizer", "", 200)]
+
+
+def test_a_jump_with_units_dying_past_a_weight_matrix_leaves_the_type_open() -> None:
+    jump = Event("activation_regime", "b1.pre", "value", "normal", "exploding", 200, 299, 1.5, 0.9, sudden=True)
+    dead = event("activation_regime", "b2.out", "value", "dead", 200, magnitude=1.0)
+    [h] = hypotheses([jump, dead])
+    assert (h.type, h.alternatives, h.node, h.onset) == ("unclear", ("exploding", "dead_units"), "b1.pre", 200)
+    assert h.sentence.startswith("A failure (exploding signal or dead units: unclear which) originated in 'b1.pre'")
+    assert h.remedy.startswith("tell exploding from dead_units apart in the explorer at 'b1.pre', step 200")
+    assert h.features[-1] == 1.0
+
+
+def test_two_unlinked_hard_roots_in_the_same_phase_leave_the_type_open() -> None:
+    nan_input = event("nonfinite", "x", "value", "non-finite", 210)
+    dead = event("activation_regime", "b2.out", "value", "dead", 210, magnitude=1.0)
+    series = run()
+    assert [h.type for h in rank_hypotheses([nan_input, dead], [], series)][0] == "unclear"
+    assert summary(hypotheses([nan_input, dead]))[0] == ("nonfinite_data", "data", "x", 210)  # linked: clear
+
+
+def test_a_jump_that_carries_over_to_the_signal_that_dies_further_on_is_the_jump() -> None:
+    jump = Event("activation_regime", "b1.pre", "value", "normal", "exploding", 200, 299, 1.5, 0.9, sudden=True)
+    carried = event("activation_regime", "b2.pre", "value", "exploding", 200, magnitude=1.4)
+    dead = event("activation_regime", "b2.out", "value", "dead", 200, magnitude=1.0)
+    [h] = hypotheses([jump, carried, dead])
+    assert (h.type, h.alternatives, h.node) == ("exploding", (), "b1.pre")

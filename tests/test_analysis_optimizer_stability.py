@@ -61,3 +61,30 @@ def test_transient_spike_and_divergence_of_the_loss() -> None:
     loss[300:] = 1e4
     [spike, diverging] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(400), loss)}), settle=50)
     assert (diverging.to_state, diverging.onset) == ("diverging", 300)
+
+
+def test_a_spike_below_the_untrained_models_loss_is_a_noisy_batch_not_a_fault() -> None:
+    loss = np.r_[np.linspace(2.3, 0.02, 100), np.full(100, 0.02)]
+    noisy = loss.copy()
+    noisy[150] = 0.3  # 15x a trained model's loss, far below the 2.3 it started at
+    outlier = loss.copy()
+    outlier[150] = 9.0  # worse than the untrained model: a corrupt batch
+    assert loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), noisy)})) == []
+    [spike] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), outlier)}))
+    assert (spike.to_state, spike.onset) == ("spike", 150)
+
+
+def test_a_loss_that_jumps_from_normal_to_diverging_in_one_step_is_sudden() -> None:
+    loss = np.r_[np.linspace(2.0, 1.0, 120), np.full(80, 500.0)]
+    [event] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), loss)}))
+    assert (event.to_state, event.onset, event.sudden) == ("diverging", 120, True)
+    creeping = np.r_[np.linspace(2.0, 1.0, 120), np.logspace(0, 3, 30), np.full(50, 1000.0)]
+    [event] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), creeping)}))
+    assert event.to_state == "diverging" and not event.sudden
+
+
+def test_a_spike_whose_update_left_damage_to_heal_is_still_one_batch() -> None:
+    loss = np.r_[np.linspace(2.3, 0.02, 100), np.full(100, 0.02)]
+    loss[150], loss[151:170] = 9.0, np.linspace(0.5, 0.05, 19)  # the bad batch, then a slow recovery
+    [spike] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), loss)}))
+    assert (spike.to_state, spike.onset, spike.end) == ("spike", 150, 150)

@@ -36,3 +36,12 @@ def test_a_merge_of_two_signals_or_a_reshape_ends_the_chain() -> None:
     info = {"a": NodeInfo(shape=(8, 4, 4)), "b": NodeInfo(shape=(8, 4, 4)), "sum": NodeInfo(shape=(8, 4, 4)),
             "flat": NodeInfo(shape=(8, 16))}
     assert signal_chain(g, info, "a") == {"a"}
+
+
+def test_a_container_without_weights_of_its_own_passes_its_last_layers_output_through() -> None:
+    g = graph([("dec.4", "dec.5"), ("dec.5", "model")])
+    info = {"dec.4": NodeInfo("Linear", (8, 4), (), 20), "dec.5": NodeInfo("Sigmoid", (8, 4), (), 0),
+            "model": NodeInfo("Autoencoder", (8, 4), (), 0)}
+    assert signal_chain(g, info, "dec.4") == {"dec.4", "dec.5", "model"}
+    info["model"] = NodeInfo("Head", (8, 4), (), 12)  # a module with weights of its own mixes
+    assert signal_chain(g, info, "dec.4") == {"dec.4", "dec.5"}

@@ -30,7 +30,7 @@ from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.shift import level_shifts, log_level, strength
 from comgra_ndbg.graph.model import LAYERING_KINDS, DependencyGraph
 
-__all__ = ["ParallelPaths", "parallel_paths", "balance_events", "FAMILY"]
+__all__ = ["ParallelPaths", "parallel_paths", "path_members", "balance_events", "FAMILY"]
 
 FAMILY = "path_balance"
 
@@ -62,6 +62,22 @@ def _ancestors(graph: DependencyGraph) -> dict[str, frozenset[str]]:
     for name in graph.node_names:
         visit(name)
     return out
+
+
+def path_members(graph: DependencyGraph | None, entry: str) -> frozenset[str]:
+    """Every node (parameters included) that only the path entering its merge through ``entry`` holds,
+    ``entry`` included; empty when ``entry`` begins no parallel path."""
+    if graph is None:
+        return frozenset()
+    ancestors = _ancestors(graph)
+    for group in parallel_paths(graph):
+        entries = [p for p, _ in group.paths]
+        if entry in entries:
+            computed = sorted({e.source for e in graph.edges if e.target == group.merge and e.source != group.merge
+                               and e.kind in LAYERING_KINDS})
+            others = set().union(*(ancestors[q] | {q} for q in computed if q != entry))
+            return frozenset((ancestors[entry] | {entry}) - others)
+    return frozenset()
 
 
 def parallel_paths(graph: DependencyGraph | None) -> list[ParallelPaths]:

@@ -89,8 +89,9 @@ def _relation(cause: Event, effect: Event, below: dict[str, frozenset[str]], lag
         return "backward" if reaches else None
     if _is_gradient(cause):  # a gradient reaches the forward pass only through an update
         return None
-    if effect.kind == "kpi" and effect.node == LOSS_NODE:
-        return "forward" if LOSS_NODE in below.get(cause.node, {LOSS_NODE}) else None
+    if effect.kind == "kpi" and effect.node == LOSS_NODE:  # a loss known only as a KPI ends every forward pass
+        graphed = any(LOSS_NODE in reached for reached in below.values())
+        return "forward" if LOSS_NODE in below.get(cause.node, {LOSS_NODE}) or not graphed else None
     if effect.kind == "value":
         return "forward" if effect.node in below.get(cause.node, ()) else None
     return None

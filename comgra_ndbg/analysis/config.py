@@ -47,9 +47,12 @@ class Thresholds:
     spike_factor: float = 10.0  # loss above this × its recent median: a spike
     spike_recovery_steps: int = 5  # a spike back under `spike_recovery_factor` × median within these steps is transient
     spike_recovery_factor: float = 3.0
+    spike_floor: float = 1.0  # ... and peaking at least at this × the loss of the untrained model (first steps)
+    divergence_floor: float = 2.0  # an optimizer event after which the loss settles at this × the untrained
+    # model's loss (the model is worse than untrained) is a divergence, not an instability
     divergence_factor: float = 100.0  # loss above this × its median before the event: diverging
     # harm: what turns a relative change into a failure (see analysis/harm.py)
-    harm_factor: float = 1.5  # the loss after an event at least this × the loss before it ...
+    harm_factor: float = 1.25  # the loss after an event at least this × the loss before it ...
     harm_fraction: float = 0.05  # ... and higher by at least this share of the loss the run started with
     sudden_fraction: float = 0.8  # a scale shift that covers this share of enter_decades in one step is sudden
     # causal linking

@@ -13,7 +13,8 @@ only when harm follows it: a hard event among its consequences, or the loss gett
 The loss is *worse* after step index ``i`` when the median of the next ``window`` losses exceeds the median
 of the previous ``window`` by at least ``harm_factor`` × and by at least ``harm_fraction`` of the loss the
 run started with — the second condition is the absolute floor that keeps a loss of 1e-7 doubling from being
-harm.
+harm. A soft state present from the first step is harm only when training does not work: no later stretch
+of ``window`` steps has a median loss ``harm_factor`` × below the first's.
 
 >>> import numpy as np
 >>> loss = np.r_[np.linspace(2.0, 0.5, 100), np.full(50, 1.6)]
@@ -30,7 +31,7 @@ from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.analysis.series import RunSeries
 
-__all__ = ["is_hard", "loss_worsening", "loss_is_worse", "harmful", "HARD_STATES"]
+__all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "harmful", "HARD_STATES"]
 
 HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
                          "imbalanced"})
@@ -82,5 +83,20 @@ def harmful(root: Event, effects: Iterable[Event], series: RunSeries, t: Thresho
     against)."""
     if is_hard(root) or any(is_hard(e) for e in effects):
         return True
+    if root.at_start:
+        learned = loss_improved_from_start(series, t)
+        return True if learned is None else not learned
     worse = loss_is_worse(series, root.onset, t)
     return True if worse is None else worse
+
+
+def loss_improved_from_start(series: RunSeries, t: Thresholds = Thresholds()) -> bool | None:
+    """Whether some later stretch of ``window`` steps has a median loss ``harm_factor`` × below the first
+    ``window``'s: training works, so a state present from the first step did not stop it (None without a
+    loss)."""
+    loss = np.asarray(series.loss, dtype=np.float64)
+    chunks = [loss[i:i + t.window] for i in range(0, len(loss), t.window)]
+    medians = [float(np.median(c[np.isfinite(c)])) for c in chunks if np.isfinite(c).sum() * 2 >= len(c)]
+    if len(medians) < 2 or not np.isfinite(loss[:t.window]).any():
+        return None
+    return bool(min(medians[1:]) * t.harm_factor <= medians[0])

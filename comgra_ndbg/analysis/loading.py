@@ -30,14 +30,15 @@ def load_series(recording: Recording) -> RunSeries:
 def node_info(recording: Recording) -> dict[str, NodeInfo]:
     """Per node: the class of the module whose output it is (or that owns its parameters), the shape of its
     first tensor, and the ranks of its parameters."""
-    classes = {m.path: m.class_name for m in recording.modules}
+    modules = {m.path: m for m in recording.modules}
     out: dict[str, NodeInfo] = {}
     for tensor in recording.tensors:
         known = out.get(tensor.node)
-        module_type = classes.get(tensor.module) or classes.get(tensor.node, "")
+        module = modules.get(tensor.module) or modules.get(tensor.node)
+        module_type, holds = (module.class_name, module.parameters) if module is not None else ("", -1)
         if tensor.role == "parameter":
             ranks = (known.parameter_ranks if known else ()) + (len(tensor.shape),)
-            out[tensor.node] = NodeInfo(module_type, (), ranks)
+            out[tensor.node] = NodeInfo(module_type, (), ranks, holds)
         elif known is None:
-            out[tensor.node] = NodeInfo(module_type, tuple(tensor.shape))
+            out[tensor.node] = NodeInfo(module_type, tuple(tensor.shape), (), holds)
     return out

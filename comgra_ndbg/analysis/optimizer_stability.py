@@ -6,9 +6,13 @@
   above ``update_ratio_high`` for ``persist`` steps (absolute band, from step 0);
 - *optimizer*: such jumps in at least ``optimizer_share`` of the parameter nodes within
   ``optimizer_spread`` steps form one event of the node ``optimizer``;
-- loss *spike*: the loss above ``spike_factor`` × its recent median and back under
-  ``spike_recovery_factor`` × within ``spike_recovery_steps`` (transient); *diverging*: above
-  ``divergence_factor`` × for ``persist`` steps.
+- loss *spike*: the loss above ``spike_factor`` × its recent median and, within ``spike_recovery_steps``,
+  back under ``spike_recovery_factor`` × it or ``spike_factor`` × below the spike (transient: one batch,
+  whatever damage its update left to heal), peaking at or above
+  ``spike_floor`` × the loss of the untrained model (a trained model that does worse on one batch than it
+  did before training saw something it should not; a noisy batch of a model at a loss of 1e-5 did not);
+  *diverging*: above ``divergence_factor`` × for ``persist`` steps, and by at least ``harm_fraction`` of the
+  untrained model's loss (a loss of 1e-7 rising to 1e-5 is noise, not divergence).
 
 >>> import numpy as np
 >>> from comgra_ndbg.analysis.series import build_series
@@ -26,8 +30,8 @@ from comgra_ndbg.analysis.events import Event, Evidence
 from comgra_ndbg.analysis.series import NodeSeries, RunSeries
 from comgra_ndbg.analysis.shift import level_shifts, log_level, rolling_median, runs, strength
 
-__all__ = ["optimizer_events", "update_events", "cluster_events", "loss_events", "update_ratio", "FAMILY",
-           "OPTIMIZER"]
+__all__ = ["optimizer_events", "update_events", "cluster_events", "loss_events", "update_ratio", "initial_loss",
+           "FAMILY", "OPTIMIZER"]
 
 FAMILY = "optimizer_stability"
 OPTIMIZER = "optimizer"
@@ -105,6 +109,13 @@ def cluster_events(series: RunSeries, updates: list[Event], thresholds: Threshol
     return out
 
 
+def initial_loss(loss: np.ndarray, t: Thresholds = Thresholds()) -> float:
+    """The loss of the untrained model: the median of the first ``start_steps`` finite losses (NaN if none)."""
+    finite = np.asarray(loss, dtype=np.float64)
+    finite = finite[np.isfinite(finite)][:t.start_steps]
+    return float(np.median(finite)) if len(finite) else float("nan")
+
+
 def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, stop: int | None = None,
                 settle: int = 0) -> list[Event]:
     """Transient spikes and divergence of the loss (finite values; non-finite ones are the nonfinite
@@ -115,6 +126,7 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
     if not np.isfinite(loss).any():
         return []
     steps = series.steps
+    initial = initial_loss(loss, t)
     base = rolling_median(loss, t.window, t.min_history)
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = loss / base
@@ -127,23 +139,30 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
             continue
         b = base[i]
         after = loss[i:i + t.spike_recovery_steps + 1] / b
-        back = np.flatnonzero(after < t.spike_recovery_factor)
+        back = np.flatnonzero((after < t.spike_recovery_factor) | (after * t.spike_factor <= factor[i]))
         evidence = Evidence("kpi/loss", tuple(int(v) for v in steps[i:i + 3]), tuple(float(v) for v in loss[i:i + 3]),
                             float(b))
         if len(back):
             end = i + int(back[0]) - 1
             magnitude = float(np.nanmax(loss[i:end + 1]) / b)
+            if np.nanmax(loss[i:end + 1]) < t.spike_floor * initial:
+                i = end + 1  # a noisy batch of a trained model, still better than the untrained model
+                continue
             out.append(Event(FAMILY, "loss", "kpi", "stable", "spike", int(steps[i]), int(steps[end]),
                              magnitude, strength(np.log10(magnitude), np.log10(t.spike_factor)), (evidence,)))
             i = end + 1
             continue
-        high = np.nan_to_num(loss[i:] / b, nan=np.inf) >= t.divergence_factor
+        floor = b + t.harm_fraction * initial if np.isfinite(initial) else b  # a loss of 1e-7 rising to 1e-5: noise
+        high = (np.nan_to_num(loss[i:] / b, nan=np.inf) >= t.divergence_factor) & (np.nan_to_num(loss[i:], nan=np.inf)
+                                                                                   >= floor)
         diverged = runs(high, t.persist)
         if diverged:
             start = i + diverged[0][0]
             magnitude = float(np.nanmax(loss[i:]) / b)
+            at_once = start == i or bool(loss[start - 1] < t.spike_factor * b)  # one step from normal to ≥ 100×
             out.append(Event(FAMILY, "loss", "kpi", "stable", "diverging", int(steps[start]), int(steps[n - 1]),
-                             magnitude, strength(np.log10(magnitude), np.log10(t.divergence_factor)), (evidence,)))
+                             magnitude, strength(np.log10(magnitude), np.log10(t.divergence_factor)), (evidence,),
+                             sudden=at_once))
             break
         i += 1
     return out

@@ -9,12 +9,15 @@
 | value scale jump / drop; dead or saturated units in the same signal at once | exploding / vanishing (dead_units / saturation) | node |
 | scale shift of the input | data_shift | data |
 | the spread across samples collapses (in the input: the data) | mode_collapse | node (data) |
-| one of two parallel paths' gradients or updates comes to dwarf the other's | imbalanced_learning | the path that moved |
+| one of two parallel paths' gradients come to dwarf the other's | imbalanced_learning | loss |
+| … beginning with a sudden gradient jump inside the path that moved | exploding / vanishing | the jumping node |
 | dead / saturated units | dead_units / saturation | node |
 | gradient-ratio shift with no forward cause | exploding / vanishing | node |
 | a parameter frozen while the rest trains (or never moving though it gets gradients) | update_stagnation | node |
 | the whole model frozen at once | update_stagnation | optimizer |
-| update jumps in most parameters at once | optimizer_divergence / optimizer_instability | optimizer |
+| update jumps in most parameters at once | optimizer_divergence (non-finite, ≥ 100×, or settling at 2× the untrained model's loss) / optimizer_instability | optimizer |
+| one of two parallel paths' updates come to dwarf the other's (gradients alike) | imbalanced_learning | optimizer |
+| a sudden lasting jump of the loss that sets parallel paths apart | imbalanced_learning | loss |
 | one parameter's update jump | optimizer_instability | node |
 | transient loss spike | loss_spike | data |
 | loss divergence with no other root | optimizer_divergence | optimizer |
@@ -30,9 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from comgra_ndbg.analysis.balance import path_members
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event
-from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER, initial_loss
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.structure import consumers, signal_chain
 
@@ -86,14 +90,33 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
     if root.family == "gradient_health":
         return Reading(root.to_state, "node", root.node)
     if root.family == "path_balance":
-        return Reading("imbalanced_learning", "node", root.node)
+        return _balance_reading(root, events, series, t)
     if root.family == "representation":
         return Reading("mode_collapse", "data" if role == "input" else "node", root.node)
+    if root.to_state == "diverging" and root.sudden:
+        imbalance = [e for e in events if e.family == "path_balance" and 0 <= e.onset - root.onset <= t.same_time]
+        if imbalance:  # the loss itself changed at once (a term's weight) and set the paths apart
+            return Reading("imbalanced_learning", "loss", _loss_node(series), (imbalance[0],))
     if root.node == OPTIMIZER or root.to_state == "diverging":
         return Reading(_optimizer_type(root, events, series, t), "optimizer", "")
     if root.to_state == "spike":
         return Reading("loss_spike", "data", _input_node(series))
     return Reading("optimizer_instability", "node", root.node)
+
+
+def _balance_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Thresholds) -> Reading:
+    """Updates apart under alike gradients: the learning rates; gradients apart: the loss weighs the paths —
+    unless the gradient jumped suddenly inside the path that moved, below its end: a broken backward there."""
+    if root.kind == "update":
+        return Reading("imbalanced_learning", "optimizer", "", (root,))
+    members = path_members(series.graph, root.node) - {root.node}
+    order = {n.name: n.order for n in series.nodes}
+    jumps = [e for e in events if e.family == "gradient_health" and e.sudden and e.node in members
+             and abs(e.onset - root.onset) <= t.same_time]
+    if jumps:
+        jump = max(jumps, key=lambda e: order.get(e.node, -1))
+        return Reading(jump.to_state, "node", jump.node, (root,))
+    return Reading("imbalanced_learning", "loss", _loss_node(series), (root,))
 
 
 def _nonfinite_reading(root: Event, role: str, series: RunSeries) -> Reading:
@@ -144,6 +167,11 @@ def _optimizer_type(root: Event, events: Sequence[Event], series: RunSeries, t: 
         base = float(np.nanmedian(before))
         if base > 0 and (~np.isfinite(after) | (after >= t.divergence_factor * base)).any():
             return "optimizer_divergence"
+        initial = initial_loss(loss, t)
+        settled = after[1:t.window + 1]
+        if (np.isfinite(initial) and np.isfinite(settled).any()
+                and np.nanmedian(settled) >= t.divergence_floor * initial):
+            return "optimizer_divergence"  # the model is now worse than it was untrained
     return "optimizer_instability"
 
 

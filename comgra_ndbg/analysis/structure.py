@@ -7,9 +7,10 @@ A jump in a linear layer's output followed, one or two such modules later, by de
 that layer: the analysis reads it along these *pass-through chains*, never along one direct edge only.
 
 A node passes its signal through when its module class acts unit by unit (see :data:`PASSTHROUGH`), or —
-for nodes whose class is unknown (tensors registered by hand) — when it has exactly one computed input, no
-parameter of rank 2 or more (a weight matrix or kernel mixes units) and the same shape as that input (or no
-known shape).
+for nodes whose class is unknown (tensors registered by hand) or a module without parameters of its own (a
+container returning its last layer's output, a custom scaling) — when it has exactly one computed input,
+no parameter of rank 2 or more (a weight matrix or kernel mixes units) and the same shape as that input (or
+no known shape).
 
 >>> from comgra_ndbg.graph.model import DependencyGraph, GraphEdge, GraphNode
 >>> n = lambda name, role="intermediate": GraphNode(name, role, "", (name,), role == "parameter")
@@ -46,12 +47,13 @@ PASSTHROUGH = frozenset({
 @dataclass(frozen=True)
 class NodeInfo:
     """What the recording says about a node besides its series: the class of the module that produced it
-    (``""`` when unknown), the shape of its first recorded value, and the ranks of its parameters (for a
-    parameter node)."""
+    (``""`` when unknown), the shape of its first recorded value, the ranks of its parameters (for a
+    parameter node) and how many parameters the module holds itself."""
 
     module_type: str = ""
     shape: tuple[int, ...] = ()
     parameter_ranks: tuple[int, ...] = ()
+    own_parameters: int = -1  # parameters the module holds itself (-1: unknown)
 
 
 def children(graph: DependencyGraph | None, name: str) -> tuple[str, ...]:
@@ -78,8 +80,10 @@ def consumers(graph: DependencyGraph | None, parameter_node: str) -> tuple[str, 
 def passes_through(graph: DependencyGraph | None, info: Mapping[str, NodeInfo], name: str) -> bool:
     """Whether node ``name`` carries its input's signal unit by unit (see the module docstring)."""
     own = info.get(name, NodeInfo())
-    if own.module_type:
-        return own.module_type in PASSTHROUGH
+    if own.module_type in PASSTHROUGH:
+        return True
+    if own.module_type and own.own_parameters != 0:
+        return False  # a module with weights of its own (or of unknown holdings): it mixes units
     inputs = parents(graph, name)
     computed = [p for p in inputs if not info.get(p, NodeInfo()).parameter_ranks]
     weights = [p for p in inputs if any(r >= 2 for r in info.get(p, NodeInfo()).parameter_ranks)]

@@ -169,8 +169,10 @@ class StepDetection:
 
     # ---- ending a step -------------------------------------------------------------------------------------
     def _end_step(self) -> None:
-        """Finish the open step, or discard it when it was the model's pass inside another model's update."""
-        if self._foreign_steps and not self._own_steps and self._parameter_version() == self._parameter_mark:
+        """Finish the open step, or discard it when it was the model's pass inside another model's update (a
+        model without trainable parameters has no update of its own: every training pass is a step)."""
+        if (self._foreign_steps and not self._own_steps and not self._steps_by_pass
+                and self._parameter_version() == self._parameter_mark):
             self._discard_step()
         else:
             self._finish_step()
