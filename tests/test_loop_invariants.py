@@ -264,6 +264,30 @@ def test_a_learning_rate_of_zero_everywhere_is_found_and_a_warm_up_from_zero_is_
     assert rows == [] and loop_hypotheses(diagnosis) == []
 
 
+def test_one_param_group_set_to_zero_while_the_other_trains_follows_the_stagnation_it_explains(tmp_path: Path
+                                                                                                ) -> None:
+    model = mlp(dropout=0.0)
+    optimizer = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[3].parameters()}], lr=0.1)
+
+    def loop() -> None:
+        g = torch.Generator().manual_seed(1)
+        for step in range(80):
+            if step == 30:
+                optimizer.param_groups[0]["lr"] = 0.0  # the first layer frozen through its learning rate
+            x, y = batch(g)
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+    _, diagnosis = record(tmp_path, model, loop)
+    [stopped] = loop_hypotheses(diagnosis)
+    assert (stopped.type, stopped.onset, stopped.chain.root.to_state) == ("update_stagnation", 30, "lr_group_stopped")
+    assert "param group 0 fell to 0" in stopped.sentence and "requires_grad_(False)" in stopped.sentence
+    top = diagnosis.top  # the failure is where the group's parameters are; the loop hypothesis says how
+    assert (top.type, top.origin, top.node) == ("update_stagnation", "node", "model.0.parameters")
+    assert diagnosis.hypotheses.index(stopped) > 0
+
+
 # ---- the learning rate schedule ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("schedule", ["step_per_batch", "warmup_cosine", "step_decay", "warm_restarts"])
 def test_a_schedule_stepped_per_batch_collapses_the_rate_and_healthy_schedules_do_not(tmp_path: Path,

@@ -14,7 +14,9 @@ Two sources, both read by :func:`loop_diagnosis`:
 Each failure becomes a :class:`~comgra_ndbg.analysis.events.Hypothesis` whose sentence names the cause and
 the remedy; each piece of information (a part frozen on purpose) a note. A loop error is the cause of the
 statistical effects it produces, so :func:`merge_hypotheses` ranks it ahead of every statistical hypothesis
-that starts no earlier than it (``slack`` steps of reporting delay allowed).
+that starts no earlier than it (``slack`` steps of reporting delay allowed) — except one param group's rate
+stopping while other groups train (``lr_group_stopped``): that failure is where the group's parameters are,
+which the statistical stagnation hypothesis names, so the loop hypothesis follows it as the mechanism.
 
 Confidence is a small explicit rule, not a fitted one: :data:`CONFIDENCE` gives each invariant the
 probability that a violation means a real mistake, by how directly it is observed — 0.95 for facts the
@@ -52,7 +54,7 @@ CONFIDENCE = {
     "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
     "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
     "batchnorm_batch_one": 0.95, "unused_parameters": 0.9, "half_precision_eps": 0.95,
-    "lr_collapse": 0.9, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
+    "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
 }
 """Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
 
@@ -92,6 +94,9 @@ _READING = {
     "lr_collapse": ("update_stagnation", "optimizer",
                     "check the scheduler: step it once per epoch if its step_size / T_max / milestones count "
                     "epochs (or give it the number of batches), and check the steps it was told the run has"),
+    "lr_group_stopped": ("update_stagnation", "optimizer",
+                         "if that group is meant to train, restore its learning rate (a param_groups edit, or a "
+                         "scheduler lambda returning 0 for it); to freeze it on purpose, use requires_grad_(False)"),
     "repeated_batch": ("repeated_batch", "data",
                        "create the DataLoader (with shuffle=True) once, outside the training loop, and draw every "
                        "batch from the same iterator; if you train on the whole data set as one batch on purpose, "
@@ -104,6 +109,9 @@ _READING = {
                         "index that never changes)"),
 }
 _POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one")
+_BEHIND = ("lr_group_stopped",)
+"""Invariants that explain how, not where: one param group stopped while the others train is a failure of
+the nodes that group holds, which the statistical stagnation hypothesis names; the loop hypothesis follows it."""
 COLLAPSE_DECADES = 3.0  # a learning rate at or below 10^-3 of its maximum so far has collapsed
 RECOVERED = 0.1  # ... unless it comes back to a tenth of that maximum (warm restarts, cyclic schedules)
 EARLY = 0.5  # a collapse before this share of the run is no schedule's intended end
@@ -237,8 +245,8 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
     if not statistical:
         return list(loop)
     first = statistical[0].onset + slack
-    ahead = [h for h in loop if h.onset <= first]
-    behind = [h for h in loop if h.onset > first]
+    ahead = [h for h in loop if h.onset <= first and h.chain.root.to_state not in _BEHIND]
+    behind = [h for h in loop if h not in ahead]
     return ahead + list(statistical) + behind
 
 
@@ -274,10 +282,13 @@ def _lr_findings(series: RunSeries) -> list[_Finding]:
                 break
             onset = int(series.steps[position])
             group = name[3:]
+            others = [k for k in series.kpis if k.startswith("lr/") and k != name]
+            kind = "lr_group_stopped" if any(_still_training(series.kpis[k], position) for k in others) else \
+                "lr_collapse"
             what = ("fell to 0" if values[i] == 0 else
                     f"fell to {values[i]:.3g}, {values[i] / peak[i]:.1g} of its maximum {peak[i]:.3g},")
             out.append(_Finding(
-                "lr_collapse", onset, "",
+                kind, onset, "",
                 f"the learning rate of param group {group} {what} at step {onset} and stayed there for the remaining "
                 f"{left} step(s) of the run ({position / max(n, 1):.0%} of the way through): from then on the "
                 f"updates are too small to train",
@@ -286,6 +297,13 @@ def _lr_findings(series: RunSeries) -> list[_Finding]:
                 float(np.log10(peak[i] / values[i])) if values[i] > 0 else float("inf")))
             break
     return out
+
+
+def _still_training(lr: np.ndarray, position: int) -> bool:
+    """Whether another group's rate is above 10^-3 of its own maximum at ``position``."""
+    seen = lr[:position + 1]
+    seen = seen[np.isfinite(seen)]
+    return bool(len(seen) and seen[-1] > seen.max() * 10 ** -COLLAPSE_DECADES)
 
 
 # ---- data: the same batch, unnormalised inputs, a constant target --------------------------------------------
