@@ -1,9 +1,11 @@
 """diagbench v2 smoke subset, trained, recorded, validated, analysed and scored leave-one-family-out as CI
 does: three faults and two healthy configurations per family, one seed, the held-back family left out.
 
-``FLOORS`` and ``CEILINGS`` bound the pooled scores of the analysis. They start at the weakest possible
-values; raise them from the figures of the full run (``python -m benchmarks.diagbench``, see
-docs/diagnosis.md) less a margin of one smoke run, so that a regression of the engine fails here.
+``FLOORS`` and ``CEILINGS`` bound the pooled scores of the analysis. They are set from the full run
+(pooled TPR 0.986, type 0.986, origin 0.982, onset 1.000, FPR 0.006, ECE 0.082; see docs/diagnosis.md) less
+the margin of one smoke run — on 18 faulty runs one miss is 0.056, on 11 healthy runs one false alarm 0.09
+— so that a regression of the engine fails here and the noise of one seed does not. This subset scored
+1.000 on every rate, FPR 0 and ECE 0.092 when they were set.
 """
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ from benchmarks.diagbench.report import TITLES, report
 from benchmarks.diagbench.specs import SMOKE
 from benchmarks.diagbench.training import TRUTH_FILE
 
-FLOORS = {"tpr": 0.0, "type_accuracy": 0.0, "origin_top1": 0.0, "origin_top3": 0.0, "onset_within_2": 0.0,
-          "validation_rate": 0.0}
-CEILINGS = {"fpr": 1.0, "early_alarms": 18, "ece": 1.0, "seconds_mean": 10.0}
+FLOORS = {"tpr": 0.94, "type_accuracy": 0.88, "origin_top1": 0.88, "origin_top3": 0.94, "onset_within_2": 0.94,
+          "validation_rate": 0.9}
+CEILINGS = {"fpr": 0.1, "early_alarms": 1, "ece": 0.25, "seconds_mean": 1.0}
 
 
 def _value(scores: dict, name: str, missing: float) -> float:

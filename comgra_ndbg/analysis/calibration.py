@@ -18,11 +18,12 @@ import numpy as np
 
 __all__ = ["calibrated_confidence", "fit_platt", "WEIGHTS", "BIAS"]
 
-# Fitted on the 349 ranked hypotheses of the full diagbench v2 run (six families, 529 runs; see the module
-# docstring for how to refit). No hypothesis of that run abstained, so the data say nothing about the last
-# feature (abstention): its weight is set, not fitted, to -3.0 — an "unclear" hypothesis is never confident.
-WEIGHTS = (3.3712, 0.0662, 1.0047, -0.4091, -0.9784, 0.5198, -0.441, 0.295, 1.2444, -3.0)
-BIAS = -0.4136
+# Fitted on the 423 ranked hypotheses of the full diagbench v2 run with every family (607 runs; see the
+# module docstring for how to refit). No hypothesis of that run abstained, so the data say nothing about the
+# last feature (abstention): its weight is set, not fitted, to -3.0 — an "unclear" hypothesis is never
+# confident.
+WEIGHTS = (3.188, 0.5648, 0.9412, -0.653, 0.0579, 1.9298, -0.5024, 0.4965, 2.1394, -3.0)
+BIAS = -2.9124
 
 
 def calibrated_confidence(features: Sequence[float], *, weights: Sequence[float] = WEIGHTS,
