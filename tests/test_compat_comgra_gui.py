@@ -1,32 +1,23 @@
 """The tutorial-shaped Comgra script's recording in the explorer, in real headless Chromium: the walk through
 Comgra's README takes (type of training step, iteration, role of tensor, batch index), then the other trial,
-the KPIs and the notes. The server, browser and helpers are those of ``test_gui_browser`` (skipped, with
-its reason, where Chromium, ChromeDriver or selenium are missing)."""
+the KPIs and the notes. The server, browser and helpers are those of ``browser_support`` and ``test_gui_browser``
+(skipped, with the reason, where Chromium, ChromeDriver or selenium are missing)."""
 from __future__ import annotations
 
-import logging
-import threading
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from test_gui_browser import (browser, choose, click_stepper, console_errors, select_node, settled, statistic, text,
-                              wait_for)
+from browser_support import By, chromium, choose, console_problems, served, settled, text, wait_for
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.keys import Keys
+from test_gui_browser import click_stepper, select_node, statistic
 
 from comgra_ndbg.compat.comgra import CompatibilityWarning
 from comgra_ndbg.compat.comgra.tutorial import CONFIGURATIONS, Demonstration
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.app import create_app
-
-# test_gui_browser skipped this module already where Chromium, ChromeDriver or selenium are missing
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from werkzeug.serving import make_server  # noqa: E402
-
-__all__ = ["browser"]  # the fixture, taken over from test_gui_browser with this module's url
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +33,15 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompatibilityWarning)  # the tutorial passes Comgra's visual prefixes
         Demonstration(root, "tutorial", **SMALL).run_all_configurations()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = make_server("127.0.0.1", 0, create_app(root / "tutorial", interval_ms=400).server, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/"
-    server.shutdown()
-    thread.join(timeout=5)
+    with served(create_app(root / "tutorial", interval_ms=400)) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def browser(url: str) -> Iterator[Any]:
+    with chromium() as driver:
+        driver.get(url)
+        yield driver
 
 
 def graph_nodes(driver: Any) -> list[str]:
@@ -135,5 +128,5 @@ def test_the_other_trial_keeps_the_selection_and_kpis_and_notes_render(browser: 
     assert "Step 4: 5 iterations (training)" in notes and "Step 11: 20 iterations (testing)" in notes
     tabs["Tensors"].click()
     wait_for(lambda: settled(browser), "callbacks to settle")
-    assert console_errors(browser) == []
+    assert console_problems(browser) == []
 

@@ -16,8 +16,8 @@ import comgra_ndbg.compat.comgra as comgra
 from comgra_ndbg import open_recording
 from comgra_ndbg.compat.comgra import CompatibilityWarning
 from comgra_ndbg.compat.comgra.tutorial import CONFIGURATIONS, Demonstration, source_for_comgra
-from comgra_ndbg.gui import callbacks
-from comgra_ndbg.gui.state import ReaderCache
+from comgra_ndbg.gui import callbacks, panels
+from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 
 SMALL = dict(steps=26, batch_size=8, hidden_size=16, memory_size=6, dataset_size=64,
              min_training_steps_difference=20)
@@ -85,7 +85,7 @@ def test_the_gui_offers_the_selectors_comgras_readme_walks_through(group: Path) 
         out = callbacks.update_selection(cache, "node", "helper_partial_sums", out["store"])
         assert [o["label"] for o in out["tensor_options"]][:2] == ["final", "up_to_iteration_00"]  # role of tensor
         out = callbacks.update_selection(cache, "tensor", "helper_partial_sums.final", out["store"])
-        panel = callbacks.tensor_panel(cache, out["store"], None, None)
+        panel = panels.tensor_panel(cache, Selection.from_dict(out["store"]["selection"]), ViewOptions())
         assert panel["header"].startswith("helper_partial_sums / final · value · step ")
         assert "iteration 5 · sample 0" in panel["header"]
         out = callbacks.update_selection(cache, "trial", f"trial_{FIXED}", out["store"])  # the fixed trial
