@@ -172,17 +172,17 @@ def test_the_sample_spread_is_listed_tabulated_and_plotted(cache: ReaderCache, g
     """A batch statistic: the whole batch's table and timeline show it, one sample's table shows it unknown."""
     page = create_app(group).layout()
     assert {"sample_spread", "sample_spread_rms"} <= set(_find(page, ids.STAT).options)
-    out = callbacks.update_selection(cache, "graph", "hidden", None)
-    panel = callbacks.tensor_panel(cache, out["store"], "table", 1)
+    out = act(cache, "graph", ("hidden", "node"))
+    panel = panels.tensor_panel(cache, selection_of(out), ViewOptions(values_mode="table"))
     recording = open_recording(group, "a")
     steps, spread = recording.summary("hidden", stat="sample_spread")
     table = dict(cells(panel["stats"]))
     assert 0 < spread[-1] < 1 and table["sample_spread"] == f"{spread[-1]:.6g}"
-    sample = callbacks.tensor_panel(cache, callbacks.update_selection(cache, "sample", 2, out["store"])["store"],
-                                    "table", 1)
+    sample = panels.tensor_panel(cache, selection_of(act(cache, "sample", 2, out)), ViewOptions(values_mode="table"))
     assert dict(cells(sample["stats"]))["sample_spread"] == "—"
-    restat = callbacks.update_selection(cache, "stat", "sample_spread", out["store"])
-    figure, _ = callbacks.timeline_view(cache, restat["store"], None)
+    restat = act(cache, "stat", "sample_spread", out)
+    figure = restat["timeline"]
+    assert figure["layout"]["yaxis"]["title"]["text"] == "sample_spread"
     plotted = {x: y for trace in figure["data"] for x, y in zip(trace["x"], trace["y"])}
     assert plotted == pytest.approx(dict(zip(steps.tolist(), spread.tolist())), rel=1e-12)
 

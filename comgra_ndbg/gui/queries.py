@@ -238,7 +238,7 @@ def evidence_statistic(series: str) -> tuple[str, str, str] | None:
 
     >>> evidence_statistic("h/value/saturated_fraction"), evidence_statistic("a/grad/rms÷out/grad/rms")
     (('h', 'value', 'saturated_fraction'), ('a', 'grad', 'rms'))
-    >>> evidence_statistic("kpi/loss") is None, evidence_statistic("h/value/sample_spread") is None
+    >>> evidence_statistic("kpi/loss") is None, evidence_statistic("h/loop/stale_gradients") is None
     (True, True)
     """
     parts = series.split("÷", 1)[0].rsplit("/", 2)
