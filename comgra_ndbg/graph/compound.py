@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from comgra_ndbg.graph.layout import implied_edges
+from comgra_ndbg.graph.layout import back_edges, implied_edges
 from comgra_ndbg.graph.model import (KIND_FORWARD, KIND_ITERATION, KIND_MANUAL, PARAMETER_ROLE, DependencyGraph,
                                      GraphError)
 
@@ -340,34 +340,7 @@ def _edges(graph: DependencyGraph, shown_as: Mapping[str, str], show_implied: bo
     ids = sorted({x for s, t in counts for x in (s, t)})
     index = {x: i for i, x in enumerate(ids)}
     layering = [(index[e.source], index[e.target]) for e in edges if e.kind in LAYERING and e.source != e.target]
-    back = _back_edges(len(ids), layering)
+    back = back_edges(len(ids), layering)
     implied = implied_edges(len(ids), [p for p in layering if p not in back])
     kept = [e for e in edges if (index[e.source], index[e.target]) not in implied or e.kind not in LAYERING]
     return tuple(kept), len(edges) - len(kept)
-
-
-def _back_edges(count: int, edges: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
-    """Edges closing a cycle in a depth-first search in index order (left out of the reduction)."""
-    successors: list[list[int]] = [[] for _ in range(count)]
-    for u, v in edges:
-        successors[u].append(v)
-    state, back = [0] * count, set()
-    for start in range(count):
-        if state[start]:
-            continue
-        state[start] = 1
-        stack = [(start, 0)]
-        while stack:
-            u, i = stack[-1]
-            if i == len(successors[u]):
-                state[u] = 2
-                stack.pop()
-                continue
-            stack[-1] = (u, i + 1)
-            v = successors[u][i]
-            if state[v] == 1:
-                back.add((u, v))
-            elif state[v] == 0:
-                state[v] = 1
-                stack.append((v, 0))
-    return back

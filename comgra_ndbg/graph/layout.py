@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from comgra_ndbg.graph.model import LAYERING_KINDS, DependencyGraph
 
-__all__ = ["assign_layers", "count_crossings", "layered_layout", "ordered_columns", "implied_edges"]
+__all__ = ["assign_layers", "back_edges", "count_crossings", "layered_layout", "ordered_columns", "implied_edges"]
 
 INPUT_ROLE = "input"
 
@@ -134,8 +134,8 @@ def _layering_pairs(graph: DependencyGraph, index: Mapping[str, int]) -> list[tu
     return sorted(pairs)
 
 
-def _acyclic_edges(count: int, edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``edges`` with those closing a cycle reversed (iterative DFS from nodes in index order)."""
+def back_edges(count: int, edges: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Edges closing a cycle in an iterative depth-first search from nodes in index order."""
     successors: list[list[int]] = [[] for _ in range(count)]
     for u, v in edges:
         successors[u].append(v)
@@ -159,8 +159,14 @@ def _acyclic_edges(count: int, edges: Iterable[tuple[int, int]]) -> list[tuple[i
             elif state[v] == 0:
                 state[v] = 1
                 stack.append((v, 0))
-    result = {(v, u) if (u, v) in back else (u, v) for u in range(count) for v in successors[u]}
-    return sorted(result)
+    return back
+
+
+def _acyclic_edges(count: int, edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``edges`` with those closing a cycle reversed."""
+    edges = list(edges)
+    back = back_edges(count, edges)
+    return sorted({(v, u) if (u, v) in back else (u, v) for u, v in edges})
 
 
 def _topological(count: int, edges: Sequence[tuple[int, int]]) -> list[int]:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from comgra_ndbg.gui.queries import all_steps, element_values, primary_tensor
+from comgra_ndbg.gui.queries import all_steps, element_values, node_rows, primary_tensor
 from comgra_ndbg.gui.state import ReaderCache, Selection
-from comgra_ndbg.statistics import derive_one, merge_groups
+from comgra_ndbg.statistics import derive_one
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording
 
@@ -65,18 +65,6 @@ class NodeMatrix:
         return {n: float(v) for n, v in zip(self.nodes, self.values[:, column]) if np.isfinite(v)}
 
 
-def _node_rows(recording: Recording, node: str, kind: str) -> tuple[np.ndarray, np.ndarray] | None:
-    steps, rows = [], []
-    for info in recording.tensors_of(node):
-        if kind in recording.kinds(info.name):
-            s, r = recording.summary_rows(info.name, kind)
-            steps.append(s)
-            rows.append(r)
-    if not steps:
-        return None
-    return merge_groups(np.concatenate(steps), np.concatenate(rows))
-
-
 def _place(columns: np.ndarray, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
     row = np.full(len(columns), np.nan, np.float32)
     if len(steps):
@@ -87,13 +75,13 @@ def _place(columns: np.ndarray, steps: np.ndarray, values: np.ndarray) -> np.nda
 def _node_values(recording: Recording, node: str, colour: str) -> tuple[np.ndarray, np.ndarray] | None:
     kind, stat = colour.split(":", 1)
     if stat == "ratio":
-        update, value = _node_rows(recording, node, schema.KIND_UPDATE), _node_rows(recording, node, "value")
+        update, value = node_rows(recording, node, schema.KIND_UPDATE), node_rows(recording, node, "value")
         if update is None or value is None:
             return None
         steps, a, b = np.intersect1d(update[0], value[0], assume_unique=True, return_indices=True)
         with np.errstate(divide="ignore", invalid="ignore"):
             return steps, derive_one(update[1][a], "l2") / derive_one(value[1][b], "l2")
-    found = _node_rows(recording, node, kind)
+    found = node_rows(recording, node, kind)
     return None if found is None else (found[0], derive_one(found[1], stat))
 
 

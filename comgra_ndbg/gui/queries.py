@@ -18,7 +18,7 @@ from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, Snapshot
 
-__all__ = ["ElementValues", "element_values", "node_events", "node_series", "primary_tensor", "series_values",
+__all__ = ["ElementValues", "element_values", "node_events", "node_rows", "node_series", "primary_tensor", "series_values",
            "statistics_at", "timeline_curves", "trace_curves"]
 
 
@@ -38,17 +38,25 @@ def node_series(cache: ReaderCache, trial: str, node: str, kind: str, stat: str)
     """``(steps, values)`` of a statistic of a whole node: the sufficient statistics of its tensors merged per
     step (iterations merged), as the analysis reads a node. Empty when no tensor of it has ``kind``."""
     def compute(recording: Recording) -> tuple[np.ndarray, np.ndarray]:
-        steps, rows = [], []
-        for info in recording.tensors_of(node):
-            if kind in recording.kinds(info.name):
-                s, r = recording.summary_rows(info.name, kind)
-                steps.append(s)
-                rows.append(r)
-        if not steps:
+        found = node_rows(recording, node, kind)
+        if found is None:
             return np.zeros(0, np.int64), np.zeros(0)
-        merged_steps, merged = merge_groups(np.concatenate(steps), np.concatenate(rows))
-        return merged_steps, derive_one(merged, stat)
+        return found[0], derive_one(found[1], stat)
     return cache.memo(trial, ("node-values", node, kind, stat), compute)
+
+
+def node_rows(recording: Recording, node: str, kind: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(steps, rows)``: the sufficient statistics of every tensor of ``node`` with ``kind``, merged per step;
+    None when no tensor of it has ``kind``."""
+    steps, rows = [], []
+    for info in recording.tensors_of(node):
+        if kind in recording.kinds(info.name):
+            s, r = recording.summary_rows(info.name, kind)
+            steps.append(s)
+            rows.append(r)
+    if not steps:
+        return None
+    return merge_groups(np.concatenate(steps), np.concatenate(rows))
 
 
 def primary_tensor(recording: Recording, node: str, kind: str | None = None, like: str | None = None) -> str | None:

@@ -52,6 +52,6 @@ def _compiled_functions(root: nn.Module) -> list[CodeType]:
         from torch._dynamo import external_utils
         wrapper = external_utils.wrap_inline.__code__
         codes.update((const, None) for const in wrapper.co_consts if isinstance(const, CodeType))
-    except (ImportError, AttributeError):
+    except (ImportError, AttributeError):  # a torch without this wrapper inlines nothing of its own
         pass
     return list(codes)

@@ -100,7 +100,7 @@ class WriterLock:
             if consolidated:
                 try:
                     self.path.unlink()
-                except OSError:
+                except OSError:  # already gone or not removable: a stale lock is taken over by its heartbeat
                     pass
             else:
                 self.beat(closed=True)

@@ -54,7 +54,7 @@ class DecisionMakerForRecordingsHardcoded(DecisionMakerForRecordings):
         return training_step in self.fixed_training_steps
 
     def mark_recording_on_this_step(self, training_step: int, type_of_execution: str) -> None:
-        pass
+        """Nothing to remember: the chosen steps are fixed in advance (Comgra's class does the same)."""
 
 
 @dataclasses.dataclass
