@@ -20,12 +20,13 @@ from benchmarks.silent_errors.cases import Outcome
 from benchmarks.silent_errors.data import token_pairs
 from comgra_ndbg import NeuralDbg
 
-__all__ = ["TinyTranslator", "randomly_corrupt_data", "transfer_data_loss", "STEPS", "LOSS_RATE"]
+__all__ = ["TinyTranslator", "pretrained", "randomly_corrupt_data", "transfer_data_loss", "STEPS", "LOSS_RATE"]
 
 STEPS = 80
 LOSS_RATE = 0.01
 """The original's failure rate of a transfer."""
-VOCABULARY, LENGTH, BATCH = 32, 8, 16
+VOCABULARY, LENGTH, BATCH = 16, 8, 16
+PRETRAIN_STEPS = 150
 
 
 def randomly_corrupt_data(data: torch.Tensor) -> bool:
@@ -47,7 +48,8 @@ class TinyTranslator(nn.Module):
         self.shared = nn.Embedding(vocabulary, d_model, padding_idx=0)
         self.positions = nn.Embedding(max_length, d_model)
         self.transformer = nn.Transformer(d_model, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                                          dim_feedforward=64, dropout=0.0, batch_first=True)
+                                          dim_feedforward=64, dropout=0.0, batch_first=True,
+                                          norm_first=True)
         self.lm_head = nn.Linear(d_model, vocabulary)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -63,17 +65,42 @@ class TinyTranslator(nn.Module):
         return self.lm_head(hidden)
 
 
-def transfer_data_loss(variant: str, folder: Path, *, steps: int = STEPS, seed: int = 0) -> Outcome:
-    """Train the translator (AdamW, lr 5e-4, batch 16) moving each batch tensor through the corrupting
-    transfer (``buggy``) or a healthy one (``fixed``). Symptoms: ``corrupted_steps``, how many steps had a
-    batch tensor zeroed (``first_effect`` is the first of them), and ``zeroed_<name>``, how often each batch
-    tensor was."""
+def _loss(model: TinyTranslator, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    labels = batch["labels"]
+    decoder_input_ids = torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)
+    logits = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids)
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def pretrained(seed: int = 0) -> TinyTranslator:
+    """The stand-in for ``from_pretrained``: the translator trained on clean batches (AdamW, lr 1e-2) until
+    it translates, before the fine-tuning run that the fault hits."""
     torch.manual_seed(seed)
-    random.seed(seed)
     model = TinyTranslator()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
-    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for source, target in token_pairs(VOCABULARY, LENGTH, BATCH, PRETRAIN_STEPS, seed=seed + 1000):
+        loss = _loss(model, {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": target})
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+
+
+def transfer_data_loss(variant: str, folder: Path, *, steps: int = STEPS, seed: int = 0) -> Outcome:
+    """Fine-tune the :func:`pretrained` translator (AdamW, lr 1e-3, batch 16) moving each batch tensor
+    through the corrupting transfer (``buggy``) or a healthy one (``fixed``).
+
+    Symptoms: ``corrupted_steps``, how many steps had a batch tensor zeroed; ``zeroed_<name>``, how often
+    each batch tensor was; ``loss_corrupted_max`` against ``loss_clean_median``, what a zeroed batch does to
+    the loss. ``first_effect`` is the first step whose ``input_ids`` or ``labels`` were zeroed: a zeroed
+    ``attention_mask`` alone adds the same -1e9 to every key, which leaves the softmax, and so training,
+    exactly as it was."""
+    model = pretrained(seed)
+    random.seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
     corrupted: list[int] = []
+    hits: list[list[str]] = []
     zeroed = dict.fromkeys(("input_ids", "attention_mask", "labels"), 0)
     with NeuralDbg(model, folder, trial=variant, optimizer=optimizer) as dbg:
         model.train()
@@ -82,13 +109,16 @@ def transfer_data_loss(variant: str, folder: Path, *, steps: int = STEPS, seed: 
             if variant == "buggy":
                 hit = [name for name, tensor in batch.items() if randomly_corrupt_data(tensor.data)]
                 corrupted += [step] if hit else []
+                hits += [hit] if hit else []
                 zeroed.update({name: zeroed[name] + 1 for name in hit})
-            batch = {k: v.to("cpu") for k, v in batch.items()}
-            decoder_input_ids = torch.cat([torch.zeros_like(batch["labels"][:, :1]), batch["labels"][:, :-1]], 1)
-            logits = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids)
-            loss = criterion(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1))
+            loss = _loss(model, {k: v.to("cpu") for k, v in batch.items()})
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    return Outcome((dbg.path,), corrupted[0] if corrupted else None, {"corrupted_steps": float(len(corrupted)),
-                                                                   **{f"zeroed_{k}": float(v) for k, v in zeroed.items()}})
+            losses.append(loss.item())
+    clean = [x for step, x in enumerate(losses) if step not in corrupted]
+    effective = [step for step, names in zip(corrupted, hits) if set(names) & {"input_ids", "labels"}]
+    symptom = {"corrupted_steps": float(len(corrupted)), **{f"zeroed_{k}": float(v) for k, v in zeroed.items()},
+               "loss_corrupted_max": max((losses[s] for s in corrupted), default=0.0),
+               "loss_clean_median": sorted(clean)[len(clean) // 2]}
+    return Outcome((dbg.path,), effective[0] if effective else None, symptom)
