@@ -96,6 +96,10 @@ def describe(e: Event) -> str:
         return f"after {e.magnitude:.0%} of the {share} of {subject} went {e.to_state}"
     if e.to_state == "frozen":
         if e.node == OPTIMIZER:
+            share = min(e.evidence[0].values, default=1.0) if e.evidence else 1.0
+            if share < 1.0:  # the rule fires on most trainable nodes stopping: say how many, not "no parameter"
+                return (f"after {share:.0%} of the trainable parameter nodes stopped changing together for "
+                        f"{e.magnitude:.0f} steps")
             return f"after no parameter changed for {e.magnitude:.0f} steps"
         return f"after the values of {subject} stopped changing for {e.magnitude:.0f} steps while the rest trained"
     if e.to_state == "spike":
