@@ -83,6 +83,7 @@ def test_data_loss_zeroes_a_batch_the_recording_sees_and_the_loss_feels(tmp_path
     assert abs_max[62] == 0.0 and abs_max[61] > 0.0
 
 
+@pytest.mark.slow  # two spawned processes per variant: each imports torch afresh
 def test_ddp_wrapped_on_odd_steps_only_lets_the_replicas_drift_apart(tmp_path: Path) -> None:
     buggy = ddp_wrapped_sometimes("buggy", tmp_path, steps=4)
     fixed = ddp_wrapped_sometimes("fixed", tmp_path, steps=4)
