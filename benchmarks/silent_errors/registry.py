@@ -38,8 +38,9 @@ NOT_PORTED = {
                       "DeepSpeed (the collection has no reproduction either)",
     "lightning-thunder-725": "a regression inside lightning-thunder's autocast transformation; needs thunder and "
                              "a GPU mixed-precision path",
-    "pytorch-104336": "needs CUDA: the bug is ddp_model.cpu(); ddp_model.cuda(rank) replacing the parameters DDP "
-                      "hooked; on a CPU-only machine the move is a no-op and the bug cannot occur",
+    "pytorch-104336": "needs CUDA: the bug is ddp_model.cpu(); ddp_model.cuda(rank) re-materialising the "
+                      "parameters DDP hooked; without a GPU the move is a no-op (an in-place dtype round trip "
+                      "breaks DDP's gradient averaging the same way on CPU, but that is not the original's code)",
     "pytorch-115607": "fixed in this torch: the original simple_buggy.py gives the same Adam step counts, "
                       "[1, 1, 2], eager and under torch._dynamo.optimize('eager') on torch 2.13",
     "stackoverflow-67180955": "fixed in torch 1.9 (pytorch #56488): the original bug.py gives 16 distinct rows "
