@@ -1,10 +1,13 @@
 """The whole-model stagnation sentence says how many trainable parameter nodes stopped: the rule fires when
-most of them stop together, so "no parameter changed" is only true when all of them did."""
+most of them stop together, so "no parameter changed" is only true when all of them did; the remedy then
+points at the param groups."""
 from __future__ import annotations
 
 import numpy as np
 
 from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
+from comgra_ndbg.analysis.reading import Reading
+from comgra_ndbg.analysis.remedies import remedy
 from comgra_ndbg.analysis.sentences import describe
 from comgra_ndbg.analysis.series import build_series
 from comgra_ndbg.analysis.stagnation import stagnation_events
@@ -33,3 +36,14 @@ def test_most_nodes_stopping_is_described_with_their_share() -> None:
 def test_every_node_stopping_is_described_as_no_parameter_changed() -> None:
     [event] = [e for e in stagnation_events(_series(stopped=4, moving=0)) if e.node == OPTIMIZER]
     assert describe(event) == "after no parameter changed for 60 steps"
+
+
+def test_the_remedy_of_most_nodes_stopping_points_at_the_param_groups() -> None:
+    series = _series(stopped=16, moving=1)
+    [event] = [e for e in stagnation_events(series) if e.node == OPTIMIZER]
+    text = remedy(Reading("update_stagnation", "optimizer", ""), event, series)
+    assert text.startswith("94% of the trainable parameter nodes stopped changing at step 0")
+    assert "param group" in text and "no parameter changed" not in text
+    every = _series(stopped=4, moving=0)
+    [event] = [e for e in stagnation_events(every) if e.node == OPTIMIZER]
+    assert remedy(Reading("update_stagnation", "optimizer", ""), event, every).startswith("no parameter changed")

@@ -19,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from comgra_ndbg.analysis.events import Event
-from comgra_ndbg.analysis.optimizer_stability import update_ratio
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER, update_ratio
 from comgra_ndbg.analysis.reading import Reading
+from comgra_ndbg.analysis.stagnation import stopped_share
 from comgra_ndbg.analysis.series import RunSeries
 
 __all__ = ["remedy", "healthy_gradient_norm"]
@@ -119,6 +120,10 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     if kind == "loss_spike":
         return f"look at the batch of step {onset} (outliers, wrong labels) and {_clip(series, onset)}"
     if kind == "update_stagnation":
+        if reading.origin == "optimizer" and root.node == OPTIMIZER and stopped_share(root) < 1.0:
+            return (f"{stopped_share(root):.0%} of the trainable parameter nodes stopped changing at step {onset} "
+                    f"while the rest trained: check that every parameter that gets a gradient is in a param group "
+                    f"of the optimizer, that no learning rate is 0, and that optimizer.step() is called every step")
         if reading.origin == "optimizer":
             return (f"no parameter changed from step {onset} on: check that optimizer.step() is called every step "
                     f"and that no learning rate is 0")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from comgra_ndbg.analysis.events import CausalChain, Event
 from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
 from comgra_ndbg.analysis.reading import Reading
+from comgra_ndbg.analysis.stagnation import stopped_share
 
 __all__ = ["sentence", "describe", "TYPE_TEXT"]
 
@@ -96,7 +97,7 @@ def describe(e: Event) -> str:
         return f"after {e.magnitude:.0%} of the {share} of {subject} went {e.to_state}"
     if e.to_state == "frozen":
         if e.node == OPTIMIZER:
-            share = min(e.evidence[0].values, default=1.0) if e.evidence else 1.0
+            share = stopped_share(e)
             if share < 1.0:  # the rule fires on most trainable nodes stopping: say how many, not "no parameter"
                 return (f"after {share:.0%} of the trainable parameter nodes stopped changing together for "
                         f"{e.magnitude:.0f} steps")

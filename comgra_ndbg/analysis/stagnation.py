@@ -34,7 +34,7 @@ from comgra_ndbg.analysis.optimizer_stability import FAMILY, OPTIMIZER
 from comgra_ndbg.analysis.series import NodeSeries, RunSeries
 from comgra_ndbg.analysis.shift import runs, strength
 
-__all__ = ["stagnation_events", "had_gradient"]
+__all__ = ["stagnation_events", "had_gradient", "stopped_share"]
 
 
 def _change(series: RunSeries, node: NodeSeries) -> np.ndarray:
@@ -117,3 +117,9 @@ def _node_events(series: RunSeries, node: NodeSeries, frozen: np.ndarray, update
                          "frozen" if moved_before or gradient else "fixed", int(steps[i]), int(steps[j]),
                          float(j - i + 1), strength(j - i + 1, t.frozen_steps), (evidence,), at_start=at_start))
     return out
+
+
+def stopped_share(event: Event) -> float:
+    """The share of the trainable parameter nodes that had stopped when a whole-model ``frozen`` event began
+    (1.0: every one; the rule also fires when most, not all, stop together)."""
+    return min(event.evidence[0].values, default=1.0) if event.evidence else 1.0
