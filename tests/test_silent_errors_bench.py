@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,20 @@ def test_runner_refuses_unknown_cases_and_a_folder_with_recordings(tmp_path: Pat
     (tmp_path / "old" / "trial").mkdir(parents=True)
     with pytest.raises(SystemExit):
         main(["--cases", "stackoverflow-60335387", "--out", str(tmp_path)])
+
+
+def test_runner_reports_a_case_that_fails_to_run_and_keeps_the_others(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(variant: str, folder: Path) -> None:
+        raise RuntimeError("gloo could not connect")
+
+    [good] = select("pytorch-forum-84911")
+    cases = (good, replace(good, name="broken-case", run=broken))
+    monkeypatch.setattr("benchmarks.silent_errors.__main__.select", lambda names: cases)
+    report = tmp_path / "result.json"
+    assert main(["--cases", "any", "--out", str(tmp_path / "runs"), "--json", str(report)]) == 1
+    printed = capsys.readouterr().out
+    assert "broken-case: FAILED TO RUN (RuntimeError: gloo could not connect)" in printed
+    assert re.search(r"detected [01]/1 · cause named [01]/1 · false alarms [01]/1", printed)
+    rows = json.loads(report.read_text())
+    assert [r["case"] for r in rows] == ["pytorch-forum-84911", "broken-case"] and "error" in rows[1]

@@ -1,6 +1,7 @@
 """``python -m benchmarks.silent_errors [--cases a,b] [--out DIR] [--json FILE]``: record every ported case
 (buggy and fixed) under ``NeuralDbg``, analyse each trial with ``comgra_ndbg.analyze`` and print the table:
 detected within 2 steps of the first effect, cause named, false alarm on the fixed variant, and totals.
+A case that fails to run is reported and left out of the totals, and the exit status is then 1.
 """
 from __future__ import annotations
 
@@ -74,10 +75,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is not None and any(folder.glob("*/*")):
             parser.error(f"--out {folder} already holds recordings; give an empty or new folder")
         started = time.perf_counter()
-        results = [run_case(case, folder) for case in cases]
+        results, failed = [], {}
+        for case in cases:
+            try:
+                results.append(run_case(case, folder))
+            except Exception as error:  # one broken case must not cost the results of the others
+                failed[case.name] = f"{type(error).__name__}: {error}"
         elapsed = time.perf_counter() - started
     scores = [s for s, _ in results]
     print(table(scores))
+    for name, error in failed.items():
+        print(f"  {name}: FAILED TO RUN ({error}); not counted above")
     for s, facts in results:
         print(f"  {s.case}: " + "; ".join(f"{v} {facts[v]['seconds']} s, "
                                            + ", ".join(f"{k}={x:.3g}" for k, x in facts[v]["symptom"].items())
@@ -88,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, reason in NOT_PORTED.items():
             print(f"  {name}: {reason}")
     if args.json is not None:
-        args.json.write_text(json.dumps([{**asdict(s), **facts} for s, facts in results], indent=2))
-    return 0
+        rows = [{**asdict(s), **facts} for s, facts in results]
+        args.json.write_text(json.dumps(rows + [{"case": n, "error": e} for n, e in failed.items()], indent=2))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
