@@ -31,7 +31,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Case:
-    """A ported reproduction: ``name`` (the original folder), ``origin`` (project and issue), ``bug`` (what
+    """A ported reproduction: ``name`` (the original folder), ``origin`` (project and bug report), ``bug`` (what
     the original code does wrong), ``cause_types`` (hypothesis types that name the bug's class; empty when
     no type of the analysis names it), ``run(variant, folder)`` and whether it runs as several processes."""
 

@@ -5,7 +5,7 @@ peer-to-peer link by monkey-patching ``torch.Tensor.to`` and the collectives so 
 move are zeroed in place. Here the corrupting function is the original's, applied where the Trainer moves
 each batch tensor (``input_ids``, ``attention_mask``, ``labels``) with ``Tensor.to``; it is not patched into
 every ``Tensor.to`` of the process, so the recorder's own conversions stay intact. The model is a small
-encoder–decoder Transformer of m2m100's kind; the task is a synthetic translation (reverse and shift).
+encoder–decoder Transformer of m2m100's kind; the data a synthetic translation (reverse and shift).
 """
 from __future__ import annotations
 
