@@ -92,6 +92,7 @@ def test_steps_are_optimizer_steps_and_metrics_are_kpis_of_their_step_type(tmp_p
         assert recording.kpi("lightning/val_loss", "train")[0].tolist() == []
         assert "loss" in recording.kpi_names and "model.net.0" in recording.nodes
     assert callback.diagnosis is not None and callback.diagnosis.num_steps == 6
+    assert callback.diagnosis.healthy, callback.diagnosis.explain()  # no false alarm on a healthy run
     assert (callback.path / "analysis.json").exists()
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
     assert [r["comgra/failure_hypotheses"] for r in rows if r.get("comgra/failure_hypotheses")] == [
