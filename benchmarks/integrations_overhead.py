@@ -125,12 +125,46 @@ def transformers_run(steps: int, callback: object | None, folder: Path) -> tuple
     return _median_step(timing.starts), time.perf_counter() - started
 
 
+# ---- the same loop without a framework ------------------------------------------------------------------
+def plain_run(steps: int, dbg_options: dict | None, folder: Path) -> tuple[float, float]:
+    """The loop written out, bare or inside ``NeuralDbg`` (what the callbacks drive); returns (median step
+    seconds, whole-run seconds, with ``close()`` and, unless ``analyze=False``, the analysis)."""
+    from comgra_ndbg import NeuralDbg, analyze
+
+    torch.manual_seed(0)
+    model = TanhMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = _data(steps)
+    starts = []
+    started = time.perf_counter()
+    dbg = None
+    if dbg_options is not None:
+        options = dict(dbg_options)
+        run_analysis = options.pop("analyze", True)
+        dbg = NeuralDbg(model, folder / "runs", trial="plain", optimizer=optimizer, **options)
+    for step in range(steps):
+        starts.append(time.perf_counter())
+        batch = slice(step * BATCH, (step + 1) * BATCH)
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
+        loss.backward()
+        optimizer.step()
+    if dbg is not None:
+        dbg.close()
+        if run_analysis:
+            analyze(dbg.path)
+    return _median_step(starts), time.perf_counter() - started
+
+
 def _median_step(starts: list[float]) -> float:
     gaps = [b - a for a, b in zip(starts, starts[1:])][10:]  # after 10 warm-up steps
     return statistics.median(gaps)
 
 
 def _variants(framework: str) -> dict[str, Callable[[Path], object | None]]:
+    if framework == "plain":
+        return {"bare": lambda folder: None, "callback": lambda folder: {},
+                "callback, no analysis": lambda folder: {"analyze": False}}
     if framework == "lightning":
         from comgra_ndbg.integrations.lightning import ComgraCallback
     else:
@@ -145,14 +179,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--frameworks", nargs="+", default=["lightning", "transformers"],
-                        choices=["lightning", "transformers"])
+    parser.add_argument("--frameworks", nargs="+", default=["plain", "lightning", "transformers"],
+                        choices=["plain", "lightning", "transformers"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    runners = {"lightning": lightning_run, "transformers": transformers_run}
+    runners = {"plain": plain_run, "lightning": lightning_run, "transformers": transformers_run}
     print(f"{args.steps} steps of an 8-block 256-wide tanh MLP, batch {BATCH}, {args.threads} torch thread(s), "
           f"{args.rounds} interleaved rounds; median over rounds, ratio to bare")
     for framework in args.frameworks:
@@ -167,7 +201,8 @@ def main() -> None:
         for name, measured in results.items():
             step = statistics.median(s for s, _ in measured)
             run = statistics.median(r for _, r in measured)
-            print(f"{framework:12s} {name:22s} step {step * 1e3:7.2f} ms  {step / bare_step:5.2f}x   "
+            label = "NeuralDbg" + name[len("callback"):] if framework == "plain" and name != "bare" else name
+            print(f"{framework:12s} {label:22s} step {step * 1e3:7.2f} ms  {step / bare_step:5.2f}x   "
                   f"run {run:6.2f} s  {run / bare_run:5.2f}x")
 
 
