@@ -3,7 +3,8 @@ with ``ComgraCallback``, measured side by side.
 
 The model is the 8-block 256-wide tanh MLP of ``benchmarks/overhead.py`` (batch 64, SGD), trained for
 ``--steps`` optimizer steps on the same data in each variant. Variants run interleaved in rounds, so
-machine noise hits all of them alike. Two figures per variant, both as a ratio to the bare framework:
+machine noise hits all of them alike. Two figures per variant, each in wall-clock time and in CPU time of this process (steadier on a machine
+shared with other work), both as a ratio to the bare framework:
 
 - *step*: the median time from one training batch's start to the next one's (a timing callback), which is
   what the callback adds to every step of a long run;
@@ -50,7 +51,7 @@ def _data(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---- Lightning ------------------------------------------------------------------------------------------
-def lightning_run(steps: int, callback: object | None, folder: Path) -> tuple[float, float]:
+def lightning_run(steps: int, callback: object | None, folder: Path) -> tuple[Timed, Timed]:
     """One ``Trainer.fit`` of ``steps`` steps; returns (median step seconds, whole-run seconds)."""
     import lightning.pytorch as pl
 
@@ -72,10 +73,10 @@ def lightning_run(steps: int, callback: object | None, folder: Path) -> tuple[fl
 
     class Timing(pl.Callback):
         def __init__(self) -> None:
-            self.starts: list[float] = []
+            self.starts: list[tuple[float, float]] = []
 
         def on_train_batch_start(self, *args: object) -> None:
-            self.starts.append(time.perf_counter())
+            self.starts.append(_now())
 
     torch.manual_seed(0)
     timing = Timing()
@@ -84,13 +85,13 @@ def lightning_run(steps: int, callback: object | None, folder: Path) -> tuple[fl
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(folder),
                          callbacks=[timing] + ([callback] if callback is not None else []))
-    started = time.perf_counter()
+    started = _now()
     trainer.fit(Module(), loader)
-    return _median_step(timing.starts), time.perf_counter() - started
+    return _median_step(timing.starts), _since(started)
 
 
 # ---- Hugging Face ---------------------------------------------------------------------------------------
-def transformers_run(steps: int, callback: object | None, folder: Path) -> tuple[float, float]:
+def transformers_run(steps: int, callback: object | None, folder: Path) -> tuple[Timed, Timed]:
     """One ``Trainer.train`` of ``steps`` steps; returns (median step seconds, whole-run seconds)."""
     import transformers
 
@@ -105,10 +106,10 @@ def transformers_run(steps: int, callback: object | None, folder: Path) -> tuple
 
     class Timing(transformers.TrainerCallback):
         def __init__(self) -> None:
-            self.starts: list[float] = []
+            self.starts: list[tuple[float, float]] = []
 
         def on_step_begin(self, *args: object, **kwargs: object) -> None:
-            self.starts.append(time.perf_counter())
+            self.starts.append(_now())
 
     torch.manual_seed(0)
     timing = Timing()
@@ -120,13 +121,13 @@ def transformers_run(steps: int, callback: object | None, folder: Path) -> tuple
     trainer = transformers.Trainer(model=Classifier(), args=args, train_dataset=data,
                                    callbacks=[timing] + ([callback] if callback is not None else []))
     trainer.remove_callback(transformers.PrinterCallback)  # the logs printed to the terminal
-    started = time.perf_counter()
+    started = _now()
     trainer.train()
-    return _median_step(timing.starts), time.perf_counter() - started
+    return _median_step(timing.starts), _since(started)
 
 
 # ---- the same loop without a framework ------------------------------------------------------------------
-def plain_run(steps: int, dbg_options: dict | None, folder: Path) -> tuple[float, float]:
+def plain_run(steps: int, dbg_options: dict | None, folder: Path) -> tuple[Timed, Timed]:
     """The loop written out, bare or inside ``NeuralDbg`` (what the callbacks drive); returns (median step
     seconds, whole-run seconds, with ``close()`` and, unless ``analyze=False``, the analysis)."""
     from comgra_ndbg import NeuralDbg, analyze
@@ -136,14 +137,14 @@ def plain_run(steps: int, dbg_options: dict | None, folder: Path) -> tuple[float
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = _data(steps)
     starts = []
-    started = time.perf_counter()
+    started = _now()
     dbg = None
     if dbg_options is not None:
         options = dict(dbg_options)
         run_analysis = options.pop("analyze", True)
         dbg = NeuralDbg(model, folder / "runs", trial="plain", optimizer=optimizer, **options)
     for step in range(steps):
-        starts.append(time.perf_counter())
+        starts.append(_now())
         batch = slice(step * BATCH, (step + 1) * BATCH)
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
@@ -153,12 +154,26 @@ def plain_run(steps: int, dbg_options: dict | None, folder: Path) -> tuple[float
         dbg.close()
         if run_analysis:
             analyze(dbg.path)
-    return _median_step(starts), time.perf_counter() - started
+    return _median_step(starts), _since(started)
 
 
-def _median_step(starts: list[float]) -> float:
-    gaps = [b - a for a, b in zip(starts, starts[1:])][10:]  # after 10 warm-up steps
-    return statistics.median(gaps)
+Timed = tuple[float, float]
+"""(wall-clock seconds, CPU seconds of this process)."""
+
+
+def _now() -> Timed:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(started: Timed) -> Timed:
+    now = _now()
+    return now[0] - started[0], now[1] - started[1]
+
+
+def _median_step(starts: list[Timed]) -> Timed:
+    """Median wall-clock and CPU time between consecutive step starts, after 10 warm-up steps."""
+    pairs = list(zip(starts, starts[1:]))[10:]
+    return (statistics.median(b[0] - a[0] for a, b in pairs), statistics.median(b[1] - a[1] for a, b in pairs))
 
 
 def _variants(framework: str) -> dict[str, Callable[[Path], object | None]]:
@@ -196,15 +211,15 @@ def main() -> None:
             for name, make in variants.items():
                 with tempfile.TemporaryDirectory() as folder:
                     results[name].append(runners[framework](args.steps, make(Path(folder)), Path(folder)))
-        bare_step = statistics.median(s for s, _ in results["bare"])
-        bare_run = statistics.median(r for _, r in results["bare"])
         for name, measured in results.items():
-            step = statistics.median(s for s, _ in measured)
-            run = statistics.median(r for _, r in measured)
+            cells = []
+            for what, index, unit, scale in (("step", 0, "ms", 1e3), ("run", 1, "s", 1.0)):
+                for clock, label in ((0, "wall"), (1, "cpu")):
+                    value = statistics.median(m[index][clock] for m in measured)
+                    bare = statistics.median(m[index][clock] for m in results["bare"])
+                    cells.append(f"{what} {label} {value * scale:7.2f} {unit} {value / bare:5.2f}x")
             label = "NeuralDbg" + name[len("callback"):] if framework == "plain" and name != "bare" else name
-            print(f"{framework:12s} {label:22s} step {step * 1e3:7.2f} ms  {step / bare_step:5.2f}x   "
-                  f"run {run:6.2f} s  {run / bare_run:5.2f}x")
-
+            print(f"{framework:12s} {label:22s} " + "  ".join(cells))
 
 if __name__ == "__main__":
     main()
