@@ -81,6 +81,8 @@ def test_steps_are_optimizer_steps_and_logs_are_kpis_of_their_step_type(tmp_path
         assert steps.tolist() == [entry["step"] - 1 for entry in logged] == [0, 1, 2, 3, 4, 5]
         assert losses.tolist() == pytest.approx([entry["loss"] for entry in logged])
         assert recording.kpi("trainer/learning_rate")[1].tolist() == pytest.approx([0.005] * 6)
+        assert recording.kpi("trainer/epoch")[0].tolist() == [0, 1, 2, 3, 4, 5]  # once per step, evaluations too
+        assert recording.kpi("trainer/train_runtime")[0].tolist() == [5]  # the closing summary, at the last step
         eval_steps, eval_losses = recording.kpi("trainer/eval_loss", "validation")
         evaluated = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
         assert eval_steps.tolist() == [2, 5]

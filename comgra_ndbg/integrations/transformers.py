@@ -47,6 +47,7 @@ class ComgraCallback(_transformers.TrainerCallback):
             if taken in neuraldbg_options:
                 raise InvalidArgumentError(f"ComgraCallback sets NeuralDbg's {taken}= itself from the Trainer; "
                                            f"leave it out")
+        self._logged_at: dict[str, int] = {}  # log name -> the global step it was last recorded at
         self.recording = FrameworkRecording("transformers", path=path, trial=trial, kpi_prefix=KPI_PREFIX,
                                             analyze_at_end=analyze, options=neuraldbg_options)
 
@@ -68,12 +69,15 @@ class ComgraCallback(_transformers.TrainerCallback):
         self.recording.start(model, optimizer, default_path=Path(args.output_dir) / "comgra")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-        if logs:
-            self.recording.record_metrics({k: v for k, v in logs.items() if not k.startswith(_EVAL_PREFIX)})
+        if not logs or any(name.startswith(_EVAL_PREFIX) for name in logs):
+            return  # an evaluation's logs: recorded by on_evaluate, as validation KPIs
+        fresh = {name: value for name, value in logs.items() if self._logged_at.get(name) != state.global_step}
+        self._logged_at.update(dict.fromkeys(fresh, state.global_step))  # one value per step (the first)
+        self.recording.record_metrics(fresh)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any) -> None:
-        if metrics:
-            self.recording.record_metrics(metrics, step_type=VALIDATION)
+        if metrics:  # "epoch" is the training's, added to every log: recorded with the training logs
+            self.recording.record_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step_type=VALIDATION)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         diagnosis = self.recording.finish()
