@@ -10,6 +10,7 @@ from comgra_ndbg.store import Recording, open_recording  # noqa: E402
 from comgra_ndbg.store.check import check  # noqa: E402
 from comgra_ndbg.analysis import analyze  # noqa: E402
 from comgra_ndbg.neuraldbg import NeuralDbg  # noqa: E402
+from comgra_ndbg.notebook import show  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -19,6 +20,7 @@ __all__ = [
     "Recording",
     "analyze",
     "check",
+    "show",
     "RecorderWarning",
     "ComgraError",
     "RecorderStateError",

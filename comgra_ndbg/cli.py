@@ -5,7 +5,8 @@ explorer for a recording; ``info`` says what a recording holds, whether its writ
 was killed, and what it could not record; ``check`` verifies every file against its checksums, lists what
 is damaged or missing and exits non-zero on damage (``--salvage`` copies the rest into a new recording);
 ``explain`` prints the ranked hypotheses and events (running the analysis when none is stored or it is
-stale); ``export`` writes summaries, events and hypotheses as csv or json tables.
+stale); ``export`` writes summaries, events and hypotheses as csv or json tables, or a TensorBoard run
+per trial (``--to tensorboard DIR``).
 
 To add a subcommand, write ``_add_<name>(subparsers)`` that
 creates its parser and sets ``handler`` to a function ``(args) -> exit code``, and append it to
@@ -272,10 +273,43 @@ def _add_explain(subparsers: Any) -> None:
 def _export(args: argparse.Namespace) -> int:
     from comgra_ndbg.export import export
 
-    out = Path(args.out) if args.out is not None else _default_export_folder(Path(args.path))
-    written = export(args.path, out, to=args.to, trial=args.trial, statistics=args.stat)
+    to, out = _export_target(args)
+    if to == "tensorboard":
+        return _export_tensorboard(args, out)
+    out = out if out is not None else _default_export_folder(Path(args.path))
+    written = export(args.path, out, to=to, trial=args.trial, statistics=args.stat)
     for path in written.values():
         print(path)
+    return 0
+
+
+EXPORT_FORMATS = ("csv", "json", "tensorboard")
+
+
+def _export_target(args: argparse.Namespace) -> tuple[str, Path | None]:
+    """``--to FORMAT [DIR]`` (and ``--out DIR``): the format and the folder asked for, if any."""
+    from comgra_ndbg.errors import InvalidArgumentError
+
+    to, *folders = args.to
+    if to not in EXPORT_FORMATS:
+        raise InvalidArgumentError(f"unknown export format {to!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    if args.out is not None:
+        folders.append(args.out)
+    if len(folders) > 1:
+        raise InvalidArgumentError(f"the export folder was given {len(folders)} times ({', '.join(folders)}); "
+                                   f"give it once, as --to {to} DIR or as --out DIR")
+    return to, Path(folders[0]) if folders else None
+
+
+def _export_tensorboard(args: argparse.Namespace, out: Path | None) -> int:
+    from comgra_ndbg.export_tensorboard import export_tensorboard
+
+    path = Path(args.path)
+    out = out if out is not None else (path.with_name(path.stem + "-tensorboard") if path.is_file()
+                                       else path / "tensorboard")
+    for run in export_tensorboard(path, out, trial=args.trial, statistics=args.stat).values():
+        print(run)
+    print(f"view with: tensorboard --logdir {out}")
     return 0
 
 
@@ -287,16 +321,23 @@ def _default_export_folder(path: Path) -> Path:
 def _add_export(subparsers: Any) -> None:
     from comgra_ndbg.statistics import STATISTICS
 
-    parser = subparsers.add_parser("export", help="write summaries, events and hypotheses as csv or json",
+    parser = subparsers.add_parser("export", help="write summaries, events and hypotheses as csv or json, or a "
+                                                  "TensorBoard run",
                                    description="Write tidy tables for analysis elsewhere: summaries (one row "
                                                "per trial, step, tensor, kind and statistic: columns trial, "
                                                "step, tensor, node, role, kind, statistic, value), events and "
                                                "hypotheses. csv: summaries.csv, events.csv, hypotheses.csv; "
                                                "json: export.json. Non-finite values are written as nan, inf, "
-                                               "-inf.")
+                                               "-inf. tensorboard: one TensorBoard run per trial in DIR "
+                                               "(event files: tensorboard --logdir DIR).")
     parser.add_argument("path", help="group folder, trial folder or .h5 file")
-    parser.add_argument("--to", choices=("csv", "json"), required=True, help="output format")
-    parser.add_argument("--out", metavar="DIR", help="folder to write into (default: PATH/export)")
+    parser.add_argument("--to", nargs="+", required=True, metavar=("FORMAT", "DIR"),
+                        help="output format: csv, json, or tensorboard (one TensorBoard run per trial: summary "
+                             "statistics and KPIs as scalars, snapshots as histograms, the diagnosis as text; "
+                             "default statistics: the ones the diagnosis reads most), optionally followed by "
+                             "the folder to write into")
+    parser.add_argument("--out", metavar="DIR", help="folder to write into (default: PATH/export, "
+                                                     "PATH/tensorboard for tensorboard)")
     parser.add_argument("--trial", help="export only this trial of a group folder")
     parser.add_argument("--stat", nargs="+", choices=sorted(STATISTICS), metavar="STAT",
                         help=f"statistics to export (default: all of {', '.join(STATISTICS)})")

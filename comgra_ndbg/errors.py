@@ -18,6 +18,8 @@ __all__ = [
     "UnknownSeriesError",
     "GraphError",
     "UnknownModuleError",
+    "MissingDependencyError",
+    "NotebookError",
     "RecorderWarning",
 ]
 
@@ -80,6 +82,16 @@ class UnknownModuleError(ComgraError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class MissingDependencyError(ComgraError, ImportError):
+    """An optional part of the library needs a package that is not installed (a training framework for its
+    callback, Jupyter for inline display); the message names the package and the ``pip install`` line."""
+
+
+class NotebookError(ComgraError, RuntimeError):
+    """Something that only works inside a Jupyter kernel (showing the explorer inline) was called outside
+    one; the message says what to run instead."""
 
 
 class RecorderWarning(UserWarning):

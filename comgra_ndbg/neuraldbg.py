@@ -28,6 +28,7 @@ tensor ``backward()`` is called on is the loss (``comgra_ndbg.instrument.loss``)
 """
 from __future__ import annotations
 
+import html
 import time
 import warnings
 import weakref
@@ -250,7 +251,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         ``explanations[0]`` is the best; ``print(explanations)`` prints them numbered, one per line."""
         diagnosis = self.diagnose()
         return Explanations([h.sentence for h in diagnosis.hypotheses] or [diagnosis.explain()],
-                            numbered=bool(diagnosis.hypotheses), text=diagnosis.explain())
+                            numbered=bool(diagnosis.hypotheses), text=diagnosis.explain(), diagnosis=diagnosis)
 
     def get_causal_hypotheses(self) -> tuple[Hypothesis, ...]:
         """Ranked hypotheses, best first; empty for a healthy run."""
@@ -288,7 +289,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
 class Explanations(tuple):
     """Explanation sentences of a diagnosis, best first: a tuple of ``str`` (``explanations[0]`` is the best
     sentence) whose ``str()`` numbers them one per line — or is ``text``, the diagnosis' own explanation with
-    each remedy under its sentence, when given.
+    each remedy under its sentence, when given. In a Jupyter notebook they show as the ``diagnosis``' table
+    (or an HTML list without one).
 
     >>> explanations = Explanations(["Dead units originated in 'fc'.", "Loss spike at step 3."], numbered=True)
     >>> print(explanations[0])
@@ -300,11 +302,20 @@ class Explanations(tuple):
 
     numbered: bool
     text: str | None
+    diagnosis: Diagnosis | None
 
-    def __new__(cls, sentences: Sequence[str], *, numbered: bool = True, text: str | None = None) -> Explanations:
+    def __new__(cls, sentences: Sequence[str], *, numbered: bool = True, text: str | None = None,
+                diagnosis: Diagnosis | None = None) -> Explanations:
         self = super().__new__(cls, sentences)
-        self.numbered, self.text = numbered, text
+        self.numbered, self.text, self.diagnosis = numbered, text, diagnosis
         return self
+
+    def _repr_html_(self) -> str:
+        """In a Jupyter notebook: the diagnosis' table when known, else the sentences as a numbered list."""
+        if self.diagnosis is not None:
+            return self.diagnosis._repr_html_()
+        tag = "ol" if self.numbered else "ul"
+        return f"<{tag}>" + "".join(f"<li>{html.escape(sentence)}</li>" for sentence in self) + f"</{tag}>"
 
     def __str__(self) -> str:
         if self.text is not None:

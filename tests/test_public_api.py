@@ -8,7 +8,7 @@ from comgra_ndbg import errors
 def test_the_public_names_are_exactly_these() -> None:
     assert comgra_ndbg.__all__ == [
         "__version__", "Recorder", "NeuralDbg", "open_recording", "Recording", "analyze", "check",
-        "RecorderWarning", "ComgraError", "RecorderStateError", "InvalidTensorError", "InvalidArgumentError",
+        "show", "RecorderWarning", "ComgraError", "RecorderStateError", "InvalidTensorError", "InvalidArgumentError",
         "DuplicateTensorError", "RecordingExistsError", "RecordingNotFoundError", "RecordingFormatError",
         "CorruptRecordingError", "UnknownSeriesError",
     ]

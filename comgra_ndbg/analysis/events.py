@@ -140,6 +140,12 @@ class Diagnosis:
                                                       h.sentence else "")
                          for i, h in enumerate(self.hypotheses)) + notes
 
+    def _repr_html_(self) -> str:
+        """The diagnosis as a table in a Jupyter notebook (:func:`comgra_ndbg.notebook.diagnosis_html`)."""
+        from comgra_ndbg.notebook import diagnosis_html
+
+        return diagnosis_html(self)
+
 
 def to_dict(diagnosis: Diagnosis) -> dict:
     """Plain JSON-ready dict of a diagnosis (floats may be NaN; write with ``allow_nan``)."""

@@ -14,16 +14,24 @@ __all__ = ["KpiRecording"]
 class KpiRecording:
     """``record_kpi`` and ``add_note`` of ``Recorder``; not used on its own."""
 
-    def record_kpi(self, name: str, value: float | torch.Tensor) -> None:
+    def record_kpi(self, name: str, value: float | torch.Tensor, *, step_type: str | None = None) -> None:
         """Record a scalar KPI (e.g. the loss) for the current step — or, between steps, the last one.
 
         KPIs are kept for every step, recorded or skipped by the policies. Tensors are read at the end of
-        the step, in one copy with everything else, not with ``.item()``.
+        the step, in one copy with everything else, not with ``.item()``. ``step_type`` files the value
+        under another step type than the step's own: a validation pass run after a training step records
+        its metrics with ``step_type="validation"`` at that step, so ``Recording.kpi(name, "validation")``
+        and the GUI's KPI plot show them as a curve of their own.
         """
         if not self.enabled:
             return
         self._check_open_recorder("record_kpi")
         check_name(name, "KPI names")
+        if step_type is not None:
+            if not isinstance(step_type, str) or not step_type:
+                raise InvalidArgumentError(f"step_type of KPI {name!r} must be a non-empty str (or None for the "
+                                           f"step's own type), got {step_type!r}")
+            check_name(step_type, "step types")
         if isinstance(value, torch.Tensor):
             if value.is_nested:
                 raise InvalidTensorError(f"KPI {name!r} must be a scalar, got a nested tensor; reduce it first")
@@ -48,11 +56,13 @@ class KpiRecording:
         if self._replayed:  # already in the recording, from before the trial was continued
             return
         kpi = self.catalog.kpi_id(name)
+        own_type = None if step_type is None else self.catalog.step_type_id(step_type)
         if self._step_open:
-            self._kpis.append((kpi, value))
+            self._kpis.append((kpi, value) if own_type is None else (kpi, value, own_type))
         else:
-            type_id = self.catalog.step_type_id(self._last_step_type)
-            self._writer.add_kpi(self._last_step, kpi, float(value), type_id)
+            type_id = self.catalog.step_type_id(self._last_step_type) if own_type is None else own_type
+            number = float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+            self._writer.add_kpi(self._last_step, kpi, number, type_id)
 
     def _record_known_kpi(self, kpi: int, value: float) -> None:
         """``record_kpi`` for an internal caller that recorded this KPI through ``record_kpi`` before (``kpi``:
@@ -72,14 +82,15 @@ class KpiRecording:
         if not self._kpis:
             return {}
         # Device tensors are read in one copy; a CPU tensor is read directly (no device to wait for).
-        tensors = [v for _, v in self._kpis if isinstance(v, torch.Tensor) and not v.is_cpu]
+        tensors = [entry[1] for entry in self._kpis if isinstance(entry[1], torch.Tensor) and not entry[1].is_cpu]
         host = iter(torch.stack([t.to(torch.float64) for t in tensors]).cpu().tolist()) if tensors else iter(())
         values = {}
-        for kpi, value in self._kpis:
+        for kpi, value, *own_type in self._kpis:  # own_type: (type id,) of a KPI filed under another step type
             if isinstance(value, torch.Tensor):
                 number = float(value.item()) if value.is_cpu else next(host)
             else:
                 number = float(value)
-            self._writer.add_kpi(self._step, kpi, number, type_id)
-            values[self.catalog.kpi_names[kpi]] = number
+            self._writer.add_kpi(self._step, kpi, number, own_type[0] if own_type else type_id)
+            if not own_type:  # what the flight recorder's triggers see: this step's own KPIs
+                values[self.catalog.kpi_names[kpi]] = number
         return values

@@ -190,7 +190,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._deferred_grads: list[DeferredSnapshot] = []
         self._rows: list[SummaryRows] = []
         self._snaps: list[tuple[int, int, Any]] = []
-        self._kpis: list[tuple[int, Any]] = []
+        self._kpis: list[tuple[Any, ...]] = []  # (kpi id, value) or (kpi id, value, step type id)
         self._grad_kinds: list[str] = []
 
     def __enter__(self) -> Recorder:

@@ -1,0 +1,128 @@
+"""The Hugging Face Trainer callback on real ``Trainer.train()`` runs (tiny model, CPU, a few steps): steps
+are optimizer steps (gradient accumulation included), the Trainer's logs and evaluation metrics become
+KPIs, training is unchanged, and the top hypothesis of a broken run reaches the transformers logger."""
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from comgra_ndbg import open_recording  # noqa: E402
+from comgra_ndbg.errors import InvalidArgumentError, MissingDependencyError  # noqa: E402
+from comgra_ndbg.integrations.transformers import ComgraCallback  # noqa: E402
+
+
+class TinyClassifier(nn.Module):
+    """What the Trainer needs of a model: keyword inputs and a ``loss`` in the output when labels come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
+        logits = self.net(x)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = nn.functional.cross_entropy(logits, labels)
+        return out
+
+
+class Poison(transformers.TrainerCallback):
+    """Writes a NaN into the first layer's weight once ``step`` optimizer steps are done (an in-place edit)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs) -> None:
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.net[0].weight[0, 0] = float("nan")
+
+
+def _data(n: int = 96) -> list[dict]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=generator)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return [{"x": x[i], "labels": y[i]} for i in range(n)]
+
+
+def _train(root, callbacks: list, *, steps: int = 6, accumulation: int = 2) -> tuple[nn.Module, object]:
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    args = transformers.TrainingArguments(
+        output_dir=str(root), per_device_train_batch_size=8, per_device_eval_batch_size=32,
+        gradient_accumulation_steps=accumulation, max_steps=steps, learning_rate=0.005,
+        lr_scheduler_type="constant", logging_steps=1, eval_strategy="steps", eval_steps=3, save_strategy="no",
+        report_to=[], use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_data(), eval_dataset=_data(32),
+                                   callbacks=callbacks)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        trainer.train()
+    return model, trainer
+
+
+def test_steps_are_optimizer_steps_and_logs_are_kpis_of_their_step_type(tmp_path) -> None:
+    callback = ComgraCallback(tmp_path / "runs", trial="hf")
+    _, trainer = _train(tmp_path / "out", [callback])
+    assert trainer.state.global_step == 6
+    with open_recording(tmp_path / "runs", "hf") as recording:
+        assert recording.steps.tolist() == [0, 1, 2, 3, 4, 5]
+        steps, losses = recording.kpi("trainer/loss", "train")
+        logged = [entry for entry in trainer.state.log_history if "loss" in entry and "eval_loss" not in entry]
+        assert steps.tolist() == [entry["step"] - 1 for entry in logged] == [0, 1, 2, 3, 4, 5]
+        assert losses.tolist() == pytest.approx([entry["loss"] for entry in logged])
+        assert recording.kpi("trainer/learning_rate")[1].tolist() == pytest.approx([0.005] * 6)
+        assert recording.kpi("trainer/epoch")[0].tolist() == [0, 1, 2, 3, 4, 5]  # once per step, evaluations too
+        assert recording.kpi("trainer/train_runtime")[0].tolist() == [5]  # the closing summary, at the last step
+        eval_steps, eval_losses = recording.kpi("trainer/eval_loss", "validation")
+        evaluated = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+        assert eval_steps.tolist() == [2, 5]
+        assert eval_losses.tolist() == pytest.approx([entry["eval_loss"] for entry in evaluated])
+        assert recording.kpi("trainer/eval_loss", "train")[0].tolist() == []
+        assert {"model.net.0", "model.net.2", "loss"} <= set(recording.nodes)
+    assert callback.diagnosis is not None and callback.diagnosis.num_steps == 6
+    assert callback.diagnosis.healthy, callback.diagnosis.explain()  # no false alarm on a healthy run
+    assert trainer.state.log_history[-1]["comgra/failure_hypotheses"] == len(callback.diagnosis.hypotheses)
+
+
+def test_training_with_the_callback_is_bit_identical(tmp_path) -> None:
+    bare, _ = _train(tmp_path / "bare", [])
+    recorded, _ = _train(tmp_path / "recorded", [ComgraCallback(tmp_path / "runs", trial="same")])
+    assert all(torch.equal(a, b) for a, b in zip(bare.parameters(), recorded.parameters()))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in recorded.modules())
+
+
+def test_a_broken_run_logs_its_top_hypothesis(tmp_path) -> None:
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.integrations.comgra")
+    logger.addHandler(handler)
+    try:
+        callback = ComgraCallback(tmp_path / "runs", trial="nan")
+        _, trainer = _train(tmp_path / "out", [Poison(3), callback], steps=8, accumulation=1)
+    finally:
+        logger.removeHandler(handler)
+    top = callback.diagnosis.top
+    assert top is not None and top.node.startswith("model.net.0") and top.onset == 3
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and top.sentence in warned[0]
+    assert trainer.state.log_history[-1]["comgra/top_hypothesis"] == top.sentence
+
+
+def test_bad_arguments_and_a_missing_framework_raise_typed_errors(monkeypatch) -> None:
+    with pytest.raises(InvalidArgumentError, match="model="):
+        ComgraCallback(model=None)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.delitem(sys.modules, "comgra_ndbg.integrations.transformers")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'comgra-ndbg\[transformers\]'"):
+        importlib.import_module("comgra_ndbg.integrations.transformers")
