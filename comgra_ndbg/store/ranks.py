@@ -16,7 +16,7 @@ A trial folder holds either a single-process recording or rank folders, never bo
 ...     trial = Path(folder) / "run"
 ...     for rank in (1, 0):
 ...         (trial / rank_folder_name(rank)).mkdir(parents=True)
-...         (trial / rank_folder_name(rank) / schema.FINAL_NAME).write_bytes(b"")
+...         _ = (trial / rank_folder_name(rank) / schema.FINAL_NAME).write_bytes(b"")
 ...     sorted(rank_folders(trial)), parse_rank_folder("rank12"), parse_rank_folder("rankx")
 ([0, 1], 12, None)
 """
@@ -90,6 +90,11 @@ class RankAccess:
 
     def _init_ranks(self, rank: int | None, ranks: list[int], root: Path | None) -> None:
         self.rank, self.ranks, self._ranks_root = rank, list(ranks), root
+
+    @property
+    def trial_folder(self) -> Path:
+        """The trial's folder: the one holding the rank folders for a distributed trial, else ``location``."""
+        return self._ranks_root if self._ranks_root is not None else self.location
 
     @property
     def config(self) -> dict[str, Any]:
