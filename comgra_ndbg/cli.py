@@ -76,6 +76,7 @@ def _info(args: argparse.Namespace) -> int:
             else:
                 span = f"1 recorded step ({int(steps[0])})" if len(steps) else "no recorded step yet"
             print(f"trial {trial}: {span}, {_STATES[recording.state]}")
+            _print_ranks(recording)
             for step_type in recording.step_types:
                 print(f"  step type {step_type}: {_plural(len(recording.steps_of_type(step_type)), 'step')}")
             kinds = recording.kinds()
@@ -91,10 +92,29 @@ def _info(args: argparse.Namespace) -> int:
             if recording.damage:
                 damaged = True
                 print(f"  run `comgra-ndbg check {recording.location}` for the full list, `--salvage` to repair")
-            sizes[trial] = _disk_size(recording.location)
+            sizes[trial] = _disk_size(recording.trial_folder)
     parts = ", ".join(f"{trial} {_human_size(size)}" for trial, size in sizes.items())
     print(f"on disk: {_human_size(sum(sizes.values()))} in {len(sizes)} trial{'s' * (len(sizes) != 1)} ({parts})")
     return 1 if damaged else 0
+
+
+def _print_ranks(recording: Any) -> None:
+    """The ranks of a distributed trial, one line each: recorded steps, writer state, DDP wrapping; what
+    follows in the trial's lines describes the rank shown first."""
+    if not recording.ranks:
+        return
+    print(f"  {_plural(len(recording.ranks), 'rank')} of world size {recording.world_size} (the lines "
+          f"after these describe rank {recording.rank}; open_recording(..., rank=r) opens another)")
+    for rank in recording.ranks:
+        other = recording if rank == recording.rank else recording.with_rank(rank)
+        try:
+            steps = other.steps
+            last = f", last step {int(steps.max())}" if len(steps) else ""
+            wrapped = {True: ", DDP", False: ", no DDP", None: ""}[other.ddp_wrapped]
+            print(f"    rank {rank}: {_plural(len(steps), 'recorded step')}{last}, {other.state}{wrapped}")
+        finally:
+            if other is not recording:
+                other.close()
 
 
 def _print_problems(problems: list, shown: int = 5) -> None:

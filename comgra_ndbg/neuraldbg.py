@@ -53,6 +53,7 @@ from comgra_ndbg.instrument.invariants import LoopInvariants
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
+from comgra_ndbg.recorder.distributed import detect_rank, is_ddp_wrapped, shared_trial_name, unwrap_ddp
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
 from comgra_ndbg.recorder.validation import check_step
 
@@ -137,15 +138,18 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             self.recorder = Recorder("", enabled=False)
             self.path: Path | None = None
             return
-        self._root = unwrap_compiled(model)
+        ddp = is_ddp_wrapped(model)
+        self._root = unwrap_ddp(unwrap_compiled(model))  # names alike on ranks with and without DDP
         chosen = select_modules(self._root, modules)
         announce = path is None
         if announce:
             path = Path.cwd() / "runs"  # absolute: the printed path still works after a chdir, from anywhere
-            trial = trial or time.strftime("ndbg-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
+            ranked = detect_rank() if recorder_options.get("per_rank", True) else None
+            trial = trial or (shared_trial_name(ranked, prefix="ndbg") if ranked is not None else
+                              time.strftime("ndbg-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}")
         try:
             self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
-                                     flight_recorder=flight_recorder, **recorder_options)
+                                     flight_recorder=flight_recorder, ddp_wrapped=ddp, **recorder_options)
         except RecordingExistsError as error:
             if resume or "already has a recording" not in str(error):
                 raise

@@ -34,6 +34,7 @@ from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_even
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
 from comgra_ndbg.analysis.parameter_edits import edit_events
 from comgra_ndbg.analysis.query import Query
+from comgra_ndbg.analysis.rank_loading import with_rank_checks
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.stagnation import stagnation_events
 from comgra_ndbg.store.reader import Recording, open_recording
@@ -103,7 +104,7 @@ def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = No
     recording, owned = _open(path_or_recording, trial)
     try:
         series = load_series(recording)
-        diagnosis = diagnose(series, thresholds)
+        diagnosis = with_rank_checks(diagnose(series, thresholds), recording)
         diagnosis = replace(diagnosis, seconds=time.perf_counter() - started)
         if store:
             write_results(recording.location, to_dict(diagnosis), num_steps=diagnosis.num_steps,

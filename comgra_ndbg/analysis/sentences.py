@@ -38,6 +38,11 @@ TYPE_TEXT = {
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
     "unclear": "A failure of unclear type",
+    # found across the ranks of a distributed run (analysis/ranks.py)
+    "partial_ddp": "DDP on some ranks only",
+    "rank_desync": "Parameters out of sync across ranks",
+    "rank_divergence": "A rank diverging from the others",
+    "rank_stalled": "A rank that stopped",
 }
 
 

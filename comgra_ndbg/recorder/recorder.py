@@ -26,6 +26,7 @@ import torch
 
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError, RecorderWarning
 from comgra_ndbg.recorder.dispatch import StepDispatcher
+from comgra_ndbg.recorder.distributed import detect_rank, shared_trial_name
 from comgra_ndbg.recorder.faults import FaultIsolation
 from comgra_ndbg.recorder.flight import FlightRecorder
 from comgra_ndbg.recorder.gradient_batch import GradientBatch
@@ -43,6 +44,7 @@ from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.recorder.validation import check_group_path, check_name, check_settings, check_step
 from comgra_ndbg.store import schema
+from comgra_ndbg.store.ranks import CONFIG_DDP_WRAPPED, rank_directory
 from comgra_ndbg.store.writer import RecordingWriter, check_trial_name
 
 __all__ = ["Recorder", "RecorderWarning", "AUTO"]  # RecorderWarning lives in errors.py: the store reports too
@@ -62,6 +64,12 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
     not recorded again (``resume_after``), so a run restarted from a checkpoint just calls its loop.
+
+    Under ``torch.distributed`` (more than one process, ``recorder/distributed.py``) each rank records
+    ``path/trial/rank<r>/`` with its rank and world size in the config, without any collective call;
+    ``per_rank=False`` records to ``path/trial`` as a single process would (then give each rank its own
+    trial). ``ddp_wrapped`` says whether this rank's model is wrapped in ``DistributedDataParallel``
+    (``NeuralDbg`` fills it in) for the cross-rank checks of the analysis.
 
     >>> import tempfile, torch
     >>> with tempfile.TemporaryDirectory() as folder:
@@ -91,6 +99,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         flush_every_seconds: float = 5.0,
         flush_every_steps: int | None = None,
         flight_recorder: FlightRecorder | None = None,
+        per_rank: bool = True,
+        ddp_wrapped: bool | None = None,
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
@@ -106,8 +116,16 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
                                        f"{type(flight_recorder).__name__}")
         if trial is not None and trial != "":
             check_trial_name(trial)
+        if not isinstance(per_rank, bool) or not isinstance(ddp_wrapped, (bool, type(None))):
+            raise InvalidArgumentError(f"per_rank must be True or False and ddp_wrapped True, False or None, got "
+                                       f"{per_rank!r} and {ddp_wrapped!r}")
+        self.rank_info = detect_rank() if per_rank else None
+        if not trial and self.rank_info is not None:  # every rank must pick the same name, without talking
+            trial = shared_trial_name(self.rank_info)
         self.trial = trial or time.strftime("trial-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
         self.path = Path(path) / self.trial
+        if self.rank_info is not None:
+            self.path = rank_directory(self.path, self.rank_info.rank, world_size=self.rank_info.world_size)
         self.summary_policy: Policy = as_policy(summaries, name="summaries")
         self.snapshot_policy: Policy = as_policy(snapshots, name="snapshots")
         self.num_samples = num_samples
@@ -119,6 +137,10 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         config = dict(summaries=repr(self.summary_policy), snapshots=repr(self.snapshot_policy),
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
                       saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder))
+        if self.rank_info is not None:
+            config.update(self.rank_info.as_config())
+        if ddp_wrapped is not None:
+            config[CONFIG_DDP_WRAPPED] = ddp_wrapped
         self._problems = ProblemLog(self._add_log)
         self._writer = RecordingWriter(self.path, self.trial, mode=mode, overwrite=overwrite, config=config,
                                        report=self._problems.warn)

@@ -27,6 +27,7 @@ from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
 from comgra_ndbg.store.fileview import FileView, open_h5
 from comgra_ndbg.store.lock import trial_state
+from comgra_ndbg.store.ranks import RankAccess, holds_recording, parse_rank_folder, rank_folders
 from comgra_ndbg.store.records import LogEntry, Note, Snapshot, StoredGraph, TriggerMark
 from comgra_ndbg.store.snapshot_reading import SnapshotReading
 from comgra_ndbg.store.step_tables import StepTables
@@ -45,17 +46,25 @@ def list_trials(path: str | Path) -> list[str]:
     return [name for name, _ in _resolve(Path(path))]
 
 
-def open_recording(path: str | Path, trial: str | None = None, *, damaged: str = "raise") -> Recording:
+def open_recording(path: str | Path, trial: str | None = None, *, rank: int | None = None,
+                   damaged: str = "raise") -> Recording:
     """Open a recording for reading.
 
     ``path`` is a group folder (pass ``trial``, or the first trial in sorted order is opened; ``.trials``
     lists them all), a trial directory, or a single recording file. ``damaged="raise"`` (the default)
     raises ``CorruptRecordingError`` for damage; ``"skip"`` reads around it and lists it in ``.damage``.
+    A distributed trial (one folder per rank, ``store/ranks.py``) opens rank ``rank``, by default its lowest
+    (or the rank folder ``path`` names); ``.ranks`` lists them and ``.with_rank(r)`` opens another.
     """
     if damaged not in DAMAGE_MODES:
         raise InvalidArgumentError(f"damaged must be 'raise' or 'skip', got {damaged!r}")
     if not isinstance(path, (str, Path)) or not str(path):
         raise InvalidArgumentError(f"path must be a folder or file name (str or Path), got {path!r}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))):
+        raise InvalidArgumentError(f"rank must be an int (a rank of a distributed trial) or None, got {rank!r}")
+    named = _rank_of(Path(path))
+    if named is not None:  # a rank folder: its trial, that rank unless another is asked for
+        path, rank = named[0], named[1] if rank is None else rank
     entries = _resolve(Path(path))
     names = [n for n, _ in entries]
     if trial is None:
@@ -65,13 +74,30 @@ def open_recording(path: str | Path, trial: str | None = None, *, damaged: str =
         if not matches:
             raise UnknownSeriesError(f"no trial {trial!r} in {path}; trials are {names}")
         location = matches[0]
-    return Recording(location, trial=trial, trials=names, group=Path(path) if len(entries) > 1 or
-                     Path(path) != location else None, damaged=damaged)
+    group = Path(path) if len(entries) > 1 or Path(path) != location else None
+    ranks = rank_folders(location)
+    if not ranks:
+        if rank is not None:
+            raise UnknownSeriesError(f"trial {trial!r} was recorded by a single process; it has no rank {rank} "
+                                     f"(open it without rank=)")
+        return Recording(location, trial=trial, trials=names, group=group, damaged=damaged)
+    if rank is None:
+        rank = next(iter(ranks))
+    if int(rank) not in ranks:
+        raise UnknownSeriesError(f"trial {trial!r} has no rank {rank}; its ranks are {list(ranks)}")
+    return Recording(ranks[int(rank)], trial=trial, trials=names, group=group, damaged=damaged, rank=int(rank),
+                     ranks=list(ranks), ranks_root=location)
+
+
+def _rank_of(path: Path) -> tuple[Path, int] | None:
+    """(trial folder, rank) when ``path`` is the rank folder of a distributed trial."""
+    rank = parse_rank_folder(path.name)
+    return (path.parent, rank) if rank is not None and rank in rank_folders(path.parent) else None
 
 
 def _is_trial_dir(path: Path) -> bool:
-    return path.is_dir() and (any(path.glob(f"{schema.SEGMENT_PREFIX}*{schema.SEGMENT_SUFFIX}"))
-                              or (path / schema.FINAL_NAME).exists())
+    """A folder with one recording, or the trial folder of a distributed run (one recording per rank)."""
+    return holds_recording(path) or bool(rank_folders(path))
 
 
 def _resolve(path: Path) -> list[tuple[str, Path]]:
@@ -95,11 +121,14 @@ def _resolve(path: Path) -> list[tuple[str, Path]]:
     return trials
 
 
-class Recording(SnapshotReading, StepTables):
-    """Read access to one trial. Use as a context manager or call ``close()``."""
+class Recording(SnapshotReading, StepTables, RankAccess):
+    """Read access to one trial (of one rank, for a distributed trial). Use as a context manager or call
+    ``close()``."""
 
     def __init__(self, location: Path, *, trial: str, trials: list[str], group: Path | None,
-                 damaged: str = "raise") -> None:
+                 damaged: str = "raise", rank: int | None = None, ranks: list[int] = (),
+                 ranks_root: Path | None = None) -> None:
+        self._init_ranks(rank, list(ranks), ranks_root)
         self.location = Path(location)
         self.trial = trial
         self.trials = trials
@@ -397,7 +426,7 @@ class Recording(SnapshotReading, StepTables):
         return read_results(self.location, num_steps=len(self.steps))
 
     def __repr__(self) -> str:
-        return (f"Recording(trial={self.trial!r}, steps={len(self.steps)}, nodes={len(self.nodes)}, "
+        return (f"Recording(trial={self.trial!r}, " + (f"rank={self.rank}, " if self.ranks else "") + f"steps={len(self.steps)}, nodes={len(self.nodes)}, "
                 f"files={len(self._views)}, complete={self.is_complete}"
                 + (f", damage={len(self.damage)}" if self.damage else "") + ")")
 
