@@ -73,7 +73,7 @@ def test_the_convnet_with_lr_100_halts_within_a_few_steps_with_the_steps_before_
     assert explosion <= halted.step <= explosion + 1 and "exceeds 10x its running median" in halted.reason
     assert halted.last_step == halted.step + 2  # halt_delay: two more steps, recorded in full
     assert len(losses) == halted.last_step + 1  # raised from the next step's forward pass, before it ran
-    assert halted.diagnosis.hypotheses[0].type == "divergence"
+    assert halted.diagnosis.hypotheses[0].type == "optimizer_divergence"
     assert halted.diagnosis.hypotheses[0].onset in (BAD_LR_FROM, BAD_LR_FROM + 1)
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
     printed = capsys.readouterr().out
