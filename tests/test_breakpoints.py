@@ -155,7 +155,10 @@ def test_bad_breakpoints_and_hooks_are_refused_with_close_matches(tmp_path: Path
             dbg.on("after_stpe", print)
         assert [p.paths for p in (dbg.break_at("blocks.*"), dbg.break_at(model.blocks[2]))] == [
             ("blocks.0", "blocks.1", "blocks.2"), ("blocks.2",)]
-        model(torch.randn(3, 2)).sum().backward()
+        for point in dbg.breakpoints:
+            point.remove()
+        assert dbg.breakpoints == ()
+        model(torch.randn(3, 2)).sum().backward()  # no breakpoint left to fire
 
 
 def test_step_through_pauses_after_each_layer_of_training_passes_only(tmp_path: Path) -> None:
