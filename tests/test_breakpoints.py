@@ -203,6 +203,7 @@ def test_hooks_receive_the_recorded_summaries_in_order(tmp_path: Path) -> None:
                 steps, values = recording.summary(name, kind, "rms")
                 assert info.stat(name, "rms", kind) == pytest.approx(values[steps.tolist().index(info.step)])
             assert info.kpis["loss"] == pytest.approx(losses[info.step])
+            assert info.summaries[("model.1", "value")]["std"] == info.stat("model.1", "std")
     with pytest.raises(UnknownSeriesError, match="no summary 'rms' of 'model.9'"):
         step_infos[0].stat("model.9", "rms")
 

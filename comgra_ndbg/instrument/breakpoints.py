@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from comgra_ndbg.instrument.conditions import Condition, parse_condition
 from comgra_ndbg.instrument.hooks import ROOT, node_name, tensor_leaves
 from comgra_ndbg.recorder.grad_hook import on_gradient
 from comgra_ndbg.recorder.reduce import summarize
-from comgra_ndbg.statistics import derive, merge_groups
+from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
 
 __all__ = ["Breakpoint", "Breakpoints", "EVENTS", "LayerCall", "StepSummaries", "debug_layer", "step_summaries"]
 
@@ -74,22 +74,32 @@ class LayerCall:
 
 @dataclass(frozen=True)
 class StepSummaries:
-    """What an ``after_step`` hook receives: the step's recorded summaries, merged over its iterations, as
-    ``(tensor name, kind) -> statistic -> value``, and its KPIs. Empty on a step the policies skipped."""
+    """What an ``after_step`` hook receives: the step's recorded summaries, merged over its iterations, and
+    its KPIs. ``rows`` holds the sufficient statistics per ``(tensor name, kind)``; :meth:`stat` derives one
+    statistic, :attr:`summaries` all of them (``(name, kind) -> statistic -> value``), on demand, so a hook
+    that reads one number pays for one. Empty on a step the policies skipped."""
 
     step: int
-    summaries: dict[tuple[str, str], dict[str, float]]
+    rows: dict[tuple[str, str], np.ndarray]
     kpis: dict[str, float]
+
+    @cached_property
+    def summaries(self) -> dict[tuple[str, str], dict[str, float]]:
+        """Every statistic of every recorded tensor of the step."""
+        if not self.rows:
+            return {}
+        derived = derive(np.stack(list(self.rows.values())))
+        return {key: {stat: float(values[i]) for stat, values in derived.items()} for i, key in enumerate(self.rows)}
 
     def stat(self, name: str, statistic: str, kind: str = "value") -> float:
         """One statistic of one recorded tensor, e.g. ``stat("model.0", "abs_max", "grad")``."""
-        try:
-            return self.summaries[(name, kind)][statistic]
-        except KeyError:
-            names = sorted({n for n, _ in self.summaries})
+        row = self.rows.get((name, kind))
+        if row is None or statistic not in STATISTICS:
+            names = sorted({n for n, _ in self.rows})
             close = difflib.get_close_matches(name, names, n=3)
             raise UnknownSeriesError(f"step {self.step} has no summary {statistic!r} of {name!r} ({kind}); "
-                                     f"recorded tensors: {close or names[:12]}") from None
+                                     f"recorded tensors: {close or names[:12]}; statistics: {sorted(STATISTICS)}")
+        return float(derive_one(row[None], statistic)[0])
 
 
 def step_summaries(step: int, series: np.ndarray, rows: np.ndarray, kpis: dict[str, float],
@@ -106,10 +116,7 @@ def step_summaries(step: int, series: np.ndarray, rows: np.ndarray, kpis: dict[s
     if not len(series):
         return StepSummaries(step, {}, dict(kpis))
     ids, merged = merge_groups(np.asarray(series), np.asarray(rows))
-    derived = derive(merged)
-    summaries = {name_of(int(sid)): {stat: float(values[i]) for stat, values in derived.items()}
-                 for i, sid in enumerate(ids.tolist())}
-    return StepSummaries(step, summaries, dict(kpis))
+    return StepSummaries(step, {name_of(sid): merged[i] for i, sid in enumerate(ids.tolist())}, dict(kpis))
 
 
 def debug_layer(call: LayerCall) -> None:
