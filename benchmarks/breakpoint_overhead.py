@@ -12,7 +12,9 @@ variants add breakpoints that never fire on this healthy run, so what they cost 
 
 Variants run interleaved in rounds so machine noise hits all alike; printed are the median step times and
 their ratios to NeuralDbg without breakpoints (and to the bare loop), in wall-clock and in CPU time of this
-process (steadier on a shared machine).
+process (steadier on a shared machine). On a busy machine a few percent are below the noise of step
+medians, so the check itself is also timed alone: CPU microseconds per call of each condition on a tensor
+of the watched output's shape (64 × 256), and that as a share of the NeuralDbg step.
 
 Run: ``python benchmarks/breakpoint_overhead.py [--steps 200] [--rounds 5] [--threads N]``.
 """
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.neuraldbg_overhead import TanhMLP  # noqa: E402
 from benchmarks.overhead import make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
+from comgra_ndbg.instrument.conditions import parse_condition  # noqa: E402
 
 NEVER = "abs_max > 1e30"
 Setup = Callable[[NeuralDbg], object] | None
@@ -76,6 +79,18 @@ def run(setup: Setup | str, data: list, folder: str, trial: str) -> tuple[float,
     return statistics.median(wall[10:]), statistics.median(cpu[10:])
 
 
+def check_seconds(when: object, calls: int = 2000) -> float:
+    """CPU seconds per ``check`` of condition ``when`` on a 64 x 256 tensor (the watched layer's output)."""
+    condition = parse_condition(when)
+    tensor = torch.randn(64, 256)
+    for _ in range(50):
+        condition.check(tensor)
+    c0 = time.process_time()
+    for _ in range(calls):
+        condition.check(tensor)
+    return (time.process_time() - c0) / calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -98,6 +113,13 @@ def main() -> None:
     for name, _ in VARIANTS:
         print(f"{name:42s} {wall[name] * 1e3:8.2f} {wall[name] / wall[base]:16.2f} {cpu[name] / cpu[base]:15.2f} "
               f"{wall[name] / wall[bare]:15.2f}")
+    print(f"\none check on a 64x256 tensor, alone (CPU µs per call; share of the {cpu[base] * 1e3:.2f} ms CPU "
+          f"NeuralDbg step)")
+    for when in (NEVER, "nonfinite", "always"):
+        seconds = check_seconds(when)
+        print(f"  {when!r:42s} {seconds * 1e6:8.1f} µs  {seconds / cpu[base]:7.2%}")
+    seconds = check_seconds(lambda t: bool(t.abs().max() > 1e30))
+    print(f"  {'a function (abs().max() > 1e30)':42s} {seconds * 1e6:8.1f} µs  {seconds / cpu[base]:7.2%}")
 
 
 if __name__ == "__main__":
