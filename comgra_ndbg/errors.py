@@ -20,6 +20,8 @@ __all__ = [
     "UnknownModuleError",
     "MissingDependencyError",
     "NotebookError",
+    "BreakpointHit",
+    "TrainingHalted",
     "RecorderWarning",
 ]
 
@@ -78,7 +80,8 @@ class GraphError(ComgraError, ValueError):
 
 
 class UnknownModuleError(ComgraError, KeyError):
-    """A module was looked up by object that was never given to ``track_module`` (nor is inside one that was)."""
+    """A module was looked up by object that was never given to ``track_module`` (nor is inside one that was),
+    or by a path the model does not have (``NeuralDbg.break_at``)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -92,6 +95,31 @@ class MissingDependencyError(ComgraError, ImportError):
 class NotebookError(ComgraError, RuntimeError):
     """Something that only works inside a Jupyter kernel (showing the explorer inline) was called outside
     one; the message says what to run instead."""
+
+
+class BreakpointHit(ComgraError, RuntimeError):
+    """A ``NeuralDbg.break_at(..., action="raise")`` breakpoint fired: raised from the module's forward hook
+    (``at="forward"``) or from the gradient hook in ``backward()`` (``at="backward"``), carrying what the
+    module saw so the caller can inspect it: ``module`` (its path), ``step``, ``at``, ``inputs`` (the
+    forward arguments), ``output``, ``grad`` (the output's gradient, backward only) and ``reason``."""
+
+    def __init__(self, message: str, *, module: str, step: int | None, at: str, inputs: tuple, output: object,
+                 grad: object = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.module, self.step, self.at = module, step, at
+        self.inputs, self.output, self.grad, self.reason = inputs, output, grad, reason
+
+
+class TrainingHalted(ComgraError, RuntimeError):
+    """A flight-recorder trigger with ``halt=True`` fired: training was stopped (``halt_delay`` steps after the
+    step that tripped it, ``last_step``), with everything recorded before on disk. ``step`` and ``reason``
+    say what fired, ``diagnosis`` is the analysis of the recording at that moment (None if the analysis
+    itself failed), ``path`` the recording."""
+
+    def __init__(self, message: str, *, step: int, reason: str, last_step: int | None, diagnosis: object,
+                 path: object) -> None:
+        super().__init__(message)
+        self.step, self.reason, self.last_step, self.diagnosis, self.path = step, reason, last_step, diagnosis, path
 
 
 class RecorderWarning(UserWarning):

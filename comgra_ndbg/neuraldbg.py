@@ -45,6 +45,8 @@ from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError, RecordingExistsError
 from comgra_ndbg.graph.eager import unwrap_compiled
 from comgra_ndbg.instrument import patches
+from comgra_ndbg.instrument.breakpoints import Breakpoints
+from comgra_ndbg.instrument.halting import Halting, halting_flight_recorder
 from comgra_ndbg.instrument.hooks import ROOT, ModuleHooks, ModulePattern, node_name, select_modules
 from comgra_ndbg.instrument.structure import ModelStructure
 from comgra_ndbg.instrument.checkpoint import Burst, HiddenCall, RecomputedGradients
@@ -63,7 +65,8 @@ PARAMETER_SUFFIX = ".parameters"
 """Parameters of module ``model.p`` form node ``model.p.parameters`` (``parameters`` cannot be a child's name)."""
 
 
-class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradients, LoopInvariants):
+class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradients, LoopInvariants, Breakpoints,
+                Halting):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: ``runs`` in the working directory, the new trial's absolute path
@@ -86,6 +89,12 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     mode, BatchNorm on one sample, unused parameters, half-precision ``eps`` — and records the learning
     rate of every param group as KPI ``lr/<group>`` (``docs/diagnosis.md``, "Loop invariants").
 
+    ``halt_on`` (flight-recorder triggers, or ``"nonfinite"`` / ``"loss_spike"``) stops training when one fires,
+    after writing the steps before it, ``halt_delay`` steps more and printing the diagnosis:
+    ``halt_mode="raise"`` raises ``TrainingHalted``, ``"flag"`` sets :attr:`should_stop`
+    (``instrument/halting.py``). :meth:`break_at`,
+    :meth:`step_through` and :meth:`on` stop or call back inside the loop (``instrument/breakpoints.py``).
+
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
     """
@@ -107,6 +116,9 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         resume: bool = False,
         first_step: int | None = None,
         invariants: bool = True,
+        halt_on: Sequence[Any] | None = None,
+        halt_mode: str = "raise",
+        halt_delay: int = 2,
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -134,13 +146,17 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         self.enabled = bool(enabled)
         self._closed = False
         self._handles: list[Any] = []
+        self._init_halting(halt_mode, halt_delay)
+        flight_recorder = halting_flight_recorder(flight_recorder, halt_on)
         if not self.enabled:
+            self._init_breakpoints([])
             self.recorder = Recorder("", enabled=False)
             self.path: Path | None = None
             return
         ddp = is_ddp_wrapped(model)
         self._root = unwrap_ddp(unwrap_compiled(model))  # names alike on ranks with and without DDP
         chosen = select_modules(self._root, modules)
+        self._init_breakpoints(chosen)
         announce = path is None
         if announce:
             path = Path.cwd() / "runs"  # absolute: the printed path still works after a chdir, from anywhere
@@ -233,8 +249,10 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             self._handles, self._tensor_handles = [], []
             self._taps, self._losses, self._loss_sources, self._pass_args = {}, [], {}, None
             self._inv_close()
+            self._close_breakpoints()
             patches.detach(self)
             self.recorder.close()
+        self._run_pending(can_raise=False)
 
     @property
     def steps(self) -> int:

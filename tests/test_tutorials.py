@@ -24,7 +24,7 @@ def run_tutorial(name: str, *args: str) -> str:
 def test_every_tutorial_is_tested_and_short() -> None:
     names = sorted(p.name for p in TUTORIALS.glob("*.py"))
     assert names == ["01_register_tensors.py", "02_neuraldbg_unchanged_loop.py", "03_flight_recorder.py",
-                     "04_test_a_hypothesis.py"]
+                     "04_test_a_hypothesis.py", "05_breakpoints_and_halt.py"]
     for name in names:
         source = (TUTORIALS / name).read_text()
         assert len(source.splitlines()) <= 80 and '"--steps"' in source and '"--path"' in source
@@ -79,3 +79,19 @@ def test_04_tests_hypotheses_on_a_finished_recording(tmp_path: Path) -> None:
     assert "usage:" in run_tutorial("04_test_a_hypothesis.py", "--help")
     again = run_tutorial("04_test_a_hypothesis.py", "--path", str(tmp_path))  # reuses the recording: no rerun
     assert again == out
+
+
+def test_05_breaks_at_the_blow_up_and_halts_with_the_steps_before_it_on_disk(tmp_path: Path) -> None:
+    out = run_tutorial("05_breakpoints_and_halt.py", "--steps", "40", "--path", str(tmp_path))
+    bad_step = 40 // 2
+    assert re.search(r"^step 10: loss 1\.\d+, \|grad\| max of model\.0\.weight \d", out, re.M)  # the step hook
+    assert re.search(rf"^breakpoint: step {bad_step + 1}, model\.2: abs_max \d+ > 100$", out, re.M)
+    halted = re.search(r"^halted: trigger at step (\d+), stopped after step (\d+) of 40$", out, re.M)
+    trigger, last = int(halted.group(1)), int(halted.group(2))
+    assert trigger == bad_step + 1 and last == trigger + 2
+    assert re.search(rf"^1\. Optimizer divergence originated in the optimizer at step {bad_step}\b", out, re.M)
+    assert f"top hypothesis: optimizer_divergence from step {bad_step}" in out
+    assert f"on disk: steps 0..{last}, of which written by the flight recorder when it fired: 1..{bad_step}" in out
+    with open_recording(tmp_path, "lr100") as recording:
+        assert recording.steps.tolist() == list(range(last + 1)) and recording.is_complete
+        assert [t.step for t in recording.triggers] == [trigger]

@@ -15,6 +15,10 @@ Each module holds one concept; ``comgra_ndbg.neuraldbg.NeuralDbg`` composes them
   (compiled, frozen, checkpointed, autocast);
 - :mod:`~comgra_ndbg.instrument.checkpoint`: gradients inside reentrant checkpoint segments;
 - :mod:`~comgra_ndbg.instrument.compile_cache`: compiled code traced without the hooks, dropped.
+- :mod:`~comgra_ndbg.instrument.breakpoints`: ``break_at``, ``step_through`` and ``on``: stopping inside the
+  loop, or calling the user's code there, with what was recorded (conditions in
+  :mod:`~comgra_ndbg.instrument.conditions`);
+- :mod:`~comgra_ndbg.instrument.halting`: stopping a failed run when a halting flight-recorder trigger fires.
 
 Everything here is installed by ``NeuralDbg`` and removed by its ``close()`` (the process-wide part by the
 last open instance's).

@@ -38,19 +38,26 @@ class StepDetection:
         self._training_pass = (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
                                and self._root.training)
         if self._training_pass:
+            self._safely("ending the last step", self._end_finished_step)
+            self._run_pending()  # the user's step hooks, and a halt (outside the recorder's fault isolation)
+            self._before_step()
             self._safely("starting a forward pass", self._begin_pass, args, kwargs)
         else:
             self._evaluation_passes += 1
         if self._inv:
             self._safely("checking loop invariants", self._inv_forward, self._training_pass, args, kwargs)
 
-    def _begin_pass(self, args: tuple, kwargs: dict) -> None:
+    def _end_finished_step(self) -> None:
+        """Before a training pass: close the pass that raised before its end, and the step if it is over."""
         rec = self.recorder
         if self._pass_open:  # the last pass raised before its end
             rec.finish_iteration()
             self._pass_open = False
         if rec.current_step is not None and self._optimizer_stepped():
             self._end_step()
+
+    def _begin_pass(self, args: tuple, kwargs: dict) -> None:
+        rec = self.recorder
         if rec.current_step is None:
             rec.start_step(self._next_step, self.step_type)
             self._next_step += 1
@@ -146,6 +153,7 @@ class StepDetection:
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if not self._closed and self.recorder.current_step is not None and not self._pass_open:
             self._safely("finishing the step", self._finish_step)
+            self._run_pending()
 
     # ---- every optimizer's step (patches' global hooks) ---------------------------------------------------
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -193,7 +201,9 @@ class StepDetection:
                 self._pass_open = False
             if self._losses:
                 rec.record_kpi(LOSS, torch.stack(self._losses).mean())
+            step = rec.current_step
             rec.finish_step()
+            self._step_finished(step)
         finally:
             self._release_step()
 

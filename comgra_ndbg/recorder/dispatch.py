@@ -5,7 +5,8 @@ The flight recorder sees every step; when a trigger fires, the steps in its ring
 ``after`` steps are forced to be recorded in full. Each trigger is armed on its own: it fires when its
 condition starts to hold and fires again only after that condition has cleared for a step, so a persistent
 NaN is one trigger, not one per step, and a loss spike still holding does not stop the NaN trigger. A trigger
-that raises is reported (``report``) and counts as not holding.
+that raises is reported (``report``) and counts as not holding. The first trigger with ``halt=True`` that
+fires is kept as :attr:`StepDispatcher.halt` (its step and reason) for the caller to stop training.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class StepDispatcher:
         self.forced_until = -1
         self.trigger_step = -1
         self.flush_now = False  # set when a trigger fired: the caller flushes at once
+        self.halt: tuple[int, str] | None = None  # (step, reason) of the first halting trigger that fired
+        self.last: tuple[StepRecord, dict[str, float]] | None = None  # the last step dispatched, and its KPIs
         self._armed = [True] * len(flight.triggers) if flight is not None else []
 
     def is_forced(self, step: int) -> bool:
@@ -47,6 +50,7 @@ class StepDispatcher:
     def dispatch(self, record: StepRecord, kpis: dict[str, float], write_summary: bool,
                  write_snapshot: bool) -> bool:
         """Write what the policies asked for and feed the flight recorder; True when the step was written."""
+        self.last = (record, kpis)
         written = write_summary or write_snapshot
         if written:
             record.write(self.writer, summaries=write_summary, snapshots=write_snapshot)
@@ -74,8 +78,10 @@ class StepDispatcher:
             record.write(self.writer, summaries=True, snapshots=True, reason=f"trigger: {reason}")
         elif not write_snapshot:
             record.write(self.writer, summaries=False, snapshots=True, step_entry=False)
-        for _, why in fired:
+        for index, why in fired:
             self.writer.add_trigger(record.step, why)
+            if self.halt is None and flight.triggers[index].halt:
+                self.halt = (record.step, why)
         self.trigger_step = record.step
         self.forced_until = record.step + flight.after
         self.flush_now = True  # a crash often follows a trigger

@@ -8,6 +8,10 @@ recorded in full for ``after`` more steps. Triggers are independent: each fires 
 starts to hold and re-arms when that condition clears, so a loss spike that persists never keeps the
 non-finite trigger from firing at the first NaN.
 
+Any trigger built with ``halt=True`` also asks the training run to stop when it fires: the recorder
+exposes the request (``Recorder.halt_request``) after writing and flushing the ring, and ``NeuralDbg``
+acts on it (raises ``TrainingHalted`` or sets ``should_stop``; ``docs/neuraldbg.md``, "Halting on failure").
+
 >>> fr = FlightRecorder(steps=3, triggers=[LossSpike(factor=10, window=5, min_history=3)])
 >>> [fr.check(StepFacts(step, {"loss": loss}, [], {})) for step, loss in enumerate([1.0, 1.1, 0.9, 25.0])]
 [None, None, None, "loss 25 exceeds 10x its running median 1 (KPI 'loss')"]
@@ -38,7 +42,19 @@ class StepFacts:
 
 
 class Trigger(abc.ABC):
-    """Decides, from a step's facts, whether to dump the flight recorder; returns the reason or None."""
+    """Decides, from a step's facts, whether to dump the flight recorder; returns the reason or None.
+
+    ``halt``: when this trigger fires, training is asked to stop (see the module docstring)."""
+
+    halt: bool = False
+
+    def _set_halt(self, halt: bool) -> None:
+        if not isinstance(halt, bool):
+            raise InvalidArgumentError(f"{type(self).__name__}(halt=...) must be True or False, got {halt!r}")
+        self.halt = halt
+
+    def _halt_repr(self) -> str:
+        return ", halt=True" if self.halt else ""
 
     @abc.abstractmethod
     def check(self, facts: StepFacts) -> str | None: ...
@@ -47,6 +63,9 @@ class Trigger(abc.ABC):
 class NonFinite(Trigger):
     """Fires on the first step with a NaN or ±Inf element in any recorded tensor, gradient or update."""
 
+    def __init__(self, *, halt: bool = False) -> None:
+        self._set_halt(halt)
+
     def check(self, facts: StepFacts) -> str | None:
         if not facts.nonfinite:
             return None
@@ -54,14 +73,16 @@ class NonFinite(Trigger):
         return f"non-finite values in {shown}"
 
     def __repr__(self) -> str:
-        return "NonFinite()"
+        return "NonFinite(halt=True)" if self.halt else "NonFinite()"
 
 
 class LossSpike(Trigger):
     """Fires when a KPI exceeds ``factor`` times its running median over the last ``window`` steps
     (also when the KPI itself becomes NaN or Inf)."""
 
-    def __init__(self, kpi: str = "loss", factor: float = 10.0, window: int = 50, min_history: int = 10) -> None:
+    def __init__(self, kpi: str = "loss", factor: float = 10.0, window: int = 50, min_history: int = 10, *,
+                 halt: bool = False) -> None:
+        self._set_halt(halt)
         if factor <= 1 or window < 1 or not 1 <= min_history <= window:
             raise InvalidArgumentError(f"LossSpike needs factor > 1 and 1 <= min_history <= window, got "
                                        f"factor={factor}, window={window}, min_history={min_history}")
@@ -84,13 +105,14 @@ class LossSpike(Trigger):
         return reason
 
     def __repr__(self) -> str:
-        return f"LossSpike(kpi={self.kpi!r}, factor={self.factor:g})"
+        return f"LossSpike(kpi={self.kpi!r}, factor={self.factor:g}{self._halt_repr()})"
 
 
 class GradNormAbove(Trigger):
     """Fires when the L2 norm of any recorded gradient exceeds ``threshold``."""
 
-    def __init__(self, threshold: float) -> None:
+    def __init__(self, threshold: float, *, halt: bool = False) -> None:
+        self._set_halt(halt)
         if not threshold > 0:
             raise InvalidArgumentError(f"GradNormAbove needs a positive threshold, got {threshold}")
         self.threshold = threshold
@@ -103,14 +125,16 @@ class GradNormAbove(Trigger):
         return f"gradient norm of {name!r} is {over[name]:.3g} > {self.threshold:g}"
 
     def __repr__(self) -> str:
-        return f"GradNormAbove({self.threshold:g})"
+        return f"GradNormAbove({self.threshold:g}{self._halt_repr()})"
 
 
 class Predicate(Trigger):
     """Fires when ``fn(facts)`` is true. An exception in ``fn`` counts as false: the recorder logs it in the
     recording's problems (``trigger_error``) and warns about it once, with a count at ``close()``."""
 
-    def __init__(self, fn: Callable[[StepFacts], bool], description: str | None = None) -> None:
+    def __init__(self, fn: Callable[[StepFacts], bool], description: str | None = None, *,
+                 halt: bool = False) -> None:
+        self._set_halt(halt)
         if not callable(fn):
             raise InvalidArgumentError(f"Predicate needs a function of StepFacts, got {type(fn).__name__}")
         self.fn = fn
@@ -120,7 +144,7 @@ class Predicate(Trigger):
         return f"predicate {self.description!r}" if self.fn(facts) else None
 
     def __repr__(self) -> str:
-        return f"Predicate({self.description!r})"
+        return f"Predicate({self.description!r}{self._halt_repr()})"
 
 
 @dataclass

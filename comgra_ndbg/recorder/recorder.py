@@ -350,6 +350,18 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         """Whether the open step computes summaries or snapshots (False on skipped steps)."""
         return self.enabled and self._step_open and (self._summarize or self._snapshot)
 
+    @property
+    def halt_request(self) -> tuple[int, str] | None:
+        """``(step, reason)`` of the first flight-recorder trigger with ``halt=True`` that fired (its steps
+        are on disk by then), or None: the training loop should stop."""
+        return self._dispatcher.halt if self.enabled else None
+
+    @property
+    def last_record(self) -> tuple[StepRecord, dict[str, float]] | None:
+        """The last finished step's statistics (its ``StepRecord``, written or only kept by the flight
+        recorder) and KPIs, or None; a step the policies skipped leaves the one before."""
+        return self._dispatcher.last if self.enabled else None
+
     # ---- finishing a step --------------------------------------------------------------------------------
     def finish_step(self) -> None:
         """End the step: derive parameter updates, collect every statistic in one host copy, and write."""
