@@ -43,7 +43,7 @@ import numpy as np
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.structure import parents, passes_through
 
-__all__ = ["Squash", "squashing_node", "side_masses", "signal_path"]
+__all__ = ["Squash", "squashing_node", "side_masses", "signal_path", "pinned", "bounded"]
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,7 @@ def _squash(series: RunSeries, name: str, side: str, window: slice, compression:
     low, high = np.nanmedian(value["min"][window]), np.nanmedian(value["max"][window])
     if not (np.isfinite(low) and np.isfinite(high)):
         return None
-    bounded = np.isfinite(value["saturated_fraction"][window]).any()
-    if bounded:
+    if bounded(series, name, window):
         floor = 0.0 if low >= 0 else -1.0  # sigmoid / softmax: (0, 1); tanh: (-1, 1)
         width = 1.0 - floor
         if side == "low" and low - floor <= pin_margin * width:
@@ -121,6 +120,17 @@ def _squash(series: RunSeries, name: str, side: str, window: slice, compression:
         return Squash(name, side, "removed", float("inf"))
     ratio = large / small
     return Squash(name, side, "compressed", float(ratio)) if ratio >= compression else None
+
+
+def bounded(series: RunSeries, name: str, window: slice) -> bool:
+    """Whether the node is the output of an activation of known bounds (sigmoid, tanh, softmax)."""
+    return bool(np.isfinite(series.node(name).stats["value"]["saturated_fraction"][window]).any())
+
+
+def pinned(series: RunSeries, name: str, side: str, window: slice, pin_margin: float = 0.02) -> bool:
+    """Whether the bounded node ``name`` sits at its bound on ``side`` over ``window``."""
+    squash = _squash(series, name, side, window, float("inf"), pin_margin)
+    return squash is not None and squash.how == "pinned"
 
 
 def squashing_node(series: RunSeries, prediction: str, side: str, window: slice, *, compression: float = 20.0,

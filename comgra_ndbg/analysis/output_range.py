@@ -15,7 +15,9 @@ The rule looks at the *prediction* — the node the loss compares with the targe
   prediction's extreme by ``gap`` of the target's range or more on one side (median over the window);
 - *gradient*: without such a target, the gradient at the prediction keeps one sign on average —
   |mean| ≥ ``push`` × rms at ``persist_share`` of the steps — which a free output bias would have
-  removed (the bias' gradient is the mean);
+  removed (the bias' gradient is the mean); half that push suffices, of one sign at as many steps, when
+  the prediction is a bounded activation pinned at the bound it is pushed towards (targets beyond both
+  bounds partly cancel in the mean);
 - *probabilities*: the prediction is a probability vector (values in [0, 1], mean exactly 1/C) and the
   loss sits at or above log(1 + (C − 1)/e), the lowest a cross-entropy can reach on inputs in [0, 1].
 
@@ -23,7 +25,8 @@ The failure is named only when the loss did not fall below ``loss_share`` of its
 a node on the prediction's signal path squashes that side (:mod:`~comgra_ndbg.analysis.output_path`);
 without such a node the prediction may still be learning, and nothing is said. The event sits at the
 squashing node, present from the first step (``at_start``) when that node squashed the side already over
-the first ``start_steps`` steps.
+the first ``start_steps`` steps, or when it is a bounded activation pinned at its bound (its range is there
+from step 0, even if training takes a while to press the values against it).
 
 >>> import numpy as np
 >>> from comgra_ndbg.analysis.series import build_series
@@ -49,7 +52,7 @@ import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event, Evidence
-from comgra_ndbg.analysis.output_path import Squash, squashing_node
+from comgra_ndbg.analysis.output_path import Squash, bounded, pinned, squashing_node
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.shift import strength
 from comgra_ndbg.analysis.structure import parents
@@ -161,10 +164,15 @@ def _gradient_reach(series: RunSeries, prediction: str, window: slice, t: Thresh
     ratio = ratio[np.isfinite(ratio)]
     if len(ratio) < t.min_history:
         return None
+    down = float(np.median(ratio)) > 0  # a positive gradient: the loss wants the values lower
     pushed = float(np.mean(np.abs(ratio) >= t.range_push))
     if pushed < t.range_persist_share or np.all(np.sign(ratio) == 0):
-        return None
-    down = float(np.median(ratio)) > 0  # a positive gradient: the loss wants the values lower
+        # targets on both sides of a bounded output partly cancel in the mean: a prediction pinned at the
+        # bound it is pushed towards needs only half the push, of one sign at as many steps
+        one_sign = float(np.mean(ratio > 0 if down else ratio < 0))
+        if not (one_sign >= t.range_persist_share and np.median(np.abs(ratio)) >= t.range_push / 2
+                and pinned(series, prediction, "low" if down else "high", window)):
+            return None
     value = node.stats["value"]["min" if down else "max"][window]
     return Reach(prediction, "low" if down else "high", "gradient", float(np.median(np.abs(ratio))),
                  float(np.nanmedian(value)) if np.isfinite(value).any() else float("nan"))
@@ -237,7 +245,8 @@ def _event(series: RunSeries, found: Reach, squash: Squash, window: slice, t: Th
     steps = series.steps
     early = squashing_node(series, found.prediction, squash.side, slice(0, t.start_steps),
                            compression=t.range_compression)
-    at_start = early is not None and early.node == squash.node
+    at_start = (early is not None and early.node == squash.node
+                or squash.how == "pinned" and bounded(series, squash.node, slice(0, t.start_steps)))
     onset = int(steps[0]) if at_start else int(steps[window.start])
     tail = steps[window]
     reached = Evidence(f"{found.prediction}/value/{'min' if found.side == 'low' else 'max'}",
