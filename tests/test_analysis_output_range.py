@@ -170,7 +170,7 @@ def test_a_per_sample_loss_is_part_of_the_loss_not_the_prediction() -> None:
     roles = {"pred": "intermediate", "per_sample": "intermediate", "loss": "loss"}
     constant = summary_rows(rms=ONE, mean=ONE)  # every element's gradient the same: averaged into the loss
     rows = {("pred", "value"): SYMMETRIC, ("pred", "grad"): SYMMETRIC, ("per_sample", "value"): RELU,
-            ("per_sample", "grad"): constant}
+            ("per_sample", "grad"): constant, ("loss", "value"): SYMMETRIC}
     s = _series(rows, [("pred", "per_sample"), ("per_sample", "loss")], roles, ONE)
     assert prediction_nodes(s) == ["pred"]
 
