@@ -194,6 +194,14 @@ def validate(truth: dict, rec: Recording) -> tuple[bool, str]:
         steps, rms = series(rec, "input", "value", "rms")
         rise = _ratio(median(steps, rms, *after), median(steps, rms, *before))
         return rise >= 10, f"input rms ×{rise:.0f} (≥ 10)"
+    if fault in ("relu_output", "sigmoid_range", "softmax_ce"):
+        steps, loss = _losses(truth)
+        late = median(steps, loss, truth["steps"] - 50, truth["steps"])
+        floor = 0.3
+        if fault == "softmax_ce":
+            classes = rec.tensors_of(family.node(""))[0].shape[-1] if rec.tensors_of(family.node("")) else 10
+            floor = 0.95 * float(np.log1p((classes - 1) / np.e))
+        return bool(late >= floor), f"median loss of the last 50 steps {late:.3g} (≥ {floor:.3g})"
     raise ValueError(f"no validation for fault {fault!r}")
 
 

@@ -53,7 +53,10 @@ def _clusters(config: Config, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- mlp: explicit Recorder registration -------------------------------------------------------------------
 def _mlp_loss(setup: Setup, inputs: list[torch.Tensor], target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = setup.register("input", inputs[0], role="input")
-    logits = setup.register("logits", setup.model(x, setup.register), role="output")
+    logits = setup.model(x, setup.register)
+    if setup.config.task == "softmax_output":  # probabilities passed on to F.cross_entropy as if logits
+        logits = torch.softmax(logits, dim=1)
+    logits = setup.register("logits", logits, role="output")
     return setup.register("loss", classification_loss(setup, logits, target), role="loss"), logits
 
 
@@ -70,6 +73,7 @@ def build_mlp(config: Config, seed: int) -> Setup:
 def _mlp_sites(depth: int) -> dict[str, tuple[Site, ...]]:
     blocks = range(depth)
     return {
+        "range": (Site(("logits",), "", ""),),
         "scale": tuple(Site((f"blocks.{k}",), f"blocks.{k}.linear", f"blocks.{k}.linear") for k in blocks),
         "dead": tuple(Site((f"blocks.{k}",), f"blocks.{k}.linear", f"blocks.{k}.act") for k in blocks),
         "saturate": tuple(Site((f"blocks.{k}",), f"blocks.{k}.linear", f"blocks.{k}.act") for k in blocks),
@@ -96,7 +100,8 @@ def _plain_classifier_loss(setup: Setup, inputs: list[torch.Tensor],
 
 def build_resmlp(config: Config, seed: int) -> Setup:
     torch.manual_seed(seed)
-    model = ResidualMLP(32, CLASSES, depth=config.depth, width=48, activation=config.activation)
+    model = ResidualMLP(32, CLASSES, depth=config.depth, width=48, activation=config.activation,
+                        probabilities=config.task == "softmax_output")
     x, y = _clusters(config, seed)
     optimizer = make_optimizer(config, model)
     return Setup(config, model, optimizer, _feature_pipeline(config, seed, x, y), _plain_classifier_loss,
@@ -112,7 +117,8 @@ RESMLP = Family(
     {"scale": tuple(Site((f"blocks.{k}",), f"blocks.{k}.fc2", f"blocks.{k}.fc2") for k in range(3)),
      "dead": tuple(Site((f"blocks.{k}",), f"blocks.{k}.fc1", f"blocks.{k}.act") for k in range(3)),
      "freeze": tuple(Site((f"blocks.{k}",), f"blocks.{k}", f"blocks.{k}.fc1") for k in range(3)),
-     "grad": tuple(Site((f"blocks.{k}",), f"blocks.{k}.fc1", f"blocks.{k}.norm") for k in range(3))})
+     "grad": tuple(Site((f"blocks.{k}",), f"blocks.{k}.fc1", f"blocks.{k}.norm") for k in range(3)),
+     "range": (Site(("out",), "out", "out"),)})
 
 
 # ---- autoencoder -------------------------------------------------------------------------------------------
@@ -135,15 +141,22 @@ def build_autoencoder(config: Config, seed: int) -> Setup:
     deep = config.task == "deep_sigmoid"
     hidden = (48,) * 6 if deep else (64, 16)
     code_activation = "sigmoid" if config.task == "sigmoid_code" else None
-    model = Autoencoder(32, hidden=hidden, code=6, activation=config.activation, code_activation=code_activation)
+    standardised = config.task.startswith("standardised_")  # targets: standardised features, half negative
+    output = {"standardised_relu": "relu", "standardised_linear": None}.get(config.task, "sigmoid")
+    model = Autoencoder(32, hidden=hidden, code=6, activation=config.activation, code_activation=code_activation,
+                        output_activation=output)
     if deep:
         for module in model.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_normal_(module.weight)
                 nn.init.zeros_(module.bias)
     x = data.reconstruction(seed)
-    pipeline = Pipeline([(x * 255).round()], torch.zeros(len(x)), kind="unit_features",
-                        batch_size=config.batch_size, seed=seed)
+    if standardised:
+        pipeline = Pipeline([data.sensor_units(torch.logit(x, eps=1e-4), seed)], torch.zeros(len(x)),
+                            kind="features", batch_size=config.batch_size, seed=seed)
+    else:
+        pipeline = Pipeline([(x * 255).round()], torch.zeros(len(x)), kind="unit_features",
+                            batch_size=config.batch_size, seed=seed)
     optimizer = make_optimizer(config, model)
     knobs = {"mask_ratio": 0.25, "generator": torch.Generator().manual_seed(30_000 + seed)}
     return Setup(config, model, optimizer, pipeline, _autoencoder_loss, scheduler=make_scheduler(config, optimizer),
@@ -164,7 +177,8 @@ AUTOENCODER = Family(
      "saturate": tuple(Site((a, b), a, b) for a, b in _linear_pairs(("encoder", "decoder"))),
      "freeze": tuple(Site((a,), a, a) for a, _ in _linear_pairs(("encoder", "decoder"))),
      "grad": tuple(Site((a, b), b, a) for a, b in _linear_pairs(("encoder", "decoder"))[1:]),
-     "collapse": (Site(("decoder.0", "decoder.1"), "", "decoder.0"),)})
+     "collapse": (Site(("decoder.0", "decoder.1"), "", "decoder.0"),),
+     "range": (Site(("decoder.5",), "decoder.5", "decoder.5"),)})
 
 
 # ---- twobranch ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def _criterion(config: Config) -> nn.Module | None:
 # ---- cnn ---------------------------------------------------------------------------------------------------
 def build_cnn(config: Config, seed: int) -> Setup:
     torch.manual_seed(seed)
-    model = SmallResNet(IMAGE_CLASSES)
+    model = SmallResNet(IMAGE_CLASSES, probabilities=config.task == "softmax_output")
     images, y = data.prototype_images(seed)
     pipeline = Pipeline([images], y, kind="images", batch_size=config.batch_size, seed=seed, classes=IMAGE_CLASSES)
     optimizer = make_optimizer(config, model)
@@ -48,7 +48,8 @@ CNN = Family(
                                                                                ("block2", "bn1", "relu1"))),
      "freeze": tuple(Site((b,), b, f"{b}.{conv}") for b, conv in (("stem", "conv"), ("block1", "conv1"),
                                                                    ("block2", "conv1"))),
-     "grad": (Site(("block1",), "block1.bn1", "block1.conv1"), Site(("block2",), "block2.bn1", "block2.conv1"))})
+     "grad": (Site(("block1",), "block1.bn1", "block1.conv1"), Site(("block2",), "block2.bn1", "block2.conv1")),
+     "range": (Site(("out",), "out", "out"),)})
 
 
 # ---- rnn ---------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from benchmarks.diagbench.setup import Config, Setup
 
 TYPES = ("vanishing", "exploding", "dead_units", "saturation", "optimizer_divergence", "optimizer_instability",
          "nonfinite_loss", "nonfinite_data", "data_shift", "loss_spike", "update_stagnation", "mode_collapse",
-         "imbalanced_learning")
+         "imbalanced_learning", "output_range")
 ORIGINS = ("node", "optimizer", "loss", "data", "architecture")
 NONFINITE, DEAD, GRAD_VANISHING = "nonfinite:non-finite", "activation_regime:dead", "gradient_health:vanishing"
 ALL = ("mlp", "resmlp", "cnn", "rnn", "transformer", "autoencoder", "twobranch")
@@ -51,6 +51,7 @@ _DEEP_SIGMOID = {"mlp": {"task": "deep_sigmoid", "depth": 12, "activation": "sig
                  "autoencoder": {"task": "deep_sigmoid", "activation": "sigmoid", "optimizer": "sgd", "lr": 0.1}}
 _TANH = {"mlp": {"activation": "tanh", "optimizer": "sgd", "lr": 0.03}, "autoencoder": {"activation": "tanh"}}
 _RELU = {"autoencoder": {"activation": "relu"}}
+_SOFTMAX = {family: {"task": "softmax_output"} for family in ("mlp", "resmlp", "cnn")}
 _CUSTOM = {family: {"loss": "custom"} for family in ("mlp", "resmlp", "cnn", "rnn", "autoencoder")}
 
 FAULTS = (
@@ -117,6 +118,20 @@ FAULTS = (
     Fault("unnormalised", "data_shift", "data", "a refactor drops the normalisation (raw sensor units, images "
           "not divided by 255)", "input rms ×≥ 10 (20-step medians)", FLOAT_INPUTS),
 )
+RANGE_FAULTS = (
+    Fault("relu_output", "output_range", "node", "a ReLU left on the output layer of a regression (an autoencoder "
+          "of standardised features, half of them negative)", "the median loss of the last 50 steps ≥ 0.3 (the "
+          "negative targets out of reach)", ("autoencoder",), site="range", at_start=True,
+          configs={"autoencoder": {"task": "standardised_relu"}}),
+    Fault("sigmoid_range", "output_range", "node", "a sigmoid output for standardised targets (outside [0, 1])",
+          "the median loss of the last 50 steps ≥ 0.3", ("autoencoder",), site="range", at_start=True,
+          configs={"autoencoder": {"task": "standardised_sigmoid"}}),
+    Fault("softmax_ce", "output_range", "node", "F.cross_entropy given softmax probabilities instead of logits "
+          "(the model ends in a softmax)", "the median loss of the last 50 steps ≥ 0.95 × log(1 + (C − 1)/e)",
+          ("mlp", "resmlp", "cnn"), site="range", at_start=True, configs=_SOFTMAX),
+)
+"""Outputs that cannot reach their targets: present from step 0, named at the squashing module (origin node)."""
+FAULTS = FAULTS + RANGE_FAULTS
 FAULT_BY_NAME = {f.name: f for f in FAULTS}
 assert all(f.type in TYPES and f.origin in ORIGINS for f in FAULTS)
 

@@ -40,6 +40,7 @@ def healthy_configs() -> list[Config]:
         ae.config("mse_adam"),
         ae.config("sigmoid_bottleneck", task="sigmoid_code", loss="hooked"),
         ae.config("masked_denoising", loss="custom"),
+        ae.config("standardised_linear", task="standardised_linear"),
         two.config("balanced"),
         two.config("unequal_scales", task="unequal"),
         two.config("slow_branch", task="slow_branch"),

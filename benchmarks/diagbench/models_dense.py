@@ -101,8 +101,10 @@ class ResidualBlock(nn.Module):
 class ResidualMLP(nn.Module):
     """Input projection, ``depth`` pre-LN residual blocks, a final LayerNorm and a linear head."""
 
-    def __init__(self, in_dim: int, classes: int, *, depth: int, width: int, activation: str) -> None:
+    def __init__(self, in_dim: int, classes: int, *, depth: int, width: int, activation: str,
+                 probabilities: bool = False) -> None:
         super().__init__()
+        self.out = nn.Softmax(dim=1) if probabilities else None
         self.proj = nn.Linear(in_dim, width)
         self.blocks = nn.ModuleList(ResidualBlock(width, 2 * width, activation) for _ in range(depth))
         self.norm = nn.LayerNorm(width)
@@ -112,7 +114,8 @@ class ResidualMLP(nn.Module):
         h = self.proj(x)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h))
+        logits = self.head(self.norm(h))
+        return logits if self.out is None else self.out(logits)
 
 
 def _stack(dims: list[int], activation: str, last_activation: str | None) -> nn.Sequential:
@@ -130,10 +133,10 @@ class Autoencoder(nn.Module):
     schedule may change it), the dropout is functional, as often written."""
 
     def __init__(self, dim: int, *, hidden: tuple[int, ...], code: int, activation: str,
-                 code_activation: str | None) -> None:
+                 code_activation: str | None, output_activation: str | None = "sigmoid") -> None:
         super().__init__()
         self.encoder = _stack([dim, *hidden, code], activation, code_activation)
-        self.decoder = _stack([code, *reversed(hidden), dim], activation, "sigmoid")
+        self.decoder = _stack([code, *reversed(hidden), dim], activation, output_activation)
         self.code_dropout = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

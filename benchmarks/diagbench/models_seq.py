@@ -46,8 +46,9 @@ class BasicBlock(nn.Module):
 class SmallResNet(nn.Module):
     """``stem → block1 → max-pool → block2 → global average pool → head``."""
 
-    def __init__(self, classes: int, *, channels: tuple[int, int] = (8, 16)) -> None:
+    def __init__(self, classes: int, *, channels: tuple[int, int] = (8, 16), probabilities: bool = False) -> None:
         super().__init__()
+        self.out = nn.Softmax(dim=1) if probabilities else None
         self.stem = ConvBNReLU(1, channels[0])
         self.block1 = BasicBlock(channels[0], channels[1])
         self.pool = nn.MaxPool2d(2)
@@ -56,7 +57,8 @@ class SmallResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.block2(self.pool(self.block1(self.stem(x))))
-        return self.head(h.mean(dim=(2, 3)))
+        logits = self.head(h.mean(dim=(2, 3)))
+        return logits if self.out is None else self.out(logits)
 
 
 class SequenceClassifier(nn.Module):

@@ -58,7 +58,7 @@ def fault_spec(fault: Fault, family: str, seed: int) -> RunSpec:
     draw = _draw(family, fault.name, seed)
     t0 = 0 if fault.at_start else int(STEPS * 0.4) + draw % (int(STEPS * 0.2) + 1)
     site = None
-    if fault.site is not None and not fault.at_start:
+    if fault.site is not None and (not fault.at_start or fault.origin == "node"):
         site = (seed + draw // 1000) % len(families()[family].sites_of(fault.site))
     config = families()[family].config("defaults")
     return RunSpec(f"{family}-{fault.name}-s{seed}", family, config, seed, fault.name, site, t0)

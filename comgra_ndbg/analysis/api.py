@@ -32,6 +32,7 @@ from comgra_ndbg.analysis.invariants import loop_diagnosis, merge_hypotheses
 from comgra_ndbg.analysis.loading import load_series
 from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_events, phase_key
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
+from comgra_ndbg.analysis.output_range import output_range_events
 from comgra_ndbg.analysis.parameter_edits import edit_events
 from comgra_ndbg.analysis.query import Query
 from comgra_ndbg.analysis.rank_loading import with_rank_checks
@@ -57,6 +58,7 @@ def detect_events(series: RunSeries, thresholds: Thresholds = Thresholds()) -> l
     events += optimizer_events(series, thresholds, stop=stop, settle=settle)
     events += stagnation_events(series, thresholds, stop=stop)
     events += balance_events(series, thresholds, stop=stop, settle=settle)
+    events += output_range_events(series, thresholds, stop=stop)
     events += abrupt_events(series, events, thresholds, stop=stop)
     return sorted(events, key=lambda e: phase_key(e, series))
 

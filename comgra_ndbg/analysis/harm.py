@@ -34,7 +34,7 @@ from comgra_ndbg.analysis.series import RunSeries
 __all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "harmful", "HARD_STATES"]
 
 HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
-                         "imbalanced"})
+                         "imbalanced", "out_of_reach"})
 
 
 def is_hard(event: Event) -> bool:

@@ -34,7 +34,7 @@ ORIGINS = ("node", "optimizer", "loss", "data", "architecture")
 FEATURES = ("strength", "log_chain_links", "at_start", "rank", "log_other_roots", "hard_root", "hard_effect",
             "loss_worsening", "edit_root", "abstained")
 """Names of the calibration features, in the order of :func:`features`."""
-_START_PRIORITY = ("activation_regime:dead", "activation_regime:saturated", "gradient_health:vanishing",
+_START_PRIORITY = ("output_range:out_of_reach", "activation_regime:dead", "activation_regime:saturated", "gradient_health:vanishing",
                    "gradient_health:exploding", "optimizer_stability:frozen", "optimizer_stability:unstable",
                    "nonfinite:non-finite")
 MAX_HYPOTHESES = 5

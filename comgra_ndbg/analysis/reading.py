@@ -21,6 +21,7 @@
 | one parameter's update jump | optimizer_instability | node |
 | transient loss spike | loss_spike | data |
 | loss divergence with no other root | optimizer_divergence | optimizer |
+| the prediction cannot reach its targets, one side squashed on its path | output_range | the squashing node |
 | faults present from the first step | as above | architecture (optimizer for update sizes) |
 
 "The same signal" is a pass-through chain (:mod:`~comgra_ndbg.analysis.structure`): a jump in a layer's
@@ -68,6 +69,8 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
         return None
     if root.family == "parameter_edit":
         return _edit_reading(root, events, series, t)
+    if root.family == "output_range":  # present from the start or not, the squashing node is the place to fix
+        return Reading("output_range", "node", root.node)
     if root.to_state == "frozen":
         return Reading("update_stagnation", "optimizer" if root.node == OPTIMIZER else "node",
                        "" if root.node == OPTIMIZER else root.node)

@@ -72,6 +72,10 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
                 f"or restore them from a checkpoint taken before step {onset}")
     kind = reading.type
     role = next((n.role for n in series.nodes if n.name == node), "")
+    if kind == "output_range":
+        return (f"match the output's activation to the targets at '{node}': remove it or move it off the output "
+                f"layer (no activation for real-valued targets, a sigmoid only for targets in [0, 1]); for "
+                f"classes, pass the logits, not probabilities, to F.cross_entropy")
     if kind in ("dead_units", "saturation") and role == "output":
         bound = "0 for every sample" if kind == "dead_units" else "pinned at a bound of its activation"
         return (f"the model's output '{node}' is {bound}: its last activation cannot reach the targets' range "

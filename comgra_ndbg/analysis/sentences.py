@@ -12,7 +12,7 @@ from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
 from comgra_ndbg.analysis.reading import Reading
 from comgra_ndbg.analysis.stagnation import stopped_share
 
-__all__ = ["sentence", "describe", "TYPE_TEXT"]
+__all__ = ["sentence", "describe", "describe_range", "TYPE_TEXT"]
 
 TYPE_TEXT = {
     "vanishing": "Vanishing signal",
@@ -37,6 +37,7 @@ TYPE_TEXT = {
     "repeated_batch": "The same batch every step",
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
+    "output_range": "An output that cannot reach its targets",
     "unclear": "A failure of unclear type",
     # found across the ranks of a distributed run (analysis/ranks.py)
     "partial_ddp": "DDP on some ranks only",
@@ -81,6 +82,8 @@ def describe(e: Event) -> str:
     if e.family == "nonfinite":
         what = "loss" if e.kind == "kpi" else {"value": "values", "update": "updates"}.get(e.kind, "gradients")
         return f"where {what} of {subject} first turned non-finite"
+    if e.family == "output_range":
+        return describe_range(e)
     if e.family == "parameter_edit":
         before, after = e.evidence[0].values if e.evidence else (float("nan"), float("nan"))
         return (f"where the values of {subject} changed by more than the optimizer's update explains (norm "
@@ -118,3 +121,41 @@ def describe(e: Event) -> str:
     if e.at_start:
         return f"where the {what} of {subject} is {e.magnitude:.1f} decades off"
     return f"after the {what} of {subject} {direction} {e.magnitude:.1f} decades against its recent history"
+
+
+def _about(ratio: float) -> str:
+    """A ratio to one significant figure: 287.3 → "300"."""
+    return f"{float(f'{ratio:.1g}'):g}"
+
+
+def describe_range(e: Event) -> str:
+    """The clause of an ``output_range`` event: how its node squashes one side, before which output, and what
+    the prediction cannot reach (read from the event's evidence, see :mod:`~comgra_ndbg.analysis.output_range`).
+    """
+    if len(e.evidence) < 3:
+        return f"where '{e.node}' cannot reach the targets' range"
+    reached, how, route = e.evidence[:3]
+    _, kind, prediction = (route.series.split("/", 2) + ["", ""])[:3]
+    squash, side = how.series.rsplit("/", 1)[-1].split(":")
+    ratio, bound = how.values
+    low = side == "low"
+    sign = "negative" if low else "positive"
+    if squash == "compressed":
+        clause = (f"where the {sign} side of '{e.node}' is compressed: its {sign} values are about {_about(ratio)}× "
+                  f"smaller than its {'positive' if low else 'negative'} ones")
+    elif squash == "removed":
+        clause = f"where '{e.node}' has no {sign} values at all (cut off, as by a ReLU)"
+    else:
+        clause = f"where '{e.node}' is pinned at its {'lower' if low else 'upper'} bound {bound:g}"
+    if prediction and prediction != e.node and route.values:
+        clause += f", before the bounded output '{prediction}' (range {route.values[0]:g} to {route.values[1]:g})"
+    where, direction = ("at or above", "down") if low else ("at or below", "up")
+    value = reached.values[0] if reached.values else float("nan")
+    if kind == "target":
+        return (clause + f", so '{prediction}' stays {where} {value:.2g} where the targets go {direction} to "
+                         f"{reached.baseline:.2g}, while the loss keeps pushing it {direction}")
+    if kind == "probabilities":
+        return (clause + f", so the cross-entropy on the probabilities of '{prediction}' (not logits) cannot "
+                         f"fall below {reached.baseline:.3g}: it stays at {value:.3g}")
+    return (clause + f", so the loss keeps pushing '{prediction}' {direction} (its gradient's mean is "
+                     f"{how.baseline:.0%} of its rms) and it stays {where} {value:.2g}")

@@ -1,0 +1,184 @@
+"""The output-range rule: a prediction that cannot reach its targets, named at the node that squashes one side
+of its signal — on Comgra's tutorial through the compatibility layer (bugged and fixed), on a real NeuralDbg
+regression with a ReLU output (and its linear twin), and on synthetic series for each route and guard."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from comgra_ndbg import NeuralDbg
+from comgra_ndbg.analysis.api import analyze
+from comgra_ndbg.analysis.config import Thresholds
+from comgra_ndbg.analysis.output_path import signal_path, squashing_node
+from comgra_ndbg.analysis.output_range import output_range_events, prediction_nodes
+from comgra_ndbg.analysis.series import build_series
+from comgra_ndbg.analysis.synthetic import summary_rows
+from comgra_ndbg.compat.comgra import CompatibilityWarning
+from comgra_ndbg.compat.comgra.tutorial import CONFIGURATIONS, Demonstration
+from comgra_ndbg.graph.model import DependencyGraph, GraphEdge, GraphNode
+
+BUGGED, FIXED = CONFIGURATIONS
+TUTORIAL = dict(steps=120, batch_size=16, hidden_size=16, memory_size=8, dataset_size=256,
+                min_training_steps_difference=10_000)
+
+
+@pytest.fixture(scope="module")
+def tutorial(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tutorial")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompatibilityWarning)
+        Demonstration(root, "tutorial", **TUTORIAL).run_all_configurations()
+    return root / "tutorial"
+
+
+def test_the_bugged_tutorial_is_explained_at_subnet_out(tutorial: Path) -> None:
+    diagnosis = analyze(tutorial, trial=f"trial_{BUGGED}", store=False)
+    top = diagnosis.top
+    assert top is not None and (top.type, top.origin, top.node) == ("output_range", "node",
+                                                                   "root_module.subnet_out__out")
+    assert top.onset == 0 and top.confidence > 0.5
+    assert "'root_module.subnet_out__out' is compressed: its negative values are about" in top.sentence
+    assert "before the bounded output 'output' (range 0 to 1)" in top.sentence
+    assert "'output' stays at or above 0.5 where the targets go down to 0" in top.sentence
+    assert "the loss keeps pushing it down" in top.sentence
+    assert "remove it or move it off the output layer" in top.remedy
+    squash = top.chain.root.evidence[1]
+    assert squash.series == "root_module.subnet_out__out/value/compressed:low" and squash.values[0] >= 50
+
+
+def test_the_fixed_tutorial_gets_no_such_hypothesis(tutorial: Path) -> None:
+    diagnosis = analyze(tutorial, trial=f"trial_{FIXED}", store=False)
+    assert not [e for e in diagnosis.events if e.family == "output_range"]
+    assert all(h.type != "output_range" for h in diagnosis.hypotheses)
+
+
+def _regression(folder: Path, trial: str, relu_output: bool, steps: int = 150) -> None:
+    """A small regression on standardised targets (half negative), its output layer with or without a ReLU."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2)] + ([nn.ReLU()] if relu_output else [])
+    model = nn.Sequential(*layers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    weights = torch.randn(4, 2, generator=generator)
+    with NeuralDbg(model, folder, trial=trial, optimizer=optimizer, snapshots=None):
+        for _ in range(steps):
+            x = torch.randn(32, 4, generator=generator)
+            y = x @ weights
+            y = (y - y.mean(0)) / y.std(0)
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+
+
+def test_a_relu_on_a_regression_output_is_named_and_its_linear_twin_is_not(tmp_path: Path) -> None:
+    _regression(tmp_path, "relu", relu_output=True)
+    _regression(tmp_path, "linear", relu_output=False)
+    top = analyze(tmp_path, trial="relu", store=False).top
+    assert top is not None and (top.type, top.node) == ("output_range", "model.3")
+    assert "'model.3' has no negative values at all" in top.sentence and "pushing 'model' down" in top.sentence
+    linear = analyze(tmp_path, trial="linear", store=False)
+    assert not [e for e in linear.events if e.family == "output_range"] and linear.healthy
+
+
+# ---- synthetic series --------------------------------------------------------------------------------------
+def _node(name: str, role: str = "intermediate") -> GraphNode:
+    return GraphNode(name, role, "", (name,), role == "parameter")
+
+
+def _series(rows: dict, edges: list[tuple[str, str]], roles: dict[str, str], loss: np.ndarray):
+    graph = DependencyGraph(tuple(_node(n, r) for n, r in roles.items()),
+                            tuple(GraphEdge(a, b, "forward") for a, b in edges))
+    return build_series(rows, roles=roles, kpis={"loss": (np.arange(len(loss)), loss)}, graph=graph)
+
+
+ONE = np.ones(60)
+SYMMETRIC = summary_rows(rms=ONE)
+RELU = summary_rows(rms=ONE, mean=0.4 * ONE, abs_mean=0.4 * ONE, low=0.0)
+PUSHED_DOWN = summary_rows(rms=ONE, mean=0.5 * ONE)
+
+
+def _sigmoid(low: float, high: float) -> tuple[np.ndarray, np.ndarray]:
+    return summary_rows(rms=ONE, mean=0.5 * ONE, abs_mean=0.5 * ONE, low=low, high=high, saturated=0.1 * ONE)
+
+
+def test_the_walk_names_the_most_upstream_squashing_node_and_stops_at_a_weight() -> None:
+    roles = {"fc": "intermediate", "act": "intermediate", "out": "output", "w": "parameter", "loss": "loss"}
+    rows = {("fc", "value"): RELU, ("act", "value"): RELU, ("out", "value"): RELU, ("w", "value"): SYMMETRIC}
+    s = _series(rows, [("w", "fc"), ("fc", "act"), ("act", "out"), ("out", "loss")], roles, ONE)
+    from comgra_ndbg.analysis.structure import NodeInfo
+    s = build_series(rows, roles=roles, kpis={"loss": (np.arange(60), ONE)}, graph=s.graph,
+                     info={"w": NodeInfo("Linear", (), (2, 1), 2), "fc": NodeInfo("Linear", (), (), 2)})
+    assert signal_path(s, "out") == ["out", "act", "fc"]  # fc has weights of its own: the walk ends there
+    found = squashing_node(s, "out", "low", slice(0, 60))
+    assert (found.node, found.how) == ("fc", "removed")  # fc's own values are one-sided here
+    assert squashing_node(s, "out", "high", slice(0, 60)) is None
+
+
+def test_a_bounded_output_counts_only_when_pinned_at_its_bound() -> None:
+    roles = {"pre": "intermediate", "out": "output", "loss": "loss"}
+    edges = [("pre", "out"), ("out", "loss")]
+    pinned = _series({("pre", "value"): SYMMETRIC, ("out", "value"): _sigmoid(0.001, 0.9)}, edges, roles, ONE)
+    assert squashing_node(pinned, "out", "low", slice(0, 60)).how == "pinned"
+    free = _series({("pre", "value"): SYMMETRIC, ("out", "value"): _sigmoid(0.3, 0.9)}, edges, roles, ONE)
+    assert squashing_node(free, "out", "low", slice(0, 60)) is None  # all positive by design, not squashed
+
+
+def test_the_gradient_route_and_its_guards() -> None:
+    roles = {"act": "intermediate", "out": "output", "loss": "loss"}
+    edges = [("act", "out"), ("out", "loss")]
+    rows = {("act", "value"): RELU, ("out", "value"): RELU, ("out", "grad"): PUSHED_DOWN}
+    [event] = output_range_events(_series(rows, edges, roles, ONE))
+    assert (event.node, event.at_start, event.evidence[2].series) == ("act", True, "route/gradient/out")
+    balanced = {**rows, ("out", "grad"): summary_rows(rms=ONE)}  # a gradient of mean 0: a free bias' work
+    assert output_range_events(_series(balanced, edges, roles, ONE)) == []
+    learned = np.r_[np.ones(20), np.full(40, 0.1)]  # the loss fell 10×: the output reaches its targets
+    assert output_range_events(_series(rows, edges, roles, learned)) == []
+    symmetric = {**rows, ("act", "value"): SYMMETRIC, ("out", "value"): SYMMETRIC}
+    assert output_range_events(_series(symmetric, edges, roles, ONE)) == []  # nothing squashes the side
+
+
+def test_the_target_route_compares_ranges_of_same_sized_tensors() -> None:
+    roles = {"act": "intermediate", "out": "output", "y": "target", "loss": "loss"}
+    edges = [("act", "out"), ("out", "loss")]
+    target = summary_rows(rms=ONE, low=-1.5, high=1.5)
+    rows = {("act", "value"): RELU, ("out", "value"): RELU, ("y", "value"): target}
+    [event] = output_range_events(_series(rows, edges, roles, ONE))
+    assert event.evidence[0].values == (0.0,) and event.evidence[0].baseline == -1.5
+    class_indices = {**rows, ("y", "value"): summary_rows(rms=ONE, low=-1.5, high=1.5, count=8)}
+    assert output_range_events(_series(class_indices, edges, roles, ONE)) == []
+
+
+def test_probabilities_into_a_cross_entropy_stall_at_its_floor() -> None:
+    roles = {"head": "intermediate", "probs": "output", "loss": "loss"}
+    edges = [("head", "probs"), ("probs", "loss")]
+    probs = summary_rows(rms=ONE, mean=0.1 * ONE, abs_mean=0.1 * ONE, low=0.0, high=1.0, saturated=0.9 * ONE)
+    rows = {("head", "value"): SYMMETRIC, ("probs", "value"): probs}
+    floor = np.log1p(9 / np.e)
+    stalled = np.r_[np.full(20, np.log(10)), np.full(40, floor * 1.02)]
+    [event] = output_range_events(_series(rows, edges, roles, stalled))
+    assert event.node == "probs" and event.evidence[2].series == "route/probabilities/probs"
+    assert output_range_events(_series(rows, edges, roles, np.r_[np.full(20, 2.3), np.full(40, 0.5)])) == []
+
+
+def test_a_per_sample_loss_is_part_of_the_loss_not_the_prediction() -> None:
+    roles = {"pred": "intermediate", "per_sample": "intermediate", "loss": "loss"}
+    constant = summary_rows(rms=ONE, mean=ONE)  # every element's gradient the same: averaged into the loss
+    rows = {("pred", "value"): SYMMETRIC, ("pred", "grad"): SYMMETRIC, ("per_sample", "value"): RELU,
+            ("per_sample", "grad"): constant, ("loss", "value"): SYMMETRIC}
+    s = _series(rows, [("pred", "per_sample"), ("per_sample", "loss")], roles, ONE)
+    assert prediction_nodes(s) == ["pred"]
+
+
+def test_thresholds_tune_the_compression_needed() -> None:
+    roles = {"act": "intermediate", "out": "output", "loss": "loss"}
+    leaky = summary_rows(rms=ONE, mean=0.45 * ONE, abs_mean=0.55 * ONE)  # negative side 10× smaller
+    rows = {("act", "value"): leaky, ("out", "value"): leaky, ("out", "grad"): PUSHED_DOWN}
+    s = _series(rows, [("act", "out"), ("out", "loss")], roles, ONE)
+    assert output_range_events(s) == []  # 10× < the default 20×
+    assert [e.node for e in output_range_events(s, Thresholds(range_compression=5.0))] == ["act"]
