@@ -18,6 +18,7 @@ __all__ = [
     "UnknownSeriesError",
     "GraphError",
     "UnknownModuleError",
+    "ReferenceMismatchError",
     "RecorderWarning",
 ]
 
@@ -80,6 +81,11 @@ class UnknownModuleError(ComgraError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class ReferenceMismatchError(ComgraError, ValueError):
+    """A reference run given to the analysis cannot be compared with the run: no node in common, other
+    parameter nodes, or parameters of other shapes. The message says what differs and what to do."""
 
 
 class RecorderWarning(UserWarning):

@@ -11,7 +11,7 @@ __all__ = ["Evidence", "Event", "CausalLink", "CausalChain", "Hypothesis", "Diag
            "diagnosis_from_dict", "FAMILIES"]
 
 FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit",
-            "representation", "path_balance", "loop_invariant")
+            "representation", "path_balance", "loop_invariant", "reference_invariant")
 
 
 @dataclass(frozen=True)

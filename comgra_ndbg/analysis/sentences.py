@@ -36,6 +36,11 @@ TYPE_TEXT = {
     "repeated_batch": "The same batch every step",
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
+    # found against a healthy reference run (analysis/reference.py)
+    "frozen_trains": "A stage meant to be frozen trains",
+    "wrong_dtype": "Computation in the wrong dtype",
+    "gradient_ratio": "A gradient norm ratio between layers unlike the reference's",
+    "update_ratio": "An update norm ratio between layers unlike the reference's",
     "unclear": "A failure of unclear type",
 }
 
