@@ -34,10 +34,11 @@ from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_even
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
 from comgra_ndbg.analysis.parameter_edits import edit_events
 from comgra_ndbg.analysis.query import Query
-from comgra_ndbg.analysis.reference import compare_runs, with_reference
+from comgra_ndbg.analysis.reference import RunFacts, compare_runs, with_reference
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.stagnation import stagnation_events
-from comgra_ndbg.store.reader import Recording, open_recording
+from comgra_ndbg.errors import ReferenceMismatchError
+from comgra_ndbg.store.reader import Recording, list_trials, open_recording
 from comgra_ndbg.store.results import read_results, write_results
 
 __all__ = ["analyze", "diagnose", "detect_events", "query", "stored_diagnosis"]
@@ -124,8 +125,14 @@ def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = No
     return diagnosis
 
 
-def _against_reference(diagnosis: Diagnosis, run: object, reference: str | Path | Recording,
+def _against_reference(diagnosis: Diagnosis, run: RunFacts, reference: str | Path | Recording,
                        reference_trial: str | None) -> Diagnosis:
+    if reference_trial is None and not isinstance(reference, Recording):
+        trials = list_trials(reference)
+        if len(trials) > 1:
+            raise ReferenceMismatchError(
+                f"the reference {str(reference)!r} holds {len(trials)} trials ({', '.join(trials[:8])}): say which one "
+                f"ran healthy with reference_trial= (--reference-trial)")
     recording, owned = _open(reference, reference_trial)
     try:
         facts = load_run_facts(recording)

@@ -135,7 +135,8 @@ def _evidence(label: str, series: RunSeries, values: np.ndarray, where: np.ndarr
 # ---- which parameters change ----------------------------------------------------------------------------------
 def changes(series: RunSeries, node: str) -> tuple[np.ndarray, np.ndarray]:
     """``(known, changed)`` per step of a parameter node: from its update l2 where recorded (> 0: changed),
-    else from its value summary against the previous recorded step (any difference: changed)."""
+    else from its value summary at the next recorded step (values are recorded before the step's update; any
+    difference: changed)."""
     n = len(series.steps)
     known, changed = np.zeros(n, bool), np.zeros(n, bool)
     update = _stat(series, node, "update", "l2")
@@ -146,10 +147,10 @@ def changes(series: RunSeries, node: str) -> tuple[np.ndarray, np.ndarray]:
     if all(c is not None for c in columns):
         value = np.stack(columns, axis=1)
         present = np.flatnonzero(np.all(np.isfinite(value), axis=1))
-        for before, at in zip(present[:-1], present[1:]):
+        for at, after in zip(present[:-1], present[1:]):  # a value is recorded before its step's update
             if not known[at]:
                 known[at] = True
-                changed[at] = bool(np.any(value[at] != value[before]))
+                changed[at] = bool(np.any(value[after] != value[at]))
     return known, changed
 
 
@@ -313,7 +314,7 @@ def learn_ratios(facts: RunFacts, t: ReferenceThresholds, kind: str, common: fro
 def check_ratios(invariants: list[Invariant], facts: RunFacts, t: ReferenceThresholds, kind: str
                  ) -> Finding | None:
     """The first step where a layer's norm ratio has been outside its reference band (widened by
-    ``ratio_margin`` decades) for ``persist`` compared steps in a row; the ratio furthest outside wins ties."""
+    ``ratio_margin`` decades) for ``persist`` compared steps in a row (ties: see :func:`_rank`)."""
     nodes = list(dict.fromkeys(inv.node for inv in invariants if not inv.value))
     if len(nodes) < 2:
         return None
@@ -334,9 +335,14 @@ def check_ratios(invariants: list[Invariant], facts: RunFacts, t: ReferenceThres
         finding = Finding(inv, int(facts.series.steps[at]), float(row[at]), float(excess[start] + t.ratio_margin),
                           inv.evidence + (_evidence(_ratio_label(kind, inv.node, inv.value), facts.series, row,
                                                     shown),))
-        if best is None or (finding.onset, -finding.magnitude) < (best.onset, -best.magnitude):
+        if best is None or _rank(finding) < _rank(best):
             best = finding
     return best
+
+
+def _rank(finding: Finding) -> tuple[int, bool, float]:
+    """Earliest first; at one step a layer against the median (it names the layer) before a neighbour pair."""
+    return finding.onset, bool(finding.invariant.value), -finding.magnitude
 
 
 # ---- train / eval mode ------------------------------------------------------------------------------------------
