@@ -29,7 +29,7 @@ from benchmarks.diagbench.models_dense import MLP, Autoencoder, ResidualMLP
 from benchmarks.diagbench.models_seq import SequenceClassifier, SmallResNet, TokenTagger
 from comgra_ndbg import NeuralDbg, open_recording
 from comgra_ndbg.analysis.loading import load_run_facts
-from comgra_ndbg.analysis.reference import compare_runs
+from comgra_ndbg.analysis.reference import ReferenceThresholds, compare_runs
 
 BATCH = 32
 T0 = 20  # the step where mid-run faults start
@@ -49,6 +49,7 @@ class Family:
     frozen_first: bool = False  # the healthy runs freeze the first stage (a frozen backbone)
     dropout: str = ""  # a Dropout child module, if any
     hooked: str = ""  # the child module whose input gradient a hook scales (default: ``middle``)
+    lr: float = 3e-3
 
 
 def _pool(make: Callable[[int], tuple], seed: int) -> tuple:
@@ -88,6 +89,9 @@ def families() -> list[Family]:
     return [
         Family("mlp", lambda: MLP(32, 10, depth=3, width=32, activation="relu"), clusters, ce, "blocks", "head"),
         Family("mlp_dropout", _mlp_dropout, clusters, ce, "0", "3", dropout="2"),
+        Family("mlp_easy", lambda: MLP(32, 10, depth=3, width=32, activation="tanh"),  # the loss falls toward 0
+               _batches(lambda s: data.clusters(s, n=1024, separation=6.0, label_noise=0.0)), ce, "blocks", "head",
+               lr=3e-2),
         Family("resmlp_frozen", lambda: ResidualMLP(32, 10, depth=2, width=32, activation="gelu"), clusters, ce,
                "proj", "blocks", frozen_first=True, hooked="norm"),
         Family("cnn", lambda: SmallResNet(6), _batches(_images), ce, "stem", "block1"),
@@ -138,7 +142,7 @@ def record(folder: Path, trial: str, family: Family, seed: int, steps: int, faul
     middle = [i for i, (name, child) in enumerate((n, c) for n, c in children.items()
                                                   if any(p.requires_grad for p in c.parameters()))
               if name == family.middle]
-    optimizer = torch.optim.Adam(groups, lr=3e-3)
+    optimizer = torch.optim.Adam(groups, lr=family.lr)
     hook = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -171,10 +175,10 @@ def record(folder: Path, trial: str, family: Family, seed: int, steps: int, faul
     return folder / trial
 
 
-def findings(reference: Path, run: Path) -> list:
+def findings(reference: Path, run: Path, thresholds: ReferenceThresholds = ReferenceThresholds()) -> list:
     """The comparison's hypotheses of ``run`` against ``reference``."""
     with open_recording(reference) as ref, open_recording(run) as rec:
-        return list(compare_runs(load_run_facts(ref), load_run_facts(rec)).hypotheses)
+        return list(compare_runs(load_run_facts(ref), load_run_facts(rec), thresholds).hypotheses)
 
 
 def main() -> None:
@@ -182,12 +186,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seeds", type=int, default=3, help="healthy seeds per family, the reference included")
     parser.add_argument("--families", nargs="*", help="only these families")
+    parser.add_argument("--no-loss-gate", action="store_true",
+                        help="compare norm ratios at every step, also once the loss fell below 1e-3 of its first "
+                             "(to measure what the gate prevents)")
     args = parser.parse_args()
+    thresholds = ReferenceThresholds(converged=0.0) if args.no_loss_gate else ReferenceThresholds()
     torch.set_num_threads(1)
     chosen = [f for f in families() if not args.families or f.name in args.families]
-    alarms, healthy, detected, faulty = 0, 0, 0, 0
+    alarms, healthy, detected, faulty, exact = 0, 0, 0, 0, 0
     started = time.perf_counter()
     compare_seconds = []
+    lowest = 1.0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for family in chosen:
@@ -195,9 +204,12 @@ def main() -> None:
             for seed in range(1, args.seeds):
                 run = record(folder, f"{family.name}-s{seed}", family, seed, args.steps)
                 t = time.perf_counter()
-                found = findings(reference, run)
+                found = findings(reference, run, thresholds)
                 compare_seconds.append(time.perf_counter() - t)
                 healthy += 1
+                with open_recording(run) as rec:
+                    loss = rec.kpi("loss")[1]
+                lowest = min(lowest, float(loss[-1] / loss[0]))
                 if found:
                     alarms += 1
                     print(f"FALSE ALARM {family.name} seed {seed}: {[(h.type, h.node, h.onset) for h in found]}")
@@ -207,18 +219,21 @@ def main() -> None:
                 if not applicable(family, fault):
                     continue
                 run = record(folder, f"{family.name}-{fault}", family, 1, args.steps, fault)
-                found = findings(reference, run)
+                found = findings(reference, run, thresholds)
                 faulty += 1
                 hit = [h for h in found if h.type in expected and abs(h.onset - onset) <= 2]
                 if hit:
                     detected += 1
+                    exact += hit[0].onset == onset
                     print(f"detected {family.name} {fault}: {hit[0].type} '{hit[0].node}' step {hit[0].onset}")
                 else:
                     print(f"MISSED {family.name} {fault} (expected {expected} at step {onset}): "
                           f"{[(h.type, h.node, h.onset) for h in found]}")
     print(f"\nfamilies: {', '.join(f.name for f in chosen)}; {args.steps} steps per run, batch {BATCH}")
     print(f"false alarms: {alarms} / {healthy} healthy pairs (differing only in seed)")
-    print(f"detections:   {detected} / {faulty} faulty pairs (expected finding within ±2 steps of the fault)")
+    print(f"detections:   {detected} / {faulty} faulty pairs (expected finding within ±2 steps of the fault; "
+          f"{exact} at the fault's step exactly)")
+    print(f"lowest last/first loss of a healthy run: {lowest:.2g}")
     if compare_seconds:
         print(f"comparison time per pair (loading both recordings included): mean "
               f"{sum(compare_seconds) / len(compare_seconds):.2f} s, max {max(compare_seconds):.2f} s")
