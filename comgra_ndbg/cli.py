@@ -235,6 +235,8 @@ def _explain(args: argparse.Namespace) -> int:
     from comgra_ndbg.export import current_diagnosis, json_safe
     from comgra_ndbg.store.reader import list_trials, open_recording
 
+    if getattr(args, "reference", None) is not None:
+        return _explain_against_reference(args)
     trials = [args.trial] if args.trial is not None else list_trials(args.path)
     reports = []
     for trial in trials:
@@ -248,6 +250,28 @@ def _explain(args: argparse.Namespace) -> int:
         return 0
     for trial, diagnosis, fresh in reports:
         print(_explain_text(trial, diagnosis, fresh=fresh, max_events=args.max_events))
+    return 0
+
+
+def _explain_against_reference(args: argparse.Namespace) -> int:
+    """``explain PATH --reference GOOD``: each trial analysed now and checked against the healthy reference run
+    (nothing stored, since the result depends on the reference); the comparison's note closes each trial."""
+    from comgra_ndbg.analysis import analyze, to_dict
+    from comgra_ndbg.export import json_safe
+    from comgra_ndbg.store.reader import list_trials
+
+    trials = [args.trial] if args.trial is not None else list_trials(args.path)
+    reports = [(trial, analyze(args.path, trial=trial, reference=args.reference,
+                               reference_trial=args.reference_trial)) for trial in trials]
+    if args.json:
+        print(json.dumps(json_safe({"path": str(args.path), "reference": str(args.reference), "trials": [
+            {"trial": trial, "analysed_now": True, "diagnosis": to_dict(diagnosis)}
+            for trial, diagnosis in reports]}), indent=1, allow_nan=False))
+        return 0
+    for trial, diagnosis in reports:
+        print(_explain_text(trial, diagnosis, fresh=True, max_events=args.max_events))
+        for note in diagnosis.notes:
+            print(f"  note: {note}")
     return 0
 
 
@@ -287,6 +311,11 @@ def _add_explain(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print the full diagnoses as JSON")
     parser.add_argument("--max-events", type=int, default=20, metavar="N",
                         help="events listed per trial in the text output (default 20)")
+    parser.add_argument("--reference", metavar="GOOD",
+                        help="a recording of a healthy run of the same model: report where each trial first breaks "
+                             "what held there (parameters that train or stay frozen, dtypes, input ranges, gradient "
+                             "and update ratios between layers, Dropout modes)")
+    parser.add_argument("--reference-trial", metavar="T", help="the trial of GOOD to compare with (a group folder)")
     parser.set_defaults(handler=_explain)
 
 

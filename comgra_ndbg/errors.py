@@ -22,6 +22,7 @@ __all__ = [
     "NotebookError",
     "BreakpointHit",
     "TrainingHalted",
+    "ReferenceMismatchError",
     "RecorderWarning",
 ]
 
@@ -120,6 +121,11 @@ class TrainingHalted(ComgraError, RuntimeError):
                  path: object) -> None:
         super().__init__(message)
         self.step, self.reason, self.last_step, self.diagnosis, self.path = step, reason, last_step, diagnosis, path
+
+
+class ReferenceMismatchError(ComgraError, ValueError):
+    """A reference run given to the analysis cannot be compared with the run: no node in common, other
+    parameter nodes, or parameters of other shapes. The message says what differs and what to do."""
 
 
 class RecorderWarning(UserWarning):

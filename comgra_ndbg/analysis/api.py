@@ -29,16 +29,18 @@ from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict, t
 from comgra_ndbg.analysis.gradient_health import gradient_events
 from comgra_ndbg.analysis.hypotheses import rank_hypotheses
 from comgra_ndbg.analysis.invariants import loop_diagnosis, merge_hypotheses
-from comgra_ndbg.analysis.loading import load_series
+from comgra_ndbg.analysis.loading import load_run_facts, load_series
 from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_events, phase_key
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
 from comgra_ndbg.analysis.output_range import output_range_events
 from comgra_ndbg.analysis.parameter_edits import edit_events
 from comgra_ndbg.analysis.query import Query
 from comgra_ndbg.analysis.rank_loading import with_rank_checks
+from comgra_ndbg.analysis.reference import RunFacts, compare_runs, with_reference
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.stagnation import stagnation_events
-from comgra_ndbg.store.reader import Recording, open_recording
+from comgra_ndbg.errors import ReferenceMismatchError
+from comgra_ndbg.store.reader import Recording, list_trials, open_recording
 from comgra_ndbg.store.results import read_results, write_results
 
 __all__ = ["analyze", "diagnose", "detect_events", "query", "stored_diagnosis"]
@@ -96,9 +98,15 @@ def _open(path_or_recording: str | Path | Recording, trial: str | None) -> tuple
 
 
 def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = None, store: bool = True,
-            thresholds: Thresholds = Thresholds()) -> Diagnosis:
+            thresholds: Thresholds = Thresholds(), reference: str | Path | Recording | None = None,
+            reference_trial: str | None = None) -> Diagnosis:
     """Diagnose a recording (a group folder with ``trial``, a trial folder, a ``.h5`` file or an open
     ``Recording``); with ``store=True`` the results are written next to it (``analysis.json``) for the GUI.
+
+    ``reference`` (with ``reference_trial`` for a group folder) is a recording of a healthy run of the same
+    model: what held there is checked in this run too (:mod:`~comgra_ndbg.analysis.reference`), and each
+    invariant broken becomes a hypothesis. Such a diagnosis depends on the reference, so it is not stored.
+    ``ReferenceMismatchError`` says when the reference is another model.
 
     ``Diagnosis.hypotheses`` is empty for a healthy run; ``Diagnosis.explain()`` prints them as sentences.
     """
@@ -107,6 +115,9 @@ def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = No
     try:
         series = load_series(recording)
         diagnosis = with_rank_checks(diagnose(series, thresholds), recording)
+        if reference is not None:
+            diagnosis = _against_reference(diagnosis, load_run_facts(recording, series), reference, reference_trial)
+            store = False
         diagnosis = replace(diagnosis, seconds=time.perf_counter() - started)
         if store:
             write_results(recording.location, to_dict(diagnosis), num_steps=diagnosis.num_steps,
@@ -115,6 +126,23 @@ def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = No
         if owned:
             recording.close()
     return diagnosis
+
+
+def _against_reference(diagnosis: Diagnosis, run: RunFacts, reference: str | Path | Recording,
+                       reference_trial: str | None) -> Diagnosis:
+    if reference_trial is None and not isinstance(reference, Recording):
+        trials = list_trials(reference)
+        if len(trials) > 1:
+            raise ReferenceMismatchError(
+                f"the reference {str(reference)!r} holds {len(trials)} trials ({', '.join(trials[:8])}): say which one "
+                f"ran healthy with reference_trial= (--reference-trial)")
+    recording, owned = _open(reference, reference_trial)
+    try:
+        facts = load_run_facts(recording)
+    finally:
+        if owned:
+            recording.close()
+    return with_reference(diagnosis, compare_runs(facts, run))
 
 
 def stored_diagnosis(path_or_recording: str | Path | Recording, *, trial: str | None = None) -> Diagnosis | None:

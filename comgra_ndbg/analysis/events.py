@@ -11,7 +11,8 @@ __all__ = ["Evidence", "Event", "CausalLink", "CausalChain", "Hypothesis", "Diag
            "diagnosis_from_dict", "FAMILIES"]
 
 FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit",
-            "representation", "path_balance", "loop_invariant", "rank_consistency", "output_range")
+            "representation", "path_balance", "loop_invariant", "rank_consistency", "output_range",
+            "reference_invariant")
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from comgra_ndbg.analysis.invariants import LoopFacts, TensorRows
+from comgra_ndbg.analysis.reference_rules import RunFacts
 from comgra_ndbg.analysis.series import RunSeries, build_series
 from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.store.reader import Recording
 
-__all__ = ["load_series", "node_info"]
+__all__ = ["load_series", "node_info", "load_run_facts"]
 
 
 def load_series(recording: Recording) -> RunSeries:
@@ -37,7 +38,7 @@ def load_series(recording: Recording) -> RunSeries:
 
 def node_info(recording: Recording) -> dict[str, NodeInfo]:
     """Per node: the class of the module whose output it is (or that owns its parameters), the shape of its
-    first tensor, and the ranks of its parameters."""
+    first tensor, the ranks of its parameters, and the dtype of its first tensor."""
     modules = {m.path: m for m in recording.modules}
     out: dict[str, NodeInfo] = {}
     for tensor in recording.tensors:
@@ -46,7 +47,21 @@ def node_info(recording: Recording) -> dict[str, NodeInfo]:
         module_type, holds = (module.class_name, module.parameters) if module is not None else ("", -1)
         if tensor.role == "parameter":
             ranks = (known.parameter_ranks if known else ()) + (len(tensor.shape),)
-            out[tensor.node] = NodeInfo(module_type, (), ranks, holds)
+            out[tensor.node] = NodeInfo(module_type, (), ranks, holds, known.dtype if known else tensor.dtype)
         elif known is None:
-            out[tensor.node] = NodeInfo(module_type, tuple(tensor.shape), (), holds)
+            out[tensor.node] = NodeInfo(module_type, tuple(tensor.shape), (), holds, tensor.dtype)
     return out
+
+
+def load_run_facts(recording: Recording, series: RunSeries | None = None) -> RunFacts:
+    """What a comparison with a reference run reads: the series (loaded unless given), the step type of each
+    step and the shapes of each parameter node's tensors."""
+    series = series if series is not None else load_series(recording)
+    types = {int(s): t for t in recording.step_types for s in recording.steps_of_type(t)}
+    shapes: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for tensor in recording.tensors:
+        if tensor.role == "parameter":
+            shapes.setdefault(tensor.node, []).append((tensor.name, tuple(tensor.shape)))
+    return RunFacts(series, tuple(types.get(int(s), "") for s in series.steps),
+                    {node: tuple(shape for _, shape in sorted(found)) for node, found in shapes.items()},
+                    str(recording.location))

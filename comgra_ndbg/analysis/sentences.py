@@ -38,6 +38,11 @@ TYPE_TEXT = {
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
     "output_range": "An output that cannot reach its targets",
+    # found against a healthy reference run (analysis/reference.py)
+    "frozen_trains": "A stage meant to be frozen trains",
+    "wrong_dtype": "Computation in the wrong dtype",
+    "gradient_ratio": "A gradient norm ratio between layers unlike the reference's",
+    "update_ratio": "An update norm ratio between layers unlike the reference's",
     "unclear": "A failure of unclear type",
     # found across the ranks of a distributed run (analysis/ranks.py)
     "partial_ddp": "DDP on some ranks only",

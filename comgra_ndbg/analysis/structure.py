@@ -48,12 +48,14 @@ PASSTHROUGH = frozenset({
 class NodeInfo:
     """What the recording says about a node besides its series: the class of the module that produced it
     (``""`` when unknown), the shape of its first recorded value, the ranks of its parameters (for a
-    parameter node) and how many parameters the module holds itself."""
+    parameter node), how many parameters the module holds itself, and the dtype its first tensor was recorded
+    in (``"float32"``; ``""`` when unknown), which a comparison with a reference run reads."""
 
     module_type: str = ""
     shape: tuple[int, ...] = ()
     parameter_ranks: tuple[int, ...] = ()
     own_parameters: int = -1  # parameters the module holds itself (-1: unknown)
+    dtype: str = ""
 
 
 def children(graph: DependencyGraph | None, name: str) -> tuple[str, ...]:
