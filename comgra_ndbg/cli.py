@@ -5,7 +5,8 @@ explorer for a recording; ``info`` says what a recording holds, whether its writ
 was killed, and what it could not record; ``check`` verifies every file against its checksums, lists what
 is damaged or missing and exits non-zero on damage (``--salvage`` copies the rest into a new recording);
 ``explain`` prints the ranked hypotheses and events (running the analysis when none is stored or it is
-stale); ``export`` writes summaries, events and hypotheses as csv or json tables.
+stale; ``--only`` one family, threshold overrides as a what-if); ``export`` writes summaries, events and
+hypotheses as csv or json tables; ``signature`` draws a failing run's failure signature as a PNG.
 
 To add a subcommand, write ``_add_<name>(subparsers)`` that
 creates its parser and sets ``handler`` to a function ``(args) -> exit code``, and append it to
@@ -210,32 +211,46 @@ def _add_demo(subparsers: Any) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from comgra_ndbg.analysis import to_dict
+    from comgra_ndbg.analysis import analyze
+    from comgra_ndbg.explain import SCHEMA, SCHEMA_VERSION, only, overrides, thresholds_with, trial_record
     from comgra_ndbg.export import current_diagnosis, json_safe
     from comgra_ndbg.store.reader import list_trials, open_recording
 
+    changes = overrides(vanishing=args.vanishing_threshold, exploding=args.exploding_threshold,
+                        activation=args.activation_threshold)
     trials = [args.trial] if args.trial is not None else list_trials(args.path)
     reports = []
     for trial in trials:
         with open_recording(args.path, trial) as recording:
-            diagnosis, fresh = current_diagnosis(recording)
-        reports.append((trial, diagnosis, fresh))
+            if changes:  # a what-if: printed only, the stored analysis stays as it is
+                diagnosis, source = analyze(recording, store=False, thresholds=thresholds_with(changes)), OVERRIDDEN
+            else:
+                diagnosis, fresh = current_diagnosis(recording)
+                source = "analysed now" if fresh else "stored"
+        reports.append((trial, only(diagnosis, args.only), source))
     if args.json:
-        print(json.dumps(json_safe({"path": str(args.path), "trials": [
-            {"trial": trial, "analysed_now": fresh, "diagnosis": to_dict(diagnosis)}
-            for trial, diagnosis, fresh in reports]}), indent=1, allow_nan=False))
+        print(json.dumps(json_safe({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "path": str(args.path),
+                                    "only": args.only, "overrides": changes,
+                                    "trials": [trial_record(d, source=source) for _, d, source in reports]}),
+                         indent=1, allow_nan=False))
         return 0
-    for trial, diagnosis, fresh in reports:
-        print(_explain_text(trial, diagnosis, fresh=fresh, max_events=args.max_events))
+    if changes:
+        print("thresholds overridden: " + ", ".join(f"{k}={v:g}" for k, v in changes.items())
+              + " (analysed again with them; the stored analysis is unchanged)")
+    for trial, diagnosis, source in reports:
+        print(_explain_text(trial, diagnosis, source=source, max_events=args.max_events, family=args.only))
     return 0
 
 
-def _explain_text(trial: str, diagnosis: Any, *, fresh: bool, max_events: int) -> str:
+OVERRIDDEN = "re-analysed with overrides (not stored)"
+_SOURCE_TEXT = {"stored": "stored analysis", "analysed now": "analysed now", OVERRIDDEN: OVERRIDDEN}
+
+
+def _explain_text(trial: str, diagnosis: Any, *, source: str, max_events: int, family: str | None = None) -> str:
     """A trial's diagnosis for a terminal: hypotheses best first, then the events in step order."""
-    source = "analysed now" if fresh else "stored analysis"
-    lines = [f"trial {trial}: {_plural(diagnosis.num_steps, 'recorded step')} ({source})"]
+    lines = [f"trial {trial}: {_plural(diagnosis.num_steps, 'recorded step')} ({_SOURCE_TEXT[source]})"]
     if diagnosis.healthy:
-        lines.append("  no failure found")
+        lines.append("  no failure found" if family is None else f"  no {family} failure found (--only {family})")
     else:
         lines.append("  hypotheses, best first:")
         for rank, h in enumerate(diagnosis.hypotheses, start=1):
@@ -263,10 +278,31 @@ def _add_explain(subparsers: Any) -> None:
                                                "recorded step; otherwise the analysis runs now and is stored.")
     parser.add_argument("path", help="group folder, trial folder or .h5 file")
     parser.add_argument("--trial", help="explain only this trial of a group folder")
-    parser.add_argument("--json", action="store_true", help="print the full diagnoses as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the diagnoses as JSON (schema comgra-ndbg-explain, see comgra_ndbg/explain.py)")
     parser.add_argument("--max-events", type=int, default=20, metavar="N",
                         help="events listed per trial in the text output (default 20)")
+    _add_explain_filters(parser)
     parser.set_defaults(handler=_explain)
+
+
+def _add_explain_filters(parser: argparse.ArgumentParser) -> None:
+    """``explain``'s family filter and threshold overrides (:mod:`comgra_ndbg.explain`)."""
+    from comgra_ndbg.explain import EXPLAIN_FAMILIES
+
+    parser.add_argument("--only", choices=EXPLAIN_FAMILIES,
+                        help="keep only the hypotheses and events of one family")
+    overrides = parser.add_argument_group(
+        "threshold overrides", "analyse again with these thresholds; the result is printed, never stored over "
+                               "the stored analysis")
+    overrides.add_argument("--vanishing-threshold", type=float, metavar="DECADES",
+                           help="decades a gradient's ratio to the output's gradient must fall against its recent "
+                                "history to be vanishing (default: enter_decades = 1)")
+    overrides.add_argument("--exploding-threshold", type=float, metavar="DECADES",
+                           help="decades that ratio must rise to be exploding (default: enter_decades = 1)")
+    overrides.add_argument("--activation-threshold", type=float, metavar="SHARE",
+                           help="share of units dead (or of elements saturated) that enters that state "
+                                "(defaults 0.9 dead, 0.5 saturated)")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -303,7 +339,42 @@ def _add_export(subparsers: Any) -> None:
     parser.set_defaults(handler=_export)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export]
+def _signature(args: argparse.Namespace) -> int:
+    from comgra_ndbg.errors import NoFailureError
+    from comgra_ndbg.signature import signature_of, write_png
+
+    try:
+        signature = signature_of(args.path, trial=args.trial, steps=args.steps)
+    except NoFailureError as healthy:
+        print(f"comgra-ndbg signature: {healthy}", file=sys.stderr)
+        return 1
+    written = write_png(signature, args.out)
+    print(f"{written}: trial {signature.trial}, {len(signature.layers)} layers × {len(signature.steps)} steps "
+          f"({signature.steps[0]}–{signature.steps[-1]}), onset step {signature.onset}, origin "
+          f"{signature.origin or signature.origin_kind!r}")
+    return 0
+
+
+def _add_signature(subparsers: Any) -> None:
+    from comgra_ndbg.analysis.signature import DEFAULT_STEPS
+
+    parser = subparsers.add_parser("signature", help="draw the failure signature of a run as a PNG",
+                                   description="Draw two log-scale heatmaps - per-layer gradient norms and "
+                                               "activation norms over the recorded steps up to the failure - with "
+                                               "the onset step and the origin layer marked and the top hypothesis "
+                                               "as title. Exits 0 when written, 1 when the run has no failure "
+                                               "(nothing to draw), 2 on bad input.")
+    parser.add_argument("path", help="group folder (with --trial when it holds several), trial folder or .h5 file")
+    parser.add_argument("-o", "--out", default="failure.png", metavar="PNG",
+                        help="image file to write (default failure.png)")
+    parser.add_argument("--trial", help="the trial of a group folder")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                        help=f"recorded steps shown, ending at the failure (default {DEFAULT_STEPS})")
+    parser.set_defaults(handler=_signature)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export,
+                                            _add_signature]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,8 @@ __all__ = [
     "UnknownSeriesError",
     "GraphError",
     "UnknownModuleError",
+    "NoFailureError",
+    "MissingDependencyError",
     "RecorderWarning",
 ]
 
@@ -80,6 +82,16 @@ class UnknownModuleError(ComgraError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class NoFailureError(ComgraError, LookupError):
+    """Something that exists only for a failing run (a failure signature) was asked of a run whose analysis
+    found no failure; the message names the trial and how to look at it anyway (``explain``, the GUI)."""
+
+
+class MissingDependencyError(ComgraError, ImportError):
+    """An optional feature needs a package that is not installed; the message names the package and the
+    ``pip install`` line (an extra of ``comgra_ndbg``) that brings it."""
 
 
 class RecorderWarning(UserWarning):

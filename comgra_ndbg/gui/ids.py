@@ -106,6 +106,7 @@ DISTRIBUTION = "distribution"  # histograms of the snapshots over steps, as a he
 DIAGNOSIS = "diagnosis"
 DIAGNOSIS_JUMP_TYPE = "diagnosis-jump"
 EVIDENCE = "evidence"  # the chosen hypothesis' or event's evidence: plot, thresholds, remedy
+SIGNATURE = "diagnosis-signature"  # the failure signature image: layer norms in the steps before the failure
 ANALYZE = "analyze-now"  # the Diagnosis tab's button that runs comgra_ndbg.analyze for the trial
 ANALYZE_STATUS = "analyze-status"
 ANALYSES = "analyses-store"  # {trial: stamp of its stored analysis}, changes when an analysis is stored
