@@ -6,7 +6,8 @@ was killed, and what it could not record; ``check`` verifies every file against 
 is damaged or missing and exits non-zero on damage (``--salvage`` copies the rest into a new recording);
 ``explain`` prints the ranked hypotheses and events (running the analysis when none is stored or it is
 stale; ``--only`` one family, threshold overrides as a what-if); ``export`` writes summaries, events and
-hypotheses as csv or json tables; ``signature`` draws a failing run's failure signature as a PNG.
+hypotheses as csv or json tables; ``signature`` draws a failing run's failure signature as a PNG;
+``sweep`` analyses many recordings on a Dask cluster and prints one row per trial.
 
 To add a subcommand, write ``_add_<name>(subparsers)`` that
 creates its parser and sets ``handler`` to a function ``(args) -> exit code``, and append it to
@@ -373,8 +374,42 @@ def _add_signature(subparsers: Any) -> None:
     parser.set_defaults(handler=_signature)
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from comgra_ndbg.sweep import analyze_many
+
+    frame = analyze_many(args.paths, scheduler=args.scheduler, workers=args.workers, processes=not args.threads,
+                         progress=True)
+    print(frame.drop(columns=["hypothesis"]).to_string(index=False))
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+        print(f"{len(frame)} trials written to {args.csv}")
+    failed = int((frame["error"] != "").sum())
+    if failed:
+        print(f"{failed} of {len(frame)} trials could not be analysed (see the error column)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _add_sweep(subparsers: Any) -> None:
+    parser = subparsers.add_parser("sweep", help="analyse many recordings on a Dask cluster, one row per trial",
+                                   description="Analyse every trial the paths or glob patterns name (quote "
+                                               "patterns: 'runs/*') on a Dask cluster and print one row per trial: "
+                                               "top hypothesis type, origin, node, onset, confidence, final loss, "
+                                               "steps and the hyperparameters each run stored. Exits 0, or 1 when "
+                                               "some trial could not be analysed. Needs the sweep extra.")
+    parser.add_argument("paths", nargs="+", metavar="GLOB", help="group folders, trial folders, .h5 files or globs")
+    parser.add_argument("--scheduler", metavar="ADDR",
+                        help="address of a running Dask scheduler (default: start a local cluster)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="local worker processes (default: one per CPU, at most one per trial)")
+    parser.add_argument("--threads", action="store_true",
+                        help="run the local workers as threads of this process: starts at once, but Python-bound "
+                             "analysis does not run in parallel")
+    parser.add_argument("--csv", metavar="OUT", help="also write the whole table (with the sentences) as csv")
+    parser.set_defaults(handler=_sweep)
+
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export,
-                                            _add_signature]
+                                            _add_signature, _add_sweep]
 
 
 def build_parser() -> argparse.ArgumentParser:
