@@ -4,9 +4,10 @@ A learning-rate sweep is recorded first: ``--runs`` tiny regressions (4 → 16 �
 step, ``--steps`` steps), learning rates spread log-uniformly over 0.003–3, so that the larger ones diverge
 (about a fifth of the runs) and the table has failures to show. Each run stores its learning rate and seed
 as hyperparameters. Then the same sweep is analysed (``store=False``: every trial analysed afresh, nothing
-cached between the two measurements) on a ``LocalCluster`` of 1 and then 2 single-threaded worker
-processes, started before the clock runs, and the throughput (trials per second, cluster start-up excluded)
-and the ratio 2-worker / 1-worker are printed side by side, with the cluster start-up times.
+cached between the measurements) in this process without Dask, then on a ``LocalCluster`` of 1 and of 2
+single-threaded worker processes, started before the clock runs; the throughputs (trials per second,
+cluster start-up excluded) and the ratio 2-worker / 1-worker are printed side by side, with the start-up
+times.
 
 Run: ``python -m benchmarks.sweep [--runs 200] [--steps 40] [--folder DIR]`` (a given folder is reused when it
 already holds the runs).
@@ -78,6 +79,17 @@ def _measure(folder: Path, workers: int) -> tuple[float, float, object]:
         return startup, time.perf_counter() - started, frame
 
 
+def _serial(folder: Path) -> float:
+    """Seconds to analyse every trial in this process, one after another: the cost without Dask."""
+    from comgra_ndbg.sweep import analyze_one, expand
+
+    tasks = expand(str(folder))
+    started = time.perf_counter()
+    for path, trial in tasks:
+        analyze_one(path, trial, store=False)
+    return time.perf_counter() - started
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -91,9 +103,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             torch.set_num_threads(1)
             print(f"recorded {args.runs} runs of {args.steps} steps in {record_sweep(folder, args.runs, args.steps):.1f} s")
+        serial = _serial(folder)
         results = {workers: _measure(folder, workers) for workers in (1, 2)}
         print(f"cpus: {os.cpu_count()}, trials: {len(results[1][2])}")
         print(f"{'workers':>8} {'start-up s':>11} {'analysis s':>11} {'trials/s':>9}")
+        print(f"{'no Dask':>8} {0.0:>11.2f} {serial:>11.2f} {len(results[1][2]) / serial:>9.1f}")
         for workers, (startup, seconds, frame) in results.items():
             print(f"{workers:>8} {startup:>11.2f} {seconds:>11.2f} {len(frame) / seconds:>9.1f}")
         print(f"scaling 2 workers / 1 worker: {results[1][1] / results[2][1]:.2f}x")

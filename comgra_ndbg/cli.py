@@ -213,7 +213,8 @@ def _add_demo(subparsers: Any) -> None:
 
 def _explain(args: argparse.Namespace) -> int:
     from comgra_ndbg.analysis import analyze
-    from comgra_ndbg.explain import SCHEMA, SCHEMA_VERSION, only, overrides, thresholds_with, trial_record
+    from comgra_ndbg.explain import (OVERRIDDEN, SCHEMA, SCHEMA_VERSION, explain_text, only, overrides,
+                                     thresholds_with, trial_record)
     from comgra_ndbg.export import current_diagnosis, json_safe
     from comgra_ndbg.store.reader import list_trials, open_recording
 
@@ -239,37 +240,8 @@ def _explain(args: argparse.Namespace) -> int:
         print("thresholds overridden: " + ", ".join(f"{k}={v:g}" for k, v in changes.items())
               + " (analysed again with them; the stored analysis is unchanged)")
     for trial, diagnosis, source in reports:
-        print(_explain_text(trial, diagnosis, source=source, max_events=args.max_events, family=args.only))
+        print(explain_text(trial, diagnosis, source=source, max_events=args.max_events, family=args.only))
     return 0
-
-
-OVERRIDDEN = "re-analysed with overrides (not stored)"
-_SOURCE_TEXT = {"stored": "stored analysis", "analysed now": "analysed now", OVERRIDDEN: OVERRIDDEN}
-
-
-def _explain_text(trial: str, diagnosis: Any, *, source: str, max_events: int, family: str | None = None) -> str:
-    """A trial's diagnosis for a terminal: hypotheses best first, then the events in step order."""
-    lines = [f"trial {trial}: {_plural(diagnosis.num_steps, 'recorded step')} ({_SOURCE_TEXT[source]})"]
-    if diagnosis.healthy:
-        lines.append("  no failure found" if family is None else f"  no {family} failure found (--only {family})")
-    else:
-        lines.append("  hypotheses, best first:")
-        for rank, h in enumerate(diagnosis.hypotheses, start=1):
-            where = f"node {h.node!r}" if h.node else "the optimizer"
-            lines.append(f"  {rank}. [{h.type}, origin {h.origin}, {where}, step {h.onset}, "
-                         f"confidence {h.confidence:.2f}]")
-            lines.append(f"     {h.sentence}")
-            if h.remedy:
-                lines.append(f"     Remedy: {h.remedy}")
-    if diagnosis.events:
-        lines.append(f"  events ({len(diagnosis.events)}, in step order):")
-        for e in diagnosis.events[:max_events]:
-            span = f"steps {e.onset}-{e.end}" if e.end != e.onset else f"step {e.onset}"
-            lines.append(f"    {span}: {e.family} {e.from_state} -> {e.to_state} in {e.node!r} ({e.kind}), "
-                         f"magnitude {e.magnitude:.3g}{', from the start' if e.at_start else ''}")
-        if len(diagnosis.events) > max_events:
-            lines.append(f"    ... {len(diagnosis.events) - max_events} more (--max-events, or --json for all)")
-    return "\n".join(lines)
 
 
 def _add_explain(subparsers: Any) -> None:

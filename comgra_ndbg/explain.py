@@ -51,7 +51,8 @@ from comgra_ndbg.analysis.events import Diagnosis, Event, Hypothesis, to_dict
 from comgra_ndbg.errors import InvalidArgumentError
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "EXPLAIN_FAMILIES", "EVENT_FAMILIES", "HYPOTHESIS_TYPES", "family_of_event",
-           "family_of_type", "hypothesis_families", "only", "overrides", "thresholds_with", "trial_record"]
+           "family_of_type", "hypothesis_families", "only", "overrides", "thresholds_with", "trial_record", "explain_text",
+           "OVERRIDDEN"]
 
 SCHEMA = "comgra-ndbg-explain"
 SCHEMA_VERSION = 1
@@ -151,3 +152,34 @@ def trial_record(diagnosis: Diagnosis, *, source: str) -> dict[str, Any]:
             "num_steps": diagnosis.num_steps, "last_step": diagnosis.last_step, "healthy": diagnosis.healthy,
             "hypotheses": [_hypothesis_record(rank, h) for rank, h in enumerate(diagnosis.hypotheses, start=1)],
             "events": [_event_record(e) for e in diagnosis.events], "diagnosis": to_dict(diagnosis)}
+
+
+OVERRIDDEN = "re-analysed with overrides (not stored)"  # the source of a what-if analysis
+_SOURCE_TEXT = {"stored": "stored analysis", "analysed now": "analysed now", OVERRIDDEN: OVERRIDDEN}
+
+
+def explain_text(trial: str, diagnosis: Diagnosis, *, source: str, max_events: int, family: str | None = None) -> str:
+    """A trial's diagnosis for a terminal: hypotheses best first, then the events in step order (at most
+    ``max_events``); ``source`` says where it came from (``stored``, ``analysed now`` or :data:`OVERRIDDEN`)."""
+    steps = f"{diagnosis.num_steps} recorded step{'' if diagnosis.num_steps == 1 else 's'}"
+    lines = [f"trial {trial}: {steps} ({_SOURCE_TEXT[source]})"]
+    if diagnosis.healthy:
+        lines.append("  no failure found" if family is None else f"  no {family} failure found (--only {family})")
+    else:
+        lines.append("  hypotheses, best first:")
+        for rank, h in enumerate(diagnosis.hypotheses, start=1):
+            where = f"node {h.node!r}" if h.node else "the optimizer"
+            lines.append(f"  {rank}. [{h.type}, origin {h.origin}, {where}, step {h.onset}, "
+                         f"confidence {h.confidence:.2f}]")
+            lines.append(f"     {h.sentence}")
+            if h.remedy:
+                lines.append(f"     Remedy: {h.remedy}")
+    if diagnosis.events:
+        lines.append(f"  events ({len(diagnosis.events)}, in step order):")
+        for e in diagnosis.events[:max_events]:
+            span = f"steps {e.onset}-{e.end}" if e.end != e.onset else f"step {e.onset}"
+            lines.append(f"    {span}: {e.family} {e.from_state} -> {e.to_state} in {e.node!r} ({e.kind}), "
+                         f"magnitude {e.magnitude:.3g}{', from the start' if e.at_start else ''}")
+        if len(diagnosis.events) > max_events:
+            lines.append(f"    ... {len(diagnosis.events) - max_events} more (--max-events, or --json for all)")
+    return "\n".join(lines)
