@@ -5,8 +5,10 @@ explorer for a recording; ``info`` says what a recording holds, whether its writ
 was killed, and what it could not record; ``check`` verifies every file against its checksums, lists what
 is damaged or missing and exits non-zero on damage (``--salvage`` copies the rest into a new recording);
 ``explain`` prints the ranked hypotheses and events (running the analysis when none is stored or it is
-stale); ``export`` writes summaries, events and hypotheses as csv or json tables, or a TensorBoard run
-per trial (``--to tensorboard DIR``).
+stale; ``--only`` one family, threshold overrides as a what-if, ``--reference GOOD`` checks against a
+healthy run); ``export`` writes summaries, events and hypotheses as csv or json tables, or a TensorBoard
+run per trial (``--to tensorboard DIR``); ``signature`` draws a failing run's failure signature as a PNG;
+``sweep`` analyses many recordings on a Dask cluster and prints one row per trial.
 
 To add a subcommand, write ``_add_<name>(subparsers)`` that
 creates its parser and sets ``handler`` to a function ``(args) -> exit code``, and append it to
@@ -231,74 +233,63 @@ def _add_demo(subparsers: Any) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from comgra_ndbg.analysis import to_dict
+    from comgra_ndbg.analysis import analyze
+    from comgra_ndbg.explain import (OVERRIDDEN, SCHEMA, SCHEMA_VERSION, explain_text, only, overrides,
+                                     thresholds_with, trial_record)
     from comgra_ndbg.export import current_diagnosis, json_safe
     from comgra_ndbg.store.reader import list_trials, open_recording
 
     if getattr(args, "reference", None) is not None:
         return _explain_against_reference(args)
+    changes = overrides(vanishing=args.vanishing_threshold, exploding=args.exploding_threshold,
+                        activation=args.activation_threshold)
     trials = [args.trial] if args.trial is not None else list_trials(args.path)
     reports = []
     for trial in trials:
         with open_recording(args.path, trial) as recording:
-            diagnosis, fresh = current_diagnosis(recording)
-        reports.append((trial, diagnosis, fresh))
+            if changes:  # a what-if: printed only, the stored analysis stays as it is
+                diagnosis, source = analyze(recording, store=False, thresholds=thresholds_with(changes)), OVERRIDDEN
+            else:
+                diagnosis, fresh = current_diagnosis(recording)
+                source = "analysed now" if fresh else "stored"
+        reports.append((trial, only(diagnosis, args.only), source))
     if args.json:
-        print(json.dumps(json_safe({"path": str(args.path), "trials": [
-            {"trial": trial, "analysed_now": fresh, "diagnosis": to_dict(diagnosis)}
-            for trial, diagnosis, fresh in reports]}), indent=1, allow_nan=False))
+        print(json.dumps(json_safe({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "path": str(args.path),
+                                    "only": args.only, "overrides": changes,
+                                    "trials": [trial_record(d, source=source) for _, d, source in reports]}),
+                         indent=1, allow_nan=False))
         return 0
-    for trial, diagnosis, fresh in reports:
-        print(_explain_text(trial, diagnosis, fresh=fresh, max_events=args.max_events))
+    if changes:
+        print("thresholds overridden: " + ", ".join(f"{k}={v:g}" for k, v in changes.items())
+              + " (analysed again with them; the stored analysis is unchanged)")
+    for trial, diagnosis, source in reports:
+        print(explain_text(trial, diagnosis, source=source, max_events=args.max_events, family=args.only))
     return 0
 
 
 def _explain_against_reference(args: argparse.Namespace) -> int:
     """``explain PATH --reference GOOD``: each trial analysed now and checked against the healthy reference run
     (nothing stored, since the result depends on the reference); the comparison's note closes each trial."""
-    from comgra_ndbg.analysis import analyze, to_dict
+    from comgra_ndbg.analysis import analyze
+    from comgra_ndbg.explain import AGAINST_REFERENCE, SCHEMA, SCHEMA_VERSION, explain_text, only, trial_record
     from comgra_ndbg.export import json_safe
     from comgra_ndbg.store.reader import list_trials
 
+    source = AGAINST_REFERENCE
     trials = [args.trial] if args.trial is not None else list_trials(args.path)
-    reports = [(trial, analyze(args.path, trial=trial, reference=args.reference,
-                               reference_trial=args.reference_trial)) for trial in trials]
+    reports = [(trial, only(analyze(args.path, trial=trial, reference=args.reference,
+                                    reference_trial=args.reference_trial), args.only)) for trial in trials]
     if args.json:
-        print(json.dumps(json_safe({"path": str(args.path), "reference": str(args.reference), "trials": [
-            {"trial": trial, "analysed_now": True, "diagnosis": to_dict(diagnosis)}
-            for trial, diagnosis in reports]}), indent=1, allow_nan=False))
+        print(json.dumps(json_safe({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "path": str(args.path),
+                                    "reference": str(args.reference), "only": args.only, "overrides": {},
+                                    "trials": [trial_record(d, source=source) for _, d in reports]}),
+                         indent=1, allow_nan=False))
         return 0
     for trial, diagnosis in reports:
-        print(_explain_text(trial, diagnosis, fresh=True, max_events=args.max_events))
+        print(explain_text(trial, diagnosis, source=source, max_events=args.max_events, family=args.only))
         for note in diagnosis.notes:
             print(f"  note: {note}")
     return 0
-
-
-def _explain_text(trial: str, diagnosis: Any, *, fresh: bool, max_events: int) -> str:
-    """A trial's diagnosis for a terminal: hypotheses best first, then the events in step order."""
-    source = "analysed now" if fresh else "stored analysis"
-    lines = [f"trial {trial}: {_plural(diagnosis.num_steps, 'recorded step')} ({source})"]
-    if diagnosis.healthy:
-        lines.append("  no failure found")
-    else:
-        lines.append("  hypotheses, best first:")
-        for rank, h in enumerate(diagnosis.hypotheses, start=1):
-            where = f"node {h.node!r}" if h.node else "the optimizer"
-            lines.append(f"  {rank}. [{h.type}, origin {h.origin}, {where}, step {h.onset}, "
-                         f"confidence {h.confidence:.2f}]")
-            lines.append(f"     {h.sentence}")
-            if h.remedy:
-                lines.append(f"     Remedy: {h.remedy}")
-    if diagnosis.events:
-        lines.append(f"  events ({len(diagnosis.events)}, in step order):")
-        for e in diagnosis.events[:max_events]:
-            span = f"steps {e.onset}-{e.end}" if e.end != e.onset else f"step {e.onset}"
-            lines.append(f"    {span}: {e.family} {e.from_state} -> {e.to_state} in {e.node!r} ({e.kind}), "
-                         f"magnitude {e.magnitude:.3g}{', from the start' if e.at_start else ''}")
-        if len(diagnosis.events) > max_events:
-            lines.append(f"    ... {len(diagnosis.events) - max_events} more (--max-events, or --json for all)")
-    return "\n".join(lines)
 
 
 def _add_explain(subparsers: Any) -> None:
@@ -308,7 +299,8 @@ def _add_explain(subparsers: Any) -> None:
                                                "recorded step; otherwise the analysis runs now and is stored.")
     parser.add_argument("path", help="group folder, trial folder or .h5 file")
     parser.add_argument("--trial", help="explain only this trial of a group folder")
-    parser.add_argument("--json", action="store_true", help="print the full diagnoses as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the diagnoses as JSON (schema comgra-ndbg-explain, see comgra_ndbg/explain.py)")
     parser.add_argument("--max-events", type=int, default=20, metavar="N",
                         help="events listed per trial in the text output (default 20)")
     parser.add_argument("--reference", metavar="GOOD",
@@ -316,7 +308,27 @@ def _add_explain(subparsers: Any) -> None:
                              "what held there (parameters that train or stay frozen, dtypes, input ranges, gradient "
                              "and update ratios between layers, Dropout modes)")
     parser.add_argument("--reference-trial", metavar="T", help="the trial of GOOD to compare with (a group folder)")
+    _add_explain_filters(parser)
     parser.set_defaults(handler=_explain)
+
+
+def _add_explain_filters(parser: argparse.ArgumentParser) -> None:
+    """``explain``'s family filter and threshold overrides (:mod:`comgra_ndbg.explain`)."""
+    from comgra_ndbg.explain import EXPLAIN_FAMILIES
+
+    parser.add_argument("--only", choices=EXPLAIN_FAMILIES,
+                        help="keep only the hypotheses and events of one family")
+    overrides = parser.add_argument_group(
+        "threshold overrides", "analyse again with these thresholds; the result is printed, never stored over "
+                               "the stored analysis")
+    overrides.add_argument("--vanishing-threshold", type=float, metavar="DECADES",
+                           help="decades a gradient's ratio to the output's gradient must fall against its recent "
+                                "history to be vanishing (default: enter_decades = 1)")
+    overrides.add_argument("--exploding-threshold", type=float, metavar="DECADES",
+                           help="decades that ratio must rise to be exploding (default: enter_decades = 1)")
+    overrides.add_argument("--activation-threshold", type=float, metavar="SHARE",
+                           help="share of units dead (or of elements saturated) that enters that state "
+                                "(defaults 0.9 dead, 0.5 saturated)")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -393,7 +405,76 @@ def _add_export(subparsers: Any) -> None:
     parser.set_defaults(handler=_export)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export]
+def _signature(args: argparse.Namespace) -> int:
+    from comgra_ndbg.errors import NoFailureError
+    from comgra_ndbg.signature import signature_of, write_png
+
+    try:
+        signature = signature_of(args.path, trial=args.trial, steps=args.steps)
+    except NoFailureError as healthy:
+        print(f"comgra-ndbg signature: {healthy}", file=sys.stderr)
+        return 1
+    written = write_png(signature, args.out)
+    print(f"{written}: trial {signature.trial}, {len(signature.layers)} layers × {len(signature.steps)} steps "
+          f"({signature.steps[0]}–{signature.steps[-1]}), onset step {signature.onset}, origin "
+          f"{signature.origin or signature.origin_kind!r}")
+    return 0
+
+
+def _add_signature(subparsers: Any) -> None:
+    from comgra_ndbg.analysis.signature import DEFAULT_STEPS
+
+    parser = subparsers.add_parser("signature", help="draw the failure signature of a run as a PNG",
+                                   description="Draw two log-scale heatmaps - per-layer gradient norms and "
+                                               "activation norms over the recorded steps up to the failure - with "
+                                               "the onset step and the origin layer marked and the top hypothesis "
+                                               "as title. Exits 0 when written, 1 when the run has no failure "
+                                               "(nothing to draw), 2 on bad input.")
+    parser.add_argument("path", help="group folder (with --trial when it holds several), trial folder or .h5 file")
+    parser.add_argument("-o", "--out", default="failure.png", metavar="PNG",
+                        help="image file to write (default failure.png)")
+    parser.add_argument("--trial", help="the trial of a group folder")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                        help=f"recorded steps shown, ending at the failure (default {DEFAULT_STEPS})")
+    parser.set_defaults(handler=_signature)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from comgra_ndbg.sweep import analyze_many
+
+    frame = analyze_many(args.paths, scheduler=args.scheduler, workers=args.workers, processes=not args.threads,
+                         progress=True)
+    print(frame.drop(columns=["hypothesis"]).to_string(index=False))
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+        print(f"{len(frame)} trials written to {args.csv}")
+    failed = int((frame["error"] != "").sum())
+    if failed:
+        print(f"{failed} of {len(frame)} trials could not be analysed (see the error column)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _add_sweep(subparsers: Any) -> None:
+    parser = subparsers.add_parser("sweep", help="analyse many recordings on a Dask cluster, one row per trial",
+                                   description="Analyse every trial the paths or glob patterns name (quote "
+                                               "patterns: 'runs/*') on a Dask cluster and print one row per trial: "
+                                               "top hypothesis type, origin, node, onset, confidence, final loss, "
+                                               "steps and the hyperparameters each run stored. Exits 0, or 1 when "
+                                               "some trial could not be analysed. Needs the sweep extra.")
+    parser.add_argument("paths", nargs="+", metavar="GLOB", help="group folders, trial folders, .h5 files or globs")
+    parser.add_argument("--scheduler", metavar="ADDR",
+                        help="address of a running Dask scheduler (default: start a local cluster)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="local worker processes (default: one per CPU, at most one per trial)")
+    parser.add_argument("--threads", action="store_true",
+                        help="run the local workers as threads of this process: starts at once, but Python-bound "
+                             "analysis does not run in parallel")
+    parser.add_argument("--csv", metavar="OUT", help="also write the whole table (with the sentences) as csv")
+    parser.set_defaults(handler=_sweep)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export,
+                                            _add_signature, _add_sweep]
 
 
 def build_parser() -> argparse.ArgumentParser:

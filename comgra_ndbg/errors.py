@@ -23,6 +23,7 @@ __all__ = [
     "BreakpointHit",
     "TrainingHalted",
     "ReferenceMismatchError",
+    "NoFailureError",
     "RecorderWarning",
 ]
 
@@ -126,6 +127,11 @@ class TrainingHalted(ComgraError, RuntimeError):
 class ReferenceMismatchError(ComgraError, ValueError):
     """A reference run given to the analysis cannot be compared with the run: no node in common, other
     parameter nodes, or parameters of other shapes. The message says what differs and what to do."""
+
+
+class NoFailureError(ComgraError, LookupError):
+    """Something that exists only for a failing run (a failure signature) was asked of a run whose analysis
+    found no failure; the message names the trial and how to look at it anyway (``explain``, the GUI)."""
 
 
 class RecorderWarning(UserWarning):

@@ -34,6 +34,8 @@ class Thresholds:
     collapse_level: float = 0.02  # ... to below this share of the second moment: mode collapse
     imbalance_decades: float = 1.5  # the ratio of two parallel paths' gradients or updates shifts this much ...
     imbalance_steps: int = 20  # ... and stays shifted this long: one path dwarfs the other
+    vanishing_decades: float | None = None  # relative gradient rule, falling side: entry shift (None: enter_decades)
+    exploding_decades: float | None = None  # relative gradient rule, rising side: entry shift (None: enter_decades)
     start_gradient_decades: float = 4.0  # |log10(gradient rms / output gradient rms)| at start: vanishing/exploding
     update_ratio_high: float = 0.1  # ‖ΔW‖/‖W‖ above this for `persist` steps is out of band
     frozen_steps: int = 10  # steps of exactly-zero updates while the other parameters move: a frozen parameter

@@ -33,7 +33,7 @@ import numpy as np
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event, Evidence
 from comgra_ndbg.analysis.series import NodeSeries, RunSeries
-from comgra_ndbg.analysis.shift import level_shifts, log_level, strength
+from comgra_ndbg.analysis.shift import Shift, level_shifts, log_level, strength
 
 __all__ = ["gradient_events", "reference_node", "normalized_gradient", "FAMILY"]
 
@@ -71,17 +71,35 @@ def gradient_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
         events += _start_events(series, node, ratio, t)
         x = ratio.copy()
         x[:settle] = np.nan
-        for s in level_shifts(x, window=t.window, min_history=t.min_history, enter=t.enter_decades,
-                              exit=t.exit_decades, persist=t.persist):
+        for s in _shifts(x, t):
             state = "exploding" if s.direction > 0 else "vanishing"
+            enter = _entry(t, s.direction)
             window = slice(s.start, min(s.start + 3, len(x)))
             evidence = Evidence(f"{node.name}/grad/rms÷{reference.name}/grad/rms",
                                 tuple(int(v) for v in series.steps[window]),
                                 tuple(float(10 ** v) for v in x[window]), float(10 ** s.baseline))
             events.append(Event(FAMILY, node.name, "grad", "healthy", state, int(series.steps[s.start]),
-                                int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,),
-                                sudden=bool(s.jump >= t.sudden_fraction * t.enter_decades)))
+                                int(series.steps[s.end]), s.peak, strength(s.peak, enter), (evidence,),
+                                sudden=bool(s.jump >= t.sudden_fraction * enter)))
     return events
+
+
+def _entry(t: Thresholds, direction: int) -> float:
+    """The relative rule's entry shift on one side: ``vanishing_decades`` / ``exploding_decades`` where set."""
+    chosen = t.exploding_decades if direction > 0 else t.vanishing_decades
+    return t.enter_decades if chosen is None else float(chosen)
+
+
+def _shifts(x: np.ndarray, t: Thresholds) -> list[Shift]:
+    """Level shifts of the log ratio ``x``: one pass over both sides with ``enter_decades``, or, when a side
+    has its own entry shift, one pass per side (each side's hysteresis and baseline of its own)."""
+    common = dict(window=t.window, min_history=t.min_history, exit=t.exit_decades, persist=t.persist)
+    down, up = _entry(t, -1), _entry(t, 1)
+    if down == up == t.enter_decades:
+        return level_shifts(x, enter=t.enter_decades, **common)
+    both = (level_shifts(x, enter=down, directions=(-1,), **common)
+            + level_shifts(x, enter=up, directions=(1,), **common))
+    return sorted(both, key=lambda s: s.start)
 
 
 def _start_events(series: RunSeries, node: NodeSeries, ratio: np.ndarray, t: Thresholds) -> list[Event]:

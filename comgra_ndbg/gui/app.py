@@ -22,6 +22,7 @@ from comgra_ndbg.gui.custom import load_visualization
 from comgra_ndbg.gui.layout import build_layout
 from comgra_ndbg.gui.state import ReaderCache
 from comgra_ndbg.gui.style import index_string
+from comgra_ndbg.gui.trials import register_trial_callbacks, sort_columns, trial_controls, trial_table
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServerAddressError", "check_address", "create_app", "serve"]
 
@@ -45,6 +46,7 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     app.index_string = index_string(TITLE, app.config.requests_pathname_prefix)
     app.layout = functools.partial(_page, cache, visualization, source=str(Path(path)), interval_ms=interval_ms)
     register_callbacks(app, cache, visualization)
+    register_trial_callbacks(app, cache)
     return app
 
 
@@ -63,7 +65,9 @@ def _page(cache: ReaderCache, visualization: Any, *, source: str, interval_ms: i
                               has_custom=visualization is not None, generations=generations,
                               analyses=cache.analysis_stamps(), ranked=any(cache.ranks(t) for t in cache.trials),
                               notices=[f"Trial {trial!r} cannot be shown: {text}" for trial, text in
-                                       cache.unreadable.items()])
+                                       cache.unreadable.items()],
+                              trial_controls=trial_controls(sort_columns(trial_table(cache)))
+                              if len(cache.trials) > 1 else None)
         outputs = update_view(cache, "url", search, None, None, visualization=visualization)
         outputs["url"] = search  # as the browser has it, so the address component reports no change
         return fill(layout, outputs)

@@ -24,7 +24,7 @@ from comgra_ndbg.gui.timelines import EvidenceMarks, event_text
 from comgra_ndbg.gui.views import graph_of, message, table
 
 __all__ = ["HypothesisRow", "chain_lines", "coupled_rows", "diagnosis_view", "event_label", "event_rows",
-           "evidence_rows", "evidence_view", "hypothesis_rows", "percent", "plural", "summary_line"]
+           "evidence_rows", "evidence_view", "hypothesis_rows", "percent", "plural", "signature_view", "summary_line"]
 
 MAX_EVENT_ROWS = 100
 EVENT_HEADER = ("family", "node", "kind", "from → to", "steps", "magnitude", "strength")
@@ -189,12 +189,21 @@ def _events_table(events: Sequence[Event], selected: str | None, shown: Mapping[
                       id=ids.DIAGNOSIS + "-events", className="data-table events")
 
 
+def signature_view(uri: str) -> list[Any]:
+    """The failure signature (a ``data:image/png`` address from :func:`comgra_ndbg.signature.data_uri`)
+    under its heading."""
+    return [html.H4("Failure signature"),
+            html.Img(src=uri, id=ids.SIGNATURE, className="signature", style={"maxWidth": "100%"},
+                     alt="gradient and activation norms of every layer in the steps up to the failure, with the "
+                         "onset step and the origin layer marked")]
+
+
 def diagnosis_view(stored: StoredDiagnosis | None, *, selected: str | None = None,
-                   shown: Mapping[str, str] | None = None, focus: str = "") -> html.Div:
+                   shown: Mapping[str, str] | None = None, focus: str = "", signature: str | None = None) -> html.Div:
     """The Diagnosis tab for a stored diagnosis (None: none stored yet): a stale warning when the recording
-    has grown since, the hypotheses (or the healthy-run message), the events and the coupled failures.
-    Rows of the ``selected`` displayed node (``shown`` maps recorded nodes to displayed ones) are
-    highlighted."""
+    has grown since, the hypotheses (or the healthy-run message), the failure ``signature`` image when one
+    is given, the events and the coupled failures. Rows of the ``selected`` displayed node (``shown`` maps
+    recorded nodes to displayed ones) are highlighted."""
     if stored is None:
         return html.Div([message(NO_ANALYSIS)])
     shown = shown or {}
@@ -211,6 +220,8 @@ def diagnosis_view(stored: StoredDiagnosis | None, *, selected: str | None = Non
             not focus and _current(row.jump[0], selected, shown))) for row in rows], id=ids.DIAGNOSIS + "-hypotheses"))
     else:
         parts.append(html.Div("Healthy run: no failure hypothesis.", className="message healthy"))
+    if signature:
+        parts.extend(signature_view(signature))
     shown_events = d.events[:MAX_EVENT_ROWS]
     parts.append(html.H4(f"Events ({len(d.events)})"))
     parts.append(_events_table(shown_events, selected, shown) if shown_events else message("none"))

@@ -108,6 +108,11 @@ DISTRIBUTION = "distribution"  # histograms of the snapshots over steps, as a he
 DIAGNOSIS = "diagnosis"
 DIAGNOSIS_JUMP_TYPE = "diagnosis-jump"
 EVIDENCE = "evidence"  # the chosen hypothesis' or event's evidence: plot, thresholds, remedy
+TRIAL_SORT = "trial-sort"  # the sweep column the trial selector's options are sorted by
+TRIAL_ORDER = "trial-order"  # ascending / descending
+TRIAL_FILTER = "trial-filter"  # "type=exploding, lr>=0.1": which trials the selector lists
+TRIAL_NOTE = "trial-note"  # how many trials match, or why the filter cannot be read
+SIGNATURE = "diagnosis-signature"  # the failure signature image: layer norms in the steps before the failure
 ANALYZE = "analyze-now"  # the Diagnosis tab's button that runs comgra_ndbg.analyze for the trial
 ANALYZE_STATUS = "analyze-status"
 ANALYSES = "analyses-store"  # {trial: stamp of its stored analysis}, changes when an analysis is stored

@@ -153,11 +153,12 @@ def _compare_tab(trials: list[str]) -> html.Div:
 
 def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int, has_custom: bool,
                  generations: dict[str, int] | None = None, analyses: dict[str, str | None] | None = None,
-                 notices: list[str] | None = None, ranked: bool = False) -> html.Div:
+                 notices: list[str] | None = None, ranked: bool = False, trial_controls: Any = None) -> html.Div:
     """The whole page. ``interval_ms`` is how often the live recording is checked for new steps;
     ``ranked`` shows the rank selector (some trial is a distributed run, ``gui/ranks.py``);
     ``generations`` and ``analyses`` are the trials' generations and stored analyses' stamps it starts from;
-    ``notices`` are sentences shown above everything (trials that could not be opened at all, and why)."""
+    ``notices`` are sentences shown above everything (trials that could not be opened at all, and why);
+    ``trial_controls`` sort and filter the trial selector (:mod:`comgra_ndbg.gui.trials`)."""
     tabs = [
         dcc.Tab(label="Tensors", value=ids.TAB_TENSORS, children=_tensors_tab()),
         dcc.Tab(label="Distribution", value=ids.TAB_DISTRIBUTION,
@@ -199,6 +200,7 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
                       dcc.Dropdown(id=ids.STAT, options=list(STATISTICS), value="mean", clearable=False,
                                    className="dropdown")], className="selector"),
         ], className="controls"),
+        *([trial_controls] if trial_controls is not None else []),
         html.Div([
             html.Button("◀", id=ids.STEP_PREV, className="stepper", n_clicks=0, title="previous recorded step (←)"),
             html.Div(dcc.Slider(id=ids.STEP, min=0, max=0, step=1, value=0, marks=None, updatemode="mouseup",

@@ -16,6 +16,8 @@ import numpy as np
 from dash import Dash, Input, Output, State, html, no_update
 
 from comgra_ndbg.analysis import Thresholds, analyze
+from comgra_ndbg.analysis.loading import load_series
+from comgra_ndbg.analysis.signature import failure_signature
 from comgra_ndbg.errors import ComgraError, RecordingFormatError
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.custom import Visualization
@@ -25,12 +27,14 @@ from comgra_ndbg.gui.figures import format_number, histogram_figure, message_fig
 from comgra_ndbg.gui.overview import layer_matrix
 from comgra_ndbg.gui.queries import element_values, evidence_series, statistics_at
 from comgra_ndbg.gui.selection import resolve
-from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
+from comgra_ndbg.gui.state import ReaderCache, Selection, StoredDiagnosis, ViewOptions
+from comgra_ndbg.signature import data_uri
+from comgra_ndbg.store.reader import Recording
 from comgra_ndbg.gui.timelines import kpi_figure, layers_figure, timeline_figure
 from comgra_ndbg.gui.views import graph_of, message, module_table, notes_table, problems_view, table
 
 __all__ = ["analysis_state", "compare_tab", "custom_tab", "diagnosis_tab", "evidence_panel", "kpis_tab",
-           "layers_tab", "network_tab", "notes_tab", "register_analysis_callbacks"]
+           "layers_tab", "network_tab", "notes_tab", "register_analysis_callbacks", "signature_uri"]
 
 
 def diagnosis_tab(cache: ReaderCache, selection: Selection, options: ViewOptions) -> Any:
@@ -40,8 +44,26 @@ def diagnosis_tab(cache: ReaderCache, selection: Selection, options: ViewOptions
         stored = cache.diagnosis(selection.trial)
     except RecordingFormatError as error:
         return html.Div([message(str(error), error=True)])
-    return diagnosis_view(stored, selected=selection.node, focus=options.focus,
-                          shown={n: n for n in cache.recording(selection.trial).nodes})
+    uri, problem = signature_uri(cache, selection.trial, stored)
+    view = diagnosis_view(stored, selected=selection.node, focus=options.focus,
+                          shown={n: n for n in cache.recording(selection.trial).nodes}, signature=uri)
+    return html.Div([view, message(problem)]) if problem else view
+
+
+def signature_uri(cache: ReaderCache, trial: str, stored: StoredDiagnosis | None) -> tuple[str | None, str]:
+    """The failure signature of the stored diagnosis' top hypothesis as a PNG data address (memoized per
+    stored analysis), and why there is none when drawing it failed (``""`` otherwise; a healthy or missing
+    analysis has none and needs no reason)."""
+    if stored is None or stored.diagnosis.top is None:
+        return None, ""
+
+    def compute(recording: Recording) -> tuple[str | None, str]:
+        try:
+            return data_uri(failure_signature(load_series(recording), stored.diagnosis)), ""
+        except ComgraError as error:
+            return None, f"No failure signature: {error}"
+
+    return cache.memo(trial, ("signature", cache.analysis_stamp(trial)), compute)
 
 
 def focus(cache: ReaderCache, selection: Selection, options: ViewOptions) -> Focus | None:

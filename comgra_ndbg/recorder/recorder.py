@@ -42,7 +42,8 @@ from comgra_ndbg.recorder.retroactive import RetroactiveDecision
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
-from comgra_ndbg.recorder.validation import check_group_path, check_name, check_settings, check_step
+from comgra_ndbg.recorder.validation import (check_group_path, check_hyperparameters, check_name, check_settings,
+                                             check_step)
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.ranks import CONFIG_DDP_WRAPPED, rank_directory
 from comgra_ndbg.store.writer import RecordingWriter, check_trial_name
@@ -59,7 +60,9 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     ``path`` is a group folder; the trial's recording goes to ``path/trial``. ``summaries`` and
     ``snapshots`` are policies or their shorthands: an int k (every k steps), a list of steps, True/False,
     or a ``Policy``. ``enabled=False`` turns every method into an immediate return. ``flight_recorder``
-    keeps the last steps in RAM and writes them when a trigger fires.
+    keeps the last steps in RAM and writes them when a trigger fires. ``hyperparameters`` (a dict of
+    numbers, strings, booleans) are stored with the recording (``Recording.hyperparameters``), so a sweep
+    (:func:`comgra_ndbg.sweep.analyze_many`) can set them beside each run's diagnosis.
 
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
@@ -101,6 +104,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         flight_recorder: FlightRecorder | None = None,
         per_rank: bool = True,
         ddp_wrapped: bool | None = None,
+        hyperparameters: dict[str, Any] | None = None,
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
@@ -136,7 +140,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self.flight_recorder = flight_recorder
         config = dict(summaries=repr(self.summary_policy), snapshots=repr(self.snapshot_policy),
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
-                      saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder))
+                      saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder),
+                      hyperparameters=check_hyperparameters(hyperparameters))
         if self.rank_info is not None:
             config.update(self.rank_info.as_config())
         if ddp_wrapped is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,31 @@ def summarizable(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.layout != torch.strided:
         tensor = tensor.to_dense()
     return tensor
+
+
+def check_hyperparameters(hyperparameters: object) -> dict[str, object]:
+    """The run's hyperparameters as stored in the recording's config: a mapping of names to numbers, strings,
+    booleans or None (nested mappings flattened to ``outer.inner``), so a sweep can tabulate them.
+
+    >>> check_hyperparameters({"lr": 0.01, "optim": {"name": "adam", "betas": 2}})
+    {'lr': 0.01, 'optim.name': 'adam', 'optim.betas': 2}
+    """
+    if hyperparameters is None:
+        return {}
+    if not isinstance(hyperparameters, Mapping):
+        raise InvalidArgumentError(f"hyperparameters must be a dict of names to values (e.g. {{'lr': 0.01}}), got "
+                                   f"{type(hyperparameters).__name__}")
+    flat: dict[str, object] = {}
+    for name, value in hyperparameters.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"hyperparameter names must be non-empty str, got {name!r}")
+        if isinstance(value, Mapping):
+            flat.update({f"{name}.{inner}": v for inner, v in check_hyperparameters(value).items()})
+        elif value is None or isinstance(value, (bool, str, np.bool_)):
+            flat[name] = value if not isinstance(value, np.bool_) else bool(value)
+        elif isinstance(value, numbers.Real):
+            flat[name] = int(value) if isinstance(value, numbers.Integral) else float(value)
+        else:
+            raise InvalidArgumentError(f"hyperparameter {name!r} is a {type(value).__name__}; use a number, str, "
+                                       f"bool, None or a dict of those (e.g. str(value) for {value!r})")
+    return flat

@@ -24,6 +24,7 @@ from comgra_ndbg.graph.modules import module_tree
 from comgra_ndbg.statistics import STATISTICS, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
+from comgra_ndbg.store.config_reading import ConfigReading
 from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
 from comgra_ndbg.store.fileview import FileView, open_h5
 from comgra_ndbg.store.lock import trial_state
@@ -121,7 +122,7 @@ def _resolve(path: Path) -> list[tuple[str, Path]]:
     return trials
 
 
-class Recording(SnapshotReading, StepTables, RankAccess):
+class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading):
     """Read access to one trial (of one rank, for a distributed trial). Use as a context manager or call
     ``close()``."""
 
