@@ -33,9 +33,11 @@ from comgra_ndbg.analysis.loading import load_series
 from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_events, phase_key
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
 from comgra_ndbg.analysis.parameter_edits import edit_events
+from comgra_ndbg.analysis.profile import profile_report, with_profile
 from comgra_ndbg.analysis.query import Query
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.stagnation import stagnation_events
+from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, open_recording
 from comgra_ndbg.store.results import read_results, write_results
 
@@ -104,6 +106,7 @@ def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = No
     try:
         series = load_series(recording)
         diagnosis = diagnose(series, thresholds)
+        diagnosis = _add_profile(diagnosis, recording)
         diagnosis = replace(diagnosis, seconds=time.perf_counter() - started)
         if store:
             write_results(recording.location, to_dict(diagnosis), num_steps=diagnosis.num_steps,
@@ -112,6 +115,17 @@ def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = No
         if owned:
             recording.close()
     return diagnosis
+
+
+def _add_profile(diagnosis: Diagnosis, recording: Recording) -> Diagnosis:
+    """The profile's findings (hot layers, a memory leak) added to ``diagnosis`` when the run was profiled."""
+    profile = recording.profile()
+    if profile.is_empty:
+        return diagnosis
+    rss = profile.process_field("rss")
+    report = profile_report(profile.modules, profile.data, schema.PROFILE_FIELDS, profile.process_steps, rss,
+                            profile.process_field("step_time"))
+    return with_profile(diagnosis, report, profile.process_steps, rss)
 
 
 def stored_diagnosis(path_or_recording: str | Path | Recording, *, trial: str | None = None) -> Diagnosis | None:

@@ -35,6 +35,7 @@ from comgra_ndbg.recorder.parameter_steps import ParameterSteps
 from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.problems import ProblemLog
+from comgra_ndbg.recorder.profiling import ProfileRecording
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer
 from comgra_ndbg.recorder.registration import AUTO, TensorRegistration
 from comgra_ndbg.recorder.retroactive import RetroactiveDecision
@@ -51,13 +52,15 @@ _SKIP = Decision(False, "", "never")
 
 
 class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, ParameterSteps, KpiRecording,
-               FaultIsolation):
+               FaultIsolation, ProfileRecording):
     """Records registered tensors, their gradients, tracked parameters and their updates, per step.
 
     ``path`` is a group folder; the trial's recording goes to ``path/trial``. ``summaries`` and
     ``snapshots`` are policies or their shorthands: an int k (every k steps), a list of steps, True/False,
     or a ``Policy``. ``enabled=False`` turns every method into an immediate return. ``flight_recorder``
-    keeps the last steps in RAM and writes them when a trigger fires.
+    keeps the last steps in RAM and writes them when a trigger fires. ``profile=True`` (or a
+    ``ProfileConfig``) records each step's wall time and process memory, and per-layer time, memory and FLOPs
+    of the modules given to :meth:`profile_module` at its own policy (``docs/profiling.md``).
 
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
@@ -91,6 +94,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         flush_every_seconds: float = 5.0,
         flush_every_steps: int | None = None,
         flight_recorder: FlightRecorder | None = None,
+        profile: Any = None,
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
@@ -120,6 +124,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
                       saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder))
         self._problems = ProblemLog(self._add_log)
+        self._init_profile(profile)
         self._writer = RecordingWriter(self.path, self.trial, mode=mode, overwrite=overwrite, config=config,
                                        report=self._problems.warn)
         existing = self._writer.existing
@@ -208,6 +213,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             if self._step_type is None:
                 self._guard("deciding the open step", partial(self.decide_step, self._last_step_type))
             self.finish_step()
+        self._profile_close()
         self._closed = True
         self._guard("closing the recording", lambda: self._writer.close(self.catalog))
         self._parameters.close()
@@ -280,6 +286,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             self._forced = self._summarize = self._snapshot = self._deferring = False
             self._parameters.unwatch()
             return
+        self._profile_start(step, step_type)
         flight = self.flight_recorder is not None
         self._summarize = self._summary_decision.record or self._forced or flight
         self._snapshot = self._snapshot_decision.record or self._forced or flight
@@ -363,6 +370,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             self._parameters.forget_gradients()
         self.summary_policy.commit(self._step, self._step_type, write_summary and record is not None)
         self.snapshot_policy.commit(self._step, self._step_type, write_snapshot and record is not None)
+        self._profile_finish()
         self._token += 1
         self._reset_step_state()
         if urgent:
@@ -384,6 +392,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._last_step, self._last_step_type = self._before_step
         self._parameters.release()
         self._parameters.forget_gradients()
+        self._profile_discard()
         self._token += 1
         self._reset_step_state()
 

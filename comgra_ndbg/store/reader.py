@@ -28,6 +28,7 @@ from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
 from comgra_ndbg.store.fileview import FileView, open_h5
 from comgra_ndbg.store.lock import trial_state
 from comgra_ndbg.store.records import LogEntry, Note, Snapshot, StoredGraph, TriggerMark
+from comgra_ndbg.store.profile_reading import ProfileReading
 from comgra_ndbg.store.snapshot_reading import SnapshotReading
 from comgra_ndbg.store.step_tables import StepTables
 from comgra_ndbg.store.results import StoredAnalysis, read_results
@@ -95,7 +96,7 @@ def _resolve(path: Path) -> list[tuple[str, Path]]:
     return trials
 
 
-class Recording(SnapshotReading, StepTables):
+class Recording(SnapshotReading, StepTables, ProfileReading):
     """Read access to one trial. Use as a context manager or call ``close()``."""
 
     def __init__(self, location: Path, *, trial: str, trials: list[str], group: Path | None,
