@@ -29,7 +29,8 @@ __all__ = ["ProfileConfig", "as_profile_config", "HostClock", "EventClock", "Cud
 
 
 def default_profile_policy() -> Policy:
-    """The first three steps, then each step type at gaps of 10, 15, 22, … steps (factor 1.5)."""
+    """The first three steps, then each step type at gaps of 15, 23, 34, … steps (a gap of 10 grown by 1.5 at each
+    profiled step): steps 0, 1, 2, 15, 38, 72, …"""
     return FirstN(3) | PerTypeBackoff(10, factor=1.5)
 
 
