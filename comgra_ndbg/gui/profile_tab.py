@@ -68,8 +68,9 @@ def profile_tab(cache: ReaderCache, selection: Selection, options: ViewOptions) 
         hot = {layer.module for layer in report.hot}
         time = np.nan_to_num(row[:, schema.PROFILE_FIELD["forward_time"]])
         if not np.isfinite(row[:, schema.PROFILE_FIELD["forward_time"]]).any():  # the FLOP-counting step
-            parts.append(message(f"Step {step} counted FLOPs, which distorts its times; pick a later profiled step "
-                                 f"({', '.join(str(s) for s in tables.steps[1:6])} …)."))
+            others = ", ".join(str(s) for s in tables.steps[tables.steps != step][:5])
+            parts.append(message(f"Step {step} counted FLOPs, which distorts its times: its bars are empty; pick "
+                                 f"another profiled step ({others or 'none'})."))
         parts.append(graph_of(layer_bars(tables.modules, time, row[:, schema.PROFILE_FIELD["backward_time"]], step,
                                          hot, theme=options.theme), PROFILE_TIME, 360))
         parts.append(graph_of(memory_bars(tables.modules, row[:, schema.PROFILE_FIELD["saved_bytes"]],

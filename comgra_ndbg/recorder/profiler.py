@@ -12,7 +12,7 @@ attribute checks per module call, and a recorder without ``profile=`` installs n
 - saved bytes: a saved-tensor pack hook, active during the root's forward, counts each storage autograd keeps
   once, for the innermost module running (parameters left out: they are no activation memory);
 - allocator deltas (CUDA): allocated and peak bytes around each call (the peak statistics are reset per call);
-- FLOPs: on the first profiled step of each step type, ``torch.utils.flop_counter`` counts every op of the
+- FLOPs: on the second profiled step of each step type, ``torch.utils.flop_counter`` counts every op of the
   forward pass for the innermost module running.
 
 Times of CUDA events are read only once the device has passed them (``EventClock``), at a later step or at
@@ -119,7 +119,7 @@ class ModuleProfiler:
         self._current: _StepProfile | None = None
         self._pending: list[_StepProfile] = []
         self._decided = False
-        self._flop_types: set[Any] = set()
+        self._profiled: dict[Any, int] = {}  # step type -> profiled steps so far
         self._step_started = 0.0
         self._steps_seen = 0
         self._probe = torch.zeros((), requires_grad=True)  # a view of it reads autograd's sequence counter
@@ -288,8 +288,9 @@ class ModuleProfiler:
         self._decided = True
         self._current = None
         if decision.record and self._handles:
-            key = step_type if step_type is not None else "default"
-            count = self.config.flops and key not in self._flop_types
+            # FLOPs on the second profiled step of a type: the first pays one-off work (NeuralDbg's structure
+            # pass runs the model twice there)
+            count = self.config.flops and self._profiled.get(step_type, 0) == 1
             self._current = _StepProfile(step, count)
             # parameters (and views of them, such as a Linear's weight.t()) are no activation memory
             self._current.storages.update(p.untyped_storage().data_ptr() for root in self._roots
@@ -302,8 +303,7 @@ class ModuleProfiler:
         if profile is not None:
             _unwind(profile)
             profile.release()
-            if profile.count_flops:
-                self._flop_types.add(step_type)
+            self._profiled[step_type] = self._profiled.get(step_type, 0) + 1
             self._pending.append(profile)
         if self._decided:
             self.policy.commit(step, step_type, profile is not None)
