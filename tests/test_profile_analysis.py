@@ -88,3 +88,19 @@ def test_hot_layers_take_the_fewest_layers_that_cover_half_of_the_time() -> None
     assert [m for m, c in costs.items() if c.hot_memory] == ["model.d"]
     assert abs(costs["model.a"].time_share - 0.30) < 1e-12 and abs(costs["model.d"].memory_share - 0.97) < 1e-12
     assert list(costs) == ["model.a", "model.b", "model.c", "model.d", "model"]
+
+
+def test_a_leak_found_in_a_diagnosis_is_a_failure_type_neuraldbg_can_trace() -> None:
+    from comgra_ndbg.analysis.events import Diagnosis
+    from comgra_ndbg.analysis.profile import profile_report, with_profile
+    from comgra_ndbg.analysis.sentences import TYPE_TEXT
+
+    steps = np.arange(60)
+    rss = 1e9 + 3e6 * steps
+    report = profile_report((), np.zeros((0, 0, len(schema.PROFILE_FIELDS))), schema.PROFILE_FIELDS, steps, rss,
+                            np.full(60, 0.01))
+    diagnosis = with_profile(Diagnosis("t", 60, 59, (), (), ()), report, steps, rss)
+    [hypothesis] = diagnosis.hypotheses
+    assert hypothesis.type == LEAK_TYPE in TYPE_TEXT and hypothesis.node == "process" and hypothesis.onset == 6
+    assert diagnosis.events[0].evidence[0].steps[-1] == 59 and len(diagnosis.events[0].evidence[0].steps) == 60
+    assert not diagnosis.healthy and "2.86 MiB per step" in hypothesis.sentence

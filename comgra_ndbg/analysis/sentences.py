@@ -37,6 +37,8 @@ TYPE_TEXT = {
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
     "unclear": "A failure of unclear type",
+    # found in the profile (analysis/profile.py)
+    "memory_leak": "A memory leak",
 }
 
 
