@@ -95,6 +95,11 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     (``instrument/halting.py``). :meth:`break_at`,
     :meth:`step_through` and :meth:`on` stop or call back inside the loop (``instrument/breakpoints.py``).
 
+    ``profile=True`` (or a ``ProfileConfig``) profiles every module of the model at its own adaptive
+    frequency — forward and backward time, saved activation bytes, allocator deltas on CUDA, FLOPs — and
+    records each step's wall time and process memory (``docs/profiling.md``); off by default, and then it
+    installs nothing.
+
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
     """
@@ -119,6 +124,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         halt_on: Sequence[Any] | None = None,
         halt_mode: str = "raise",
         halt_delay: int = 2,
+        profile: Any = None,
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -165,7 +171,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
                               time.strftime("ndbg-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}")
         try:
             self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
-                                     flight_recorder=flight_recorder, ddp_wrapped=ddp, **recorder_options)
+                                     flight_recorder=flight_recorder, ddp_wrapped=ddp, profile=profile,
+                                     **recorder_options)
         except RecordingExistsError as error:
             if resume or "already has a recording" not in str(error):
                 raise
@@ -222,6 +229,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             self._handles.append(optimizer.register_step_post_hook(disable(self._after_optimizer_step)))
         self._evicted = evict_compiled_code(self._root) > 0  # code traced without the hooks just added
         patches.attach(self)
+        self.recorder.profile_module(ROOT, self._root)  # after the step hooks: a profiled pass sees its step open
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> NeuralDbg:

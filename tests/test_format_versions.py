@@ -36,6 +36,7 @@ def test_old_recordings_stay_readable_with_the_sample_spread_unknown(version: in
         np.testing.assert_array_equal(recording.snapshot(4, "x").dense(), x_at(4).numpy())
         assert recording.summary("x", stat="mean")[1].tolist() == [2.5 * (s + 1) for s in range(6)]
         assert [n.text for n in recording.notes] == [f"v{version} fixture"]
+        assert recording.profile().is_empty  # profiles came with version 4
         for name in ("x", "y"):
             steps, rows = recording.summary_rows(name)
             assert rows.shape == (6, schema.NUM_FIELDS) and (rows[:, SPREAD] == 0).all()
@@ -71,7 +72,7 @@ def test_an_old_trial_can_be_continued_into_version_3_files(version: int, tmp_pa
         assert steps.tolist() == list(range(9)) and np.isnan(spread[:6]).all()
         np.testing.assert_allclose(spread[6:], X_SPREAD, rtol=1e-12)
         with h5py.File(tmp_path / "killed" / schema.FINAL_NAME, "r") as f:
-            assert int(f.attrs[schema.ATTR_FORMAT_VERSION]) == schema.FORMAT_VERSION == 3
+            assert int(f.attrs[schema.ATTR_FORMAT_VERSION]) == schema.FORMAT_VERSION == 4
             assert f[schema.SUMMARY_DATA].shape[1] == schema.NUM_FIELDS
     assert check(tmp_path).ok
 

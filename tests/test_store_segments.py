@@ -751,7 +751,7 @@ def test_the_writers_file_holds_exactly_the_schema_paths_with_exact_values(tmp_p
         assert _datasets(f) == _schema_dataset_paths() | {f"{schema.GRAPHS}/abc123"}
         attrs = f.attrs
         assert attrs[schema.ATTR_FORMAT] == "comgra_ndbg.recording"
-        assert attrs[schema.ATTR_FORMAT_VERSION] == schema.FORMAT_VERSION == 3
+        assert attrs[schema.ATTR_FORMAT_VERSION] == schema.FORMAT_VERSION == 4
         assert attrs[schema.ATTR_TRIAL] == "run"
         assert attrs[schema.ATTR_SEQUENCE] == 2 and attrs[schema.ATTR_LEVEL] == FINAL_LEVEL
         assert attrs[schema.ATTR_COVERS].tolist() == [1, 2]

@@ -34,12 +34,14 @@ from comgra_ndbg.analysis.nonfinite import first_nonfinite_index, nonfinite_even
 from comgra_ndbg.analysis.optimizer_stability import optimizer_events
 from comgra_ndbg.analysis.output_range import output_range_events
 from comgra_ndbg.analysis.parameter_edits import edit_events
+from comgra_ndbg.analysis.profile import profile_report, with_profile
 from comgra_ndbg.analysis.query import Query
 from comgra_ndbg.analysis.rank_loading import with_rank_checks
 from comgra_ndbg.analysis.reference import RunFacts, compare_runs, with_reference
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.stagnation import stagnation_events
 from comgra_ndbg.errors import ReferenceMismatchError
+from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, list_trials, open_recording
 from comgra_ndbg.store.results import read_results, write_results
 
@@ -118,6 +120,7 @@ def analyze(path_or_recording: str | Path | Recording, *, trial: str | None = No
         if reference is not None:
             diagnosis = _against_reference(diagnosis, load_run_facts(recording, series), reference, reference_trial)
             store = False
+        diagnosis = _add_profile(diagnosis, recording)
         diagnosis = replace(diagnosis, seconds=time.perf_counter() - started)
         if store:
             write_results(recording.location, to_dict(diagnosis), num_steps=diagnosis.num_steps,
@@ -143,6 +146,17 @@ def _against_reference(diagnosis: Diagnosis, run: RunFacts, reference: str | Pat
         if owned:
             recording.close()
     return with_reference(diagnosis, compare_runs(facts, run))
+
+
+def _add_profile(diagnosis: Diagnosis, recording: Recording) -> Diagnosis:
+    """The profile's findings (hot layers, a memory leak) added to ``diagnosis`` when the run was profiled."""
+    profile = recording.profile()
+    if profile.is_empty:
+        return diagnosis
+    rss = profile.process_field("rss")
+    report = profile_report(profile.modules, profile.data, schema.PROFILE_FIELDS, profile.process_steps, rss,
+                            profile.process_field("step_time"))
+    return with_profile(diagnosis, report, profile.process_steps, rss)
 
 
 def stored_diagnosis(path_or_recording: str | Path | Recording, *, trial: str | None = None) -> Diagnosis | None:

@@ -49,6 +49,8 @@ TYPE_TEXT = {
     "rank_desync": "Parameters out of sync across ranks",
     "rank_divergence": "A rank diverging from the others",
     "rank_stalled": "A rank that stopped",
+    # found in the profile (analysis/profile.py)
+    "memory_leak": "A memory leak",
 }
 
 

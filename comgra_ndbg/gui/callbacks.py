@@ -25,6 +25,7 @@ from comgra_ndbg.gui import ids, tabs
 from comgra_ndbg.gui.clientside import register_clientside
 from comgra_ndbg.gui.custom import Visualization
 from comgra_ndbg.gui.cyto import graph_stylesheet
+from comgra_ndbg.gui.profile_tab import hot_layer_stylesheet, profile_tab
 from comgra_ndbg.gui.evidence import focus_of
 from comgra_ndbg.gui.outputs import OUTPUTS
 from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, tensor_panel,
@@ -246,8 +247,8 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
         view = graph_view(cache, selection, options)
         out["elements"], out["search_options"], out["graph_note"] = view["elements"], view["search"], view["note"]
         out["search"] = None
-    if _fresh(keys, "stylesheet", options.theme):
-        out["stylesheet"] = graph_stylesheet(options.theme)
+    if _fresh(keys, "stylesheet", (options.theme, selection.trial, selection.generation)):
+        out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection.trial)
     state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
     if _fresh(keys, "graph_state", (repr(state), drawn_key)) or centre:
         out["graph_view"], out["colour_scale"] = state, scale
@@ -324,6 +325,9 @@ def _tab_outputs(cache: ReaderCache, selection: Selection, options: ViewOptions,
         out["compare_mode"], out["compare_trial"], out["compare_step"] = tabs.compare_choice(cache, selection, options)
     elif tab == "custom":
         out["custom"] = tabs.custom_tab(cache, visualization, selection)
+    elif tab == "profile":
+        if _fresh(keys, "profile", (selection.trial, selection.generation, selection.step, theme)):
+            out["profile"] = profile_tab(cache, selection, options)
     if tab != "layers":
         keys.pop("layers", None)
 

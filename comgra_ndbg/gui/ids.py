@@ -85,9 +85,11 @@ TAB_NOTES = "tab-notes"
 TAB_NETWORK = "tab-network"
 TAB_COMPARE = "tab-compare"
 TAB_CUSTOM = "tab-custom"
+TAB_PROFILE = "tab-profile"
 TAB_NAMES = {TAB_TENSORS: "tensors", TAB_DISTRIBUTION: "distribution", TAB_DIAGNOSIS: "diagnosis",
              TAB_LAYERS: "layers", TAB_KPIS: "kpis",
-             TAB_NOTES: "notes", TAB_NETWORK: "network", TAB_COMPARE: "compare", TAB_CUSTOM: "custom"}
+             TAB_NOTES: "notes", TAB_NETWORK: "network", TAB_COMPARE: "compare", TAB_CUSTOM: "custom",
+             TAB_PROFILE: "profile"}
 
 # ---- Tensors tab -----------------------------------------------------------------------------------------
 TENSOR_HEADER = "tensor-header"
@@ -127,6 +129,7 @@ COMPARE_TRIAL = "compare-trial"
 COMPARE_STEP = "compare-step"
 COMPARE = "compare"
 CUSTOM = "custom"
+PROFILE = "profile"  # the Profile tab: per-layer time and memory, process memory
 
 # ---- export ----------------------------------------------------------------------------------------------
 EXPORT_TYPE = "export"

@@ -169,6 +169,7 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
         dcc.Tab(label="Notes & problems", value=ids.TAB_NOTES, children=html.Div(id=ids.NOTES)),
         dcc.Tab(label="Network", value=ids.TAB_NETWORK, children=html.Div(id=ids.NETWORK)),
         dcc.Tab(label="Compare", value=ids.TAB_COMPARE, children=_compare_tab(trials)),
+        dcc.Tab(label="Profile", value=ids.TAB_PROFILE, children=html.Div(id=ids.PROFILE)),
         dcc.Tab(label="Custom", value=ids.TAB_CUSTOM, children=html.Div(id=ids.CUSTOM), disabled=not has_custom),
     ]
     stores: list[Any] = [

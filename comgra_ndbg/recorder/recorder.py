@@ -36,6 +36,7 @@ from comgra_ndbg.recorder.parameter_steps import ParameterSteps
 from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.problems import ProblemLog
+from comgra_ndbg.recorder.profiling import ProfileRecording
 from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer
 from comgra_ndbg.recorder.registration import AUTO, TensorRegistration
 from comgra_ndbg.recorder.retroactive import RetroactiveDecision
@@ -54,7 +55,7 @@ _SKIP = Decision(False, "", "never")
 
 
 class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, ParameterSteps, KpiRecording,
-               FaultIsolation):
+               FaultIsolation, ProfileRecording):
     """Records registered tensors, their gradients, tracked parameters and their updates, per step.
 
     ``path`` is a group folder; the trial's recording goes to ``path/trial``. ``summaries`` and
@@ -62,7 +63,9 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     or a ``Policy``. ``enabled=False`` turns every method into an immediate return. ``flight_recorder``
     keeps the last steps in RAM and writes them when a trigger fires. ``hyperparameters`` (a dict of
     numbers, strings, booleans) are stored with the recording (``Recording.hyperparameters``), so a sweep
-    (:func:`comgra_ndbg.sweep.analyze_many`) can set them beside each run's diagnosis.
+    (:func:`comgra_ndbg.sweep.analyze_many`) can set them beside each run's diagnosis. ``profile=True`` (or a
+    ``ProfileConfig``) records each step's wall time and process memory, and per-layer time, memory and FLOPs
+    of the modules given to :meth:`profile_module` at its own policy (``docs/profiling.md``).
 
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
@@ -105,6 +108,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         per_rank: bool = True,
         ddp_wrapped: bool | None = None,
         hyperparameters: dict[str, Any] | None = None,
+        profile: Any = None,
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
@@ -147,6 +151,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         if ddp_wrapped is not None:
             config[CONFIG_DDP_WRAPPED] = ddp_wrapped
         self._problems = ProblemLog(self._add_log)
+        self._init_profile(profile)
         self._writer = RecordingWriter(self.path, self.trial, mode=mode, overwrite=overwrite, config=config,
                                        report=self._problems.warn)
         existing = self._writer.existing
@@ -235,6 +240,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             if self._step_type is None:
                 self._guard("deciding the open step", partial(self.decide_step, self._last_step_type))
             self.finish_step()
+        self._profile_close()
         self._closed = True
         self._guard("closing the recording", lambda: self._writer.close(self.catalog))
         self._parameters.close()
@@ -307,6 +313,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             self._forced = self._summarize = self._snapshot = self._deferring = False
             self._parameters.unwatch()
             return
+        self._profile_start(step, step_type)
         flight = self.flight_recorder is not None
         self._summarize = self._summary_decision.record or self._forced or flight
         self._snapshot = self._snapshot_decision.record or self._forced or flight
@@ -402,6 +409,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             self._parameters.forget_gradients()
         self.summary_policy.commit(self._step, self._step_type, write_summary and record is not None)
         self.snapshot_policy.commit(self._step, self._step_type, write_snapshot and record is not None)
+        self._profile_finish()
         self._token += 1
         self._reset_step_state()
         if urgent:
@@ -423,6 +431,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._last_step, self._last_step_type = self._before_step
         self._parameters.release()
         self._parameters.forget_gradients()
+        self._profile_discard()
         self._token += 1
         self._reset_step_state()
 

@@ -30,6 +30,8 @@ class RowBuffers:
         self.notes: list[tuple[int, float, str]] = []
         self.triggers: list[tuple[int, str]] = []
         self.log: list[tuple[int, float, str, str, str, str]] = []
+        self.profile: list[tuple[int, str, np.ndarray]] = []  # (step, module, row of PROFILE_FIELDS)
+        self.process: list[tuple[int, np.ndarray]] = []  # (step, row of PROCESS_FIELDS)
 
     def add_log(self, step: int, category: str, subject: str, message: str, detail: dict | None = None,
                 when: float | None = None) -> None:
@@ -68,6 +70,13 @@ class RowBuffers:
             c.log_step, c.log_time = np.array(cols[0], np.int64), np.array(cols[1], np.float64)
             c.log_category, c.log_subject = np.array(cols[2], object), np.array(cols[3], object)
             c.log_message, c.log_detail = np.array(cols[4], object), np.array(cols[5], object)
+        if self.profile:
+            c.profile_step = np.array([r[0] for r in self.profile], np.int64)
+            c.profile_module = np.array([r[1] for r in self.profile], object)
+            c.profile_data = np.stack([r[2] for r in self.profile]).astype(np.float64, copy=False)
+        if self.process:
+            c.process_step = np.array([r[0] for r in self.process], np.int64)
+            c.process_data = np.stack([r[1] for r in self.process]).astype(np.float64, copy=False)
         return c
 
     def _build_summaries(self, c: SegmentContent, catalog: Catalog) -> None:

@@ -24,7 +24,8 @@ from comgra_ndbg.store.live import file_identity
 __all__ = ["FileView", "open_h5", "TEXT_TABLES", "INDEX_TABLES"]
 
 TEXT_TABLES = frozenset({schema.STEPS_REASON, schema.NOTE_TEXT, schema.TRIGGER_REASON, schema.SAMPLE_CATEGORY,
-                         schema.LOG_CATEGORY, schema.LOG_SUBJECT, schema.LOG_MESSAGE, schema.LOG_DETAIL})
+                         schema.LOG_CATEGORY, schema.LOG_SUBJECT, schema.LOG_MESSAGE, schema.LOG_DETAIL,
+                         schema.PROFILE_MODULE})
 INDEX_TABLES = (schema.STEPS_STEP, schema.STEPS_TYPE, schema.STEPS_FLAGS, schema.STEPS_ITERATIONS,
                 schema.SUMMARY_STEP, schema.SUMMARY_ITERATION, schema.SNAP_STEP, schema.SNAP_ITERATION,
                 schema.SNAP_SERIES, schema.SNAP_SHAPE, schema.SNAP_SAMPLES_OFFSET, schema.SNAP_SAMPLES_COUNT,

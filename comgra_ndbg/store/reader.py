@@ -30,6 +30,7 @@ from comgra_ndbg.store.fileview import FileView, open_h5
 from comgra_ndbg.store.lock import trial_state
 from comgra_ndbg.store.ranks import RankAccess, holds_recording, parse_rank_folder, rank_folders
 from comgra_ndbg.store.records import LogEntry, Note, Snapshot, StoredGraph, TriggerMark
+from comgra_ndbg.store.profile_reading import ProfileReading
 from comgra_ndbg.store.snapshot_reading import SnapshotReading
 from comgra_ndbg.store.step_tables import StepTables
 from comgra_ndbg.store.results import StoredAnalysis, read_results
@@ -122,7 +123,7 @@ def _resolve(path: Path) -> list[tuple[str, Path]]:
     return trials
 
 
-class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading):
+class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileReading):
     """Read access to one trial (of one rank, for a distributed trial). Use as a context manager or call
     ``close()``."""
 

@@ -18,12 +18,16 @@ append-only ``log`` table, float64 element values of float64 tensors, shapes of 
 Version 3 appended the three sample-spread fields to ``STAT_FIELDS`` (rows of 17 fields instead of 14) and
 changed nothing else. Readers read versions 1, 2 and 3: ``pad_fields`` widens the rows of older files with
 the merge identity, so the statistics derived from the missing fields come out NaN (unknown) there.
+
+Version 4 added the optional profiling tables ``profile/*`` (per module and profiled step) and
+``process/*`` (per step: wall time and memory), written only by a recorder with ``profile=``; files of
+versions 1 to 3 simply have no profile, and nothing else changed.
 """
 from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FORMAT_NAME = "comgra_ndbg.recording"
 
 # ---- files -------------------------------------------------------------------------------------------
@@ -202,6 +206,35 @@ MODULE_PARAMETERS = "modules/parameters"  # int64: parameters directly owned by 
 # ---- dependency graph (cumulative; one entry per distinct structure) ------------------------------------
 GRAPHS = "graphs"  # group; one utf-8 JSON dataset per structure hash: {"graph": ..., "positions": ...}
 GRAPH_INDEX = "graph_index"  # utf-8 JSON: {step type: structure hash of its latest graph}
+
+# ---- profiling (version 4; only with Recorder(profile=...)) -------------------------------------------------
+# One row per (profiled step, module). Times are seconds, exclusive of the module's profiled children (a
+# module's own work); memory in bytes; NaN where the device cannot measure a field (allocator deltas on CPU).
+PROFILE_STEP = "profile/step"  # int64 [rows]
+PROFILE_MODULE = "profile/module"  # utf-8 [rows]: module path, e.g. "model.encoder.0"
+PROFILE_DATA = "profile/data"  # float64 [rows, len(PROFILE_FIELDS)]
+PROFILE_FIELDS = (
+    "calls",  # forward calls of the module in the step
+    "forward_time",  # exclusive forward wall time (children's time taken out)
+    "forward_inclusive",  # forward wall time including the children
+    "backward_time",  # time of the autograd nodes the module's own forward created
+    "saved_bytes",  # activation bytes the module's own ops keep for backward (saved tensors, parameters left out)
+    "allocated_delta",  # device allocator: allocated bytes after minus before the forward call (CUDA)
+    "peak_delta",  # device allocator: peak during the forward call minus allocated before (CUDA)
+    "flops",  # exclusive forward FLOPs (torch.utils.flop_counter's formulas)
+)
+PROFILE_FIELD = {name: i for i, name in enumerate(PROFILE_FIELDS)}
+# One row per step seen while profiling is on (memory is cheap: sampled every step, modules at their own policy).
+PROCESS_STEP = "process/step"  # int64 [rows]
+PROCESS_DATA = "process/data"  # float64 [rows, len(PROCESS_FIELDS)]
+PROCESS_FIELDS = (
+    "step_time",  # wall time from start_step to finish_step
+    "rss",  # resident set size of the process after the step, bytes
+    "device_allocated",  # device allocator's allocated bytes after the step (NaN on CPU)
+    "device_peak",  # device allocator's peak allocated bytes (NaN on CPU)
+    "profiled",  # 1 when the step's modules were profiled, else 0
+)
+PROCESS_FIELD = {name: i for i, name in enumerate(PROCESS_FIELDS)}
 
 ROLES = ("input", "target", "output", "loss", "parameter", "intermediate")
 

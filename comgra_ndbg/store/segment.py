@@ -83,10 +83,15 @@ class SegmentContent:
     log_subject: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
     log_message: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
     log_detail: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    profile_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    profile_module: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    profile_data: np.ndarray = field(default_factory=lambda: np.zeros((0, len(schema.PROFILE_FIELDS)), np.float64))
+    process_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    process_data: np.ndarray = field(default_factory=lambda: np.zeros((0, len(schema.PROCESS_FIELDS)), np.float64))
 
     def is_empty(self) -> bool:
         return not (len(self.step) or len(self.kpi_step) or len(self.note_step) or len(self.trigger_step)
-                    or len(self.log_step))
+                    or len(self.log_step) or len(self.profile_step) or len(self.process_step))
 
     @property
     def nbytes(self) -> int:
@@ -114,9 +119,11 @@ _PATHS = {
     "trigger_step": schema.TRIGGER_STEP, "trigger_reason": schema.TRIGGER_REASON,
     "log_step": schema.LOG_STEP, "log_time": schema.LOG_TIME, "log_category": schema.LOG_CATEGORY,
     "log_subject": schema.LOG_SUBJECT, "log_message": schema.LOG_MESSAGE, "log_detail": schema.LOG_DETAIL,
+    "profile_step": schema.PROFILE_STEP, "profile_module": schema.PROFILE_MODULE, "profile_data": schema.PROFILE_DATA,
+    "process_step": schema.PROCESS_STEP, "process_data": schema.PROCESS_DATA,
 }
 _TEXT = {"step_reason", "note_text", "sample_category", "trigger_reason", "log_category", "log_subject",
-         "log_message", "log_detail"}
+         "log_message", "log_detail", "profile_module"}
 _ARRAYS = [f.name for f in fields(SegmentContent) if f.name != "catalog"]
 PATHS = _PATHS  # attribute of SegmentContent -> dataset path, for readers that walk a file table by table
 TEXT_FIELDS = frozenset(_TEXT)

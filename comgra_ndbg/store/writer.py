@@ -109,6 +109,15 @@ class RecordingWriter:
         """Mark that a flight-recorder trigger fired at ``step``."""
         self._buffers.triggers.append((step, reason))
 
+    def add_profile(self, step: int, modules: list[str], rows: np.ndarray) -> None:
+        """Profile rows ``[len(modules), len(PROFILE_FIELDS)]`` of one profiled step (``schema.PROFILE_*``)."""
+        for module, row in zip(modules, rows):
+            self._buffers.profile.append((step, module, row))
+
+    def add_process(self, step: int, row: np.ndarray) -> None:
+        """The step's row of ``PROCESS_FIELDS`` (wall time and memory)."""
+        self._buffers.process.append((step, row))
+
     def add_log(self, step: int, category: str, subject: str, message: str, detail: dict | None = None,
                 when: float | None = None) -> None:
         """A row of the recording's ``log`` table, written with the step data."""
