@@ -59,15 +59,19 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION", "EXPLAIN_FAMILIES", "EVENT_FAMILIES", "HY
 SCHEMA = "comgra-ndbg-explain"
 SCHEMA_VERSION = 1
 EXPLAIN_FAMILIES = ("gradients", "dead", "anomalies", "optimizer")
-EVENT_FAMILIES = {"gradients": ("gradient_health", "path_balance"), "dead": ("activation_regime", "representation"),
-                  "anomalies": ("nonfinite", "parameter_edit", "loop_invariant"),
+EVENT_FAMILIES = {"gradients": ("gradient_health", "path_balance"),
+                  "dead": ("activation_regime", "representation", "output_range"),
+                  "anomalies": ("nonfinite", "parameter_edit", "loop_invariant", "reference_invariant",
+                                "rank_consistency"),
                   "optimizer": ("optimizer_stability",)}
-HYPOTHESIS_TYPES = {"gradients": ("vanishing", "exploding", "imbalanced_learning"),
-                    "dead": ("dead_units", "saturation", "mode_collapse"),
+HYPOTHESIS_TYPES = {"gradients": ("vanishing", "exploding", "imbalanced_learning", "gradient_ratio"),
+                    "dead": ("dead_units", "saturation", "mode_collapse", "output_range"),
                     "anomalies": ("nonfinite_loss", "nonfinite_data", "data_shift", "loss_spike", "stale_gradients",
                                   "wrong_mode", "batch_statistics", "unused_parameters", "repeated_batch",
-                                  "unnormalised_input", "constant_target"),
-                    "optimizer": ("optimizer_divergence", "optimizer_instability", "update_stagnation", "precision")}
+                                  "unnormalised_input", "constant_target", "frozen_trains", "wrong_dtype",
+                                  "partial_ddp", "rank_desync", "rank_divergence", "rank_stalled", "memory_leak"),
+                    "optimizer": ("optimizer_divergence", "optimizer_instability", "update_stagnation", "precision",
+                                  "update_ratio")}
 _DEFAULT = Thresholds()
 _DEAD_EXIT = _DEFAULT.dead_exit / _DEFAULT.dead_enter  # an override keeps the default exit/enter ratio
 _SATURATED_EXIT = _DEFAULT.saturated_exit / _DEFAULT.saturated_enter
