@@ -91,9 +91,12 @@ def test_ddp_wrapped_on_odd_steps_only_lets_the_replicas_drift_apart(tmp_path: P
     fixed = ddp_wrapped_sometimes("fixed", tmp_path, steps=4)
     assert buggy.symptom["replica_gap"] > 0.0 and buggy.first_effect == 0
     assert fixed.symptom["replica_gap"] == 0.0
-    for trial in buggy.trials + fixed.trials:  # each rank recorded as its own trial
+    for trial in buggy.trials + fixed.trials:  # one trial per variant, one folder per rank
         with open_recording(trial) as recording:
-            assert recording.steps.tolist() == [0, 1, 2, 3]
+            assert recording.ranks == [0, 1]
+            for rank in recording.ranks:
+                with recording.with_rank(rank) as one:
+                    assert one.steps.tolist() == [0, 1, 2, 3]
 
 
 def _event(to_state: str, onset: int) -> Event:

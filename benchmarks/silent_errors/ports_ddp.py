@@ -5,8 +5,9 @@ for each step with ``get_model_ddp_or_not(step)``: the plain module on even step
 odd ones, so on even steps the gradients are never averaged and the replicas drift apart (each new DDP
 wrapper then broadcasts rank 0's weights again). The fixed script wraps once. Here two CPU processes train
 a small Transformer encoder of BERT's kind over gloo, on different synthetic token batches per rank, with
-the original's loss, AdamW at the Trainer's default learning rate, and 8 samples per device. Each rank is
-recorded as its own trial (``<variant>-rank<r>``) by ``NeuralDbg`` at its defaults.
+the original's loss, AdamW at the Trainer's default learning rate, and 8 samples per device. Both ranks
+record into one trial per variant (``<variant>/rank<r>/``) by ``NeuralDbg`` at its defaults, so the analysis
+compares them.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def _worker(rank: int, variant: str, folder: str, steps: int, port: int) -> None
         optimizer = optim.AdamW(model.parameters(), lr=5e-5)
         generator = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of the data
         gaps = []
-        with NeuralDbg(model, folder, trial=f"{variant}-rank{rank}", optimizer=optimizer):
+        with NeuralDbg(model, folder, trial=variant, optimizer=optimizer):
             model.train()
             for step in range(steps):
                 ids = torch.randint(1, VOCABULARY, (BATCH, LENGTH), generator=generator)
@@ -118,6 +119,6 @@ def ddp_wrapped_sometimes(variant: str, folder: Path, *, steps: int = STEPS) -> 
                        join=True, start_method="spawn")
     gaps = json.loads((folder / f"{variant}-symptom.json").read_text())
     first = next((step for step, gap in enumerate(gaps) if gap > 0), None)
-    return Outcome(tuple(folder / f"{variant}-rank{r}" for r in range(WORLD_SIZE)),
+    return Outcome((folder / variant,),
                    first if variant == "buggy" else None,
                    {"replica_gap": max(gaps), "replica_gap_last": gaps[-1]})

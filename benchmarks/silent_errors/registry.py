@@ -23,7 +23,7 @@ CASES = (
          "1 % of tensor transfers zeroed (faulty peer-to-peer link)", ("data_shift", "loss_spike"),
          transfer_data_loss),
     Case("x-jxmnop-ddp-out-of-sync", "jxmnop on X (BERT, HF Trainer, DDP)",
-         "model wrapped in DDP on odd steps only: even steps never average gradients", (),
+         "model wrapped in DDP on odd steps only: even steps never average gradients", ("rank_desync", "partial_ddp"),
          ddp_wrapped_sometimes, distributed=True),
 )
 """The ported cases, in the order the runner runs them."""
