@@ -61,7 +61,7 @@ def _page(cache: ReaderCache, visualization: Any, *, source: str, interval_ms: i
         generations = cache.refresh()
         layout = build_layout(cache.trials, title=TITLE, source=source, interval_ms=interval_ms,
                               has_custom=visualization is not None, generations=generations,
-                              analyses=cache.analysis_stamps(),
+                              analyses=cache.analysis_stamps(), ranked=any(cache.ranks(t) for t in cache.trials),
                               notices=[f"Trial {trial!r} cannot be shown: {text}" for trial, text in
                                        cache.unreadable.items()])
         outputs = update_view(cache, "url", search, None, None, visualization=visualization)

@@ -30,6 +30,7 @@ from comgra_ndbg.gui.outputs import OUTPUTS
 from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, tensor_panel,
                                     timeline_shapes, timeline_view)
 from comgra_ndbg.gui.queries import evidence_statistic
+from comgra_ndbg.gui.ranks import rank_options, split_rank_key
 from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.timelines import step_marker
@@ -41,7 +42,7 @@ SLIDER_MARKS = 8
 TAB_BY_ID = dict(ids.TAB_NAMES)
 TAB_ID = {name: tab for tab, name in ids.TAB_NAMES.items()}
 # Component id -> the trigger name its value enters update_view as.
-SELECTION_INPUTS = {ids.TRIAL: "trial", ids.STEP_TYPE: "step_type", ids.ITERATION: "iteration", ids.NODE: "node",
+SELECTION_INPUTS = {ids.TRIAL: "trial", ids.RANK: "rank", ids.STEP_TYPE: "step_type", ids.ITERATION: "iteration", ids.NODE: "node",
                     ids.TENSOR: "tensor", ids.KIND: "kind", ids.SAMPLE: "sample", ids.STAT: "stat", ids.STEP: "step",
                     ids.STEP_BOX: "step_box", ids.GRAPH_SEARCH: "search"}
 OPTION_INPUTS = {ids.COLOUR: "colour", ids.GRAPH_OPTIONS: "graph_options", ids.OVERLAY_NODES: "overlay_nodes",
@@ -79,7 +80,8 @@ def _selectors(cache: ReaderCache, wanted: dict[str, Any], options: dict[str, An
     last = int(recording.steps.max()) if len(recording.steps) else None
     return {
         "store": {"wanted": wanted, "selection": selection.to_dict(), "options": options or {}},
-        "trial_options": choices.trials, "trial": selection.trial,
+        "trial_options": choices.trials, "trial": split_rank_key(selection.trial)[0],
+        "rank_options": rank_options(choices.ranks), "rank": selection.rank,
         "step_type_options": choices.step_types, "step_type": selection.step_type,
         "step_max": max(len(steps) - 1, 0), "step": position,
         "step_marks": {int(i): str(int(steps[i])) for i in marks_at} if len(steps) else {},
@@ -125,11 +127,11 @@ def _options_after(options: ViewOptions, trigger: str, value: Any, trials: list[
 
 # ---- the view ------------------------------------------------------------------------------------------
 # Selector outputs the user cannot change in the browser: sent only when they differ from what was sent.
-UNCHANGING = ("trial_options", "step_type_options", "iteration_options", "tensor_options", "kind_options",
+UNCHANGING = ("trial_options", "rank_options", "step_type_options", "iteration_options", "tensor_options", "kind_options",
               "sample_options", "step_max", "step_marks", "status")
 # Values the user sets in the browser: sent when they differ from what was sent, or when the user just set
 # that one (the view may have resolved the choice to another value).
-SETTABLE = ("trial", "step_type", "iteration", "node", "tensor", "kind", "sample", "stat", "step", "step_box", "tab",
+SETTABLE = ("trial", "rank", "step_type", "iteration", "node", "tensor", "kind", "sample", "stat", "step", "step_box", "tab",
             "theme", "colour", "follow", "graph_options", "overlay_nodes", "overlay_trials", "timeline_options", "ema",
             "values_mode", "values_page", "compare_mode", "compare_trial", "compare_step")
 
@@ -263,7 +265,7 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
     if _fresh(keys, "overlay_options", (selection.trial, selection.step_type, selection.generation)):
         drawn = cache.drawn(selection.trial, selection.step_type)
         out["overlay_nodes_options"] = list(drawn.order) if drawn is not None else []
-        out["overlay_trials_options"] = list(cache.trials)
+        out["overlay_trials_options"] = [key for key in cache.trial_keys() if key != selection.trial]
     out["overlay_nodes"], out["overlay_trials"] = list(options.overlay_nodes), list(options.overlay_trials)
     out["timeline_options"], out["ema"] = (["log"] if options.log_y else []), options.ema
     out["values_mode"], out["values_page"] = options.values_mode, options.values_page

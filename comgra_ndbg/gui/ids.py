@@ -19,6 +19,7 @@ NODE = "node"
 TENSOR = "tensor"  # the tensor within the node (its role there: weight, bias, ...)
 KIND = "kind"
 SAMPLE = "sample"
+RANK = "rank"  # the rank of a distributed trial (gui/ranks.py)
 STAT = "statistic"  # the statistic the timeline shows
 STEP_LABEL = "step-label"
 FOLLOW = "follow-live"  # checklist: move to each new step of a live recording
@@ -34,6 +35,7 @@ SELECTORS: dict[str, str] = {
     "tensor": TENSOR,
     "kind": KIND,
     "sample": SAMPLE,
+    "rank": RANK,
 }
 STEPPER_TYPE = "stepper"
 SNAPSHOT_STEPPER = "snapshot"  # the ``selector`` of the buttons that step to the previous / next snapshot

@@ -30,8 +30,8 @@ def _stepper(selector: str, delta: int, text: str | None = None, hint: str = "")
                        n_clicks=0, title=hint or f"{'previous' if delta < 0 else 'next'} {label}")
 
 
-def _selector(label: str, selector: str, component_id: str, *, wide: bool = False) -> html.Div:
-    return html.Div([
+def _selector(label: str, selector: str, component_id: str, *, wide: bool = False, shown: bool = True) -> html.Div:
+    return html.Div(style=None if shown else {"display": "none"}, children=[
         html.Label(label, htmlFor=component_id),
         _stepper(selector, -1),
         dcc.Dropdown(id=component_id, options=[], value=None, clearable=False,
@@ -153,8 +153,9 @@ def _compare_tab(trials: list[str]) -> html.Div:
 
 def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int, has_custom: bool,
                  generations: dict[str, int] | None = None, analyses: dict[str, str | None] | None = None,
-                 notices: list[str] | None = None) -> html.Div:
+                 notices: list[str] | None = None, ranked: bool = False) -> html.Div:
     """The whole page. ``interval_ms`` is how often the live recording is checked for new steps;
+    ``ranked`` shows the rank selector (some trial is a distributed run, ``gui/ranks.py``);
     ``generations`` and ``analyses`` are the trials' generations and stored analyses' stamps it starts from;
     ``notices`` are sentences shown above everything (trials that could not be opened at all, and why)."""
     tabs = [
@@ -187,6 +188,7 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
         *[html.Div(text, className="message error") for text in notices or ()],
         html.Div([
             _selector("trial", "trial", ids.TRIAL),
+            _selector("rank", "rank", ids.RANK, shown=ranked),
             _selector("step type", "step_type", ids.STEP_TYPE),
             _selector("iteration", "iteration", ids.ITERATION),
             _selector("node", "node", ids.NODE, wide=True),

@@ -13,6 +13,7 @@ import numpy as np
 
 from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.errors import UnknownSeriesError
+from comgra_ndbg.gui.ranks import split_rank_key
 from comgra_ndbg.gui.state import ReaderCache, Selection
 from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
 from comgra_ndbg.store import schema
@@ -115,7 +116,7 @@ def trace_curves(cache: ReaderCache, selection: Selection, nodes: tuple[str, ...
         curves[f"{selection.trial} · {node}"] = series_values(cache, selection.trial, tensor, selection.kind, None,
                                                               selection.stat)
     for trial in trials:
-        if trial == selection.trial or trial not in cache.trials:
+        if trial == selection.trial or split_rank_key(trial)[0] not in cache.trials:  # a trial, or a rank of one
             continue
         recording = cache.recording(trial)
         if selection.tensor not in {t.name for t in recording.tensors} or \

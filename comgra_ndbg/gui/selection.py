@@ -9,12 +9,13 @@ its ``update`` again. This is how "changing one selector never resets the others
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from comgra_ndbg.graph.compound import ModuleBoxes
+from comgra_ndbg.gui.ranks import rank_key, split_rank_key
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection
 from comgra_ndbg.statistics import STATISTICS
 from comgra_ndbg.store import schema
@@ -38,6 +39,7 @@ class Choices:
     tensors: list[tuple[str, str]]  # (full name, label within the node)
     kinds: list[str]
     samples: list[int]
+    ranks: list[int] = field(default_factory=list)  # of a distributed trial; empty for a single process
 
     def options(self, selector: str) -> list[Any]:
         """The plain values of a selector, in display order (``None`` stands for the batch aggregate)."""
@@ -50,6 +52,7 @@ class Choices:
             "tensor": [name for name, _ in self.tensors],
             "kind": list(self.kinds),
             "sample": [None, *self.samples],
+            "rank": list(self.ranks),
         }[selector]
 
 
@@ -80,7 +83,11 @@ def resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choi
 
 def _resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Choices]:
     trials = list(cache.trials)
-    trial = wanted.get("trial") if wanted.get("trial") in trials else trials[0]
+    name, named_rank = split_rank_key(wanted.get("trial") or "")
+    name = name if name in trials else trials[0]
+    ranks = cache.ranks(name)
+    rank = next((r for r in (wanted.get("rank"), named_rank) if r in ranks), ranks[0] if ranks else None)
+    trial = rank_key(name, rank)  # every read below is of this rank
     recording = cache.recording(trial)
     step_types = [t for t in recording.step_types if len(cache.steps_of_type(trial, t))]
     step_type = wanted.get("step_type") if wanted.get("step_type") in step_types else _default_step_type(
@@ -112,7 +119,7 @@ def _resolve(cache: ReaderCache, wanted: dict[str, Any]) -> tuple[Selection, Cho
     selection = Selection(trial=trial, step_type=step_type, step=step, iteration=int(iteration), node=node,
                           tensor=tensor, kind=kind, sample=sample, stat=stat, boxes=entries,
                           generation=cache.generation(trial))
-    return selection, Choices(trials, step_types, steps, iterations, nodes, tensors, kinds, samples)
+    return selection, Choices(trials, step_types, steps, iterations, nodes, tensors, kinds, samples, ranks)
 
 
 def toggled(entries: tuple[str, ...], path: str, collapsed: tuple[str, ...]) -> tuple[str, ...]:

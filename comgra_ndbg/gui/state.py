@@ -24,6 +24,7 @@ from comgra_ndbg.analysis.events import Diagnosis, diagnosis_from_dict
 from comgra_ndbg.errors import CorruptRecordingError, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
 from comgra_ndbg.graph.compound import ModuleBoxes, VisibleGraph, default_collapsed, module_boxes, visible_graph
 from comgra_ndbg.graph.nested_layout import nested_layout
+from comgra_ndbg.gui.ranks import rank_key, split_rank_key
 from comgra_ndbg.store.reader import Recording, Snapshot, StoredGraph, list_trials, open_recording
 from comgra_ndbg.store.results import results_path
 
@@ -60,6 +61,11 @@ class Selection:
         data = asdict(self)
         data["boxes"] = list(self.boxes)
         return data
+
+    @property
+    def rank(self) -> int | None:
+        """The rank shown, for a distributed trial (``trial`` is then a rank key, ``gui/ranks.py``)."""
+        return split_rank_key(self.trial)[1]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Selection:
@@ -179,14 +185,23 @@ class ReaderCache:
 
     # ---- readers -------------------------------------------------------------------------------------
     def recording(self, trial: str) -> Recording:
-        """The open reader of ``trial``, opened on first use."""
+        """The open reader of ``trial``, a trial name or a rank key (``gui/ranks.py``), opened on first use."""
         with self.lock:
             if trial not in self._recordings:
-                if trial not in self.trials:
-                    raise UnknownSeriesError(f"no trial {trial!r} in {self.path}; trials are {self.trials}")
+                name, rank = split_rank_key(trial)
+                if name not in self.trials:
+                    raise UnknownSeriesError(f"no trial {name!r} in {self.path}; trials are {self.trials}")
                 # damage is read around and shown (Notes tab), never a traceback in the browser
-                self._recordings[trial] = open_recording(self.path, trial, damaged="skip")
+                self._recordings[trial] = open_recording(self.path, name, rank=rank, damaged="skip")
             return self._recordings[trial]
+
+    def ranks(self, trial: str) -> list[int]:
+        """The ranks of a distributed trial (empty for a single process)."""
+        return self.recording(split_rank_key(trial)[0]).ranks
+
+    def trial_keys(self) -> list[str]:
+        """Every trial, and every rank of the distributed ones as a rank key: what timelines can overlay."""
+        return [key for trial in self.trials for key in [rank_key(trial, r) for r in self.ranks(trial)] or [trial]]
 
     def generation(self, trial: str) -> int:
         return self._generation.get(trial, 0)
@@ -209,7 +224,7 @@ class ReaderCache:
                 except (RecordingFormatError, RecordingNotFoundError):
                     continue  # files replaced under a concurrent merge: the next look sees the merged file
                 if changed:
-                    self._generation[trial] += 1
+                    self._generation[trial] = self._generation.get(trial, 0) + 1
             return dict(self._generation)
 
     def close(self) -> None:
