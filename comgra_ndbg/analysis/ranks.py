@@ -153,9 +153,9 @@ def _desync(runs: Sequence[RankRun], thresholds: RankThresholds) -> list[RankFin
         return []
     others = [r.rank for r in runs if r.rank not in odd]
     versus = f"rank{'s' * (len(odd) > 1)} {_list(odd)} against rank{'s' * (len(others) > 1)} {_list(others)}" \
-        if others else f"ranks {_list(odd)} (no majority tells which is right)"
+        if others else f"ranks {_list(odd)} disagree, and no majority tells which is right"
     return [RankFinding("desync", odd, step, name, size,
-                        f"parameter '{name}' differs between ranks from step {step} on ({versus}, relative "
+                        f"parameter '{name}' differs between ranks from step {step} on ({versus}; relative "
                         f"difference {size:.1e})",
                         (Evidence(f"{name}/value/sum", (step,), ()),))]
 
@@ -304,8 +304,7 @@ def rank_diagnosis(findings: Sequence[RankFinding], last_step: int) -> tuple[tup
             continue
         advice = advice.format(subject=f.subject)
         confidence = CONFIDENCE[f.check]
-        text = (f"{TYPE_TEXT[kind]}: {f.message} (rank{'s' * (len(f.ranks) > 1)} {_list(f.ranks)}); {advice} "
-                f"(confidence {confidence:.2f}).")
+        text = f"{TYPE_TEXT[kind]}: {f.message}; {advice} (confidence {confidence:.2f})."
         hypotheses.append(Hypothesis(kind, origin, node, f.onset, confidence, text, CausalChain(event),
                                      remedy=advice))
     return tuple(events), tuple(hypotheses)
