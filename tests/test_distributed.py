@@ -262,3 +262,18 @@ def test_partial_wrapping_diverging_ranks_and_stalls() -> None:
     assert [(f.check, f.ranks, f.onset, f.magnitude) for f in found] == [("stalled", (1,), 6, 4.0)]
     assert "rank 1 stopped after step 5 while another rank reached step 9" in found[0].message
     assert check_ranks(_runs(2, {1: {"steps": np.arange(6), "state": "live"}})) == ()  # still flushing
+
+
+def test_check_reads_every_rank_of_a_distributed_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from comgra_ndbg.store.check import check
+
+    for rank in (0, 1):
+        _record(tmp_path, rank, monkeypatch)
+    with Recorder(tmp_path, "solo") as rec:
+        with rec.step(0):
+            rec.record_kpi("loss", 1.0)
+    report = check(tmp_path)
+    assert [(t.trial, t.state, t.steps) for t in report.trials] == [("run/rank0", "finished", 3),
+                                                                   ("run/rank1", "finished", 3),
+                                                                   ("solo", "finished", 1)]
+    assert report.ok

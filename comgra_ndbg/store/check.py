@@ -93,6 +93,7 @@ def check(path: str | Path, trial: str | None = None, *, salvage: bool = False, 
 
     ``salvage=True`` writes, for each damaged trial, everything still readable into a new trial
     (``<trial>-salvaged`` beside it, or ``out`` when one trial is checked)."""
+    from comgra_ndbg.store.ranks import rank_folders
     from comgra_ndbg.store.reader import _resolve
 
     entries = _resolve(Path(path))
@@ -100,6 +101,8 @@ def check(path: str | Path, trial: str | None = None, *, salvage: bool = False, 
         entries = [(name, location) for name, location in entries if name == trial]
         if not entries:
             raise InvalidArgumentError(f"no trial {trial!r} in {path}")
+    entries = [entry for name, location in entries for entry in  # each rank of a distributed trial on its own
+               ([(f"{name}/{folder.name}", folder) for folder in rank_folders(location).values()] or [(name, location)])]
     if out is not None and len(entries) > 1:
         raise InvalidArgumentError("out= names one trial folder; pass trial= to salvage one trial of a group")
     reports = []
