@@ -137,14 +137,15 @@ def _desync(runs: Sequence[RankRun], thresholds: RankThresholds) -> list[RankFin
             continue
         first_common = int(common[0]) if first_common is None else min(first_common, int(common[0]))
         rows = np.stack([s[1][np.searchsorted(s[0], common)][:, _COMPARED] for s in series])  # [rank, step, field]
-        differs = _differs(rows, thresholds.rtol)  # [rank, step] against the majority
-        hits = np.flatnonzero(differs.any(axis=0))
+        alike = _close(rows[:1], rows[1:], thresholds.rtol)  # [rank - 1, step]: like the first rank
+        hits = np.flatnonzero(~alike.all(axis=0))
         if not len(hits):
             continue
         at = int(hits[0])
         step = int(common[at])
         if best is None or step < best[0]:
-            odd = tuple(runs[i].rank for i in np.flatnonzero(differs[:, at]))
+            differs = _differs(rows[:, at], thresholds.rtol)  # who is unlike the majority, at that step only
+            odd = tuple(runs[i].rank for i in np.flatnonzero(differs))
             best = (step, name, odd, _relative(rows[:, at]))
     if best is None:
         return []
@@ -161,28 +162,28 @@ def _desync(runs: Sequence[RankRun], thresholds: RankThresholds) -> list[RankFin
 
 
 def _differs(rows: np.ndarray, rtol: float) -> np.ndarray:
-    """``[rank, step]``: whether a rank's row differs from the majority's (from rank 0's when there is no
-    majority, in which case every rank that is not like rank 0 and rank 0 itself differ)."""
-    num = rows.shape[0]
-    alike = np.stack([np.stack([_close(rows[i], rows[j], rtol) for j in range(num)]) for i in range(num)])
-    majority = alike.sum(axis=1) > num / 2  # [rank, step]: alike with more than half the ranks (itself included)
-    unlike_first = ~alike[0]  # [rank, step]
-    unlike_first[0] = unlike_first[1:].any(axis=0)
-    return np.where(majority.any(axis=0)[None, :], ~majority, unlike_first)
+    """``[rank]``: whether a rank's row ``[rank, field]`` differs from the majority's (from rank 0's when
+    there is no majority, in which case every rank that is not like rank 0 and rank 0 itself differ)."""
+    alike = _close(rows[:, None], rows[None, :], rtol)  # [rank, rank]
+    majority = alike.sum(axis=1) > len(rows) / 2  # alike with more than half the ranks (itself included)
+    if majority.any():
+        return ~majority
+    unlike_first = ~alike[0]
+    unlike_first[0] = unlike_first[1:].any()
+    return unlike_first
 
 
 def _close(a: np.ndarray, b: np.ndarray, rtol: float) -> np.ndarray:
-    """``[step]``: whether two ranks' fingerprints agree within ``rtol`` (of Σ|x| for Σx, of the larger
-    magnitude of min and max for those; counts exactly)."""
+    """Whether fingerprint rows ``[..., field]`` agree within ``rtol`` (of Σ|x| for Σx, of the larger
+    magnitude of min and max for those; counts exactly), broadcast over the leading axes."""
+    a, b = np.broadcast_arrays(a, b)
     scale = np.maximum(np.abs(a), np.abs(b))
-    sum_scale = np.maximum(np.abs(a[:, 5]), np.abs(b[:, 5]))  # Σ|x| bounds Σx: cancellation does not hide a change
-    scale[:, 3] = np.maximum(scale[:, 3], sum_scale)
-    bound = np.maximum(scale[:, 6:8].max(axis=1, keepdims=True), 0)
-    scale[:, 6:8] = bound
+    scale[..., 3] = np.maximum(scale[..., 3], scale[..., 5])  # Σ|x| bounds Σx: cancellation hides no change
+    scale[..., 6:8] = scale[..., 6:8].max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
         same = (a == b) | (np.abs(a - b) <= rtol * scale)
-    same[:, :3] = a[:, :3] == b[:, :3]
-    return same.all(axis=1)
+    same[..., :3] = a[..., :3] == b[..., :3]
+    return same.all(axis=-1)
 
 
 def _relative(rows: np.ndarray) -> float:
@@ -255,9 +256,12 @@ def _stalls(runs: Sequence[RankRun], thresholds: RankThresholds) -> list[RankFin
 
 
 def _common_steps(steps: Sequence[np.ndarray]) -> np.ndarray:
+    """The steps every array holds (each sorted and unique; ranks usually hold the same ones)."""
     common = np.asarray(steps[0], np.int64)
     for s in steps[1:]:
-        common = np.intersect1d(common, np.asarray(s, np.int64))
+        s = np.asarray(s, np.int64)
+        if not np.array_equal(s, common):
+            common = np.intersect1d(common, s, assume_unique=True)
     return common
 
 
