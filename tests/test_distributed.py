@@ -277,3 +277,14 @@ def test_check_reads_every_rank_of_a_distributed_trial(tmp_path: Path, monkeypat
                                                                    ("run/rank1", "finished", 3),
                                                                    ("solo", "finished", 1)]
     assert report.ok
+
+
+def test_ranks_without_a_recording_or_unreadable_are_noted_not_fatal(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    for rank in (0, 1, 2):
+        _record(tmp_path, rank, monkeypatch, world=4, ddp_wrapped=True)
+    (tmp_path / "run" / "rank2" / schema.FINAL_NAME).write_bytes(b"not a recording")
+    diagnosis = analyze(tmp_path)
+    assert diagnosis.hypotheses == ()
+    assert any(note.startswith("rank 3 of 4 has no recording") for note in diagnosis.notes)
+    assert any(note.startswith("rank 2 could not be read") for note in diagnosis.notes)

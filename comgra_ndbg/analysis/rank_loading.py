@@ -13,7 +13,7 @@ import numpy as np
 
 from comgra_ndbg.analysis.events import Diagnosis
 from comgra_ndbg.analysis.ranks import RankRun, RankThresholds, check_ranks, rank_diagnosis
-from comgra_ndbg.errors import UnknownSeriesError
+from comgra_ndbg.errors import CorruptRecordingError, RecordingFormatError, UnknownSeriesError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording
 
@@ -22,11 +22,19 @@ __all__ = ["load_rank_runs", "with_rank_checks"]
 LOSS_KPI = "loss"
 
 
-def load_rank_runs(recording: Recording) -> list[RankRun]:
-    """One :class:`RankRun` per rank of ``recording``'s trial (none for a single-process trial)."""
+def load_rank_runs(recording: Recording, *, unreadable: list[str] | None = None) -> list[RankRun]:
+    """One :class:`RankRun` per rank of ``recording``'s trial (none for a single-process trial). A rank whose
+    recording cannot be read is left out (the others are still compared), with a sentence appended to
+    ``unreadable`` when given."""
     runs = []
     for rank in recording.ranks:
-        other = recording if rank == recording.rank else recording.with_rank(rank)
+        try:
+            other = recording if rank == recording.rank else recording.with_rank(rank)
+        except (CorruptRecordingError, RecordingFormatError) as error:
+            if unreadable is not None:
+                unreadable.append(f"rank {rank} could not be read and is left out of the checks across ranks "
+                                  f"({error})")
+            continue
         try:
             runs.append(_rank_run(other, rank))
         finally:
@@ -65,10 +73,15 @@ def with_rank_checks(diagnosis: Diagnosis, recording: Recording,
                      thresholds: RankThresholds = RankThresholds()) -> Diagnosis:
     """``diagnosis`` of one rank with the cross-rank findings of its trial added: their events first, their
     hypotheses ahead of the rank's own (a desync or a rank gone its own way explains what follows on it)."""
-    if len(recording.ranks) < 2:
+    if not recording.ranks:
         return diagnosis
-    findings = check_ranks(load_rank_runs(recording), thresholds)
-    if not findings:
-        return diagnosis
+    notes: list[str] = []
+    missing = sorted(set(range(recording.world_size)) - set(recording.ranks))
+    if missing:
+        notes.append(f"rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of {recording.world_size} "
+                     f"{'have' if len(missing) > 1 else 'has'} no recording in {recording.trial_folder} (not recorded "
+                     f"there, or nothing flushed yet) and {'are' if len(missing) > 1 else 'is'} not compared")
+    findings = check_ranks(load_rank_runs(recording, unreadable=notes), thresholds)
     events, hypotheses = rank_diagnosis(findings, diagnosis.last_step)
-    return replace(diagnosis, events=events + diagnosis.events, hypotheses=hypotheses + diagnosis.hypotheses)
+    return replace(diagnosis, events=events + diagnosis.events, hypotheses=hypotheses + diagnosis.hypotheses,
+                   notes=diagnosis.notes + tuple(notes))
