@@ -24,7 +24,7 @@ from comgra_ndbg.cli import main
 from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError, UnknownSeriesError
 from comgra_ndbg.recorder.distributed import detect_rank, is_ddp_wrapped, shared_trial_name
 from comgra_ndbg.store import schema
-from comgra_ndbg.store.ranks import rank_folders
+from comgra_ndbg.store.ranks import RANKS_FILE, rank_folders
 from comgra_ndbg.store.reader import list_trials
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_healthy_ddp_run_records_both_ranks_in_sync(ddp_runs: Path) -> None:
     assert sorted(list_trials(ddp_runs)) == ["desync", "healthy"]  # one entry per run, not per rank
-    assert sorted(p.name for p in (ddp_runs / "healthy").iterdir()) == ["rank0", "rank1"]
+    assert sorted(p.name for p in (ddp_runs / "healthy").iterdir()) == ["rank0", "rank1", RANKS_FILE]
     with open_recording(ddp_runs, "healthy") as recording:
         assert (recording.rank, recording.ranks, recording.world_size, recording.ddp_wrapped) == (0, [0, 1], 2, True)
         with recording.with_rank(1) as other:
@@ -112,6 +112,7 @@ def test_each_rank_records_its_own_folder_with_rank_and_world_size(tmp_path: Pat
         config = json.loads(f.attrs[schema.ATTR_CONFIG])
     assert (config["rank"], config["world_size"], config["ddp_wrapped"], config["rank_source"]) == (1, 2, True, "env")
     assert list(rank_folders(tmp_path / "run")) == [0, 1]
+    assert json.loads((tmp_path / "run" / RANKS_FILE).read_text()) == {"world_size": 2}
     assert list_trials(tmp_path) == ["run"]
     with open_recording(tmp_path) as recording:
         assert (recording.trial, recording.rank, recording.ranks, recording.trial_folder) == ("run", 0, [0, 1],
@@ -139,6 +140,16 @@ def test_single_process_trials_have_no_ranks(tmp_path: Path) -> None:
             recording.with_rank(0)
     with pytest.raises(UnknownSeriesError, match="single process; it has no rank 0"):
         open_recording(tmp_path, rank=0)
+
+
+def test_single_process_trials_named_like_ranks_stay_trials_of_their_group(tmp_path: Path) -> None:
+    for name in ("rank0", "rank1"):
+        with Recorder(tmp_path, name) as rec:
+            with rec.step(0):
+                rec.record_kpi("loss", 1.0)
+    assert list_trials(tmp_path) == ["rank0", "rank1"]
+    with open_recording(tmp_path / "rank1") as recording:
+        assert (recording.trial, recording.ranks) == ("rank1", [])
 
 
 def test_ranks_refuse_a_trial_folder_of_a_single_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -125,7 +125,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self.trial = trial or time.strftime("trial-%Y%m%d-%H%M%S-") + f"{time.time_ns() // 1000 % 1000000:06d}"
         self.path = Path(path) / self.trial
         if self.rank_info is not None:
-            self.path = rank_directory(self.path, self.rank_info.rank)
+            self.path = rank_directory(self.path, self.rank_info.rank, world_size=self.rank_info.world_size)
         self.summary_policy: Policy = as_policy(summaries, name="summaries")
         self.snapshot_policy: Policy = as_policy(snapshots, name="snapshots")
         self.num_samples = num_samples

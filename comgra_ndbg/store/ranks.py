@@ -2,11 +2,14 @@
 
 ::
 
+    <group>/<trial>/ranks.json             {"world_size": 2}: marks the folder as a distributed trial
     <group>/<trial>/rank0/recording.h5     (or its segment files while it runs)
     <group>/<trial>/rank1/recording.h5
     ...
 
-Each rank writes its own folder with its own writer and lock, so no rank ever waits for another; the
+Each rank writes its own folder with its own writer and lock, so no rank ever waits for another (each
+writes the same ``ranks.json``, by atomic rename, if it is not there yet; it tells a distributed trial from
+a group folder whose trials happen to be named ``rank0``, ``rank1``). The
 rank, the world size and whether the model was wrapped in ``DistributedDataParallel`` are keys of the
 ``config`` root attribute of every file (``CONFIG_RANK``, ``CONFIG_WORLD_SIZE``, ``CONFIG_DDP_WRAPPED``).
 A trial folder holds either a single-process recording or rank folders, never both.
@@ -15,7 +18,7 @@ A trial folder holds either a single-process recording or rank folders, never bo
 >>> with tempfile.TemporaryDirectory() as folder:
 ...     trial = Path(folder) / "run"
 ...     for rank in (1, 0):
-...         (trial / rank_folder_name(rank)).mkdir(parents=True)
+...         (rank_directory(trial, rank, world_size=2)).mkdir()
 ...         _ = (trial / rank_folder_name(rank) / schema.FINAL_NAME).write_bytes(b"")
 ...     sorted(rank_folders(trial)), parse_rank_folder("rank12"), parse_rank_folder("rankx")
 ([0, 1], 12, None)
@@ -23,16 +26,18 @@ A trial folder holds either a single-process recording or rank folders, never bo
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from comgra_ndbg.errors import RecordingExistsError, UnknownSeriesError
+from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError, UnknownSeriesError
 from comgra_ndbg.store import schema
 
-__all__ = ["RANK_PREFIX", "CONFIG_RANK", "CONFIG_WORLD_SIZE", "CONFIG_DDP_WRAPPED", "rank_folder_name",
+__all__ = ["RANK_PREFIX", "RANKS_FILE", "CONFIG_RANK", "CONFIG_WORLD_SIZE", "CONFIG_DDP_WRAPPED", "rank_folder_name",
            "parse_rank_folder", "holds_recording", "rank_folders", "rank_directory", "RankAccess"]
 
 RANK_PREFIX = "rank"
+RANKS_FILE = "ranks.json"
 CONFIG_RANK = "rank"
 CONFIG_WORLD_SIZE = "world_size"
 CONFIG_DDP_WRAPPED = "ddp_wrapped"
@@ -60,7 +65,7 @@ def holds_recording(path: Path) -> bool:
 def rank_folders(trial: Path) -> dict[int, Path]:
     """Rank -> folder of every rank of a distributed trial that holds a recording (empty for a
     single-process trial or a folder that is no trial)."""
-    if not trial.is_dir():
+    if not (trial / RANKS_FILE).is_file():
         return {}
     found = {}
     for path in trial.iterdir():
@@ -70,12 +75,23 @@ def rank_folders(trial: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def rank_directory(trial: Path, rank: int) -> Path:
-    """The folder rank ``rank`` records into; refuses a trial folder that holds a single-process recording
-    (its files and the ranks' would be two recordings under one name)."""
+def rank_directory(trial: Path, rank: int, *, world_size: int) -> Path:
+    """The folder rank ``rank`` records into, with the trial folder created and marked as distributed
+    (``RANKS_FILE``); refuses a trial folder that holds a single-process recording (its files and the ranks'
+    would be two recordings under one name)."""
     if holds_recording(trial):
         raise RecordingExistsError(f"trial folder {trial} holds a recording of a single process; a distributed run "
                                    f"records one folder per rank inside its trial folder: choose another trial name")
+    marker = trial / RANKS_FILE
+    if not marker.is_file():
+        temporary = trial / f"{RANKS_FILE}.{rank}{schema.TEMP_SUFFIX}"
+        try:
+            trial.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({CONFIG_WORLD_SIZE: int(world_size)}))
+            os.replace(temporary, marker)  # every rank writes the same content: whichever lands last is right
+        except OSError as error:
+            raise InvalidArgumentError(f"cannot write into {trial} ({error.strerror or error}); pass a folder you can "
+                                       f"write to") from error
     return trial / rank_folder_name(rank)
 
 
