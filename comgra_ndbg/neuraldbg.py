@@ -85,6 +85,11 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     mode, BatchNorm on one sample, unused parameters, half-precision ``eps`` — and records the learning
     rate of every param group as KPI ``lr/<group>`` (``docs/diagnosis.md``, "Loop invariants").
 
+    A ``DistributedDataParallel`` model is recorded under the names of the module it wraps (alike on ranks
+    with and without the wrapper), and under ``torch.distributed`` each rank records ``path/trial/rank<r>/``
+    with whether its model was wrapped, for the checks across ranks (``docs/neuraldbg.md``, "Distributed
+    data parallel").
+
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
     """

@@ -12,6 +12,7 @@ finding in ``Recording.damage``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -126,7 +127,7 @@ class Recording(SnapshotReading, StepTables, RankAccess):
     ``close()``."""
 
     def __init__(self, location: Path, *, trial: str, trials: list[str], group: Path | None,
-                 damaged: str = "raise", rank: int | None = None, ranks: list[int] = (),
+                 damaged: str = "raise", rank: int | None = None, ranks: Sequence[int] = (),
                  ranks_root: Path | None = None) -> None:
         self._init_ranks(rank, list(ranks), ranks_root)
         self.location = Path(location)
