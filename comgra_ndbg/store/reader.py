@@ -28,7 +28,7 @@ from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
 from comgra_ndbg.store.fileview import FileView, open_h5
 from comgra_ndbg.store.lock import trial_state
-from comgra_ndbg.store.ranks import RankAccess, holds_recording, parse_rank_folder, rank_folders
+from comgra_ndbg.store.ranks import RankAccess, holds_recording, locate_rank, rank_folders, rank_of_folder
 from comgra_ndbg.store.records import LogEntry, Note, Snapshot, StoredGraph, TriggerMark
 from comgra_ndbg.store.snapshot_reading import SnapshotReading
 from comgra_ndbg.store.step_tables import StepTables
@@ -63,7 +63,7 @@ def open_recording(path: str | Path, trial: str | None = None, *, rank: int | No
         raise InvalidArgumentError(f"path must be a folder or file name (str or Path), got {path!r}")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))):
         raise InvalidArgumentError(f"rank must be an int (a rank of a distributed trial) or None, got {rank!r}")
-    named = _rank_of(Path(path))
+    named = rank_of_folder(Path(path))
     if named is not None:  # a rank folder: its trial, that rank unless another is asked for
         path, rank = named[0], named[1] if rank is None else rank
     entries = _resolve(Path(path))
@@ -76,24 +76,8 @@ def open_recording(path: str | Path, trial: str | None = None, *, rank: int | No
             raise UnknownSeriesError(f"no trial {trial!r} in {path}; trials are {names}")
         location = matches[0]
     group = Path(path) if len(entries) > 1 or Path(path) != location else None
-    ranks = rank_folders(location)
-    if not ranks:
-        if rank is not None:
-            raise UnknownSeriesError(f"trial {trial!r} was recorded by a single process; it has no rank {rank} "
-                                     f"(open it without rank=)")
-        return Recording(location, trial=trial, trials=names, group=group, damaged=damaged)
-    if rank is None:
-        rank = next(iter(ranks))
-    if int(rank) not in ranks:
-        raise UnknownSeriesError(f"trial {trial!r} has no rank {rank}; its ranks are {list(ranks)}")
-    return Recording(ranks[int(rank)], trial=trial, trials=names, group=group, damaged=damaged, rank=int(rank),
-                     ranks=list(ranks), ranks_root=location)
-
-
-def _rank_of(path: Path) -> tuple[Path, int] | None:
-    """(trial folder, rank) when ``path`` is the rank folder of a distributed trial."""
-    rank = parse_rank_folder(path.name)
-    return (path.parent, rank) if rank is not None and rank in rank_folders(path.parent) else None
+    folder, ranked = locate_rank(location, trial, rank)
+    return Recording(folder, trial=trial, trials=names, group=group, damaged=damaged, **ranked)
 
 
 def _is_trial_dir(path: Path) -> bool:
