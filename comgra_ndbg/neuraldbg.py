@@ -100,6 +100,11 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     records each step's wall time and process memory (``docs/profiling.md``); off by default, and then it
     installs nothing.
 
+    A ``DistributedDataParallel`` model is recorded under the names of the module it wraps (alike on ranks
+    with and without the wrapper), and under ``torch.distributed`` each rank records ``path/trial/rank<r>/``
+    with whether its model was wrapped, for the checks across ranks (``docs/neuraldbg.md``, "Distributed
+    data parallel").
+
     Hooks are installed here and removed by :meth:`close` (or leaving the ``with`` block); the model then
     computes exactly as before.
     """

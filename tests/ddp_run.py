@@ -1,5 +1,7 @@
 """Two gloo ranks on the CPU, each recording the same DDP training loop with NeuralDbg: ``healthy`` keeps
-the ranks in sync, ``desync`` edits one weight on rank 1 after step 1 (``tests/test_distributed.py``).
+the ranks in sync, ``desync`` edits one weight on rank 1 after step 1; ``stall`` trains without DDP (and
+without collectives, with a learning rate of 0 so the parameters stay equal) and rank 1 leaves its loop
+after 2 steps (``tests/test_distributed.py``).
 
 Run as ``python tests/ddp_run.py <folder> <port>``; it exits non-zero when a rank fails.
 """
@@ -38,6 +40,22 @@ def train(folder: str, trial: str, rank: int, *, desync: bool) -> None:
                     model[0].weight[0, 0] += 0.01
 
 
+def stall(folder: str, rank: int) -> None:
+    from comgra_ndbg import NeuralDbg
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    data = torch.Generator().manual_seed(100 + rank)
+    with NeuralDbg(model, folder, trial="stall", optimizer=optimizer):
+        for _ in range(STEPS if rank == 0 else 2):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(torch.randn(16, 4, generator=data)),
+                                               torch.randint(0, 2, (16,), generator=data))
+            loss.backward()
+            optimizer.step()
+
+
 def worker(rank: int, folder: str, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -45,6 +63,7 @@ def worker(rank: int, folder: str, port: int) -> None:
     try:
         train(folder, "healthy", rank, desync=False)
         train(folder, "desync", rank, desync=True)
+        stall(folder, rank)
     finally:
         dist.destroy_process_group()
 

@@ -48,7 +48,7 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_healthy_ddp_run_records_both_ranks_in_sync(ddp_runs: Path) -> None:
-    assert sorted(list_trials(ddp_runs)) == ["desync", "healthy"]  # one entry per run, not per rank
+    assert sorted(list_trials(ddp_runs)) == ["desync", "healthy", "stall"]  # one entry per run, not per rank
     assert sorted(p.name for p in (ddp_runs / "healthy").iterdir()) == ["rank0", "rank1", RANKS_FILE]
     with open_recording(ddp_runs, "healthy") as recording:
         assert (recording.rank, recording.ranks, recording.world_size, recording.ddp_wrapped) == (0, [0, 1], 2, True)
@@ -73,6 +73,13 @@ def test_parameter_edited_on_one_rank_is_a_desync(ddp_runs: Path) -> None:
     assert (top.type, top.node, top.onset) == ("rank_desync", "model.0", 2)
     assert "'model.0.weight' differs between ranks from step 2" in top.sentence and top.remedy
     assert "ranks 0 and 1" in top.sentence
+
+
+def test_a_rank_that_left_its_loop_early_is_a_stalled_rank(ddp_runs: Path) -> None:
+    diagnosis = analyze(ddp_runs, trial="stall")
+    ranked = [h for h in diagnosis.hypotheses if h.type.startswith(("rank", "partial"))]
+    assert [(h.type, h.onset) for h in ranked] == [("rank_stalled", 2)]  # no desync: the parameters stayed equal
+    assert "rank 1 stopped after step 1 while another rank reached step 3" in ranked[0].sentence
 
 
 def test_info_prints_the_ranks(ddp_runs: Path, capsys: pytest.CaptureFixture) -> None:
@@ -253,8 +260,9 @@ def test_separate_models_without_ddp_are_no_desync() -> None:
     runs[1].fingerprints["net.w"][1][:, 4] += 1.0  # different from the first step on: two models on purpose
     assert check_ranks(runs) == ()
     runs = _runs(2, {r: {"ddp_wrapped": False} for r in range(2)})
-    runs[1].fingerprints["net.w"][1][5:, 4] += 1.0  # equal first, apart later: a manual sync that broke
-    assert [f.check for f in check_ranks(runs)] == ["desync"]
+    runs[1].fingerprints["net.w"][1][5:, 4] += 1.0  # equal first, apart later: a sync that broke, or none
+    found = check_ranks(runs)
+    assert [f.check for f in found] == ["desync"] and "no rank wraps the model" in found[0].message
 
 
 def test_partial_wrapping_diverging_ranks_and_stalls() -> None:

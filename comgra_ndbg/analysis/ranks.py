@@ -152,12 +152,14 @@ def _desync(runs: Sequence[RankRun], thresholds: RankThresholds) -> list[RankFin
     step, name, odd, size = best
     if step == first_common and all(r.ddp_wrapped is False for r in runs):
         return []
+    unwrapped = all(r.ddp_wrapped is False for r in runs)
     others = [r.rank for r in runs if r.rank not in odd]
     versus = f"rank{'s' * (len(odd) > 1)} {_list(odd)} against rank{'s' * (len(others) > 1)} {_list(others)}" \
         if others else f"ranks {_list(odd)} disagree, and no majority tells which is right"
     return [RankFinding("desync", odd, step, name, size,
                         f"parameter '{name}' differs between ranks from step {step} on ({versus}; relative "
-                        f"difference {size:.1e})",
+                        f"difference {size:.1e})" + (", and no rank wraps the model in DistributedDataParallel, "
+                                                     "so nothing keeps them equal" if unwrapped else ""),
                         (Evidence(f"{name}/value/sum", (step,), ()),))]
 
 

@@ -34,7 +34,8 @@ from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError, Unkno
 from comgra_ndbg.store import schema
 
 __all__ = ["RANK_PREFIX", "RANKS_FILE", "CONFIG_RANK", "CONFIG_WORLD_SIZE", "CONFIG_DDP_WRAPPED", "rank_folder_name",
-           "parse_rank_folder", "holds_recording", "rank_folders", "rank_directory", "RankAccess"]
+           "parse_rank_folder", "holds_recording", "rank_folders", "rank_of_folder", "locate_rank", "rank_directory",
+           "RankAccess"]
 
 RANK_PREFIX = "rank"
 RANKS_FILE = "ranks.json"
@@ -73,6 +74,27 @@ def rank_folders(trial: Path) -> dict[int, Path]:
         if rank is not None and holds_recording(path):
             found[rank] = path
     return dict(sorted(found.items()))
+
+
+def rank_of_folder(path: Path) -> tuple[Path, int] | None:
+    """(trial folder, rank) when ``path`` is the rank folder of a distributed trial, else None."""
+    rank = parse_rank_folder(path.name)
+    return (path.parent, rank) if rank is not None and rank in rank_folders(path.parent) else None
+
+
+def locate_rank(location: Path, trial: str, rank: int | None) -> tuple[Path, dict[str, Any]]:
+    """The folder a reader of rank ``rank`` (None: the lowest) of the trial at ``location`` opens, and the
+    ``Recording`` keywords that say which rank it is; a single-process trial has no rank to ask for."""
+    ranks = rank_folders(location)
+    if not ranks:
+        if rank is not None:
+            raise UnknownSeriesError(f"trial {trial!r} was recorded by a single process; it has no rank {rank} "
+                                     f"(open it without rank=)")
+        return location, {}
+    rank = next(iter(ranks)) if rank is None else int(rank)
+    if rank not in ranks:
+        raise UnknownSeriesError(f"trial {trial!r} has no rank {rank}; its ranks are {list(ranks)}")
+    return ranks[rank], {"rank": rank, "ranks": list(ranks), "ranks_root": location}
 
 
 def rank_directory(trial: Path, rank: int, *, world_size: int) -> Path:

@@ -12,6 +12,7 @@ finding in ``Recording.damage``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from comgra_ndbg.store.config_reading import ConfigReading
 from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
 from comgra_ndbg.store.fileview import FileView, open_h5
 from comgra_ndbg.store.lock import trial_state
-from comgra_ndbg.store.ranks import RankAccess, holds_recording, parse_rank_folder, rank_folders
+from comgra_ndbg.store.ranks import RankAccess, holds_recording, locate_rank, rank_folders, rank_of_folder
 from comgra_ndbg.store.records import LogEntry, Note, Snapshot, StoredGraph, TriggerMark
 from comgra_ndbg.store.profile_reading import ProfileReading
 from comgra_ndbg.store.snapshot_reading import SnapshotReading
@@ -64,7 +65,7 @@ def open_recording(path: str | Path, trial: str | None = None, *, rank: int | No
         raise InvalidArgumentError(f"path must be a folder or file name (str or Path), got {path!r}")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))):
         raise InvalidArgumentError(f"rank must be an int (a rank of a distributed trial) or None, got {rank!r}")
-    named = _rank_of(Path(path))
+    named = rank_of_folder(Path(path))
     if named is not None:  # a rank folder: its trial, that rank unless another is asked for
         path, rank = named[0], named[1] if rank is None else rank
     entries = _resolve(Path(path))
@@ -77,24 +78,8 @@ def open_recording(path: str | Path, trial: str | None = None, *, rank: int | No
             raise UnknownSeriesError(f"no trial {trial!r} in {path}; trials are {names}")
         location = matches[0]
     group = Path(path) if len(entries) > 1 or Path(path) != location else None
-    ranks = rank_folders(location)
-    if not ranks:
-        if rank is not None:
-            raise UnknownSeriesError(f"trial {trial!r} was recorded by a single process; it has no rank {rank} "
-                                     f"(open it without rank=)")
-        return Recording(location, trial=trial, trials=names, group=group, damaged=damaged)
-    if rank is None:
-        rank = next(iter(ranks))
-    if int(rank) not in ranks:
-        raise UnknownSeriesError(f"trial {trial!r} has no rank {rank}; its ranks are {list(ranks)}")
-    return Recording(ranks[int(rank)], trial=trial, trials=names, group=group, damaged=damaged, rank=int(rank),
-                     ranks=list(ranks), ranks_root=location)
-
-
-def _rank_of(path: Path) -> tuple[Path, int] | None:
-    """(trial folder, rank) when ``path`` is the rank folder of a distributed trial."""
-    rank = parse_rank_folder(path.name)
-    return (path.parent, rank) if rank is not None and rank in rank_folders(path.parent) else None
+    folder, ranked = locate_rank(location, trial, rank)
+    return Recording(folder, trial=trial, trials=names, group=group, damaged=damaged, **ranked)
 
 
 def _is_trial_dir(path: Path) -> bool:
@@ -128,7 +113,7 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
     ``close()``."""
 
     def __init__(self, location: Path, *, trial: str, trials: list[str], group: Path | None,
-                 damaged: str = "raise", rank: int | None = None, ranks: list[int] = (),
+                 damaged: str = "raise", rank: int | None = None, ranks: Sequence[int] = (),
                  ranks_root: Path | None = None) -> None:
         self._init_ranks(rank, list(ranks), ranks_root)
         self.location = Path(location)
