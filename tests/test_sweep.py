@@ -110,8 +110,8 @@ def test_stored_analyses_are_reused_and_written(sweep: Path, client: Client, tmp
 
 
 def test_the_recorder_stores_hyperparameters_flat_and_refuses_what_a_table_cannot_hold(tmp_path: Path) -> None:
-    with Recorder(tmp_path, "t", hyperparameters={"lr": 0.1, "optimizer": {"name": "adam", "beta1": 0.9}}):
-        pass
+    with Recorder(tmp_path, "t", hyperparameters={"lr": 0.1, "optimizer": {"name": "adam", "beta1": 0.9}}) as rec:
+        rec.add_note("nothing but the hyperparameters")
     with open_recording(tmp_path) as recording:
         assert recording.hyperparameters == {"lr": 0.1, "optimizer.name": "adam", "optimizer.beta1": 0.9}
         assert recording.config["num_samples"] == 8 and recording.config["hyperparameters"]["lr"] == 0.1
