@@ -179,3 +179,12 @@ def test_a_large_network_keeps_the_image_bounded_and_names_the_origin() -> None:
     labels = {t.get_text(): t for t in figure.axes[0].get_yticklabels()}
     assert 50 <= len(labels) <= 80 and "block.0" in labels  # every k-th layer named ...
     assert labels["block.137"].get_color() == ORIGIN_COLOUR  # ... and always the origin, in red
+
+
+def test_the_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["signature", "--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Exits 0 when written, 1 when the run has no failure (nothing to draw), 2 on bad input." in out
+    assert "--steps N" in out and "-o PNG, --out PNG" in out

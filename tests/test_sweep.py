@@ -162,3 +162,11 @@ def test_the_cli_prints_the_table_and_writes_csv(sweep: Path, tmp_path: Path,
     assert table["trial"].tolist() == sorted(RATES) and table["lr"].tolist() == [RATES[t] for t in sorted(RATES)]
     code = cli.main(["sweep", str(tmp_path / "none-*"), "--threads"])
     assert code == 2 and "comgra-ndbg sweep: no recording found" in capsys.readouterr().err
+
+
+def test_the_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["sweep", "--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--scheduler ADDR" in out and "--workers N" in out and "--csv OUT" in out and "Needs the sweep extra" in out
