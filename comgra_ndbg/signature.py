@@ -47,6 +47,8 @@ ONSET_COLOUR = "#ffffff"
 FAILURE_COLOUR = "#ff9900"
 NOT_RECORDED = "#d9d9d9"
 COLOURMAP = "viridis"  # no red in it, so the origin box stands out
+MAX_HEIGHT_INCHES = 24  # 500-node networks: the rows get thinner, the image does not grow past this
+MAX_LABELS = 70  # layer names shown at most; beyond, every k-th (and always the origin)
 _PANELS = (("gradient", "gradient norm ‖∂L/∂x‖ (log)"), ("activation", "activation norm ‖x‖ (log)"))
 
 
@@ -97,7 +99,7 @@ def signature_figure(signature: Signature, *, dpi: int = 100) -> Figure:
     from matplotlib.patches import Rectangle
 
     rows, columns = len(signature.layers), len(signature.steps)
-    figure = Figure(figsize=(13, 2.6 + 0.32 * max(rows, 3)), dpi=dpi)
+    figure = Figure(figsize=(13, min(2.6 + 0.32 * max(rows, 3), MAX_HEIGHT_INCHES)), dpi=dpi)
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, 2, sharey=True)
     cmap = colormaps[COLOURMAP].with_extremes(bad=NOT_RECORDED)
@@ -125,14 +127,18 @@ def signature_figure(signature: Signature, *, dpi: int = 100) -> Figure:
         if signature.origin_row is not None:
             ax.add_patch(Rectangle((-0.5, signature.origin_row - 0.5), columns, 1, fill=False,
                                    edgecolor=ORIGIN_COLOUR, linewidth=3, zorder=5))
-    axes[0].set_yticks(range(rows), [_label(n, r) for n, r in zip(signature.layers, signature.roles)], fontsize=8)
+    every = max(1, -(-rows // MAX_LABELS))  # a large network: every k-th layer named, and the origin
+    labelled = sorted(set(range(0, rows, every)) | ({signature.origin_row} if signature.origin_row is not None else set()))
+    axes[0].set_yticks(labelled, [_label(signature.layers[i], signature.roles[i]) for i in labelled],
+                       fontsize=8 if every == 1 else 6)
     if signature.origin_row is not None:
-        label = axes[0].get_yticklabels()[signature.origin_row]
+        label = axes[0].get_yticklabels()[labelled.index(signature.origin_row)]
         label.set_color(ORIGIN_COLOUR)
         label.set_fontweight("bold")
     figure.suptitle("\n".join(textwrap.wrap(signature.title, 130)), fontsize=10)
     figure.text(0.01, 0.01, _legend(signature), fontsize=8)
-    figure.subplots_adjust(left=0.16, right=0.97, top=0.84, bottom=0.2, wspace=0.12)
+    height = figure.get_size_inches()[1]  # margins in inches: the title and the step axis keep their room
+    figure.subplots_adjust(left=0.16, right=0.97, top=1 - 0.95 / height, bottom=1.05 / height, wspace=0.12)
     return figure
 
 

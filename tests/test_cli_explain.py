@@ -149,3 +149,17 @@ def test_the_gradient_overrides_move_only_their_own_side() -> None:
     assert events(rising, Thresholds(exploding_decades=4.0)) == []
     assert events(rising, Thresholds(vanishing_decades=4.0)) == [("exploding", 60)]
     assert overrides(vanishing=4.0, exploding=2.5) == {"vanishing_decades": 4.0, "exploding_decades": 2.5}
+
+
+def test_the_evidence_names_the_threshold_the_gradient_rule_used() -> None:
+    from comgra_ndbg.analysis.events import Evidence
+    from comgra_ndbg.gui.evidence import threshold_for
+
+    vanishing = Event("gradient_health", "h", "grad", "healthy", "vanishing", 60, 99, 3.0, 1.0)
+    ratio = Evidence("h/grad/rms÷out/grad/rms", (60, 61), (1e-4, 1e-4), 0.1)
+    assert threshold_for(vanishing, ratio, Thresholds().as_dict()) == (pytest.approx(0.01), "enter_decades")
+    overridden = Thresholds(vanishing_decades=2.0).as_dict()
+    assert threshold_for(vanishing, ratio, overridden) == (pytest.approx(0.001), "vanishing_decades")
+    grew = Event("activation_regime", "h", "value", "normal", "exploding", 60, 70, 1.4, 0.9)  # not the gradient rule
+    rms = Evidence("h/value/rms", (60, 61), (30.0, 40.0), 2.0)
+    assert threshold_for(grew, rms, Thresholds(exploding_decades=3.0).as_dict()) == (20.0, "enter_decades")

@@ -427,5 +427,6 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"children": "step 3 \\u00b7 2 of 6 short steps"' in layout  # the address' view, without a callback
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
-    # the view, the live refresh, the analyses (watched and made by Analyze now), and the browser-side ones
-    assert len(app.callback_map) == 11
+    # the view, the live refresh, the analyses (watched and made by Analyze now), the trial selector's sort and
+    # filter, and the browser-side ones
+    assert len(app.callback_map) == 12

@@ -163,3 +163,28 @@ def test_the_diagnosis_tab_shows_the_signature_of_a_failing_trial_only(group: Pa
     assert failing[0].src.startswith(prefix)
     image = matplotlib.image.imread(io.BytesIO(base64.b64decode(failing[0].src[len(prefix):])), format="png")
     assert image.shape[0] > 200 and image[..., :3].std() > 0.1 and red_pixels(image).sum() > 100
+
+
+def test_a_large_network_keeps_the_image_bounded_and_names_the_origin() -> None:
+    from comgra_ndbg.analysis.signature import Signature
+    from comgra_ndbg.signature import MAX_HEIGHT_INCHES
+
+    layers = 300
+    norms = np.logspace(-3, 0, layers * 20).reshape(layers, 20)
+    sig = Signature("t", tuple(f"block.{i}" for i in range(layers)), ("intermediate",) * layers, tuple(range(20)),
+                    norms, norms, np.zeros((2, layers, 20), bool), 10, 10, "block.137", 137, "Exploding.",
+                    "exploding", "node")
+    figure = signature_figure(sig, dpi=50)
+    assert figure.get_size_inches()[1] == MAX_HEIGHT_INCHES
+    labels = {t.get_text(): t for t in figure.axes[0].get_yticklabels()}
+    assert 50 <= len(labels) <= 80 and "block.0" in labels  # every k-th layer named ...
+    assert labels["block.137"].get_color() == ORIGIN_COLOUR  # ... and always the origin, in red
+
+
+def test_the_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["signature", "--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Exits 0 when written, 1 when the run has no failure (nothing to draw), 2 on bad input." in out
+    assert "--steps N" in out and "-o PNG, --out PNG" in out

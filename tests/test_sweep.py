@@ -110,8 +110,8 @@ def test_stored_analyses_are_reused_and_written(sweep: Path, client: Client, tmp
 
 
 def test_the_recorder_stores_hyperparameters_flat_and_refuses_what_a_table_cannot_hold(tmp_path: Path) -> None:
-    with Recorder(tmp_path, "t", hyperparameters={"lr": 0.1, "optimizer": {"name": "adam", "beta1": 0.9}}):
-        pass
+    with Recorder(tmp_path, "t", hyperparameters={"lr": 0.1, "optimizer": {"name": "adam", "beta1": 0.9}}) as rec:
+        rec.add_note("nothing but the hyperparameters")
     with open_recording(tmp_path) as recording:
         assert recording.hyperparameters == {"lr": 0.1, "optimizer.name": "adam", "optimizer.beta1": 0.9}
         assert recording.config["num_samples"] == 8 and recording.config["hyperparameters"]["lr"] == 0.1
@@ -162,3 +162,11 @@ def test_the_cli_prints_the_table_and_writes_csv(sweep: Path, tmp_path: Path,
     assert table["trial"].tolist() == sorted(RATES) and table["lr"].tolist() == [RATES[t] for t in sorted(RATES)]
     code = cli.main(["sweep", str(tmp_path / "none-*"), "--threads"])
     assert code == 2 and "comgra-ndbg sweep: no recording found" in capsys.readouterr().err
+
+
+def test_the_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["sweep", "--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--scheduler ADDR" in out and "--workers N" in out and "--csv OUT" in out and "Needs the sweep extra" in out

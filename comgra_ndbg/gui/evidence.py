@@ -52,13 +52,17 @@ def _statistic(series: str) -> str:
     return series.split("÷", 1)[0].rsplit("/", 1)[-1]
 
 
+GRADIENT_SIDES = ("vanishing_decades", "exploding_decades")  # set (not None) only for the gradient rule's sides
+
+
 def threshold_for(event: Event, evidence: Evidence, thresholds: Mapping[str, float]
                   ) -> tuple[float, str] | None:
     """``(value, name)`` of the threshold the rule compared ``evidence`` with, in the units of the series:
 
     - a relative rule (finite baseline) fires when the series moves a number of decades away from its
       baseline: the parameter ``<x>_decades`` whose ``<x>`` begins the new state (``collapse_decades`` for
-      ``collapsed``, ``imbalance_decades`` for ``imbalanced``), else ``enter_decades``; a loss against its
+      ``collapsed``, ``imbalance_decades`` for ``imbalanced``, ``vanishing_decades`` for a gradient's
+      ``vanishing`` when it was set), else ``enter_decades``; a loss against its
       median uses ``spike_factor`` or ``divergence_factor`` (a factor, not decades);
     - an absolute rule on a share (``*_fraction``) uses ``<state>_enter`` (``dead_enter``);
     - an update against its weight (``update/l2÷value/l2``) uses ``update_ratio_high``;
@@ -85,8 +89,9 @@ def threshold_for(event: Event, evidence: Evidence, thresholds: Mapping[str, flo
             if name in thresholds:
                 return float(evidence.baseline * float(thresholds[name])), name
             return None
-        name = next((key for key in sorted(thresholds) if key.endswith("_decades")
-                     and event.to_state.startswith(key[:-len("_decades")])), "enter_decades")
+        name = next((key for key in sorted(thresholds) if key.endswith("_decades") and thresholds[key] is not None
+                     and event.to_state.startswith(key[:-len("_decades")])
+                     and (key not in GRADIENT_SIDES or event.family == "gradient_health")), "enter_decades")
         if name not in thresholds:
             return None
         factor = 10 ** float(thresholds[name])

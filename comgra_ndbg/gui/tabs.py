@@ -74,8 +74,9 @@ def focus(cache: ReaderCache, selection: Selection, options: ViewOptions) -> Foc
     return focus_of(stored.diagnosis if stored is not None else None, options.focus)
 
 
-def thresholds_of(cache: ReaderCache, trial: str) -> dict[str, float]:
-    """The thresholds the stored analysis ran with (the defaults where it stored none)."""
+def thresholds_of(cache: ReaderCache, trial: str) -> dict[str, float | None]:
+    """The thresholds the stored analysis ran with (the defaults where it stored none; None: a threshold
+    that defers to another, as ``vanishing_decades`` to ``enter_decades``)."""
     stored = cache.readable_diagnosis(trial)
     found = dict(stored.diagnosis.thresholds) if stored is not None else {}
     return {**Thresholds().as_dict(), **found}
