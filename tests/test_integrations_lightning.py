@@ -143,6 +143,12 @@ def test_a_module_called_by_training_step_is_recorded_through_module_argument(tm
         assert {"model.0", "model.2"} <= set(recording.nodes)
 
 
+def test_a_module_argument_naming_no_submodule_is_a_typed_error(tmp_path) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"TinyModule has no submodule 'body'; its submodules are "
+                                                   r"\['net'\]"):
+        _fit(TinyModule(), tmp_path, [ComgraCallback(tmp_path / "runs", module="body")], epochs=1, loggers=False)
+
+
 def test_the_pytorch_lightning_trainer_accepts_the_same_callback(tmp_path) -> None:
     legacy = pytest.importorskip("pytorch_lightning")
 

@@ -158,14 +158,20 @@ class FrameworkRecording:
         recorder = self.dbg.recorder
         count = 0
         for name, value in metrics.items():
-            number = scalar(value)
-            if number is None or not isinstance(name, str) or not name:
-                continue
-            kpi = self.kpi_prefix + name
-            if self._guard(f"recording the metric {kpi!r}",
-                           lambda: recorder.record_kpi(kpi, number, step_type=step_type)) is not _FAILED:
-                count += 1
+            if isinstance(name, str) and name:
+                kpi = self.kpi_prefix + name
+                count += self._guard(f"recording the metric {kpi!r}",
+                                     lambda: self._record(recorder, kpi, value, step_type)) is True
         return count
+
+    @staticmethod
+    def _record(recorder: Any, kpi: str, value: Any, step_type: str | None) -> bool:
+        """Record ``value`` as KPI ``kpi`` when it is one real number; whether it was."""
+        number = scalar(value)
+        if number is None:
+            return False
+        recorder.record_kpi(kpi, number, step_type=step_type)
+        return True
 
     def finish(self) -> Diagnosis | None:
         """Close the recording (removing every hook) and, with ``analyze_at_end``, analyse it; the diagnosis
