@@ -41,10 +41,10 @@ VALIDATION = "validation"
 def require(module: str, *, extra: str, framework: str) -> Any:
     """Import ``module``, or raise :class:`MissingDependencyError` naming the ``pip install`` line.
 
-    >>> require("comgra_ndbg_no_such_framework", extra="x", framework="X")
+    >>> require("comgra_ndbg_no_such_framework", extra="x", framework="X")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    comgra_ndbg.errors.MissingDependencyError: X is not installed (module 'comgra_ndbg_no_such_framework' not found); install it with `pip install 'comgra-ndbg[x]'`, then import this callback again
+    comgra_ndbg.errors.MissingDependencyError: X is not installed (...); install it with `pip install 'comgra-ndbg[x]'`...
     """
     try:
         return importlib.import_module(module)
