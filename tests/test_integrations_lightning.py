@@ -83,6 +83,7 @@ def test_steps_are_optimizer_steps_and_metrics_are_kpis_of_their_step_type(tmp_p
     with open_recording(tmp_path / "runs", "lit") as recording:
         assert recording.steps.tolist() == [0, 1, 2, 3, 4, 5]
         assert recording.steps_of_type("train").tolist() == [0, 1, 2, 3, 4, 5]
+        assert recording.step_iterations.tolist() == [2] * 6  # the two accumulated micro-batches of each step
         steps, losses = recording.kpi("lightning/train_loss", "train")
         assert steps.tolist() == [0, 1, 2, 3, 4, 5]  # one value per optimizer step, not per micro-batch
         assert torch.isfinite(torch.tensor(losses)).all()
