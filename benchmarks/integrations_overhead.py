@@ -3,8 +3,8 @@ with ``ComgraCallback``, measured side by side.
 
 The model is the 8-block 256-wide tanh MLP of ``benchmarks/overhead.py`` (batch 64, SGD), trained for
 ``--steps`` optimizer steps on the same data in each variant. Variants run interleaved in rounds, so
-machine noise hits all of them alike. Two figures per variant, each in wall-clock time and in CPU time of this process (steadier on a machine
-shared with other work), both as a ratio to the bare framework:
+machine noise hits all of them alike. Two figures per variant, each in wall-clock time and in CPU time of
+this process (steadier on a machine shared with other work), both as a ratio to the bare framework:
 
 - *step*: the median time from one training batch's start to the next one's (a timing callback), which is
   what the callback adds to every step of a long run;

@@ -8,10 +8,11 @@ before the first ``/``:
 |---|---|---|
 | a summary statistic | ``<tensor>/<kind>/<statistic>`` (e.g. ``model.0.weight/grad/rms``) | scalars |
 | a KPI | ``kpi/<step type>/<name>`` (e.g. ``kpi/train/loss``, ``kpi/validation/trainer/eval_loss``) | scalars |
-| a snapshot's element values | ``<tensor>/<kind>`` (finite values only; non-finite ones are counted in the scalars) | histograms |
+| a snapshot's finite element values | ``<tensor>/<kind>`` | histograms |
 | the diagnosis | ``comgra/diagnosis`` at the last step | text |
 
-Numbers equal ``Recording.summary(...)`` (as float32, TensorBoard's scalar type). Written with
+Non-finite element values are left out of the histograms (TensorBoard cannot bin them); the scalars count
+them. Numbers equal ``Recording.summary(...)`` (as float32, TensorBoard's scalar type). Written with
 ``torch.utils.tensorboard.SummaryWriter``, which needs the ``tensorboard`` package.
 """
 from __future__ import annotations

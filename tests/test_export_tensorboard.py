@@ -92,7 +92,8 @@ def test_the_cli_writes_one_run_per_trial_readable_by_tensorboard(group: Path, t
     nan_fraction = [e.value for e in _accumulator(out / "nan").Scalars("hidden/value/nonfinite_fraction")]
     assert nan_fraction[:8] == [0.0] * 8 and all(v == pytest.approx(1 / 128) for v in nan_fraction[8:])
     histogram = _accumulator(out / "nan").Histograms("hidden/value")
-    assert histogram[-1].step == 10 and histogram[-1].histogram_value.num == 8 * 8 - 1  # 8 samples x 8 units, the NaN left out
+    # 8 samples of 8 units at step 10, the NaN left out
+    assert histogram[-1].step == 10 and histogram[-1].histogram_value.num == 8 * 8 - 1
 
 
 def test_chosen_statistics_one_trial_and_the_default_folder(group: Path, tmp_path: Path,

@@ -83,6 +83,7 @@ def test_steps_are_optimizer_steps_and_metrics_are_kpis_of_their_step_type(tmp_p
     with open_recording(tmp_path / "runs", "lit") as recording:
         assert recording.steps.tolist() == [0, 1, 2, 3, 4, 5]
         assert recording.steps_of_type("train").tolist() == [0, 1, 2, 3, 4, 5]
+        assert recording.step_iterations.tolist() == [2] * 6  # the two accumulated micro-batches of each step
         steps, losses = recording.kpi("lightning/train_loss", "train")
         assert steps.tolist() == [0, 1, 2, 3, 4, 5]  # one value per optimizer step, not per micro-batch
         assert torch.isfinite(torch.tensor(losses)).all()
@@ -141,6 +142,12 @@ def test_a_module_called_by_training_step_is_recorded_through_module_argument(tm
     with open_recording(tmp_path / "runs", "net") as recording:
         assert recording.steps.tolist() == [0, 1]
         assert {"model.0", "model.2"} <= set(recording.nodes)
+
+
+def test_a_module_argument_naming_no_submodule_is_a_typed_error(tmp_path) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"TinyModule has no submodule 'body'; its submodules are "
+                                                   r"\['net'\]"):
+        _fit(TinyModule(), tmp_path, [ComgraCallback(tmp_path / "runs", module="body")], epochs=1, loggers=False)
 
 
 def test_the_pytorch_lightning_trainer_accepts_the_same_callback(tmp_path) -> None:

@@ -76,6 +76,7 @@ def test_steps_are_optimizer_steps_and_logs_are_kpis_of_their_step_type(tmp_path
     assert trainer.state.global_step == 6
     with open_recording(tmp_path / "runs", "hf") as recording:
         assert recording.steps.tolist() == [0, 1, 2, 3, 4, 5]
+        assert recording.step_iterations.tolist() == [2] * 6  # the two accumulated micro-batches of each step
         steps, losses = recording.kpi("trainer/loss", "train")
         logged = [entry for entry in trainer.state.log_history if "loss" in entry and "eval_loss" not in entry]
         assert steps.tolist() == [entry["step"] - 1 for entry in logged] == [0, 1, 2, 3, 4, 5]

@@ -40,3 +40,29 @@ def test_a_bad_step_type_is_refused_at_the_call(tmp_path, step_type) -> None:
             rec.record_kpi("loss", 1.0)
     with open_recording(tmp_path, "t") as recording:
         assert recording.kpi_names == ["loss"]  # the refused call left nothing behind
+
+
+def test_the_explorer_draws_validation_kpis_as_a_curve_of_their_own(tmp_path) -> None:
+    from comgra_ndbg.gui import callbacks, tabs
+    from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
+
+    with Recorder(tmp_path, "t") as rec:
+        for step in range(6):
+            with rec.step(step, "train"):
+                rec.register_tensor("x", torch.ones(2, 2), role="input")
+                rec.record_kpi("loss", 1.0 / (step + 1))
+            if step % 3 == 2:
+                rec.record_kpi("loss", 2.0 + step, step_type="validation")
+    cache = ReaderCache(tmp_path)
+    try:
+        first = callbacks.update_view(cache, "url", "", None, None)
+        selection = Selection.from_dict(first["store"]["selection"])
+        assert selection.step_type == "train"  # a step type with KPIs only is no choice of the step selector
+        (plot,) = tabs.kpis_tab(cache, selection, ViewOptions())
+        (figure,) = [child.figure for child in plot.children if hasattr(child, "figure")]
+        curves = {trace["name"]: (list(trace["x"]), list(trace["y"])) for trace in figure["data"]
+                  if trace.get("name") in ("train", "validation")}
+        assert curves["validation"] == ([2, 5], [4.0, 7.0])
+        assert curves["train"][0] == [0, 1, 2, 3, 4, 5]
+    finally:
+        cache.close()

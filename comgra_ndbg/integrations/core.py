@@ -41,10 +41,10 @@ VALIDATION = "validation"
 def require(module: str, *, extra: str, framework: str) -> Any:
     """Import ``module``, or raise :class:`MissingDependencyError` naming the ``pip install`` line.
 
-    >>> require("comgra_ndbg_no_such_framework", extra="x", framework="X")
+    >>> require("comgra_ndbg_no_such_framework", extra="x", framework="X")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    comgra_ndbg.errors.MissingDependencyError: X is not installed (module 'comgra_ndbg_no_such_framework' not found); install it with `pip install 'comgra-ndbg[x]'`, then import this callback again
+    comgra_ndbg.errors.MissingDependencyError: X is not installed (...); install it with `pip install 'comgra-ndbg[x]'`...
     """
     try:
         return importlib.import_module(module)
@@ -158,14 +158,20 @@ class FrameworkRecording:
         recorder = self.dbg.recorder
         count = 0
         for name, value in metrics.items():
-            number = scalar(value)
-            if number is None or not isinstance(name, str) or not name:
-                continue
-            kpi = self.kpi_prefix + name
-            if self._guard(f"recording the metric {kpi!r}",
-                           lambda: recorder.record_kpi(kpi, number, step_type=step_type)) is not _FAILED:
-                count += 1
+            if isinstance(name, str) and name:
+                kpi = self.kpi_prefix + name
+                count += self._guard(f"recording the metric {kpi!r}",
+                                     lambda: self._record(recorder, kpi, value, step_type)) is True
         return count
+
+    @staticmethod
+    def _record(recorder: Any, kpi: str, value: Any, step_type: str | None) -> bool:
+        """Record ``value`` as KPI ``kpi`` when it is one real number; whether it was."""
+        number = scalar(value)
+        if number is None:
+            return False
+        recorder.record_kpi(kpi, number, step_type=step_type)
+        return True
 
     def finish(self) -> Diagnosis | None:
         """Close the recording (removing every hook) and, with ``analyze_at_end``, analyse it; the diagnosis

@@ -85,7 +85,7 @@ class _Hooks:
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:
         if not trainer.is_global_zero:
             return
-        model = pl_module if self.module is None else pl_module.get_submodule(self.module)
+        model = pl_module if self.module is None else _submodule(pl_module, self.module)
         optimizers = list(trainer.optimizers)
         default = Path(trainer.default_root_dir) / "comgra"
         self._seen = dict(trainer.callback_metrics)  # metrics from before training (the sanity check) are old
@@ -135,6 +135,17 @@ class _Hooks:
         self._seen = current
         if fresh:
             recording.record_metrics(fresh, step_type=step_type)
+
+
+def _submodule(pl_module: nn.Module, path: str) -> nn.Module:
+    """``pl_module``'s submodule at ``path``, or an error naming the submodules there are."""
+    try:
+        return pl_module.get_submodule(path)
+    except AttributeError:
+        children = [name for name, _ in pl_module.named_children()]
+        raise InvalidArgumentError(f"ComgraCallback(module={path!r}): {type(pl_module).__name__} has no submodule "
+                                   f"{path!r}; its submodules are {children} (a dotted path reaches deeper ones)") \
+            from None
 
 
 ComgraCallback = type("ComgraCallback", (_Hooks, *_callback_bases()), {
