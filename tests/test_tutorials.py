@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 
 from comgra_ndbg import open_recording
@@ -95,3 +96,7 @@ def test_05_breaks_at_the_blow_up_and_halts_with_the_steps_before_it_on_disk(tmp
     with open_recording(tmp_path, "lr100") as recording:
         assert recording.steps.tolist() == list(range(last + 1)) and recording.is_complete
         assert [t.step for t in recording.triggers] == [trigger]
+    png = tmp_path / "failure.png"  # the failure signature: a real, non-blank image
+    assert f"failure signature: {png}" in out
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 200 and float(image[..., :3].std()) > 0.05

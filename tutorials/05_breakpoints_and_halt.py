@@ -1,9 +1,9 @@
-"""Tutorial 5: stop inside the training loop — breakpoints, step hooks, and halting on failure.
+"""Tutorial 5: stop inside the training loop — breakpoints, step hooks, halting, the failure signature.
 
 A breakpoint stops at a module (or calls your function there) when a condition holds for its output or
 its gradient; a hook runs your code after every layer or step with the recorded statistics; a halting
 trigger stops the whole run when it fails, with the steps before the failure on disk and the diagnosis
-printed, instead of training on for hours after the loss exploded.
+printed and drawn as a failure signature for a bug report, instead of training on after the loss exploded.
 
 The bug: a schedule that sets the learning rate of a small ConvNet to 100 half-way through training.
 
@@ -19,6 +19,7 @@ from torch import nn
 from comgra_ndbg import NeuralDbg, open_recording
 from comgra_ndbg.errors import TrainingHalted
 from comgra_ndbg.recorder.flight import LossSpike
+from comgra_ndbg.signature import signature_of, write_png
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=int(os.environ.get("TUTORIAL_STEPS", 60)))
@@ -74,4 +75,6 @@ with open_recording(args.path, "lr100") as recording:
     dumped = [step for step, why in reasons.items() if why.startswith("flight recorder")]
     print(f"on disk: steps {sorted(reasons)[0]}..{sorted(reasons)[-1]}, of which written by the flight recorder "
           f"when it fired: {dumped[0]}..{dumped[-1]}")
+png = write_png(signature_of(args.path, trial="lr100"), os.path.join(args.path, "failure.png"))
+print(f"failure signature: {png}   (the same as: comgra-ndbg signature {args.path} -o failure.png)")
 print(f"\nBrowse it: comgra-ndbg gui {args.path}   or   comgra-ndbg explain {args.path}")
