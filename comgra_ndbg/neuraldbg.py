@@ -89,11 +89,11 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     mode, BatchNorm on one sample, unused parameters, half-precision ``eps`` — and records the learning
     rate of every param group as KPI ``lr/<group>`` (``docs/diagnosis.md``, "Loop invariants").
 
-    ``halt_on`` (flight-recorder triggers, or ``"nonfinite"`` / ``"loss_spike"``) stops training when one fires,
-    after writing the steps before it, ``halt_delay`` steps more and printing the diagnosis:
+    ``halt_on`` (flight-recorder triggers, or ``"nonfinite"`` / ``"loss_spike"``) stops training when one
+    fires, after writing the steps before it, recording ``halt_delay`` steps more and printing the diagnosis:
     ``halt_mode="raise"`` raises ``TrainingHalted``, ``"flag"`` sets :attr:`should_stop`
-    (``instrument/halting.py``). :meth:`break_at`,
-    :meth:`step_through` and :meth:`on` stop or call back inside the loop (``instrument/breakpoints.py``).
+    (``instrument/halting.py``). :meth:`break_at`, :meth:`step_through` and :meth:`on` stop or call back
+    inside the loop (``instrument/breakpoints.py``).
 
     ``profile=True`` (or a ``ProfileConfig``) profiles every module of the model at its own adaptive
     frequency — forward and backward time, saved activation bytes, allocator deltas on CUDA, FLOPs — and

@@ -282,3 +282,21 @@ def test_the_pdb_action_opens_the_debugger_with_the_module_output_and_step_in_sc
     assert "breakpoint at 'model.1' (forward) in step 0: model.1: abs_max" in out
     assert "('STEP', 0)" in out and "(3, 8)" in out and "'Tanh'" in out and "('STEP', 1)" in out
     assert out.rstrip().endswith("training finished")
+
+
+def test_breakpoints_fire_inside_a_compiled_model_as_in_eager(tmp_path: Path) -> None:
+    torch.compiler.reset()
+    seen: dict[str, list[tuple[int, str]]] = {}
+    for how in ("eager", "compiled"):
+        model = mlp()
+        run = model if how == "eager" else torch.compile(model, backend="eager")
+        calls = seen.setdefault(how, [])
+        with NeuralDbg(run, tmp_path, trial=how) as dbg:
+            dbg.break_at("0", when="abs_max > 5", action=lambda call, calls=calls: calls.append((call.step, call.at)))
+            dbg.break_at("2", at="backward", action=lambda call, calls=calls: calls.append((call.step, call.at)))
+            train(run, torch.optim.SGD(model.parameters(), lr=0.01))
+        with open_recording(tmp_path, how) as recording:
+            assert recording.steps.tolist() == list(range(STEPS)) and "model.2" in recording.nodes
+    assert seen["compiled"] == seen["eager"]
+    assert [s for s, at in seen["eager"] if at == "forward"] == [3, 4, 5]
+    assert [s for s, at in seen["eager"] if at == "backward"] == list(range(STEPS))
