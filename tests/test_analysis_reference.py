@@ -214,8 +214,9 @@ def test_ratios_are_compared_only_while_the_loss_is_above_a_thousandth_of_the_fi
 # ---- not comparable ---------------------------------------------------------------------------------------------
 def test_another_model_structure_raises_reference_mismatch(runs: Path, reference: Path) -> None:
     wide = trained(runs, "wide", 1, width=24, steps=4)
-    with pytest.raises(ReferenceMismatchError, match=r"3 node\(s\) have other shapes .*'model.0.parameters': "
-                                                     r"\[\[16\], \[16, 6\]\] in the reference, \[\[24\], \[24, 6\]\] here"):
+    expected = (r"3 node\(s\) have other shapes .*'model.0.parameters': \[\[16\], \[16, 6\]\] in the reference, "
+                r"\[\[24\], \[24, 6\]\] here")
+    with pytest.raises(ReferenceMismatchError, match=expected):
         analyze(wide, reference=reference)
 
 
