@@ -268,3 +268,37 @@ def test_cli_explain_with_a_mismatched_reference_exits_2_with_one_line(runs: Pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "other shapes" in err[0]
     assert issubclass(ReferenceMismatchError, ComgraError)
+
+
+def record_explicitly(folder: Path, trial: str, seed: int, *, scale: float = 1.0) -> Path:
+    """The README's explicit-registration loop: a tracked model, input, hidden, output and loss registered."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(200 + seed)
+    with Recorder(folder, trial=trial) as rec:
+        rec.track_module("model", net)
+        for step in range(20):
+            x, y = torch.randn(16, 8, generator=g) * scale, torch.randint(0, 3, (16,), generator=g)
+            rec.start_step(step, step_type="train")
+            rec.register_tensor("input", x, role="input")
+            h = rec.register_tensor("hidden", net[1](net[0](x)))
+            out = rec.register_tensor("output", net[2](h), role="output")
+            loss = rec.register_tensor("loss", F.cross_entropy(out, y), role="loss")
+            optimizer.zero_grad()
+            loss.backward()
+            rec.record_gradients()
+            optimizer.step()
+            rec.record_kpi("loss", loss)
+            rec.finish_step()
+    return folder / trial
+
+
+def test_recordings_made_with_the_recorder_compare_too(tmp_path: Path) -> None:
+    good = record_explicitly(tmp_path, "good", 0)
+    assert found(good, record_explicitly(tmp_path, "other-seed", 1)) == []
+    h = only(found(good, record_explicitly(tmp_path, "raw", 1, scale=300.0)), "unnormalised_input")
+    assert (h.node, h.onset) == ("input", 0)
+    with open_recording(good) as ref:
+        rules = {inv.rule for inv in compare_runs(load_run_facts(ref), load_run_facts(ref)).invariants}
+    assert {"trains", "dtype", "input_range", "grad_ratio", "update_ratio"} <= rules
