@@ -33,7 +33,7 @@ def model(width: int = 16) -> nn.Sequential:
 
 def train(folder: Path, trial: str, seed: int, *, before: Hook | None = None, freeze_first: bool = False,
           dtype: torch.dtype = torch.float32, scale: Callable[[int], float] = lambda step: 1.0,
-          width: int = 16, steps: int = STEPS) -> Path:
+          width: int = 16, steps: int = STEPS, step_type: Callable[[int], str] | None = None) -> Path:
     """A tiny classifier trained with Adam (one param group per Linear), recorded by NeuralDbg."""
     torch.manual_seed(seed)
     net = model(width).to(dtype)
@@ -45,9 +45,11 @@ def train(folder: Path, trial: str, seed: int, *, before: Hook | None = None, fr
     centres = torch.randn(3, 6, generator=torch.Generator().manual_seed(7)) * 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with NeuralDbg(net, folder, trial=trial):
+        with NeuralDbg(net, folder, trial=trial) as dbg:
             for step in range(steps):
                 net.train()
+                if step_type is not None:
+                    dbg.step_type = step_type(step)
                 if before is not None:
                     before(step, net, optimizer)
                 y = torch.randint(0, 3, (16,), generator=g)
@@ -167,6 +169,22 @@ def test_a_dropout_left_in_eval_mode_in_training_steps(runs: Path, reference: Pa
     h = only(found(reference, trained(runs, "dropout-eval", 1, before=eval_dropout)), "wrong_mode")
     assert (h.node, h.onset) == ("model.2", 0)
     assert "eval() mode where the reference ran it in train() mode" in h.sentence
+
+
+def test_the_mode_is_learnt_per_step_type(runs: Path) -> None:
+    def kind(step: int) -> str:
+        return "plain" if step % 2 else "noisy"
+
+    def eval_in_plain_steps(step: int, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if kind(step) == "plain":
+            net[2].eval()  # on purpose: these steps train without dropout
+
+    good = train(runs, "typed-good", 0, before=eval_in_plain_steps, step_type=kind)
+    assert found(good, train(runs, "typed-seed", 1, before=eval_in_plain_steps, step_type=kind)) == []
+    hypotheses = found(good, train(runs, "typed-bad", 1, before=eval_dropout, step_type=kind))
+    h = only(hypotheses, "wrong_mode")
+    assert (h.node, h.onset) == ("model.2", 0) and "in 'noisy' steps" in h.sentence
+    assert [x.type for x in hypotheses].count("wrong_mode") == 1  # the 'plain' steps ran in eval() there too
 
 
 # ---- norm ratios between layers ---------------------------------------------------------------------------------
