@@ -5,7 +5,7 @@ explorer for a recording; ``info`` says what a recording holds, whether its writ
 was killed, and what it could not record; ``check`` verifies every file against its checksums, lists what
 is damaged or missing and exits non-zero on damage (``--salvage`` copies the rest into a new recording);
 ``explain`` prints the ranked hypotheses and events (running the analysis when none is stored or it is
-stale); ``export`` writes summaries, events and hypotheses as csv or json tables.
+stale; with ``--reference GOOD``, checked against a healthy run of the same model); ``export`` writes summaries, events and hypotheses as csv or json tables.
 
 To add a subcommand, write ``_add_<name>(subparsers)`` that
 creates its parser and sets ``handler`` to a function ``(args) -> exit code``, and append it to
