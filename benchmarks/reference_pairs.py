@@ -52,10 +52,6 @@ class Family:
     lr: float = 3e-3
 
 
-def _pool(make: Callable[[int], tuple], seed: int) -> tuple:
-    return make(seed)
-
-
 def _batches(make: Callable[[int], tuple[torch.Tensor, ...]]) -> Callable[[int, int], tuple]:
     cache: dict[int, tuple] = {}
 
@@ -189,8 +185,11 @@ def main() -> None:
     parser.add_argument("--no-loss-gate", action="store_true",
                         help="compare norm ratios at every step, also once the loss fell below 1e-3 of its first "
                              "(to measure what the gate prevents)")
+    parser.add_argument("--ratio-margin", type=float, default=ReferenceThresholds.ratio_margin,
+                        help="decades beyond the reference's range of a norm ratio (default %(default)s)")
     args = parser.parse_args()
-    thresholds = ReferenceThresholds(converged=0.0) if args.no_loss_gate else ReferenceThresholds()
+    thresholds = ReferenceThresholds(converged=0.0 if args.no_loss_gate else ReferenceThresholds.converged,
+                                     ratio_margin=args.ratio_margin)
     torch.set_num_threads(1)
     chosen = [f for f in families() if not args.families or f.name in args.families]
     alarms, healthy, detected, faulty, exact = 0, 0, 0, 0, 0

@@ -33,7 +33,7 @@ def model(width: int = 16) -> nn.Sequential:
 
 def train(folder: Path, trial: str, seed: int, *, before: Hook | None = None, freeze_first: bool = False,
           dtype: torch.dtype = torch.float32, scale: Callable[[int], float] = lambda step: 1.0,
-          width: int = 16, steps: int = STEPS) -> Path:
+          width: int = 16, steps: int = STEPS, step_type: Callable[[int], str] | None = None) -> Path:
     """A tiny classifier trained with Adam (one param group per Linear), recorded by NeuralDbg."""
     torch.manual_seed(seed)
     net = model(width).to(dtype)
@@ -45,9 +45,11 @@ def train(folder: Path, trial: str, seed: int, *, before: Hook | None = None, fr
     centres = torch.randn(3, 6, generator=torch.Generator().manual_seed(7)) * 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with NeuralDbg(net, folder, trial=trial):
+        with NeuralDbg(net, folder, trial=trial) as dbg:
             for step in range(steps):
                 net.train()
+                if step_type is not None:
+                    dbg.step_type = step_type(step)
                 if before is not None:
                     before(step, net, optimizer)
                 y = torch.randint(0, 3, (16,), generator=g)
@@ -169,6 +171,22 @@ def test_a_dropout_left_in_eval_mode_in_training_steps(runs: Path, reference: Pa
     assert "eval() mode where the reference ran it in train() mode" in h.sentence
 
 
+def test_the_mode_is_learnt_per_step_type(runs: Path) -> None:
+    def kind(step: int) -> str:
+        return "plain" if step % 2 else "noisy"
+
+    def eval_in_plain_steps(step: int, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if kind(step) == "plain":
+            net[2].eval()  # on purpose: these steps train without dropout
+
+    good = train(runs, "typed-good", 0, before=eval_in_plain_steps, step_type=kind)
+    assert found(good, train(runs, "typed-seed", 1, before=eval_in_plain_steps, step_type=kind)) == []
+    hypotheses = found(good, train(runs, "typed-bad", 1, before=eval_dropout, step_type=kind))
+    h = only(hypotheses, "wrong_mode")
+    assert (h.node, h.onset) == ("model.2", 0) and "in 'noisy' steps" in h.sentence
+    assert [x.type for x in hypotheses].count("wrong_mode") == 1  # the 'plain' steps ran in eval() there too
+
+
 # ---- norm ratios between layers ---------------------------------------------------------------------------------
 def test_a_backward_hook_scaling_a_gradient_breaks_the_gradient_ratio(runs: Path, reference: Path) -> None:
     def hook(step: int, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -214,8 +232,9 @@ def test_ratios_are_compared_only_while_the_loss_is_above_a_thousandth_of_the_fi
 # ---- not comparable ---------------------------------------------------------------------------------------------
 def test_another_model_structure_raises_reference_mismatch(runs: Path, reference: Path) -> None:
     wide = trained(runs, "wide", 1, width=24, steps=4)
-    with pytest.raises(ReferenceMismatchError, match=r"3 node\(s\) have other shapes .*'model.0.parameters': "
-                                                     r"\[\[16\], \[16, 6\]\] in the reference, \[\[24\], \[24, 6\]\] here"):
+    expected = (r"3 node\(s\) have other shapes .*'model.0.parameters': \[\[16\], \[16, 6\]\] in the reference, "
+                r"\[\[24\], \[24, 6\]\] here")
+    with pytest.raises(ReferenceMismatchError, match=expected):
         analyze(wide, reference=reference)
 
 
@@ -267,3 +286,37 @@ def test_cli_explain_with_a_mismatched_reference_exits_2_with_one_line(runs: Pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "other shapes" in err[0]
     assert issubclass(ReferenceMismatchError, ComgraError)
+
+
+def record_explicitly(folder: Path, trial: str, seed: int, *, scale: float = 1.0) -> Path:
+    """The README's explicit-registration loop: a tracked model, input, hidden, output and loss registered."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(200 + seed)
+    with Recorder(folder, trial=trial) as rec:
+        rec.track_module("model", net)
+        for step in range(20):
+            x, y = torch.randn(16, 8, generator=g) * scale, torch.randint(0, 3, (16,), generator=g)
+            rec.start_step(step, step_type="train")
+            rec.register_tensor("input", x, role="input")
+            h = rec.register_tensor("hidden", net[1](net[0](x)))
+            out = rec.register_tensor("output", net[2](h), role="output")
+            loss = rec.register_tensor("loss", F.cross_entropy(out, y), role="loss")
+            optimizer.zero_grad()
+            loss.backward()
+            rec.record_gradients()
+            optimizer.step()
+            rec.record_kpi("loss", loss)
+            rec.finish_step()
+    return folder / trial
+
+
+def test_recordings_made_with_the_recorder_compare_too(tmp_path: Path) -> None:
+    good = record_explicitly(tmp_path, "good", 0)
+    assert found(good, record_explicitly(tmp_path, "other-seed", 1)) == []
+    h = only(found(good, record_explicitly(tmp_path, "raw", 1, scale=300.0)), "unnormalised_input")
+    assert (h.node, h.onset) == ("input", 0)
+    with open_recording(good) as ref:
+        rules = {inv.rule for inv in compare_runs(load_run_facts(ref), load_run_facts(ref)).invariants}
+    assert {"trains", "dtype", "input_range", "grad_ratio", "update_ratio"} <= rules

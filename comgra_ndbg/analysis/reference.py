@@ -89,7 +89,8 @@ def check_comparable(run: RunFacts, reference: RunFacts) -> None:
             f"{len(union)} parameter nodes are in both runs (only in the run: {_names(params[0] - params[1])}; "
             f"only in the reference: {_names(params[1] - params[0])}): {fix}")
     shapes, ref_shapes = run.shapes or {}, reference.shapes or {}
-    differ = [n for n in sorted(params[0] & params[1]) if n in shapes and n in ref_shapes and shapes[n] != ref_shapes[n]]
+    differ = [n for n in sorted(params[0] & params[1])
+              if n in shapes and n in ref_shapes and shapes[n] != ref_shapes[n]]
     if differ:
         n = differ[0]
         raise ReferenceMismatchError(
@@ -154,8 +155,9 @@ def with_reference(diagnosis: Diagnosis, comparison: ReferenceComparison) -> Dia
     invariants' (ahead of statistical hypotheses that start no earlier), and a note saying what was compared.
     A hypothesis the run's own analysis already holds (same type, origin and node) is not repeated."""
     have = {(h.type, h.origin, h.node) for h in diagnosis.hypotheses}
+    data = {h.type for h in diagnosis.hypotheses if h.origin == "data"}
     extra = [h for h in comparison.hypotheses if (h.type, h.origin, h.node) not in have
-             and not (h.origin == "data" and any(x.type == h.type and x.origin == "data" for x in diagnosis.hypotheses))]
+             and not (h.origin == "data" and h.type in data)]
     events = list(diagnosis.events)
     for event in comparison.events:
         at = next((i for i, e in enumerate(events) if e.onset > event.onset), len(events))
@@ -211,7 +213,8 @@ def _words(f: Finding) -> tuple[str, str]:
                 f"model.half()/.double()), or use torch.autocast for mixed precision and keep the weights in float32")
     if inv.rule == "input_range":
         bigger = f.measured > inv.high
-        return (f"Inputs far outside the reference's range: '{node}' has an rms of {f.measured:.3g} ({f.measured_text}) "
+        return (f"Inputs far outside the reference's range: '{node}' has an rms of {f.measured:.3g} "
+                f"({f.measured_text}) "
                 f"at step {onset}, {10 ** f.magnitude:.3g}× {'above' if bigger else 'below'} the reference's range "
                 f"{inv.low:.3g}–{inv.high:.3g} (abs max up to {float(inv.value):.3g})",
                 "preprocess the inputs as the reference does (e.g. scale raw 0–255 pixels to 0–1 with / 255, "
@@ -233,5 +236,6 @@ def _words(f: Finding) -> tuple[str, str]:
               f"training) with the reference's for '{node}'")
     against = f"'{inv.value}'" if inv.value else "the median layer"
     return (f"The {what} norm of '{node}' relative to {against} is {10 ** f.measured:.3g}× at step {onset} "
-            f"against {10 ** inv.low:.3g}×–{10 ** inv.high:.3g}× in the reference run{_reference_values(f.evidence)} "
+            f"against {10 ** inv.low:.3g}×–{10 ** inv.high:.3g}× in the reference run"
+            f"{_reference_values(f.evidence)} "
             f"(compared while the loss is above 1e-3 of its first value): {cause}", remedy)
