@@ -42,8 +42,8 @@ class ProfileConfig:
     profiled; default :func:`default_profile_policy`. ``memory_every``: process memory is sampled every k-th
     step (1: every step). ``flops``: count forward FLOPs per module on the second profiled step of each step
     type (the first pays one-off work; that step runs under ``torch.utils.flop_counter``, whose dispatch
-    overhead would distort its times, so its time fields are NaN). ``backward``: time each module's autograd nodes. ``saved_tensors``:
-    count the activation bytes each module keeps for backward.
+    overhead would distort its times, so its time fields are NaN). ``backward``: time each module's autograd
+    nodes. ``saved_tensors``: count the activation bytes each module keeps for backward.
 
     >>> ProfileConfig(steps=5).memory_every
     1

@@ -141,13 +141,13 @@ class ModuleProfiler:
 
     def _make_pre(self, index: int) -> Callable[..., None]:
         def pre(module: nn.Module, args: Any) -> None:
-            if self._current is not None and not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and self._current is not None:  # compiled code: no guard on it
                 self._guarded(self._enter, index)
         return pre
 
     def _make_post(self, index: int) -> Callable[..., None]:
         def post(module: nn.Module, args: Any, output: Any) -> None:
-            if self._current is not None and not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and self._current is not None:  # compiled code: no guard on it
                 self._guarded(self._leave, index, output)
         return post
 
@@ -324,8 +324,8 @@ class ModuleProfiler:
     def close(self, writer: Any) -> None:
         """Wait for the device marks of every pending profile and write them; remove the hooks."""
         self.remove()
-        for profile in self._pending:
-            for mark in profile.marks()[-1:]:
+        for profile in self._pending:  # backward marks may sit on another stream: wait for each
+            for mark in profile.marks():
                 self._clock.wait(mark)
         self._write_ready(writer, wait=True)
 
