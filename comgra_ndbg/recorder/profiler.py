@@ -68,6 +68,7 @@ class _StepProfile:
         self.nodes: list[Any] = []  # the hooked autograd nodes, alive until the step ends (ids stay unique)
         self.storages: set[int] = set()  # counted already, or a parameter's
         self.contexts: list[Any] = []  # saved-tensor hooks and the FLOP counter, entered at the outermost call
+        self.saved_unknown = False  # a pass ran under someone else's saved-tensor hooks: bytes not counted
 
     def marks(self) -> list[Any]:
         """Every clock mark taken (calls cut short by an exception have no end mark)."""
@@ -171,6 +172,8 @@ class ModuleProfiler:
     def _enter(self, index: int) -> None:
         profile = self._current
         if not profile.stack:
+            if _in_backward():  # an activation checkpoint's recomputation: no forward call of the step
+                return
             self._open_contexts(profile)
         memory = self._memory
         alloc0 = math.nan
@@ -211,10 +214,14 @@ class ModuleProfiler:
             _unwind(profile)
 
     def _open_contexts(self, profile: _StepProfile) -> None:
+        """Enter the saved-tensor hooks and the FLOP counter for the outermost call's pass."""
         if self.config.saved_tensors and torch.is_grad_enabled():
-            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-            hooks.__enter__()
-            profile.contexts.append(hooks)
+            if _other_saved_hooks():  # e.g. the model runs inside checkpoint(): ours would take its tensors
+                profile.saved_unknown = True
+            else:
+                hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+                hooks.__enter__()
+                profile.contexts.append(hooks)
         if profile.count_flops:
             counter = _ModuleFlops(self)
             counter.__enter__()
@@ -365,12 +372,27 @@ class ModuleProfiler:
                 data[index, _F[field]] = value
         if not self._memory.available:
             data[:, [_F["allocated_delta"], _F["peak_delta"]]] = math.nan
+        if profile.saved_unknown or not self.config.saved_tensors:
+            data[:, _F["saved_bytes"]] = math.nan
         if profile.count_flops:  # the FLOP counter's dispatch overhead distorts that step's times
             data[:, [_F["forward_time"], _F["forward_inclusive"], _F["backward_time"]]] = math.nan
         else:
             data[:, _F["flops"]] = math.nan
         chosen = np.flatnonzero(used)
         return [self.names[i] for i in chosen], data[chosen]
+
+
+def _in_backward() -> bool:
+    """Whether the autograd engine is running a backward pass on this thread (a checkpoint recomputes there)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
+def _other_saved_hooks() -> bool:
+    """Whether saved-tensor hooks of someone else are active (or cannot be told): then the profiler pushes none,
+    since the innermost hooks take every saved tensor and activation checkpointing depends on its own."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
