@@ -29,11 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from comgra_ndbg.instrument.hooks import tensor_leaves
-from comgra_ndbg.recorder.profile_config import (CudaMemory, EventClock, HostClock, NoDeviceMemory, ProfileConfig,
-                                                 rss_bytes)
+from comgra_ndbg.recorder.profile_config import (CudaMemory, EventClock, HostClock, ModuleFlops, NoDeviceMemory,
+                                                 ProfileConfig, rss_bytes)
 from comgra_ndbg.store import schema
 
 __all__ = ["ModuleProfiler"]
@@ -80,26 +79,6 @@ class _StepProfile:
         self.nodes.clear()
         self.claimed.clear()
         self.storages.clear()
-
-
-class _ModuleFlops(FlopCounterMode):
-    """``FlopCounterMode`` attributing each op to the innermost profiled module running (the profiler's own
-    stack) instead of its module tracker, whose global hooks it does not install."""
-
-    def __init__(self, owner: ModuleProfiler) -> None:
-        super().__init__(display=False)
-        self._owner = owner
-
-    def __enter__(self) -> _ModuleFlops:
-        super().__enter__()
-        self.mod_tracker.__exit__()  # modules come from the profiler's stack
-        return self
-
-    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
-        formula = self.flop_registry.get(func_packet)
-        if formula is not None:
-            self._owner.add_flops(float(formula(*args, **kwargs, out_val=out)))
-        return out
 
 
 class ModuleProfiler:
@@ -223,7 +202,7 @@ class ModuleProfiler:
                 hooks.__enter__()
                 profile.contexts.append(hooks)
         if profile.count_flops:
-            counter = _ModuleFlops(self)
+            counter = ModuleFlops(self.add_flops)
             counter.__enter__()
             profile.contexts.append(counter)
 
