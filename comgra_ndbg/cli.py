@@ -303,7 +303,37 @@ def _add_export(subparsers: Any) -> None:
     parser.set_defaults(handler=_export)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export]
+def _profile(args: argparse.Namespace) -> int:
+    from comgra_ndbg.analysis.profile import profile_report
+    from comgra_ndbg.store import schema
+    from comgra_ndbg.store.reader import open_recording
+
+    with open_recording(args.path, args.trial) as recording:
+        tables = recording.profile()
+        if tables.is_empty:
+            print(f"{recording.trial}: no profile (record with NeuralDbg(model, profile=True))")
+            return 1
+        report = profile_report(tables.modules, tables.data, schema.PROFILE_FIELDS, tables.process_steps,
+                                tables.process_field("rss"), tables.process_field("step_time"))
+        print(f"{recording.trial}: {report.profiled_steps} profiled steps, median step "
+              f"{report.step_time * 1e3:.4g} ms\n{report.table(args.limit)}")
+    return 0
+
+
+def _add_profile(subparsers: Any) -> None:
+    parser = subparsers.add_parser("profile", help="time and memory per layer of a profiled run",
+                                   description="Print each module's median exclusive forward and backward time, "
+                                               "saved activation memory and FLOPs (hot layers marked *), and "
+                                               "whether process memory leaks. Needs a recording made with "
+                                               "profile=True.")
+    parser.add_argument("path", help="group folder, trial folder or .h5 file")
+    parser.add_argument("--trial", help="the trial of a group folder (default: the first)")
+    parser.add_argument("--limit", type=int, default=15, metavar="N", help="modules listed (default 15)")
+    parser.set_defaults(handler=_profile)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_gui, _add_info, _add_check, _add_explain, _add_export,
+                                            _add_profile]
 
 
 def build_parser() -> argparse.ArgumentParser:
