@@ -349,3 +349,62 @@ def test_activation_checkpointing_trains_bit_identically_under_profiling(tmp_pat
         assert np.isnan(saved).all()
     else:
         assert (saved == 4 * 8 * 4).all()  # Linear a keeps its input
+
+
+class LSTMNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(6, 12, batch_first=True), nn.Linear(12, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)  # a tuple output with a nested tuple
+        return self.head(out[:, -1])
+
+
+class EncoderNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(6, 2, 12, dropout=0.0, batch_first=True)
+        self.encoder, self.head = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(1))
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv1d(5, 8, 3), nn.BatchNorm1d(8), nn.ReLU(inplace=True), nn.Flatten(),
+                                 nn.Linear(8 * 4, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def neuraldbg_run(make: type, folder: Path | None) -> tuple[list[torch.Tensor], Any]:
+    torch.manual_seed(0)
+    model = make()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 5, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(4)]
+    dbg = NeuralDbg(model, folder, trial="t", profile=ProfileConfig(steps=True), snapshots=None) if folder else None
+    for x, y in data:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    found = None
+    if dbg is not None:
+        dbg.close()
+        with open_recording(folder, "t") as recording:
+            found = (recording.profile(), recording.problems())
+    return [p.detach().clone() for p in model.parameters()], found
+
+
+@pytest.mark.parametrize("make", [LSTMNet, EncoderNet, ConvNet], ids=["lstm", "transformer", "conv-bn-inplace"])
+def test_profiling_every_step_changes_no_result(tmp_path: Path, make: type) -> None:
+    bare, _ = neuraldbg_run(make, None)
+    profiled, (profile, problems) = neuraldbg_run(make, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(bare, profiled)) and problems == []
+    assert profile.steps.tolist() == [0, 1, 2, 3] and len(profile.modules) > 2
+    times = profile.field("forward_time")[[0, 2, 3]]
+    assert np.isfinite(times[:, 0]).all() and (np.nansum(profile.field("backward_time")[[0, 2, 3]], axis=1) > 0).all()
