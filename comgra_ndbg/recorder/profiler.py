@@ -230,10 +230,10 @@ class ModuleProfiler:
 
     def _claim_nodes(self, profile: _StepProfile, index: int, output: Any, sequence: int) -> None:
         """Hook the autograd nodes created since the call began that no inner module claimed."""
-        todo = [t.grad_fn for _, t in tensor_leaves(output) if t.grad_fn is not None]
+        frontier = [t.grad_fn for _, t in tensor_leaves(output) if t.grad_fn is not None]
         seen: set[int] = set()
-        while todo:
-            node = todo.pop()
+        while frontier:
+            node = frontier.pop()
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
@@ -244,7 +244,7 @@ class ModuleProfiler:
                 profile.claimed.add(id(node))
                 profile.nodes.append(node)
                 self._time_node(profile, index, node)
-            todo.extend(following for following, _ in node.next_functions)
+            frontier.extend(following for following, _ in node.next_functions)
 
     def _time_node(self, profile: _StepProfile, index: int, node: Any) -> None:
         clock, cell = self._clock, [None]
@@ -363,8 +363,8 @@ class ModuleProfiler:
 
 def _in_backward() -> bool:
     """Whether the autograd engine is running a backward pass on this thread (a checkpoint recomputes there)."""
-    task = getattr(torch._C, "_current_graph_task_id", None)
-    return task is not None and task() != -1
+    graph_id = getattr(torch._C, "_current_graph_task_id", None)
+    return graph_id is not None and graph_id() != -1
 
 
 def _other_saved_hooks() -> bool:
