@@ -67,7 +67,7 @@ def test_per_module_times_add_up_to_the_forward_pass_and_most_of_the_step(tmp_pa
     total = forward.sum(axis=1) + backward.sum(axis=1)
     assert (total <= step_time).all(), (total, step_time)
     shares = (total / step_time)[1:]  # step 0 pays one-off costs (allocations, first kernels)
-    assert np.median(shares) > 0.5, shares
+    assert np.median(shares) > 0.7, shares  # about 0.9 here: the rest is zero_grad, the optimizer, the loss
     assert (profile.process_field("rss") > 2**20).all() and (profile.process_field("profiled") == 1).all()
 
 
