@@ -4,6 +4,7 @@ installing nothing."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -66,7 +67,7 @@ def test_per_module_times_add_up_to_the_forward_pass_and_most_of_the_step(tmp_pa
     total = forward.sum(axis=1) + backward.sum(axis=1)
     assert (total <= step_time).all(), (total, step_time)
     shares = (total / step_time)[1:]  # step 0 pays one-off costs (allocations, first kernels)
-    assert np.median(shares) > 0.5, shares
+    assert np.median(shares) > 0.7, shares  # about 0.9 here: the rest is zero_grad, the optimizer, the loss
     assert (profile.process_field("rss") > 2**20).all() and (profile.process_field("profiled") == 1).all()
 
 
@@ -270,7 +271,7 @@ def test_close_waits_for_the_last_events_instead_of_dropping_them() -> None:
     profiler.finish_step(0, "train", writer)
     assert writer.profile == []
     profiler.close(writer)
-    assert device.syncs == 1 and [s for s, _, _ in writer.profile] == [0]
+    assert device.syncs == 4 and [s for s, _, _ in writer.profile] == [0]  # 2 calls, a start and an end event each
     assert len(model[0]._forward_hooks) == 0
 
 
@@ -296,3 +297,114 @@ def test_profile_tables_survive_segments_and_their_merge_and_read_with_plain_h5p
         assert profile.at(2)[:, F["saved_bytes"]].tolist() == [0.0, 84.0, 60.0]
         with pytest.raises(UnknownSeriesError, match="not profiled"):
             profile.at(1)
+
+
+class Checkpointed(nn.Module):
+    """A block run under activation checkpointing, both kinds: it recomputes in the backward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 2)
+        self.block = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(self.block, torch.relu(self.a(x)), use_reentrant=False)
+        return self.b(checkpoint(self.block, h, use_reentrant=True))
+
+
+def checkpointed_run(folder: Path | None, *, whole: bool) -> tuple[list[torch.Tensor], Any]:
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = Checkpointed()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(4)]
+    rec = Recorder(folder, "t", profile=ProfileConfig(steps=True)) if folder else Recorder("", enabled=False)
+    rec.profile_module("model", model)
+    with rec:
+        for step, (x, y) in enumerate(data):
+            with rec.step(step):
+                optimizer.zero_grad()
+                out = checkpoint(model, x, use_reentrant=False) if whole else model(x)
+                nn.functional.cross_entropy(out, y).backward()
+                optimizer.step()
+    profile = None
+    if folder:
+        with open_recording(folder, "t") as recording:
+            profile = recording.profile()
+    return [p.detach().clone() for p in model.parameters()], profile
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["blocks", "whole model"])
+def test_activation_checkpointing_trains_bit_identically_under_profiling(tmp_path: Path, whole: bool) -> None:
+    bare, _ = checkpointed_run(None, whole=whole)
+    profiled, profile = checkpointed_run(tmp_path, whole=whole)
+    assert all(torch.equal(a, b) for a, b in zip(bare, profiled))
+    calls = profile.field("calls")[:, profile.modules.index("model.block")]
+    assert (calls == 2).all()  # the two forward calls; the recomputations in backward are not forward calls
+    saved = profile.field("saved_bytes")[:, profile.modules.index("model.a")]
+    if whole:  # checkpoint()'s own saved-tensor hooks are active: the profiler leaves them alone
+        assert np.isnan(saved).all()
+    else:
+        assert (saved == 4 * 8 * 4).all()  # Linear a keeps its input
+
+
+class LSTMNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(6, 12, batch_first=True), nn.Linear(12, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)  # a tuple output with a nested tuple
+        return self.head(out[:, -1])
+
+
+class EncoderNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(6, 2, 12, dropout=0.0, batch_first=True)
+        self.encoder, self.head = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(1))
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv1d(5, 8, 3), nn.BatchNorm1d(8), nn.ReLU(inplace=True), nn.Flatten(),
+                                 nn.Linear(8 * 4, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def neuraldbg_run(make: type, folder: Path | None) -> tuple[list[torch.Tensor], Any]:
+    torch.manual_seed(0)
+    model = make()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 5, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(4)]
+    dbg = NeuralDbg(model, folder, trial="t", profile=ProfileConfig(steps=True), snapshots=None) if folder else None
+    for x, y in data:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    found = None
+    if dbg is not None:
+        dbg.close()
+        with open_recording(folder, "t") as recording:
+            found = (recording.profile(), recording.problems())
+    return [p.detach().clone() for p in model.parameters()], found
+
+
+@pytest.mark.parametrize("make", [LSTMNet, EncoderNet, ConvNet], ids=["lstm", "transformer", "conv-bn-inplace"])
+def test_profiling_every_step_changes_no_result(tmp_path: Path, make: type) -> None:
+    bare, _ = neuraldbg_run(make, None)
+    profiled, (profile, problems) = neuraldbg_run(make, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(bare, profiled)) and problems == []
+    assert profile.steps.tolist() == [0, 1, 2, 3] and len(profile.modules) > 2
+    times = profile.field("forward_time")[[0, 2, 3]]
+    assert np.isfinite(times[:, 0]).all() and (np.nansum(profile.field("backward_time")[[0, 2, 3]], axis=1) > 0).all()

@@ -99,3 +99,18 @@ def test_the_profile_tab_in_chromium_shows_the_bars_and_rings_the_hot_layer(fold
         wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, f"#{PROFILE_PROCESS} .js-plotly-plot"),
                  "the process memory plot")
         assert console_problems(driver) == []
+
+
+def test_the_profile_command_prints_the_layers_hot_first_and_the_memory_verdict(folder: Path, tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture) -> None:
+    from comgra_ndbg.cli import main
+
+    assert main(["profile", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("t: 6 profiled steps, median step")
+    rows = [line for line in out[2:] if line.startswith(("* ", "  "))]
+    assert sorted(row.split()[1 if row.startswith("*") else 0] for row in rows) == MODULES
+    assert any(row.startswith("* model.3") for row in rows)  # hot in memory
+    assert out[-1].startswith("Too few steps to test process memory") or out[-1].startswith("No memory leak")
+    record(tmp_path, profile=None)
+    assert main(["profile", str(tmp_path)]) == 1 and "no profile" in capsys.readouterr().out

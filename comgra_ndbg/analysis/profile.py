@@ -96,6 +96,17 @@ class ProfileReport:
     def hot(self) -> tuple[LayerCost, ...]:
         return tuple(layer for layer in self.layers if layer.hot)
 
+    def table(self, limit: int = 15) -> str:
+        """The layers as aligned text, most expensive first, hot ones marked ``*``; then the notes."""
+        lines = [f"{'module':<32} {'fwd ms':>9} {'bwd ms':>9} {'time %':>7} {'saved MiB':>10} {'MFLOP':>10}"]
+        for layer in self.layers[:limit]:
+            lines.append(f"{('* ' if layer.hot else '  ') + layer.module:<32} {layer.forward_time * 1e3:>9.4g} "
+                         f"{layer.backward_time * 1e3:>9.4g} {layer.time_share * 100:>7.1f} "
+                         f"{layer.saved_bytes / MIB:>10.4g} {layer.flops / 1e6:>10.4g}")
+        if len(self.layers) > limit:
+            lines.append(f"  ... {len(self.layers) - limit} more modules")
+        return "\n".join(lines + list(self.notes()))
+
     def notes(self) -> tuple[str, ...]:
         """One sentence per finding, for ``Diagnosis.notes``."""
         out = []
@@ -108,7 +119,7 @@ class ProfileReport:
             out.append("Hot layers (activation memory): " + ", ".join(
                 f"{layer.module} {layer.memory_share:.0%} ({layer.saved_bytes / MIB:.3g} MiB)"
                 for layer in hot_memory) + ".")
-        if self.memory is not None and self.memory.onset >= 0:
+        if self.memory is not None:
             out.append(self.memory.sentence())
         return tuple(out)
 

@@ -6,6 +6,8 @@ policy, adaptive by default: the first steps, then each step type at gaps that g
 profiled step, so a long run pays for a logarithmic number of profiled steps. Process memory (RSS, the
 device allocator) is one cheap read per step, so a leak shows as a line over every step.
 
+FLOPs: :class:`ModuleFlops`, ``torch.utils.flop_counter``'s formulas reported op by op.
+
 Clocks: on the host a :class:`HostClock` (``time.perf_counter``); on a GPU a :class:`EventClock` records
 CUDA events and reads their elapsed time only once they have completed, at a later step or at ``close()``,
 so the training step never waits for the device.
@@ -20,12 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.recorder.policy import FirstN, PerTypeBackoff, Policy, PolicySpec, as_policy
 
 __all__ = ["ProfileConfig", "as_profile_config", "HostClock", "EventClock", "CudaMemory", "NoDeviceMemory",
-           "rss_bytes", "default_profile_policy"]
+           "rss_bytes", "default_profile_policy", "ModuleFlops"]
 
 
 def default_profile_policy() -> Policy:
@@ -42,8 +45,8 @@ class ProfileConfig:
     profiled; default :func:`default_profile_policy`. ``memory_every``: process memory is sampled every k-th
     step (1: every step). ``flops``: count forward FLOPs per module on the second profiled step of each step
     type (the first pays one-off work; that step runs under ``torch.utils.flop_counter``, whose dispatch
-    overhead would distort its times, so its time fields are NaN). ``backward``: time each module's autograd nodes. ``saved_tensors``:
-    count the activation bytes each module keeps for backward.
+    overhead would distort its times, so its time fields are NaN). ``backward``: time each module's autograd
+    nodes. ``saved_tensors``: count the activation bytes each module keeps for backward.
 
     >>> ProfileConfig(steps=5).memory_every
     1
@@ -171,3 +174,23 @@ def rss_bytes() -> float:
             return float(int(f.read().split()[1]) * _PAGE)
     except (OSError, ValueError, IndexError):
         return math.nan
+
+
+class ModuleFlops(FlopCounterMode):
+    """``FlopCounterMode`` that hands each op's FLOPs to ``add`` (the profiler attributes them to the innermost
+    module running, from its own stack) instead of its module tracker, whose global hooks it does not keep."""
+
+    def __init__(self, add: Callable[[float], None]) -> None:
+        super().__init__(display=False)
+        self._add = add
+
+    def __enter__(self) -> ModuleFlops:
+        super().__enter__()
+        self.mod_tracker.__exit__()  # modules come from the profiler's stack
+        return self
+
+    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+        formula = self.flop_registry.get(func_packet)
+        if formula is not None:
+            self._add(float(formula(*args, **kwargs, out_val=out)))
+        return out

@@ -29,11 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from comgra_ndbg.instrument.hooks import tensor_leaves
-from comgra_ndbg.recorder.profile_config import (CudaMemory, EventClock, HostClock, NoDeviceMemory, ProfileConfig,
-                                                 rss_bytes)
+from comgra_ndbg.recorder.profile_config import (CudaMemory, EventClock, HostClock, ModuleFlops, NoDeviceMemory,
+                                                 ProfileConfig, rss_bytes)
 from comgra_ndbg.store import schema
 
 __all__ = ["ModuleProfiler"]
@@ -68,6 +67,7 @@ class _StepProfile:
         self.nodes: list[Any] = []  # the hooked autograd nodes, alive until the step ends (ids stay unique)
         self.storages: set[int] = set()  # counted already, or a parameter's
         self.contexts: list[Any] = []  # saved-tensor hooks and the FLOP counter, entered at the outermost call
+        self.saved_unknown = False  # a pass ran under someone else's saved-tensor hooks: bytes not counted
 
     def marks(self) -> list[Any]:
         """Every clock mark taken (calls cut short by an exception have no end mark)."""
@@ -79,26 +79,6 @@ class _StepProfile:
         self.nodes.clear()
         self.claimed.clear()
         self.storages.clear()
-
-
-class _ModuleFlops(FlopCounterMode):
-    """``FlopCounterMode`` attributing each op to the innermost profiled module running (the profiler's own
-    stack) instead of its module tracker, whose global hooks it does not install."""
-
-    def __init__(self, owner: ModuleProfiler) -> None:
-        super().__init__(display=False)
-        self._owner = owner
-
-    def __enter__(self) -> _ModuleFlops:
-        super().__enter__()
-        self.mod_tracker.__exit__()  # modules come from the profiler's stack
-        return self
-
-    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
-        formula = self.flop_registry.get(func_packet)
-        if formula is not None:
-            self._owner.add_flops(float(formula(*args, **kwargs, out_val=out)))
-        return out
 
 
 class ModuleProfiler:
@@ -141,13 +121,13 @@ class ModuleProfiler:
 
     def _make_pre(self, index: int) -> Callable[..., None]:
         def pre(module: nn.Module, args: Any) -> None:
-            if self._current is not None and not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and self._current is not None:  # compiled code: no guard on it
                 self._guarded(self._enter, index)
         return pre
 
     def _make_post(self, index: int) -> Callable[..., None]:
         def post(module: nn.Module, args: Any, output: Any) -> None:
-            if self._current is not None and not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and self._current is not None:  # compiled code: no guard on it
                 self._guarded(self._leave, index, output)
         return post
 
@@ -171,6 +151,8 @@ class ModuleProfiler:
     def _enter(self, index: int) -> None:
         profile = self._current
         if not profile.stack:
+            if _in_backward():  # an activation checkpoint's recomputation: no forward call of the step
+                return
             self._open_contexts(profile)
         memory = self._memory
         alloc0 = math.nan
@@ -211,12 +193,16 @@ class ModuleProfiler:
             _unwind(profile)
 
     def _open_contexts(self, profile: _StepProfile) -> None:
+        """Enter the saved-tensor hooks and the FLOP counter for the outermost call's pass."""
         if self.config.saved_tensors and torch.is_grad_enabled():
-            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-            hooks.__enter__()
-            profile.contexts.append(hooks)
+            if _other_saved_hooks():  # e.g. the model runs inside checkpoint(): ours would take its tensors
+                profile.saved_unknown = True
+            else:
+                hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+                hooks.__enter__()
+                profile.contexts.append(hooks)
         if profile.count_flops:
-            counter = _ModuleFlops(self)
+            counter = ModuleFlops(self.add_flops)
             counter.__enter__()
             profile.contexts.append(counter)
 
@@ -244,10 +230,10 @@ class ModuleProfiler:
 
     def _claim_nodes(self, profile: _StepProfile, index: int, output: Any, sequence: int) -> None:
         """Hook the autograd nodes created since the call began that no inner module claimed."""
-        todo = [t.grad_fn for _, t in tensor_leaves(output) if t.grad_fn is not None]
+        frontier = [t.grad_fn for _, t in tensor_leaves(output) if t.grad_fn is not None]
         seen: set[int] = set()
-        while todo:
-            node = todo.pop()
+        while frontier:
+            node = frontier.pop()
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
@@ -258,7 +244,7 @@ class ModuleProfiler:
                 profile.claimed.add(id(node))
                 profile.nodes.append(node)
                 self._time_node(profile, index, node)
-            todo.extend(following for following, _ in node.next_functions)
+            frontier.extend(following for following, _ in node.next_functions)
 
     def _time_node(self, profile: _StepProfile, index: int, node: Any) -> None:
         clock, cell = self._clock, [None]
@@ -324,8 +310,8 @@ class ModuleProfiler:
     def close(self, writer: Any) -> None:
         """Wait for the device marks of every pending profile and write them; remove the hooks."""
         self.remove()
-        for profile in self._pending:
-            for mark in profile.marks()[-1:]:
+        for profile in self._pending:  # backward marks may sit on another stream: wait for each
+            for mark in profile.marks():
                 self._clock.wait(mark)
         self._write_ready(writer, wait=True)
 
@@ -365,12 +351,27 @@ class ModuleProfiler:
                 data[index, _F[field]] = value
         if not self._memory.available:
             data[:, [_F["allocated_delta"], _F["peak_delta"]]] = math.nan
+        if profile.saved_unknown or not self.config.saved_tensors:
+            data[:, _F["saved_bytes"]] = math.nan
         if profile.count_flops:  # the FLOP counter's dispatch overhead distorts that step's times
             data[:, [_F["forward_time"], _F["forward_inclusive"], _F["backward_time"]]] = math.nan
         else:
             data[:, _F["flops"]] = math.nan
         chosen = np.flatnonzero(used)
         return [self.names[i] for i in chosen], data[chosen]
+
+
+def _in_backward() -> bool:
+    """Whether the autograd engine is running a backward pass on this thread (a checkpoint recomputes there)."""
+    graph_id = getattr(torch._C, "_current_graph_task_id", None)
+    return graph_id is not None and graph_id() != -1
+
+
+def _other_saved_hooks() -> bool:
+    """Whether saved-tensor hooks of someone else are active (or cannot be told): then the profiler pushes none,
+    since the innermost hooks take every saved tensor and activation checkpointing depends on its own."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
