@@ -18,6 +18,7 @@ from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.output_path import signal_path, squashing_node
 from comgra_ndbg.analysis.output_range import output_range_events, prediction_nodes
 from comgra_ndbg.analysis.series import build_series
+from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.analysis.synthetic import summary_rows
 from comgra_ndbg.compat.comgra import CompatibilityWarning
 from comgra_ndbg.compat.comgra.tutorial import CONFIGURATIONS, Demonstration
@@ -111,7 +112,6 @@ def test_the_walk_names_the_most_upstream_squashing_node_and_stops_at_a_weight()
     roles = {"fc": "intermediate", "act": "intermediate", "out": "output", "w": "parameter", "loss": "loss"}
     rows = {("fc", "value"): RELU, ("act", "value"): RELU, ("out", "value"): RELU, ("w", "value"): SYMMETRIC}
     s = _series(rows, [("w", "fc"), ("fc", "act"), ("act", "out"), ("out", "loss")], roles, ONE)
-    from comgra_ndbg.analysis.structure import NodeInfo
     s = build_series(rows, roles=roles, kpis={"loss": (np.arange(60), ONE)}, graph=s.graph,
                      info={"w": NodeInfo("Linear", (), (2, 1), 2), "fc": NodeInfo("Linear", (), (), 2)})
     assert signal_path(s, "out") == ["out", "act", "fc"]  # fc has weights of its own: the walk ends there

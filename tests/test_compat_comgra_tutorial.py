@@ -14,6 +14,7 @@ import pytest
 
 import comgra_ndbg.compat.comgra as comgra
 from comgra_ndbg import open_recording
+from comgra_ndbg.analysis.api import analyze
 from comgra_ndbg.compat.comgra import CompatibilityWarning
 from comgra_ndbg.compat.comgra.tutorial import CONFIGURATIONS, Demonstration, source_for_comgra
 from comgra_ndbg.gui import callbacks, panels
@@ -109,7 +110,8 @@ def test_recording_leaves_the_training_as_it_was(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_bug_shows_in_the_recorded_output(tmp_path: Path) -> None:
     """The tutorial's bug as the README finds it: in the bugged trial the outputs cannot go far below 0.5
-    (their minimum over the batch stays there), in the fixed trial they approach 0 for targets of 0."""
+    (their minimum over the batch stays there), in the fixed trial they approach 0 for targets of 0; the
+    diagnosis names the squashing output layer of the bugged trial, and not of the fixed one."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompatibilityWarning)
         Demonstration(tmp_path, "bug", steps=300, min_training_steps_difference=1000).run_all_configurations()
@@ -120,6 +122,10 @@ def test_the_bug_shows_in_the_recorded_output(tmp_path: Path) -> None:
             lowest[configuration] = float(minima[steps >= 250].min())
             assert recording.kpi("loss")[0].tolist() == list(range(300))
     assert lowest[BUGGED] > 0.45 and lowest[FIXED] < 0.1
+    bugged = analyze(tmp_path / "bug", trial=f"trial_{BUGGED}", store=False).top
+    assert (bugged.type, bugged.node) == ("output_range", "root_module.subnet_out__out")
+    fixed = analyze(tmp_path / "bug", trial=f"trial_{FIXED}", store=False)
+    assert all(h.type != "output_range" for h in fixed.hypotheses)
 
 
 def test_comgras_minimal_example_runs_on_the_layer(tmp_path: Path) -> None:

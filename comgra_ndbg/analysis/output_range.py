@@ -21,12 +21,13 @@ The rule looks at the *prediction* — the node the loss compares with the targe
 - *probabilities*: the prediction is a probability vector (values in [0, 1], mean exactly 1/C) and the
   loss sits at or above log(1 + (C − 1)/e), the lowest a cross-entropy can reach on inputs in [0, 1].
 
-The failure is named only when the loss did not fall below ``loss_share`` of its first steps' median and
-a node on the prediction's signal path squashes that side (:mod:`~comgra_ndbg.analysis.output_path`);
-without such a node the prediction may still be learning, and nothing is said. The event sits at the
-squashing node, present from the first step (``at_start``) when that node squashed the side already over
-the first ``start_steps`` steps, or when it is a bounded activation pinned at its bound (its range is there
-from step 0, even if training takes a while to press the values against it).
+The failure is named only when it was there from the start — the prediction fell short on that route over
+the first ``window`` steps too, or the same node squashed the same side then (a ReLU cuts its negative side
+from step 0, before training has fitted what it can and the gradient turns one-sided); a shortfall that
+begins mid-run follows from what changed then — the data, the optimizer — which other rules name — the loss did not fall below
+``loss_share`` of its first steps' median, and a node on the prediction's signal path squashes that side
+(:mod:`~comgra_ndbg.analysis.output_path`); without such a node the prediction may still be learning, and
+nothing is said. The event sits at the squashing node, present from the first step (``at_start``).
 
 >>> import numpy as np
 >>> from comgra_ndbg.analysis.series import build_series
@@ -46,13 +47,13 @@ from step 0, even if training takes a while to press the values against it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event, Evidence
-from comgra_ndbg.analysis.output_path import Squash, bounded, pinned, squashing_node
+from comgra_ndbg.analysis.output_path import Squash, pinned, squashing_node
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.shift import strength
 from comgra_ndbg.analysis.structure import parents
@@ -220,6 +221,10 @@ def _squash_for(series: RunSeries, found: Reach, window: slice, t: Thresholds) -
     return None
 
 
+def _same_node(squash: Squash | None, node: str) -> bool:
+    return squash is not None and squash.node == node
+
+
 def output_range_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
                         stop: int | None = None) -> list[Event]:
     """One ``out_of_reach`` event per prediction that cannot reach its targets, at its squashing node."""
@@ -235,19 +240,17 @@ def output_range_events(series: RunSeries, thresholds: Thresholds = Thresholds()
         if found is None:
             continue
         squash = _squash_for(series, found, window, t)
-        if squash is None:
-            continue
+        early = slice(0, min(t.window, window.start))
+        if squash is None or not (reach(series, prediction, early, t) is not None
+                                  or _same_node(_squash_for(series, replace(found, side=squash.side), early, t),
+                                                squash.node)):
+            continue  # nothing squashes, or the shortfall began mid-run: what changed then is another rule's
         events.append(_event(series, found, squash, window, t))
     return events
 
 
 def _event(series: RunSeries, found: Reach, squash: Squash, window: slice, t: Thresholds) -> Event:
     steps = series.steps
-    early = squashing_node(series, found.prediction, squash.side, slice(0, t.start_steps),
-                           compression=t.range_compression)
-    at_start = (early is not None and early.node == squash.node
-                or squash.how == "pinned" and bounded(series, squash.node, slice(0, t.start_steps)))
-    onset = int(steps[0]) if at_start else int(steps[window.start])
     tail = steps[window]
     reached = Evidence(f"{found.prediction}/value/{'min' if found.side == 'low' else 'max'}",
                        tuple(int(v) for v in tail[-3:]), (found.reached,), found.wanted)
@@ -255,6 +258,6 @@ def _event(series: RunSeries, found: Reach, squash: Squash, window: slice, t: Th
                    (squash.ratio, squash.bound), float(found.gap))
     magnitude = float(np.log10(squash.ratio)) if np.isfinite(squash.ratio) else float("inf")
     threshold = {"target": t.range_gap, "gradient": t.range_push, "probabilities": 1.0}[found.route]
-    return Event(FAMILY, squash.node, "value", "normal", STATE, onset, int(steps[window.stop - 1]), magnitude,
-                 strength(found.gap, threshold), (reached, how, Evidence(f"route/{found.route}/{found.prediction}", (), _bounds(series, found.prediction, window))),
-                 at_start=at_start)
+    route = Evidence(f"route/{found.route}/{found.prediction}", (), _bounds(series, found.prediction, window))
+    return Event(FAMILY, squash.node, "value", "normal", STATE, int(steps[0]), int(steps[window.stop - 1]),
+                 magnitude, strength(found.gap, threshold), (reached, how, route), at_start=True)
