@@ -6,7 +6,6 @@ print is checked against what the analysis and the reader say about the same fil
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import shutil
@@ -18,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+from cli_support import demo_group, run_cli as run
 from comgra_ndbg import Recorder, cli, open_recording
 from comgra_ndbg.analysis import analyze, diagnosis_from_dict, to_dict
-from comgra_ndbg.demo import run_demo
 from comgra_ndbg.export import SUMMARY_COLUMNS
 from comgra_ndbg.statistics import STATISTICS
 from comgra_ndbg.store.results import results_path, write_results
@@ -31,15 +30,8 @@ SUBCOMMAND_NAMES = ("demo", "gui", "info", "explain", "export")
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("cli") / "group"
-    run_demo(folder, steps=STEPS, stream=io.StringIO(), progress_stream=io.StringIO())
-    return folder
+    return demo_group(tmp_path_factory, "cli", STEPS)
 
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:

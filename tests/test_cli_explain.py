@@ -3,13 +3,13 @@
 the overrides map onto."""
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from cli_support import demo_group, run_cli as run
 from comgra_ndbg import cli
 from comgra_ndbg.analysis import Thresholds, analyze
 from comgra_ndbg.analysis.events import FAMILIES, CausalChain, Event, Hypothesis
@@ -17,7 +17,6 @@ from comgra_ndbg.analysis.gradient_health import gradient_events
 from comgra_ndbg.analysis.series import build_series
 from comgra_ndbg.analysis.sentences import TYPE_TEXT
 from comgra_ndbg.analysis.synthetic import summary_rows
-from comgra_ndbg.demo import run_demo
 from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.explain import (EVENT_FAMILIES, EXPLAIN_FAMILIES, HYPOTHESIS_TYPES, hypothesis_families, only,
                                  overrides)
@@ -31,15 +30,8 @@ EVENT_KEYS = ["family", "node", "kind", "from_state", "to_state", "onset", "end"
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("explain") / "group"
-    run_demo(folder, steps=STEPS, stream=io.StringIO(), progress_stream=io.StringIO())
-    return folder
+    return demo_group(tmp_path_factory, "explain", STEPS)
 
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_every_event_family_and_hypothesis_type_belongs_to_exactly_one_explain_family() -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from dash import no_update
 
+from rank_support import record_two_ranks
 from comgra_ndbg import Recorder
 from comgra_ndbg.gui import callbacks, ids
 from comgra_ndbg.gui.app import create_app
@@ -20,17 +21,7 @@ from comgra_ndbg.gui.state import ReaderCache, Selection
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("ranks")
-    patch = pytest.MonkeyPatch()
-    try:
-        for rank in (0, 1):
-            patch.setenv("RANK", str(rank))
-            patch.setenv("WORLD_SIZE", "2")
-            with Recorder(folder, "run") as rec:
-                for step in range(4):
-                    with rec.step(step):
-                        rec.register_tensor("x", torch.full((2, 3), float(10 * rank + step)), role="input")
-    finally:
-        patch.undo()
+    record_two_ranks(folder)
     with Recorder(folder, "solo") as rec:
         for step in range(2):
             with rec.step(step):

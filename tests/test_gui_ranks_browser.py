@@ -5,10 +5,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 from browser_support import chromium, choose, console_problems, served, text, wait_for
+from rank_support import record_two_ranks
 
-from comgra_ndbg import Recorder
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.app import create_app
 
@@ -16,17 +15,7 @@ from comgra_ndbg.gui.app import create_app
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     folder = tmp_path_factory.mktemp("ranks")
-    patch = pytest.MonkeyPatch()
-    try:
-        for rank in (0, 1):
-            patch.setenv("RANK", str(rank))
-            patch.setenv("WORLD_SIZE", "2")
-            with Recorder(folder, "run") as rec:
-                for step in range(4):
-                    with rec.step(step):
-                        rec.register_tensor("x", torch.full((2, 3), float(10 * rank + step)), role="input")
-    finally:
-        patch.undo()
+    record_two_ranks(folder)
     with served(create_app(folder)) as address, chromium() as driver:
         driver.get(address)
         yield driver

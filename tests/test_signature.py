@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from dash import html
 
+from cli_support import demo_group, run_cli as run
 from comgra_ndbg import cli, open_recording
 from comgra_ndbg.analysis import analyze
 from comgra_ndbg.analysis.events import CausalChain, Diagnosis, Event, Hypothesis
@@ -22,7 +23,6 @@ from comgra_ndbg.analysis.loading import load_series
 from comgra_ndbg.analysis.series import build_series
 from comgra_ndbg.analysis.signature import failure_signature
 from comgra_ndbg.analysis.synthetic import summary_rows
-from comgra_ndbg.demo import run_demo
 from comgra_ndbg.errors import ComgraError, InvalidArgumentError, NoFailureError
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
@@ -35,15 +35,8 @@ DPI = 100
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("signature") / "group"
-    run_demo(folder, steps=STEPS, stream=io.StringIO(), progress_stream=io.StringIO())
-    return folder
+    return demo_group(tmp_path_factory, "signature", STEPS)
 
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def red_pixels(image: np.ndarray) -> np.ndarray:
