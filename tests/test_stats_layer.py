@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import comgra_ndbg.stats
+from comgra_ndbg.stats import fields
+from comgra_ndbg.store import schema
 
 STATS = Path(comgra_ndbg.stats.__file__).parent
 PACKAGE = "comgra_ndbg.stats"
@@ -28,7 +30,7 @@ def imported_modules(source: str, module: str) -> list[str]:
                 target = f"{base}.{node.module}" if node.module else base
             else:
                 target = node.module or ""
-            if node.module is None or target in (PACKAGE, "comgra_ndbg"):  # ``from X import name``: name may be a module
+            if node.module is None or target in (PACKAGE, "comgra_ndbg"):  # ``from X import m``: m may be a module
                 names.extend(f"{target}.{alias.name}" for alias in node.names)
             else:
                 names.append(target)
@@ -86,3 +88,9 @@ def test_the_layer_is_one_package_of_modules_under_400_lines() -> None:
     assert not [p for p in STATS.iterdir() if p.is_dir() and p.name != "__pycache__"]
     too_long = {p.name: n for p in STATS.glob("*.py") if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
     assert too_long == {}
+
+
+def test_the_store_schema_names_the_same_row_layout_the_kernels_fill() -> None:
+    assert schema.STAT_FIELDS is fields.STAT_FIELDS and schema.FIELD is fields.FIELD
+    assert (schema.NUM_FIELDS, schema.MIN_FIELDS, schema.MAX_FIELDS) == (17, (7,), (8,))
+    assert schema.identity_row().tolist() == [0.0] * 7 + [float("inf"), float("-inf")] + [0.0] * 8

@@ -1,6 +1,6 @@
-"""The careful paths behind the fast summaries of ``reducer`` and ``host``: the float64 recompute of rows that a fast path
-flags (NaN, ±Inf, float32 overflow, sums that cancel), the tests that decide it, the dtype every reduction
-works in, and the numpy summary used where numba is missing.
+"""The careful paths behind the fast summaries of ``reducer`` and ``host``: the float64 recompute of rows
+that a fast path flags (NaN, ±Inf, float32 overflow, sums that cancel), the tests that decide it, the dtype
+every reduction works in, and the numpy summary used where numba is missing.
 """
 from __future__ import annotations
 
