@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.overhead import BATCH, MLP, ParameterPasses, make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
-from comgra_ndbg.recorder import kernels  # noqa: E402
+from comgra_ndbg.stats import kernels  # noqa: E402
 from comgra_ndbg.store.schema import NUM_FIELDS  # noqa: E402
 
 VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, LAYERS, TOKENS_BATCH = 256, 32, 128, 4, 256, 2, 16

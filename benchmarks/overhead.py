@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg import Recorder
-from comgra_ndbg.recorder import kernels, parallel
+from comgra_ndbg.stats import kernels, parallel
 from comgra_ndbg.store.schema import NUM_FIELDS
 
 WIDTH, DEPTH, BATCH, IN, OUT = 256, 8, 64, 32, 10

@@ -382,7 +382,7 @@ def _default_export_folder(path: Path) -> Path:
 
 
 def _add_export(subparsers: Any) -> None:
-    from comgra_ndbg.statistics import STATISTICS
+    from comgra_ndbg.stats.statistics import STATISTICS
 
     parser = subparsers.add_parser("export", help="write summaries, events and hypotheses as csv or json, or a "
                                                   "TensorBoard run",

@@ -2,7 +2,7 @@
 
 One row per (trial, step, tensor, kind, statistic) — the "long" layout pandas, R and spreadsheets pivot
 freely — read through the :class:`~comgra_ndbg.store.reader.Recording` and derived with
-:mod:`comgra_ndbg.statistics`, so every number equals ``Recording.summary(...)``. Events and hypotheses
+:mod:`comgra_ndbg.stats.statistics`, so every number equals ``Recording.summary(...)``. Events and hypotheses
 come from the stored analysis, or from a fresh one when none is stored or it is stale. Non-finite numbers
 are written as ``nan``, ``inf`` and ``-inf`` in both formats (as in ``analysis.json``), so no value is lost.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from comgra_ndbg.analysis import Diagnosis, analyze, stored_diagnosis
 from comgra_ndbg.errors import InvalidArgumentError
-from comgra_ndbg.statistics import STATISTICS, derive
+from comgra_ndbg.stats.statistics import STATISTICS, derive
 from comgra_ndbg.store.reader import Recording, list_trials, open_recording
 
 __all__ = ["SUMMARY_COLUMNS", "EVENT_COLUMNS", "HYPOTHESIS_COLUMNS", "FORMATS", "current_diagnosis",
@@ -52,7 +52,7 @@ def current_diagnosis(recording: Recording) -> tuple[Diagnosis, bool]:
 
 def summary_rows(recording: Recording, statistics: Sequence[str] | None = None) -> Iterator[dict]:
     """Tidy rows of every recorded tensor, kind and statistic (``statistics``: a subset of
-    :data:`~comgra_ndbg.statistics.STATISTICS`, all by default), in tensor, kind, step order."""
+    :data:`~comgra_ndbg.stats.statistics.STATISTICS`, all by default), in tensor, kind, step order."""
     chosen = list(STATISTICS) if statistics is None else list(statistics)
     unknown = [s for s in chosen if s not in STATISTICS]
     if unknown:

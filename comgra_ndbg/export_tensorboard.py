@@ -25,7 +25,7 @@ import numpy as np
 
 from comgra_ndbg.errors import InvalidArgumentError, MissingDependencyError
 from comgra_ndbg.export import current_diagnosis
-from comgra_ndbg.statistics import STATISTICS, derive
+from comgra_ndbg.stats.statistics import STATISTICS, derive
 from comgra_ndbg.store.reader import Recording, list_trials, open_recording
 
 __all__ = ["DEFAULT_STATISTICS", "export_tensorboard", "scalar_tag", "kpi_tag", "histogram_tag"]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-from comgra_ndbg.recorder import kernels
+from comgra_ndbg.stats import kernels
 
 # Fuzz tests (tests/test_fuzz_recorder.py): no deadline (a recording's first numba compilation takes seconds);
 # on CI a fixed set of cases, so that a red build is reproducible.

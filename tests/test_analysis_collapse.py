@@ -7,8 +7,8 @@ from comgra_ndbg.analysis.api import diagnose
 from comgra_ndbg.analysis.collapse import collapse_events
 from comgra_ndbg.analysis.series import NodeSeries, RunSeries
 from comgra_ndbg.analysis.synthetic import summary_rows
-from comgra_ndbg.statistics import derive
 from comgra_ndbg.graph.model import DependencyGraph, GraphEdge, GraphNode
+from comgra_ndbg.stats.statistics import derive
 
 STEPS, T0 = 200, 120
 

@@ -21,7 +21,7 @@ from cli_support import demo_group, run_cli as run
 from comgra_ndbg import Recorder, cli, open_recording
 from comgra_ndbg.analysis import analyze, diagnosis_from_dict, to_dict
 from comgra_ndbg.export import SUMMARY_COLUMNS
-from comgra_ndbg.statistics import STATISTICS
+from comgra_ndbg.stats.statistics import STATISTICS
 from comgra_ndbg.store.results import results_path, write_results
 
 STEPS = 40

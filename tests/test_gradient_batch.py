@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from comgra_ndbg import Recorder, RecorderWarning, open_recording
-from comgra_ndbg.recorder.reduce import summarize
-from comgra_ndbg.statistics import derive
+from comgra_ndbg.stats.reducer import summarize
+from comgra_ndbg.stats.statistics import derive
 
 
 def grad_row(path: Path, name: str, step: int = 0) -> np.ndarray:

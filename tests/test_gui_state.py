@@ -13,7 +13,7 @@ from comgra_ndbg import Recorder, open_recording
 from comgra_ndbg.gui.queries import element_values, statistics_at, timeline_curves
 from comgra_ndbg.gui.selection import resolve, snapshot_neighbour, step_neighbour, wanted_from_trigger
 from comgra_ndbg.gui.state import ReaderCache, Selection
-from comgra_ndbg.statistics import derive
+from comgra_ndbg.stats.statistics import derive
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from comgra_ndbg import (CorruptRecordingError, InvalidArgumentError, NeuralDbg,
                          RecordingExistsError, check, open_recording)
 from comgra_ndbg.cli import main
 from comgra_ndbg.recorder.flight import FlightRecorder, LossSpike, NonFinite
-from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
 from recording_faults import chunk_offset, files_of, flip_byte, record, record_and_die

@@ -1,4 +1,4 @@
-"""The compiled single-pass kernels (``recorder.kernels``, ``unit_kernels``) and ``Reducer.add_many`` against
+"""The compiled single-pass kernels (``stats.kernels``, ``unit_kernels``) and ``Reducer.add_many`` against
 numpy in float64.
 
 The kernels take liberties for speed (float32 partial sums, fast-math, min/max from bit patterns, no NaN
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg.recorder import kernels, unit_kernels
-from comgra_ndbg.recorder.reduce import Reducer, summarize
-from comgra_ndbg.statistics import derive
+from comgra_ndbg.stats import kernels, unit_kernels
+from comgra_ndbg.stats.reducer import Reducer, summarize
+from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD, identity_row
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")

@@ -14,7 +14,7 @@ from comgra_ndbg import NeuralDbg, RecorderWarning, analyze, open_recording
 from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.graph import GraphEdge
 from comgra_ndbg.recorder.flight import FlightRecorder
-from comgra_ndbg.statistics import derive
+from comgra_ndbg.stats.statistics import derive
 
 
 def make_mlp(dropout: float = 0.0) -> nn.Sequential:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg.recorder import kernels, openmp, parallel
-from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.stats import kernels, openmp, parallel
+from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
@@ -168,7 +168,7 @@ def test_the_reducer_recomputes_a_flagged_row_exactly() -> None:
 
 _THREADS_SCRIPT = """
 import os, numpy as np, torch
-from comgra_ndbg.recorder import parallel
+from comgra_ndbg.stats import parallel
 from comgra_ndbg.store.schema import identity_row
 torch.set_num_threads(2)
 def count():

@@ -19,7 +19,7 @@ import torch
 
 from comgra_ndbg import (Recorder, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError,
                         open_recording)
-from comgra_ndbg.statistics import STATISTICS
+from comgra_ndbg.stats.statistics import STATISTICS
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import concat, read_segment
 

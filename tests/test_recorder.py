@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import comgra_ndbg.recorder.gradients as gradients_module
-import comgra_ndbg.recorder.reduce as reduce_module
+import comgra_ndbg.stats.host as host_module
+import comgra_ndbg.stats.reducer as reduce_module
 from comgra_ndbg import Recorder, RecorderWarning, open_recording
-from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 from comgra_ndbg.store import writer as writer_module
 from comgra_ndbg.store.segment import write_segment
@@ -709,7 +710,8 @@ def test_a_failure_inside_one_tensor_never_mixes_up_the_others(tmp_path: Path,
             raise MemoryError("out of memory in the float64 recompute")
         exact(tensor, row, **options)
 
-    monkeypatch.setattr(reduce_module, "_exact_moments", fail_at_step_1)
+    for module in (reduce_module, host_module):  # the device path and the host path
+        monkeypatch.setattr(module, "_exact_moments", fail_at_step_1)
     values = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

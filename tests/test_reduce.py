@@ -1,4 +1,4 @@
-"""Summaries (``recorder.reduce``) and their derived statistics (``statistics``) against numpy in float64.
+"""Summaries (``stats.reducer``) and their derived statistics (``statistics``) against numpy in float64.
 
 Every row the reducer produces is compared with a reference row computed here with plain numpy, in float64,
 on the very same values: counts, minima and maxima must be exact; moments of float32 data may differ by
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg.recorder import kernels
-from comgra_ndbg.recorder import reduce as reduce_module
-from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer, saturation_bounds, summarize
-from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups, merge_rows
+from comgra_ndbg.stats import kernels
+from comgra_ndbg.stats import reducer as reduce_module
+from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN, saturation_bounds
+from comgra_ndbg.stats.reducer import Reducer, summarize
+from comgra_ndbg.stats.statistics import STATISTICS, derive, derive_one, merge_groups, merge_rows
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, STAT_FIELDS, identity_row
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

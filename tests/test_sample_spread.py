@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg.recorder import kernels, openmp, parallel, segmented
-from comgra_ndbg.recorder import reduce as reduce_module
-from comgra_ndbg.recorder.exact import exact_moments
-from comgra_ndbg.recorder.reduce import Reducer
 from comgra_ndbg.recorder.snapshot import take_snapshot
-from comgra_ndbg.statistics import derive, merge_rows
+from comgra_ndbg.stats import kernels, openmp, parallel, segmented
+from comgra_ndbg.stats import reducer as reduce_module
+from comgra_ndbg.stats.exact import exact_moments
+from comgra_ndbg.stats.reducer import Reducer
+from comgra_ndbg.stats.statistics import derive, merge_rows
 from comgra_ndbg.store.schema import FIELD, identity_row
 
 SPREAD = [FIELD[f] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]

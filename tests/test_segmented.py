@@ -1,4 +1,4 @@
-"""Small device tensors reduced together (``recorder.segmented``), against numpy in float64.
+"""Small device tensors reduced together (``stats.segmented``), against numpy in float64.
 
 The segmented path serves tensors off the host; on a machine without a GPU the same code runs on CPU
 tensors by letting ``segmentable`` accept them and switching the compiled host kernels off, so every
@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_reduce import host, reference_row
 
-from comgra_ndbg.recorder import kernels, segmented
-from comgra_ndbg.recorder.reduce import Reducer
-from comgra_ndbg.statistics import derive
+from comgra_ndbg.stats import kernels, segmented
+from comgra_ndbg.stats.reducer import Reducer
+from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -9,7 +9,7 @@ import torch
 
 from comgra_ndbg import Recorder, open_recording
 from comgra_ndbg.recorder.snapshot import evenly_spaced, take_snapshot, take_update_snapshot
-from comgra_ndbg.statistics import derive
+from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from comgra_ndbg import Recorder, RecordingNotFoundError, check, open_recording
-from comgra_ndbg.statistics import STATISTICS
+from comgra_ndbg.stats.statistics import STATISTICS
 from comgra_ndbg.store import schema
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs POSIX fork and signals")

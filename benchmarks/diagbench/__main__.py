@@ -22,7 +22,7 @@ from benchmarks.diagbench.grid import GRID
 from benchmarks.diagbench.lofo import DEFAULT, fit_calibration, lofo
 from benchmarks.diagbench.report import report
 from benchmarks.diagbench.specs import all_specs
-from comgra_ndbg.recorder import kernels
+from comgra_ndbg.stats import kernels
 
 COST = {"cnn": 4, "resmlp": 3, "transformer": 3, "rnn": 2, "mlp": 2, "twobranch": 1, "autoencoder": 1}
 """Rough relative training cost, to start the slow runs first and keep both workers busy to the end."""

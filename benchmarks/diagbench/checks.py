@@ -12,7 +12,7 @@ import numpy as np
 
 from benchmarks.diagbench.faults import DEAD, GRAD_VANISHING, NONFINITE
 from benchmarks.diagbench.families import Family, Site, families
-from comgra_ndbg.statistics import derive_one, merge_groups
+from comgra_ndbg.stats.statistics import derive_one, merge_groups
 from comgra_ndbg.store.reader import Recording
 
 WINDOW = 20

@@ -1,6 +1,6 @@
 """Mode collapse: a node's values become nearly identical across the samples of a batch.
 
-``sample_spread`` (see :mod:`comgra_ndbg.statistics`) is the share of a tensor's second moment that varies
+``sample_spread`` (see :mod:`comgra_ndbg.stats.statistics`) is the share of a tensor's second moment that varies
 across the samples of its batch: about 1 when each unit is centred over the batch, 0 when every sample
 gives the same values. A representation that stops telling samples apart — a generator producing one
 image, a layer whose weights were zeroed so only its bias remains, a pooled feature flattened by a bug — has

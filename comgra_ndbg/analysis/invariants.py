@@ -43,7 +43,7 @@ from comgra_ndbg.analysis.events import CausalChain, Event, Evidence, Hypothesis
 from comgra_ndbg.analysis.hypotheses import features
 from comgra_ndbg.analysis.sentences import TYPE_TEXT
 from comgra_ndbg.analysis.series import RunSeries
-from comgra_ndbg.statistics import derive
+from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD
 
 __all__ = ["LoopRow", "TensorRows", "LoopFacts", "LoopDiagnosis", "loop_diagnosis", "merge_hypotheses",

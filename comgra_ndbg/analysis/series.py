@@ -2,7 +2,7 @@
 
 Built by :func:`build_series` from plain arrays (what the reader returns), so every detector works on one
 value object and never touches a file. Node-level rows merge the node's tensors (a Linear's weight and
-bias) by the sufficient-statistic merge, then every statistic of :mod:`comgra_ndbg.statistics` is derived.
+bias) by the sufficient-statistic merge, then every statistic of :mod:`comgra_ndbg.stats.statistics` is derived.
 
 >>> import numpy as np
 >>> from comgra_ndbg.store.schema import FIELD, identity_row
@@ -23,7 +23,7 @@ import numpy as np
 from comgra_ndbg.errors import UnknownSeriesError
 from comgra_ndbg.graph.model import LAYERING_KINDS, PARAMETER_ROLE, DependencyGraph
 from comgra_ndbg.analysis.structure import NodeInfo
-from comgra_ndbg.statistics import derive, merge_rows
+from comgra_ndbg.stats.statistics import derive, merge_rows
 from comgra_ndbg.store.schema import NUM_FIELDS, identity_row
 
 __all__ = ["NodeSeries", "RunSeries", "build_series", "forward_order"]

@@ -1,7 +1,7 @@
 """Synthetic summary rows with chosen statistics, for tests, examples and docs.
 
 >>> import numpy as np
->>> from comgra_ndbg.statistics import derive
+>>> from comgra_ndbg.stats.statistics import derive
 >>> steps, r = summary_rows(rms=np.array([1.0, 0.5]), dead=np.array([0.0, 0.75]))
 >>> stats = derive(r)
 >>> stats["rms"].tolist(), stats["dead_fraction"].tolist()

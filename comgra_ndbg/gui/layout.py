@@ -17,7 +17,7 @@ from comgra_ndbg.gui.clientside import CLIENT_STORES
 from comgra_ndbg.gui.cyto import ROLE_COLORS, graph_stylesheet
 from comgra_ndbg.gui.overview import COLOURS
 from comgra_ndbg.gui.views import plot
-from comgra_ndbg.statistics import STATISTICS
+from comgra_ndbg.stats.statistics import STATISTICS
 
 __all__ = ["build_layout"]
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from comgra_ndbg.gui.queries import all_steps, element_values, node_rows, primary_tensor
 from comgra_ndbg.gui.state import ReaderCache, Selection
-from comgra_ndbg.statistics import derive_one
+from comgra_ndbg.stats.statistics import derive_one
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording
 

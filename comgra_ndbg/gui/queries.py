@@ -15,7 +15,7 @@ from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.errors import UnknownSeriesError
 from comgra_ndbg.gui.ranks import split_rank_key
 from comgra_ndbg.gui.state import ReaderCache, Selection
-from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
+from comgra_ndbg.stats.statistics import STATISTICS, derive, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, Snapshot
 

@@ -17,7 +17,7 @@ import numpy as np
 from comgra_ndbg.graph.compound import ModuleBoxes
 from comgra_ndbg.gui.ranks import rank_key, split_rank_key
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection
-from comgra_ndbg.statistics import STATISTICS
+from comgra_ndbg.stats.statistics import STATISTICS
 from comgra_ndbg.store import schema
 
 __all__ = ["Choices", "opened", "resolve", "revealed", "snapshot_neighbour", "step_neighbour", "tensor_label",

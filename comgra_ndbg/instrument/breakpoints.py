@@ -37,8 +37,8 @@ from comgra_ndbg.graph.eager import unwrap_compiled
 from comgra_ndbg.instrument.conditions import Condition, parse_condition
 from comgra_ndbg.instrument.hooks import ROOT, node_name, tensor_leaves
 from comgra_ndbg.recorder.grad_hook import on_gradient
-from comgra_ndbg.recorder.reduce import summarize
-from comgra_ndbg.statistics import STATISTICS, derive, derive_one, merge_groups
+from comgra_ndbg.stats.reducer import summarize
+from comgra_ndbg.stats.statistics import STATISTICS, derive, derive_one, merge_groups
 
 __all__ = ["Breakpoint", "Breakpoints", "EVENTS", "LayerCall", "StepSummaries", "debug_layer", "step_summaries"]
 
@@ -54,7 +54,7 @@ class LayerCall:
     ``path`` is the module's path inside the model (``""``: the model), ``inputs`` its forward arguments,
     ``output`` what it returned; for ``at="backward"``, ``grad`` is the gradient that reached the output
     tensor named in ``reason``. ``summaries`` (``after_layer``) maps each output tensor's name to its
-    summary statistics (``comgra_ndbg.statistics.STATISTICS``, as the recording holds them)."""
+    summary statistics (``comgra_ndbg.stats.statistics.STATISTICS``, as the recording holds them)."""
 
     step: int | None
     path: str

@@ -6,7 +6,7 @@ A condition is one of
 - ``"nonfinite"``: the tensor holds a NaN or ±Inf element (the same as ``"nonfinite > 0"``);
 - ``"<statistic> <comparison> <number>"``, e.g. ``"abs_max > 1e3"``, ``"dead_fraction >= 0.9"``,
   ``"std < 1e-6"``: the statistic is any summary statistic the recording holds
-  (``comgra_ndbg.statistics.STATISTICS``: ``abs_max``, ``abs_mean``, ``mean``, ``std``, ``min``, ``max``,
+  (``comgra_ndbg.stats.statistics.STATISTICS``: ``abs_max``, ``abs_mean``, ``mean``, ``std``, ``min``, ``max``,
   ``l2``, ``rms``, ``nonfinite``, ``nan``, ``inf``, ``zero_fraction``, ``dead_fraction``, …), the comparison
   one of ``< <= > >= == !=``, the number a float literal (``1e3``, ``-0.5``, ``inf``);
 - a function of the tensor returning true or false (``lambda t: t.abs().max() > 10``).
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from comgra_ndbg.errors import InvalidArgumentError
-from comgra_ndbg.recorder.reduce import summarize
-from comgra_ndbg.statistics import STATISTICS, derive_one
+from comgra_ndbg.stats.reducer import summarize
+from comgra_ndbg.stats.statistics import STATISTICS, derive_one
 
 __all__ = ["Condition", "parse_condition"]
 

@@ -39,7 +39,7 @@ from torch.utils import checkpoint as checkpoint_module
 from comgra_ndbg.graph import TensorEdge
 from comgra_ndbg.graph.eager import discover_module_structure
 from comgra_ndbg.instrument.hooks import ROOT, ModuleHooks, input_names, node_name, output_names, tensor_leaves
-from comgra_ndbg.recorder.reduce import saturation_bounds
+from comgra_ndbg.stats.bounds import saturation_bounds
 
 __all__ = ["ModelStructure", "autocast_active", "discover_structure", "fully_visible", "hidden_from_autograd",
            "saved_tensors_hooked"]

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd import Variable
 
-from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.stats.reducer import Reducer
 
 __all__ = ["GradientBatch"]
 

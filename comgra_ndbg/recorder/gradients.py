@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
-from comgra_ndbg.recorder.reduce import Reducer
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.recorder.step_record import SummaryRows
+from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 
 __all__ = ["GradientRecording", "SET_MEMORY"]

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from comgra_ndbg.recorder import kernels
-from comgra_ndbg.recorder.reduce import Reducer
+from comgra_ndbg.stats import kernels
+from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 
 __all__ = ["ParameterTracker"]

@@ -37,7 +37,6 @@ from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.problems import ProblemLog
 from comgra_ndbg.recorder.profiling import ProfileRecording
-from comgra_ndbg.recorder.reduce import DEFAULT_SATURATION_MARGIN, Reducer
 from comgra_ndbg.recorder.registration import AUTO, TensorRegistration
 from comgra_ndbg.recorder.retroactive import RetroactiveDecision
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
@@ -45,6 +44,8 @@ from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.recorder.validation import (check_group_path, check_hyperparameters, check_name, check_settings,
                                              check_step)
+from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
+from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.ranks import CONFIG_DDP_WRAPPED, rank_directory
 from comgra_ndbg.store.writer import RecordingWriter, check_trial_name

@@ -15,9 +15,9 @@ import torch
 from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.graph import TensorEdge
 from comgra_ndbg.recorder.grad_hook import on_gradient
-from comgra_ndbg.recorder.reduce import saturation_bounds
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
+from comgra_ndbg.stats.bounds import saturation_bounds
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import TensorInfo
 

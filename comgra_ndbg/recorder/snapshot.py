@@ -14,8 +14,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from comgra_ndbg.recorder import kernels
-from comgra_ndbg.recorder.reduce import difference
+from comgra_ndbg.stats import kernels
+from comgra_ndbg.stats.host import difference
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 from comgra_ndbg.store.segment import SnapshotData
 

@@ -22,7 +22,7 @@ from comgra_ndbg.errors import InvalidArgumentError, RecordingFormatError, Recor
 from comgra_ndbg.graph import graph_from_dict
 from comgra_ndbg.graph.modules import ModuleInfo as ModuleTreeEntry
 from comgra_ndbg.graph.modules import module_tree
-from comgra_ndbg.statistics import STATISTICS, derive_one, merge_groups
+from comgra_ndbg.stats.statistics import STATISTICS, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.config_reading import ConfigReading
@@ -399,7 +399,7 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
         """``(steps, values)`` of one statistic of one tensor over all steps where it was summarized.
 
         ``node`` is a node or tensor name; ``kind`` is ``value``, ``grad``, ``update`` or ``grad:<set>``;
-        ``stat`` is one of ``comgra_ndbg.statistics.STATISTICS``.
+        ``stat`` is one of ``comgra_ndbg.stats.statistics.STATISTICS``.
         """
         if not isinstance(stat, str) or stat not in STATISTICS:
             raise UnknownSeriesError(f"unknown statistic {stat!r}; choose one of {sorted(STATISTICS)}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from comgra_ndbg.graph import DependencyGraph
-from comgra_ndbg.statistics import STATISTICS, derive
+from comgra_ndbg.stats.statistics import STATISTICS, derive
 
 __all__ = ["Note", "TriggerMark", "LogEntry", "StoredGraph", "Snapshot"]
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from comgra_ndbg.stats import fields as _fields
+
 FORMAT_VERSION = 4
 FORMAT_NAME = "comgra_ndbg.recording"
 
@@ -84,43 +86,16 @@ SUMMARY_STEP = "summary/step"  # int64 [rows]
 SUMMARY_ITERATION = "summary/iteration"  # int32 [rows]
 SUMMARY_DATA = "summary/data"  # float64 [series, fields, rows]; absent = the merge identity
 
-# Sufficient statistics. Every field merges across iterations, steps or devices by SUM, except MIN (min)
-# and MAX (max). Moments cover the finite elements only; NaN and ±Inf are counted, never summed.
-STAT_FIELDS = (
-    "count",  # elements, finite or not
-    "nan",  # NaN elements
-    "inf",  # +Inf or -Inf elements
-    "zeros",  # elements exactly 0
-    "sum",  # Σx over finite elements
-    "sum_sq",  # Σx² over finite elements
-    "sum_abs",  # Σ|x| over finite elements
-    "min",  # smallest finite element (+inf if none)
-    "max",  # largest finite element (-inf if none)
-    "units",  # units observed: non-batch positions of a batched tensor (0 for batch-less tensors)
-    "dead_units",  # units that are exactly 0 for every sample of the batch
-    "bounded",  # elements whose saturation bound is known (0 when no bound is known)
-    "saturated",  # elements within the saturation margin of a bound
-    "saturated_units",  # units saturated for every sample of the batch
-    # Sample spread (format version 3): over the elements of the units with no NaN or ±Inf in any sample, of a
-    # batched tensor with at least 2 samples (all three are 0 otherwise, which derives NaN).
-    "spread_count",  # those elements
-    "spread_sum_sq",  # Σx² over those elements
-    "spread_dev_sq",  # Σ_u Σ_i (x[i,u] - mean_i x[i,u])² over those elements: deviation from the unit's batch mean
-)
-FIELD = {name: i for i, name in enumerate(STAT_FIELDS)}
-NUM_FIELDS = len(STAT_FIELDS)
-MIN_FIELDS = (FIELD["min"],)
-MAX_FIELDS = (FIELD["max"],)
-
-
-def identity_row() -> np.ndarray:
-    """The merge identity: what an absent tensor contributes (no elements, +inf min, -inf max)."""
-    return _IDENTITY.copy()
-
-
-_IDENTITY = np.zeros(NUM_FIELDS, dtype=np.float64)
-_IDENTITY[FIELD["min"]] = np.inf
-_IDENTITY[FIELD["max"]] = -np.inf
+# Each row holds the sufficient statistics of ``STAT_FIELDS``. The layout is defined (with the merge rule of
+# every field) in ``comgra_ndbg/stats/fields.py``, next to the arithmetic that fills the rows; it is part of
+# the format, so it is named here too, for the writer, the reader and docs/format.md.
+STAT_FIELDS = _fields.STAT_FIELDS
+FIELD = _fields.FIELD
+NUM_FIELDS = _fields.NUM_FIELDS
+MIN_FIELDS = _fields.MIN_FIELDS
+MAX_FIELDS = _fields.MAX_FIELDS
+identity_row = _fields.identity_row
+_IDENTITY = identity_row()
 
 
 def pad_fields(data: np.ndarray, axis: int = -1) -> np.ndarray:

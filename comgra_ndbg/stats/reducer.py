@@ -7,11 +7,9 @@ it to the host in a single copy, so a step costs one synchronisation, not one ``
 Small tensors off the host that ``add_many`` receives together (parameters, their gradients and updates)
 are reduced together by ``segmented``, in a dozen launches instead of eight per tensor.
 
-CPU tensors are summarised at once by the single-pass kernels of ``kernels`` (numpy when numba is
-missing), written straight into the row: on the host a torch op's dispatch costs more than the arithmetic
-on typical layer sizes. ``add`` can also copy the tensor in the same pass (``copy_to``) or summarise its
-difference to another tensor without materialising it (``start``): that is how parameter values and
-updates cost one read each.
+CPU tensors are summarised at once, straight into their row, by ``host`` (the single-pass kernels, or
+numpy when numba is missing); ``add`` can copy a tensor (``copy_to``) or summarise its difference to
+another (``start``) in that same pass.
 
 NaN and ±Inf are rare, so the fast path does not look for them: any row whose moments come out non-finite
 (which NaN, Inf and float32 overflow all cause) is recomputed exactly, in float64, on its tensor.
@@ -24,55 +22,34 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from comgra_ndbg.recorder import kernels, parallel, segmented
-from comgra_ndbg.recorder.exact import cancels as _cancels
-from comgra_ndbg.recorder.exact import exact_moments as _exact_moments
-from comgra_ndbg.recorder.exact import reduce_host as _reduce_host
-from comgra_ndbg.recorder.exact import row_cancels as _row_cancels
-from comgra_ndbg.recorder.exact import work_view as _work_view
-from comgra_ndbg.store.schema import FIELD, identity_row
+from comgra_ndbg.stats import kernels, segmented
+from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
+from comgra_ndbg.stats.exact import cancels as _cancels
+from comgra_ndbg.stats.exact import exact_moments as _exact_moments
+from comgra_ndbg.stats.exact import work_view as _work_view
+from comgra_ndbg.stats.fields import FIELD, identity_row
+from comgra_ndbg.stats.fields import identity_rows as _identity_rows
+from comgra_ndbg.stats.host import CHECKED_COLUMNS as _CHECKED_COLUMNS
+from comgra_ndbg.stats.host import MOMENT_COLUMNS as _MOMENT_COLUMNS
+from comgra_ndbg.stats.host import NUMPY_DTYPE as _NUMPY_DTYPE
+from comgra_ndbg.stats.host import batchable as _batchable
+from comgra_ndbg.stats.host import difference
+from comgra_ndbg.stats.host import kernel_summary as _kernel_summary
+from comgra_ndbg.stats.host import lean as _lean
+from comgra_ndbg.stats.host import reduce_cpu as _reduce_cpu
+from comgra_ndbg.stats.host import reduce_cpu_fused as _reduce_cpu_fused
+from comgra_ndbg.stats.host import summarize_addressed as _summarize_addressed
+from comgra_ndbg.stats.transfer import Block as _Block
+from comgra_ndbg.stats.transfer import complement as _complement
+from comgra_ndbg.stats.transfer import segmentable as _segmentable
+from comgra_ndbg.stats.transfer import to_host as _to_host
 
-__all__ = ["difference", "Reducer", "summarize", "saturation_bounds", "DEFAULT_SATURATION_MARGIN"]
+__all__ = ["Reducer", "summarize"]
 
-DEFAULT_SATURATION_MARGIN = 0.005
-"""Fraction of the bounded range within which an element counts as saturated (tanh: |x| > 0.99)."""
-
-# Output ranges of activations whose autograd node identifies them.
-_KNOWN_BOUNDS = {
-    "TanhBackward0": (-1.0, 1.0),
-    "SigmoidBackward0": (0.0, 1.0),
-    "SoftmaxBackward0": (0.0, 1.0),
-    "HardsigmoidBackward0": (0.0, 1.0),
-}
-_FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
-_MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
-_SEGMENT_COLUMNS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")]  # segment_moments' order
 _COUNT = FIELD["count"]
 _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
 _HOST_DEVICE = "cpu"  # summarised on the host; tests name another to run the device reductions on CPU tensors
-_CHECKED_COLUMNS = _MOMENT_COLUMNS + [_SPREAD_SUM_SQ, _SPREAD_DEV]  # non-finite: recompute the row exactly
-
-
-def saturation_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
-    """The known output range of the activation that produced ``tensor``, if autograd tells.
-
-    >>> saturation_bounds(torch.tanh(torch.ones(2, requires_grad=True)))
-    (-1.0, 1.0)
-    >>> saturation_bounds(torch.ones(2)) is None
-    True
-    """
-    fn = tensor.grad_fn
-    if fn is None:
-        return None
-    kind = type(fn)
-    bounds = _BOUNDS_BY_TYPE.get(kind, _UNKNOWN)
-    if bounds is _UNKNOWN:
-        bounds = _BOUNDS_BY_TYPE[kind] = _KNOWN_BOUNDS.get(kind.__name__)
-    return bounds
-
-
-_BOUNDS_BY_TYPE: dict[type, tuple[float, float] | None] = {}
-_UNKNOWN = object()
+_IDENTITY = identity_row()
 
 
 @dataclass
@@ -82,29 +59,6 @@ class _Pending:
     batched: bool
     bounds: tuple[float, float] | None
 
-
-@dataclass
-class _Block:
-    """Rows that ``segmented.segment_moments`` computed on the device, waiting for ``collect``'s host copy."""
-
-    rows: np.ndarray
-    moments: torch.Tensor
-    batched: np.ndarray  # per row: has units
-    bounded: np.ndarray  # per row: has saturation bounds
-    spread: np.ndarray  # per row: has a sample spread (2 samples or more)
-
-    def write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Put the block's host ``values`` (``[k, 10]``) into the reducer's ``rows``."""
-        rows[self.rows[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
-        rows[self.rows, FIELD["zeros"]] = rows[self.rows, _COUNT] - values[:, segmented.NONZERO]
-        rows[self.rows[self.batched], FIELD["dead_units"]] = values[self.batched, segmented.DEAD]
-        rows[self.rows[self.bounded], FIELD["saturated"]] = values[self.bounded, segmented.SATURATED]
-        both = self.batched & self.bounded
-        rows[self.rows[both], FIELD["saturated_units"]] = values[both, segmented.SATURATED_UNITS]
-        spread = self.rows[self.spread]  # every element takes part: a NaN or Inf sends the row to the recompute
-        rows[spread, _SPREAD_COUNT] = rows[spread, _COUNT]
-        rows[spread, _SPREAD_SUM_SQ] = values[self.spread, segmented.SUM_SQ]
-        rows[spread, _SPREAD_DEV] = values[self.spread, segmented.SPREAD]
 
 
 class Reducer:
@@ -397,151 +351,11 @@ class Reducer:
             self.failed.setdefault(int(row), f"{type(error).__name__}: {error}")
 
 
-def _to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
-    """Every tensor of ``parts`` as a flat float64 numpy array, in one copy per device."""
-    out: list[np.ndarray | None] = [None] * len(parts)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, part in enumerate(parts):
-        by_device.setdefault(part.device, []).append(i)
-    for members in by_device.values():
-        host = torch.cat([parts[i].reshape(-1) for i in members]).cpu().numpy()
-        for i, values in zip(members, np.split(host, np.cumsum([parts[i].numel() for i in members])[:-1])):
-            out[i] = values
-    return out
-
-
-def _segmentable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
-    """Whether ``add_many`` reduces ``tensor`` (and its start and copy) with ``segmented``."""
-    if not segmented.segmentable(tensor):
-        return False
-    for other in (start, copy_to):
-        if other is not None and not (other.dtype == tensor.dtype and other.device == tensor.device
-                                      and other.shape == tensor.shape and not other.is_neg()):
-            return False
-    return True
-
-
-def _reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
-                saturation_margin: float) -> None:
-    """Summarise a flat CPU tensor into ``row``: with the fused kernels when they apply, else with numpy."""
-    a = np.ascontiguousarray(flat.numpy())  # a flat view can still be strided (a column, an expanded scalar)
-    if kernels.AVAILABLE and a.dtype in _KERNEL_DTYPES:
-        exact = _kernel_summary(a, row, batch, bounds, saturation_margin)
-    else:
-        with np.errstate(all="ignore"):  # float32 overflow is expected here; the exact recompute handles it
-            _reduce_host(a, row, batch, bounds, saturation_margin)
-        exact = not np.isfinite(row[_CHECKED_COLUMNS]).all()
-        if not exact and _row_cancels(row):  # float32 sums cannot resolve the variance: redo them in float64
-            wide = a.astype(np.float64)
-            row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)
-    if exact:
-        row[_MOMENT_COLUMNS] = np.nan
-        _exact_moments(flat, row, batch=batch)
-
-
-def _kernel_summary(a: np.ndarray, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
-                    saturation_margin: float) -> bool:
-    """``kernels.summarize`` of a C-contiguous host array seen as ``[batch, units]``; True: recompute exactly."""
-    thresholds = None if bounds is None else _thresholds(bounds, saturation_margin, a.dtype)
-    return kernels.summarize(a.reshape(batch or 1, -1), row, thresholds, batch > 0)
-
-
-_THRESHOLDS: dict[tuple[float, float, float, np.dtype], np.ndarray] = {}
-
-
-def _thresholds(bounds: tuple[float, float], saturation_margin: float, dtype: np.dtype) -> np.ndarray:
-    """The saturation thresholds of ``bounds`` (margin applied) as a kernel argument of ``dtype``, cached:
-    one activation's bounds recur on every step."""
-    key = (bounds[0], bounds[1], saturation_margin, dtype)
-    cached = _THRESHOLDS.get(key)
-    if cached is None:
-        margin = saturation_margin * (bounds[1] - bounds[0])
-        cached = _THRESHOLDS[key] = np.array([bounds[0] + margin, bounds[1] - margin], dtype=dtype)
-    return cached
-
-
-def _reduce_cpu_fused(x: torch.Tensor, flat: torch.Tensor, row: np.ndarray, start: torch.Tensor | None,
-                      copy_to: torch.Tensor | None) -> None:
-    """Summarise ``x - start`` (or ``x``) while copying ``x`` into ``copy_to``, in one pass when the
-    kernels take these arrays, else in separate numpy/torch steps."""
-    a = np.ascontiguousarray(flat.numpy())
-    begin = None if start is None else _host_array(start.detach(), a)
-    target = None if copy_to is None else _host_array(copy_to, a)
-    fused = (kernels.AVAILABLE and a.dtype in _KERNEL_DTYPES and (start is None or begin is not None)
-             and (copy_to is None or target is not None))
-    if fused:
-        if kernels.moments(a, row, start=begin, copy_to=target):
-            row[_MOMENT_COLUMNS] = np.nan
-            _exact_moments(x if start is None else x.double() - start.detach().double(), row)
-        return
-    if copy_to is not None:
-        copy_to.copy_(x)
-    summand = x if start is None else difference(x, start.detach())
-    _reduce_cpu(_work_view(summand), row, 0, None, DEFAULT_SATURATION_MARGIN)
-
-
-_IDENTITY = identity_row()
-
-
-def _identity_rows(count: int) -> np.ndarray:
-    """``count`` rows of the merge identity, ``[count, NUM_FIELDS]``."""
-    return np.repeat(_IDENTITY[None], count, axis=0)
-
-
-_NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
-
-
-def _summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray,
-                         tensors: Sequence[torch.Tensor], starts: Sequence[torch.Tensor] | None,
-                         start_addresses: np.ndarray | None, copies: np.ndarray | None,
-                         batches: np.ndarray | None) -> None:
-    """One kernel call over arrays given by address, into ``rows`` (identity rows, one per array); rows the
-    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``; with their ``batches``)."""
-    rows[:, _COUNT] = sizes
-    exact = parallel.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
-                                  batches=batches)
-    for position in np.flatnonzero(exact).tolist():
-        row = rows[position]
-        row[_MOMENT_COLUMNS] = np.nan
-        value = tensors[position].detach()
-        _exact_moments(value if starts is None else value.double() - starts[position].detach().double(), row,
-                       batch=0 if batches is None else int(batches[position]))
-
-
-def _lean(tensor: torch.Tensor) -> bool:
-    """Whether the kernels can read ``tensor`` in place: a non-empty contiguous float32/float64 host tensor
-    (a lazily negated view holds the other sign in memory)."""
-    return (tensor.dtype in _NUMPY_DTYPE and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_neg()
-            and tensor.numel() > 0)
-
-
-def _batchable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
-    """Whether ``add_many`` can hand ``tensor`` (and its start and copy) to the kernels by address."""
-    if not _lean(tensor):
-        return False
-    for other in (start, copy_to):
-        if other is not None and not (other.dtype == tensor.dtype and other.is_cpu and other.is_contiguous()
-                                      and other.numel() == tensor.numel() and not other.is_neg()):
-            return False
-    return True
-
-
-def _host_array(tensor: torch.Tensor, like: np.ndarray) -> np.ndarray | None:
-    """``tensor`` as a flat numpy view matching ``like`` (size and dtype), or None if it is not one."""
-    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() != like.size
-            or _NUMPY_DTYPE.get(tensor.dtype) != like.dtype):  # bfloat16 has no numpy view at all
-        return None
-    return tensor.reshape(-1).numpy()
-
-
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 def summarize(tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[float, float] | None = None,
               saturation_margin: float = DEFAULT_SATURATION_MARGIN) -> np.ndarray:
     """The sufficient-statistic row of one tensor (a convenience over ``Reducer`` for tests and tools).
 
-    >>> from comgra_ndbg.statistics import derive
+    >>> from comgra_ndbg.stats.statistics import derive
     >>> s = derive(summarize(torch.tensor([[1.0, 0.0], [-3.0, 0.0]]), batched=True)[None])
     >>> float(s["mean"][0]), float(s["zero_fraction"][0]), float(s["dead_fraction"][0])
     (-0.5, 0.5, 0.5)
@@ -549,24 +363,3 @@ def summarize(tensor: torch.Tensor, *, batched: bool = False, bounds: tuple[floa
     reducer = Reducer(saturation_margin)
     reducer.add(tensor, batched=batched, bounds=bounds)
     return reducer.collect()[0]
-
-
-def difference(value: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """``value - start`` (a parameter's update) where it does not lose what it measures: half-precision
-    floats subtract in float32 and integers in float64, since in their own dtype the difference would be
-    rounded to the values' coarse grid (or wrap around); float32, float64 and complex stay as they are.
-
-    >>> a, b = torch.tensor([256.0], dtype=torch.bfloat16), torch.tensor([-1.0], dtype=torch.bfloat16)
-    >>> (a - b).item(), difference(a, b).item()
-    (256.0, 257.0)
-    """
-    if value.dtype in _NUMPY_DTYPE or value.is_complex():
-        return value - start
-    wide = torch.float32 if value.is_floating_point() else torch.float64
-    return value.to(wide) - start.to(wide)
-
-
-def _complement(rows: np.ndarray, slots: np.ndarray, packed: np.ndarray, field: int, total_field: int) -> None:
-    mask = slots[:, 1] == field
-    target = slots[mask, 0]
-    rows[target, field] = rows[target, total_field] - packed[mask]

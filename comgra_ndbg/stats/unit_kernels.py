@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from comgra_ndbg.recorder.bits import AVAILABLE
+from comgra_ndbg.stats.bits import AVAILABLE
 
 __all__ = ["ROWS", "SPREAD_TOLERANCE", "unit_counts", "deviation"]
 
@@ -37,7 +37,7 @@ SPREAD_TOLERANCE = 1e-2
 if AVAILABLE:
     import numba
 
-    from comgra_ndbg.recorder.bits import unsigned_bits
+    from comgra_ndbg.stats.bits import unsigned_bits
 
     @numba.njit(fastmath=True, nogil=True, cache=True)
     def _columns(a, bounds, spread, low, high, out):  # pragma: no cover - compiled

@@ -1,11 +1,11 @@
 """Statistics derived from stored sufficient statistics — pure numpy, shared by reader, analysis and GUI.
 
-The recorder stores, per tensor and step, a row of mergeable sums (see ``store.schema.STAT_FIELDS``).
+The recorder stores, per tensor and step, a row of mergeable sums (see ``stats.fields.STAT_FIELDS``).
 Everything a user reads (mean, std, abs-mean, fractions …) is derived here, so no formula exists twice and
 merging iterations or steps is a plain sum / min / max, never a mean of means.
 
 >>> import numpy as np
->>> from comgra_ndbg.store.schema import FIELD, identity_row
+>>> from comgra_ndbg.stats.fields import FIELD, identity_row
 >>> row = identity_row()
 >>> row[[FIELD["count"], FIELD["sum"], FIELD["sum_sq"], FIELD["sum_abs"]]] = 4, 2.0, 6.0, 4.0
 >>> row[[FIELD["min"], FIELD["max"]]] = -1.0, 2.0
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from comgra_ndbg.store.schema import FIELD, MAX_FIELDS, MIN_FIELDS, NUM_FIELDS
+from comgra_ndbg.stats.fields import FIELD, MAX_FIELDS, MIN_FIELDS, NUM_FIELDS
 
 __all__ = ["STATISTICS", "derive", "derive_one", "merge_rows", "merge_groups"]
 
@@ -109,7 +109,7 @@ def derive_one(rows: np.ndarray, stat: str) -> np.ndarray:
 def merge_rows(rows: np.ndarray, axis: int = 0) -> np.ndarray:
     """Merge sufficient-statistic rows along ``axis``: sums add, min takes the min, max the max.
 
-    >>> from comgra_ndbg.store.schema import FIELD, identity_row
+    >>> from comgra_ndbg.stats.fields import FIELD, identity_row
     >>> a, b = identity_row(), identity_row()
     >>> a[FIELD["count"]], a[FIELD["max"]], b[FIELD["count"]], b[FIELD["max"]] = 2, 5.0, 3, 1.0
     >>> m = merge_rows(np.stack([a, b]))

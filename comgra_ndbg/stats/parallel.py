@@ -20,8 +20,8 @@ import warnings
 
 import numpy as np
 
-from comgra_ndbg.recorder import kernels, openmp
-from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
+from comgra_ndbg.stats import kernels, openmp
+from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 
 __all__ = ["MIN_ELEMENTS", "MIN_UNITS", "PART", "moments_many", "warm_up"]
 
@@ -49,7 +49,7 @@ if kernels.AVAILABLE:
     from numba import types
     from numba.extending import intrinsic
 
-    from comgra_ndbg.recorder.unit_kernels import deviation, unit_counts
+    from comgra_ndbg.stats.unit_kernels import deviation, unit_counts
 
     _moments = kernels._moments
 

@@ -1,13 +1,13 @@
-"""The careful paths behind the fast summaries of ``reduce``: the float64 recompute of rows that a fast path
-flags (NaN, ±Inf, float32 overflow, sums that cancel), the tests that decide it, the dtype every reduction
-works in, and the numpy summary used where numba is missing.
+"""The careful paths behind the fast summaries of ``reducer`` and ``host``: the float64 recompute of rows
+that a fast path flags (NaN, ±Inf, float32 overflow, sums that cancel), the tests that decide it, the dtype
+every reduction works in, and the numpy summary used where numba is missing.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from comgra_ndbg.store.schema import FIELD
+from comgra_ndbg.stats.fields import FIELD
 
 __all__ = ["cancels", "exact_moments", "exact_spread", "reduce_host", "row_cancels", "work_view"]
 

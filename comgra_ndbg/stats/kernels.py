@@ -25,19 +25,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from comgra_ndbg.recorder.bits import AVAILABLE
-from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
+from comgra_ndbg.stats.bits import AVAILABLE
+from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 
-if AVAILABLE:  # else the numpy path in reduce.py takes over
+if AVAILABLE:  # else the numpy path in host.py takes over
     import numba
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
 
-    from comgra_ndbg.recorder.bits import from_bits as _from_bits
-    from comgra_ndbg.recorder.bits import signed_bits as _signed_bits
-    from comgra_ndbg.recorder.bits import unsigned_bits as _unsigned_bits
-    from comgra_ndbg.recorder.unit_kernels import deviation, unit_counts
+    from comgra_ndbg.stats.bits import from_bits as _from_bits
+    from comgra_ndbg.stats.bits import signed_bits as _signed_bits
+    from comgra_ndbg.stats.bits import unsigned_bits as _unsigned_bits
+    from comgra_ndbg.stats.unit_kernels import deviation, unit_counts
 
 __all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "per_row", "summarize", "units", "warm_up"]
 
