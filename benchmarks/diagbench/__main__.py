@@ -56,13 +56,16 @@ LOOP = "loop"
 
 def _run_loop_family(args: argparse.Namespace) -> int:
     """Train, analyse and score the loop family; it is never part of the default run or of its folds."""
-    from benchmarks.diagbench.loop_bench import report_loop, run_loop, write_loop
+    from benchmarks.diagbench.loop_bench import healthy_bench_alarms, report_loop, run_loop, write_loop
 
     with tempfile.TemporaryDirectory(prefix="diagbench-loop-") as temp:
         folder = args.keep or Path(temp)
         folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         result = run_loop(folder, jobs=args.jobs, seed_offset=args.seed_offset, only=args.only)
+        if args.loop_healthy_seeds:
+            result["healthy_bench"] = healthy_bench_alarms(folder, jobs=args.jobs, seeds=args.loop_healthy_seeds,
+                                                           seed_offset=args.seed_offset)
     result["wall_seconds"] = time.perf_counter() - started
     print(report_loop(result))
     print(f"wall {result['wall_seconds']:.0f} s")
@@ -87,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"include the held-back families ({', '.join(HELD_BACK)})")
     parser.add_argument("--seed-offset", type=int, default=0,
                         help="shift every seed (e.g. 1000: seeds never looked at while tuning)")
+    parser.add_argument("--loop-healthy-seeds", type=int, default=2,
+                        help="with --families loop: seeds of every healthy control of the other families checked "
+                             "for loop-invariant hypotheses (default 2; 0: none)")
     parser.add_argument("--validate-only", action="store_true", help="train and validate, do not analyse")
     parser.add_argument("--fit-calibration", action="store_true",
                         help="print calibration constants fitted on every run (for analysis/calibration.py)")

@@ -17,6 +17,9 @@ Scores, on ``comgra_ndbg.analyze`` at its defaults:
   a node under one of the case's module paths);
 - *false alarm*: a fixed twin or an intentional pattern with any hypothesis (``loop alarm``: one of family
   ``loop_invariant``), with a Wilson 95 % interval.
+
+``healthy_bench_alarms`` also trains the healthy controls of every architecture family (``healthy.py``,
+``seeds`` seeds each, the held-back family included) and counts those with a loop-invariant hypothesis.
 """
 from __future__ import annotations
 
@@ -34,7 +37,11 @@ import torch
 
 from benchmarks.diagbench.families_loop import FAULT, LoopCase, LoopRun, loop_cases
 from benchmarks.diagbench.metrics import node_matches, wilson
-from comgra_ndbg import NeuralDbg, analyze
+from benchmarks.diagbench.checks import healthy_check
+from benchmarks.diagbench.healthy import healthy_configs
+from benchmarks.diagbench.specs import HEALTHY_SEED_BASE, RunSpec, healthy_spec
+from benchmarks.diagbench.training import TRUTH_FILE, train_run
+from comgra_ndbg import NeuralDbg, analyze, open_recording
 
 SEEDS = 3
 ONSET_SLACK = 2
@@ -153,6 +160,31 @@ def run_loop(folder: Path, *, jobs: int = 2, seeds: int = SEEDS, seed_offset: in
     return {"runs": records, **score_loop(records)}
 
 
+def _healthy_record(spec: RunSpec, folder: Path) -> dict:
+    torch.set_num_threads(1)
+    path = train_run(spec, folder)
+    truth = json.loads((path / TRUTH_FILE).read_text())
+    with open_recording(path) as rec:
+        ok, note = healthy_check(truth, rec)
+    diagnosis = analyze(path, store=False)
+    loop = [h for h in diagnosis.hypotheses if h.chain.root.family == LOOP_FAMILY]
+    return {"name": spec.name, "family": spec.family, "valid": bool(ok), "validation": note,
+            "loop_alarms": [f"{h.type} ({h.origin}) at step {h.onset}" for h in loop],
+            "alarm": bool(diagnosis.hypotheses), "notes": list(diagnosis.notes)}
+
+
+def healthy_bench_alarms(folder: Path, *, jobs: int = 2, seeds: int = 2, seed_offset: int = 0) -> dict:
+    """The healthy controls of the architecture families, ``seeds`` seeds each: how many valid ones carry a
+    loop-invariant hypothesis (and, for comparison, any hypothesis)."""
+    specs = [healthy_spec(c, HEALTHY_SEED_BASE + seed_offset + s) for c in healthy_configs() for s in range(seeds)]
+    with get_context("fork").Pool(jobs) as pool:
+        records = pool.starmap(_healthy_record, [(s, folder) for s in specs], chunksize=1)
+    chosen = [r for r in records if r["valid"]]
+    loop_hits, any_hits = sum(bool(r["loop_alarms"]) for r in chosen), sum(r["alarm"] for r in chosen)
+    return {"runs": records, "loop_alarm": {"hits": loop_hits, "n": len(chosen), "wilson": wilson(loop_hits, len(chosen))},
+            "alarm": {"hits": any_hits, "n": len(chosen), "wilson": wilson(any_hits, len(chosen))}}
+
+
 def _rate(entry: dict) -> str:
     low, high = entry["wilson"]
     interval = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
@@ -176,6 +208,14 @@ def report_loop(result: dict) -> str:
     dropped = [r["name"] + ": " + r["validation"] for r in result["runs"] if not r["valid"]]
     if dropped:
         lines += ["", f"dropped ({len(dropped)}):"] + [f"  {d}" for d in dropped]
+    bench = result.get("healthy_bench")
+    if bench:
+        lines += ["", f"healthy controls of the architecture families ({len(bench['runs'])} runs, "
+                      f"{bench['loop_alarm']['n']} valid): with a loop-invariant hypothesis {_rate(bench['loop_alarm'])}, "
+                      f"with any hypothesis {_rate(bench['alarm'])}"]
+        lines += [f"  {r['name']}: {', '.join(r['loop_alarms'])}" for r in bench["runs"] if r["loop_alarms"]]
+        notes = sorted({n.split(':')[0][:90] for r in bench["runs"] for n in r["notes"]})
+        lines += [f"  note seen: {n}" for n in notes]
     return "\n".join(lines)
 
 
