@@ -131,7 +131,7 @@ def layer_replaced(record, run: LoopRun, fixed: bool) -> None:
 
 
 def lr_zeroed(record, run: LoopRun, fixed: bool) -> None:
-    """At t0 a "freeze the first block" helper meant to set ``requires_grad_(False)`` on one block sets the
+    """At t0 a "freeze the first block" utility meant to set ``requires_grad_(False)`` on one block sets the
     learning rate of every param group to 0 (the fixed twin leaves the rates alone)."""
     model = mlp(run.seed)
     groups = [{"params": list(model.blocks[0].parameters()), "name": "blocks.0"},
