@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.diagbench.families import select
 from benchmarks.diagbench.families_loop import FAULT, FIXED, INTENTIONAL, loop_cases
 from benchmarks.diagbench.loop_bench import evaluate_loop_run, judge, loop_specs, score_loop
 
@@ -42,6 +43,19 @@ def test_a_gradient_accumulation_run_is_healthy_and_a_raw_pixel_run_shows_its_sc
     assert healthy["valid"] and healthy["kind"] == INTENTIONAL, healthy["validation"]
     assert raw["valid"] and "input rms" in raw["validation"]
     assert float(raw["validation"].split("input rms ")[1]) >= 20
+
+
+def test_a_backbone_frozen_on_purpose_gives_one_note_with_the_trainable_share_and_no_hypothesis(tmp_path: Path
+                                                                                               ) -> None:
+    frozen = run(tmp_path, "frozen_backbone")
+    assert frozen["hypotheses"] == []
+    assert len(frozen["notes"]) == 1 and frozen["notes"][0].startswith("14 % of the model's parameter elements")
+
+
+def test_the_loop_family_stays_out_of_the_default_run_and_its_folds() -> None:
+    assert "loop" not in select() and "loop" not in select(held_back=True)
+    with pytest.raises(ValueError, match="unknown families"):
+        select("loop,mlp")
 
 
 def test_judge_counts_a_detection_only_within_two_steps_of_the_first_effect() -> None:
