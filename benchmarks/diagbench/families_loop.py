@@ -16,6 +16,7 @@ the defining symptom of the mistake showed (``symptom``) and the step of its fir
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,8 @@ from benchmarks.diagbench.models_seq import SmallResNet
 STEPS = 60
 BATCH = 16
 FAULT, FIXED, INTENTIONAL = "fault", "fixed", "intentional"
+Record = Callable[..., AbstractContextManager]
+"""``record(model, **options)``: the ``NeuralDbg`` recording a case trains under."""
 
 
 @dataclass
@@ -99,7 +102,7 @@ def step_once(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tenso
 
 
 # ---- faults and their fixed twins -----------------------------------------------------------------------------
-def no_zero_grad(record, run: LoopRun, fixed: bool) -> None:
+def no_zero_grad(record: Record, run: LoopRun, fixed: bool) -> None:
     """From t0 a refactor drops ``optimizer.zero_grad()``: every backward adds to the last step's gradient."""
     model = mlp(run.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
@@ -114,7 +117,7 @@ def no_zero_grad(record, run: LoopRun, fixed: bool) -> None:
             run.losses.append(step_once(model, optimizer, x, y, zero=not carried))
 
 
-def layer_replaced(record, run: LoopRun, fixed: bool) -> None:
+def layer_replaced(record: Record, run: LoopRun, fixed: bool) -> None:
     """The head is re-created for the task's classes after the optimizer was built: it is never trained."""
     model = mlp(run.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -130,7 +133,7 @@ def layer_replaced(record, run: LoopRun, fixed: bool) -> None:
     run.effect = 0
 
 
-def lr_zeroed(record, run: LoopRun, fixed: bool) -> None:
+def lr_zeroed(record: Record, run: LoopRun, fixed: bool) -> None:
     """At t0 a "freeze the first block" utility meant to set ``requires_grad_(False)`` on one block sets the
     learning rate of every param group to 0 (the fixed twin leaves the rates alone)."""
     model = mlp(run.seed)
@@ -149,7 +152,7 @@ def lr_zeroed(record, run: LoopRun, fixed: bool) -> None:
                 run.symptom, run.effect = bool(torch.equal(before, model.head.weight.detach())), step
 
 
-def share_collapse(record, run: LoopRun, fixed: bool) -> None:
+def share_collapse(record: Record, run: LoopRun, fixed: bool) -> None:
     """At t0 an "unfreeze the backbone" call freezes everything but the LayerNorms (the fixed twin freezes
     nothing)."""
     torch.manual_seed(run.seed)
@@ -169,7 +172,7 @@ def share_collapse(record, run: LoopRun, fixed: bool) -> None:
     run.symptom, run.effect, run.note = share <= 0.05, run.t0, f"trainable share at the end {share:.3f}"
 
 
-def cnn_loop(record, run: LoopRun, *, size_at: Callable[[int], int], after_eval_train: Callable[[int], bool],
+def cnn_loop(record: Record, run: LoopRun, *, size_at: Callable[[int], int], after_eval_train: Callable[[int], bool],
               evaluate_every: int = 0) -> None:
     """``SmallResNet`` on scaled prototype images: ``size_at(step)`` samples per step, an evaluation pass in
     ``eval()`` every ``evaluate_every`` steps, after which ``model.train()`` is called when ``after_eval_train``
@@ -195,7 +198,7 @@ def cnn_loop(record, run: LoopRun, *, size_at: Callable[[int], int], after_eval_
                     model.train()
 
 
-def eval_left_on(record, run: LoopRun, fixed: bool) -> None:
+def eval_left_on(record: Record, run: LoopRun, fixed: bool) -> None:
     """A validation pass calls ``model.eval()``; from the one before t0 on, ``model.train()`` is not called
     again (it sat in a branch that stopped running)."""
     cnn_loop(record, run, size_at=lambda step: BATCH, evaluate_every=run.t0 // 3 or 1,
@@ -204,7 +207,7 @@ def eval_left_on(record, run: LoopRun, fixed: bool) -> None:
         run.note = "no training step in eval() mode (the evaluation period did not reach t0)"
 
 
-def batchnorm_one(record, run: LoopRun, fixed: bool) -> None:
+def batchnorm_one(record: Record, run: LoopRun, fixed: bool) -> None:
     """From t0 the data set size leaves a last batch of one sample every 10 steps (``drop_last=False``); the
     fixed twin drops it (a full batch instead)."""
     cnn_loop(record, run, size_at=lambda step: 1 if step >= run.t0 and (step - run.t0) % 10 == 0 and not fixed
@@ -228,7 +231,7 @@ class _WithAuxiliary(nn.Module):
         return out + self.aux(h) if self.use_aux else out
 
 
-def unused_branch(record, run: LoopRun, fixed: bool) -> None:
+def unused_branch(record: Record, run: LoopRun, fixed: bool) -> None:
     """At t0 a configuration flag read at the wrong place switches the auxiliary projection off: its
     parameters stay trainable but the loss no longer depends on them."""
     model = _WithAuxiliary(run.seed)
@@ -242,7 +245,7 @@ def unused_branch(record, run: LoopRun, fixed: bool) -> None:
                 run.symptom, run.effect = True, step
 
 
-def lr_per_batch(record, run: LoopRun, fixed: bool) -> None:
+def lr_per_batch(record: Record, run: LoopRun, fixed: bool) -> None:
     """``StepLR(step_size=3, gamma=0.1)`` meant for epochs is stepped after every batch (the fixed twin
     steps it once per epoch of 20 batches)."""
     model = mlp(run.seed)
@@ -259,7 +262,7 @@ def lr_per_batch(record, run: LoopRun, fixed: bool) -> None:
                 scheduler.step()
 
 
-def half_eps(record, run: LoopRun, fixed: bool) -> None:
+def half_eps(record: Record, run: LoopRun, fixed: bool) -> None:
     """float16 weights updated by Adam with its default ``eps=1e-8``, which float16 rounds to 0 (the fixed
     twin uses ``eps=1e-4``): a parameter whose gradient underflows divides 0 by 0."""
     model = mlp(run.seed).half()
@@ -281,7 +284,7 @@ def half_eps(record, run: LoopRun, fixed: bool) -> None:
     run.effect = 0 if run.symptom else -1
 
 
-def same_batch(record, run: LoopRun, fixed: bool) -> None:
+def same_batch(record: Record, run: LoopRun, fixed: bool) -> None:
     """The ``DataLoader`` (no shuffling) is created inside the loop, so every step trains on its first batch
     (the fixed twin creates one shuffled loader outside the loop)."""
     x_all, y_all = clusters(run.seed, n=2048, dim=32, classes=10, label_noise=0.0)
@@ -298,7 +301,7 @@ def same_batch(record, run: LoopRun, fixed: bool) -> None:
             run.losses.append(step_once(model, optimizer, x, y))
 
 
-def raw_pixels(record, run: LoopRun, fixed: bool) -> None:
+def raw_pixels(record: Record, run: LoopRun, fixed: bool) -> None:
     """Grey levels 0–255 go into the MLP as they are (the fixed twin scales them to about unit range)."""
     images, labels = _images(run.seed, scaled=fixed)
     x_all = images.flatten(1)
@@ -314,7 +317,7 @@ def raw_pixels(record, run: LoopRun, fixed: bool) -> None:
     run.symptom, run.effect, run.note = rms >= 20, 0, f"input rms {rms:.1f}"
 
 
-def constant_target(record, run: LoopRun, fixed: bool) -> None:
+def constant_target(record: Record, run: LoopRun, fixed: bool) -> None:
     """The target is read from the wrong column of the label table: the same class for every sample (the
     fixed twin reads the right one)."""
     model = mlp(run.seed)

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.diagbench.families_loop import BATCH, STEPS, LoopRun, batches, cnn_loop, mlp, step_once
+from benchmarks.diagbench.families_loop import BATCH, STEPS, LoopRun, Record, batches, cnn_loop, mlp, step_once
 
 
-def accumulation(record, run: LoopRun, fixed: bool) -> None:
+def accumulation(record: Record, run: LoopRun, fixed: bool) -> None:
     """Gradient accumulation: four micro-batches per optimizer step, ``zero_grad`` after the step."""
     model = mlp(run.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -30,7 +30,7 @@ def accumulation(record, run: LoopRun, fixed: bool) -> None:
             run.losses.append(total)
 
 
-def gan(record, run: LoopRun, fixed: bool) -> None:
+def gan(record: Record, run: LoopRun, fixed: bool) -> None:
     """A GAN: the discriminator and the generator alternate, each with its own optimizer; the generator's
     sample for the discriminator's step comes from a ``no_grad`` pass in train mode. Recorded: the
     discriminator."""
@@ -57,7 +57,7 @@ def gan(record, run: LoopRun, fixed: bool) -> None:
             run.losses.append(float(loss_d.detach()))
 
 
-def frozen_backbone(record, run: LoopRun, fixed: bool) -> None:
+def frozen_backbone(record: Record, run: LoopRun, fixed: bool) -> None:
     """Fine-tuning the head only: the blocks are frozen with ``requires_grad_(False)`` from the start."""
     model = mlp(run.seed)
     model.blocks.requires_grad_(False)
@@ -68,12 +68,12 @@ def frozen_backbone(record, run: LoopRun, fixed: bool) -> None:
             run.losses.append(step_once(model, optimizer, *next(data)))
 
 
-def eval_passes(record, run: LoopRun, fixed: bool) -> None:
+def eval_passes(record: Record, run: LoopRun, fixed: bool) -> None:
     """Validation every 10 steps: ``model.eval()``, three passes under ``torch.no_grad()``, ``model.train()``."""
     cnn_loop(record, run, size_at=lambda step: BATCH, evaluate_every=10, after_eval_train=lambda step: True)
 
 
-def warmup(record, run: LoopRun, fixed: bool) -> None:
+def warmup(record: Record, run: LoopRun, fixed: bool) -> None:
     """A linear warm-up from 0 over 15 steps, then a cosine decay to the end of the run."""
     model = mlp(run.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -101,7 +101,7 @@ class _WithEma(nn.Module):
         return self.net(x)
 
 
-def ema(record, run: LoopRun, fixed: bool) -> None:
+def ema(record: Record, run: LoopRun, fixed: bool) -> None:
     """An exponential moving average of the weights, kept in the model and updated under ``no_grad`` after
     every step; evaluated every 10 steps."""
     model = _WithEma(run.seed)

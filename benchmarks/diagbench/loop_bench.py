@@ -181,8 +181,9 @@ def healthy_bench_alarms(folder: Path, *, jobs: int = 2, seeds: int = 2, seed_of
         records = pool.starmap(_healthy_record, [(s, folder) for s in specs], chunksize=1)
     chosen = [r for r in records if r["valid"]]
     loop_hits, any_hits = sum(bool(r["loop_alarms"]) for r in chosen), sum(r["alarm"] for r in chosen)
-    return {"runs": records, "loop_alarm": {"hits": loop_hits, "n": len(chosen), "wilson": wilson(loop_hits, len(chosen))},
-            "alarm": {"hits": any_hits, "n": len(chosen), "wilson": wilson(any_hits, len(chosen))}}
+    n = len(chosen)
+    return {"runs": records, "loop_alarm": {"hits": loop_hits, "n": n, "wilson": wilson(loop_hits, n)},
+            "alarm": {"hits": any_hits, "n": n, "wilson": wilson(any_hits, n)}}
 
 
 def _rate(entry: dict) -> str:
@@ -211,8 +212,8 @@ def report_loop(result: dict) -> str:
     bench = result.get("healthy_bench")
     if bench:
         lines += ["", f"healthy controls of the architecture families ({len(bench['runs'])} runs, "
-                      f"{bench['loop_alarm']['n']} valid): with a loop-invariant hypothesis {_rate(bench['loop_alarm'])}, "
-                      f"with any hypothesis {_rate(bench['alarm'])}"]
+                      f"{bench['loop_alarm']['n']} valid): with a loop-invariant hypothesis "
+                      f"{_rate(bench['loop_alarm'])}, with any hypothesis {_rate(bench['alarm'])}"]
         lines += [f"  {r['name']}: {', '.join(r['loop_alarms'])}" for r in bench["runs"] if r["loop_alarms"]]
         notes = sorted({n.split(':')[0][:90] for r in bench["runs"] for n in r["notes"]})
         lines += [f"  note seen: {n}" for n in notes]
