@@ -50,6 +50,30 @@ def run(*, smoke: bool = False, jobs: int = 2, folder: Path, reuse: bool = False
     return result
 
 
+LOOP = "loop"
+"""``--families loop``: the loop-invariant cases (``families_loop``), run alone and scored on their own."""
+
+
+def _run_loop_family(args: argparse.Namespace) -> int:
+    """Train, analyse and score the loop family; it is never part of the default run or of its folds."""
+    from benchmarks.diagbench.loop_bench import healthy_bench_alarms, report_loop, run_loop, write_loop
+
+    with tempfile.TemporaryDirectory(prefix="diagbench-loop-") as temp:
+        folder = args.keep or Path(temp)
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        result = run_loop(folder, jobs=args.jobs, seed_offset=args.seed_offset, only=args.only)
+        if args.loop_healthy_seeds:
+            result["healthy_bench"] = healthy_bench_alarms(folder, jobs=args.jobs, seeds=args.loop_healthy_seeds,
+                                                           seed_offset=args.seed_offset)
+    result["wall_seconds"] = time.perf_counter() - started
+    print(report_loop(result))
+    print(f"wall {result['wall_seconds']:.0f} s")
+    if args.out:
+        write_loop(result, args.out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.diagbench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,18 +83,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="record into this folder and keep the recordings")
     parser.add_argument("--reuse", action="store_true", help="analyse recordings already in --keep instead of training")
     parser.add_argument("--only", help="only runs whose name contains this text")
-    parser.add_argument("--families", help="comma-separated families to run (default: all but the held-back ones)")
+    parser.add_argument("--families", help="comma-separated families to run (default: all but the held-back ones); "
+                                           "'loop' alone runs the loop-invariant cases, scored on their own")
     parser.add_argument("--exclude-families", help="comma-separated families to leave out")
     parser.add_argument("--with-held-back", action="store_true",
                         help=f"include the held-back families ({', '.join(HELD_BACK)})")
     parser.add_argument("--seed-offset", type=int, default=0,
                         help="shift every seed (e.g. 1000: seeds never looked at while tuning)")
+    parser.add_argument("--loop-healthy-seeds", type=int, default=2,
+                        help="with --families loop: seeds of every healthy control of the other families checked "
+                             "for loop-invariant hypotheses (default 2; 0: none)")
     parser.add_argument("--validate-only", action="store_true", help="train and validate, do not analyse")
     parser.add_argument("--fit-calibration", action="store_true",
                         help="print calibration constants fitted on every run (for analysis/calibration.py)")
     args = parser.parse_args(argv)
     if args.reuse and args.keep is None:
         parser.error("--reuse needs --keep DIR")
+    if args.families == LOOP:
+        return _run_loop_family(args)
     try:
         select(args.families, args.exclude_families)
     except ValueError as error:
