@@ -22,9 +22,9 @@ iteration of the open step; a step ends when the next training forward pass find
 (the optimizer stepped) or, after a backward pass, the gradients cleared — or, exactly, at the
 ``optimizer=``'s step post-hook. Forward passes without gradients (``torch.no_grad()``, inference mode) or
 in ``model.eval()`` are evaluation passes: they never open a training step, and each run of them is filed
-as cheap summaries of step type ``eval`` at the training step it follows (``instrument/evaluation.py``). Chosen modules' outputs are registered
-with the :class:`~comgra_ndbg.recorder.Recorder` under their module path, parameters are tracked with
-their gradients reduced in post-accumulate-grad hooks, updates are derived when the step ends, and the
+as cheap summaries of step type ``eval`` at the training step it follows (``instrument/evaluation.py``).
+Chosen modules' outputs are registered with the :class:`~comgra_ndbg.recorder.Recorder` under their
+module path, parameters are tracked with their gradients reduced in post-accumulate-grad hooks, updates are derived when the step ends, and the
 tensor ``backward()`` is called on is the loss (``comgra_ndbg.instrument.loss``).
 """
 from __future__ import annotations

@@ -22,10 +22,11 @@ KPI                    value
 
 An error that only evaluation shows — a code path taken only in ``eval()`` mode that divides by an unset
 temperature, BatchNorm running statistics that went non-finite — is then in the recording, and non-finite
-evaluation outputs are reported as the loop invariant ``nonfinite_evaluation``. An evaluation run before the
-first training step (a sanity check) has no step to be filed at and is counted only. Passes with
-gradients in ``eval()`` mode that an optimizer step follows were training in the wrong mode (the invariant
-``eval_mode_training``): their run is dropped, not filed as evaluation.
+evaluation outputs of a model whose weights are finite are reported as the loop invariant
+``nonfinite_evaluation`` (with non-finite weights they are the training's failure, found there). An
+evaluation run before the first training step (a sanity check) has no step to be filed at and is counted
+only. Passes with gradients in ``eval()`` mode that an optimizer step follows were training in the wrong
+mode (the invariant ``eval_mode_training``): their run is dropped, not filed as evaluation.
 
 What it costs: five reductions per output tensor of an evaluation pass and one host copy per run; training
 passes pay one attribute check. Nothing here changes a tensor, a flag or a random number generator, so
@@ -153,7 +154,7 @@ class EvalRecording:
             rec.record_kpi(name, value, step_type=self.eval_step_type)
         self._eval_filed += 1
         broken = [node for node, row in host.items() if row[1] > 0]
-        if broken and self._inv:
+        if broken and self._inv and _finite(self._parameters):
             self._eval_nonfinite(rec._last_step, broken, host)
 
     def _eval_nonfinite(self, step: int, broken: list[str], host: dict[str, list[float]]) -> None:
@@ -167,6 +168,15 @@ class EvalRecording:
             f"breaks there",
             evidence={"nodes": broken[:20], "num_nodes": len(broken), "share": share,
                       "step_type": self.eval_step_type}))
+
+
+def _finite(parameters: list[torch.Tensor]) -> bool:
+    """Whether every trainable parameter is finite (one host read): non-finite evaluation outputs of a model
+    with non-finite weights are the training's failure, which the analysis of the training steps names."""
+    if not parameters:
+        return True
+    with torch.no_grad():
+        return bool(torch.stack([torch.isfinite(p).all().to(parameters[0].device) for p in parameters]).all())
 
 
 def _one_copy(sums: dict[str, torch.Tensor]) -> dict[str, list[float]]:
