@@ -3,22 +3,18 @@
 ``EvalRecording`` is a mixin of ``NeuralDbg`` and works on its state. A forward pass of the model without
 gradients (``torch.no_grad()``, inference mode) or with the model in ``eval()`` mode is an evaluation pass.
 It never opens or splits a training step. Instead, the outputs of the chosen modules (and of the model) are
-reduced on their device into four mergeable sums per node — element count, non-finite count, Σ|x| and Σx²
-of the finite elements — summed over the consecutive evaluation passes of one evaluation run (a validation
+reduced on their device into three mergeable sums per node — finite elements, Σ|x| and Σx² (two vector
+norms) — summed over the consecutive evaluation passes of one evaluation run (a validation
 loop), and read to the host in one copy when the run ends: at the next training pass, or at ``close()``.
 
 Why not a step of its own: step numbers are unique in a trial and number the training steps, which
 evaluation must not disturb. An evaluation run is filed instead as KPIs of step type :data:`EVAL` (or the
 type the caller names, e.g. ``"validation"`` for the framework callbacks) at the training step it follows:
 
-=====================  ==================================================================
-KPI                    value
-=====================  ==================================================================
-``eval/passes``        forward passes in the evaluation run
-``eval/<node>/nonfinite``  share of the node's output elements that were NaN or ±Inf
-``eval/<node>/abs_mean``   mean of \\|x\\| over the finite elements
-``eval/<node>/rms``        root mean square over the finite elements
-=====================  ==================================================================
+- ``eval/passes``: forward passes in the evaluation run;
+- ``eval/<node>/nonfinite``: share of the node's output elements that were NaN or ±Inf;
+- ``eval/<node>/abs_mean``: mean absolute value (NaN when an element was not finite);
+- ``eval/<node>/rms``: root mean square (NaN when an element was not finite).
 
 An error that only evaluation shows — a code path taken only in ``eval()`` mode that divides by an unset
 temperature, BatchNorm running statistics that went non-finite — is then in the recording, and non-finite
@@ -28,12 +24,13 @@ evaluation run before the first training step (a sanity check) has no step to be
 only. Passes with gradients in ``eval()`` mode that an optimizer step follows were training in the wrong
 mode (the invariant ``eval_mode_training``): their run is dropped, not filed as evaluation.
 
-What it costs: five reductions per output tensor of an evaluation pass and one host copy per run; training
+What it costs: three reductions per output tensor of an evaluation pass and one host copy per run; training
 passes pay one attribute check. Nothing here changes a tensor, a flag or a random number generator, so
 training computes bit-identically with and without it.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -50,30 +47,31 @@ PASSES = "eval/passes"
 
 def eval_kpis(sums: dict[str, list[float]], passes: int) -> dict[str, float]:
     """The KPIs of one evaluation run from each node's ``[count, non-finite, Σ|x|, Σx²]`` (see the module
-    docstring); a node without elements gets no KPI.
+    docstring); a node without elements gets no KPI, and one with non-finite elements a NaN ``abs_mean`` and
+    ``rms`` (its sums are not finite).
 
-    >>> eval_kpis({"model.fc": [4.0, 1.0, 6.0, 12.0]}, 2)
-    {'eval/passes': 2.0, 'eval/model.fc/nonfinite': 0.25, 'eval/model.fc/abs_mean': 2.0, 'eval/model.fc/rms': 2.0}
+    >>> eval_kpis({"model.fc": [4.0, 0.0, 8.0, 16.0], "model.out": [4.0, 1.0, float("inf"), float("inf")]}, 2)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'eval/passes': 2.0, 'eval/model.fc/nonfinite': 0.0, 'eval/model.fc/abs_mean': 2.0, 'eval/model.fc/rms': 2.0,
+     'eval/model.out/nonfinite': 0.25, 'eval/model.out/abs_mean': nan, 'eval/model.out/rms': nan}
     """
     out = {PASSES: float(passes)}
     for node, (count, nonfinite, abs_sum, square_sum) in sums.items():
         if count <= 0:
             continue
-        finite = count - nonfinite
         out[f"eval/{node}/nonfinite"] = nonfinite / count
-        out[f"eval/{node}/abs_mean"] = abs_sum / finite if finite else float("nan")
-        out[f"eval/{node}/rms"] = (square_sum / finite) ** 0.5 if finite else float("nan")
+        out[f"eval/{node}/abs_mean"] = abs_sum / count if not nonfinite else float("nan")
+        out[f"eval/{node}/rms"] = math.sqrt(square_sum / count) if not nonfinite else float("nan")
     return out
 
 
 def _sums(tensor: torch.Tensor) -> torch.Tensor:
-    """``[count, non-finite, Σ|x|, Σx²]`` of a floating tensor, on its device (float64 where it has it)."""
+    """``[finite count, Σ|x|, Σx²]`` of a floating tensor on its device, in float64 where the device has it:
+    three reductions, no temporary copy of the tensor but the finiteness mask."""
     x = tensor.detach()
     dtype = torch.float32 if x.device.type == "mps" else torch.float64
-    finite = torch.isfinite(x)
-    clean = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)).to(dtype)
-    count = torch.full((), x.numel(), dtype=dtype, device=x.device)
-    return torch.stack([count, (~finite).sum().to(dtype), clean.abs().sum(), clean.square().sum()])
+    return torch.stack([torch.isfinite(x).sum().to(dtype), torch.linalg.vector_norm(x, 1, dtype=dtype),
+                        torch.linalg.vector_norm(x, 2, dtype=dtype).square()])
 
 
 class EvalRecording:
@@ -83,7 +81,8 @@ class EvalRecording:
         self._eval_on = enabled
         self.eval_step_type = step_type
         self._eval_capture = False  # the running pass is an evaluation pass whose outputs are reduced
-        self._eval_sums: dict[str, torch.Tensor] = {}  # node -> [count, non-finite, Σ|x|, Σx²] on its device
+        self._eval_sums: dict[str, torch.Tensor] = {}  # node -> [finite count, Σ|x|, Σx²] on its device
+        self._eval_sizes: dict[str, int] = {}  # node -> elements summed
         self._eval_run_passes = 0
         self._eval_with_grad = False  # the run holds passes with gradients on (maybe training in eval mode)
         self._eval_counts: dict[str, int] = {}
@@ -120,6 +119,7 @@ class EvalRecording:
             for (name, tensor), (suffix, _) in zip(output_names(node_name(path), leaves, self._eval_counts), leaves):
                 node = call_node(name, suffix)
                 row = _sums(tensor)
+                self._eval_sizes[node] = self._eval_sizes.get(node, 0) + tensor.numel()
                 known = self._eval_sums.get(node)
                 self._eval_sums[node] = row if known is None else known + row.to(known.device)
 
@@ -136,19 +136,21 @@ class EvalRecording:
 
     def _eval_drop(self) -> None:
         """Forget the run: its passes with gradients were training steps in eval() mode."""
-        self._eval_sums, self._eval_run_passes, self._eval_with_grad = {}, 0, False
+        self._eval_sums, self._eval_sizes, self._eval_run_passes, self._eval_with_grad = {}, {}, 0, False
 
     def _eval_file(self) -> None:
         """End the evaluation run: file its KPIs at the open or last training step, one host copy."""
         if not self._eval_run_passes:
             return
-        sums, passes = self._eval_sums, self._eval_run_passes
+        sums, sizes, passes = self._eval_sums, self._eval_sizes, self._eval_run_passes
         self._eval_drop()
         rec = self.recorder
         if rec._last_step is None:  # before the first training step: no step to file it at
             return
-        host = {node: row.cpu().tolist() for node, row in sums.items()} if len(
+        read = {node: row.cpu().tolist() for node, row in sums.items()} if len(
             {row.device for row in sums.values()}) > 1 else _one_copy(sums)
+        host = {node: [sizes[node], sizes[node] - finite, abs_sum, square_sum]
+                for node, (finite, abs_sum, square_sum) in read.items()}
         kpis = eval_kpis(host, passes)
         for name, value in kpis.items():
             rec.record_kpi(name, value, step_type=self.eval_step_type)
