@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from comgra_ndbg.instrument.compile_cache import evict_compiled_code
 from comgra_ndbg.instrument.hooks import INPUT, from_compiled_code, input_names, tensor_leaves
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
