@@ -208,3 +208,27 @@ def test_a_failing_evaluation_summary_never_breaks_training(tmp_path, monkeypatc
 def test_bad_evaluation_options_raise_typed_errors(tmp_path, options, wrong) -> None:
     with pytest.raises(InvalidArgumentError, match=wrong):
         NeuralDbg(Calibrated(), tmp_path, trial="t", **options)
+
+
+def test_a_compiled_model_evaluation_runs_match_its_eager_outputs(tmp_path) -> None:
+    """Inside a torch.compile region the module hooks stash outputs instead of recording them; an evaluation
+    pass drains the stash like a training pass does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="aot_eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = []
+    with NeuralDbg(compiled, tmp_path, trial="t"):
+        for _ in range(2):
+            compiled.train()
+            optimizer.zero_grad()
+            compiled(torch.randn(16, 4)).pow(2).mean().backward()
+            optimizer.step()
+            compiled.eval()
+            with torch.no_grad():
+                compiled(torch.ones(8, 4))
+                expected.append(float(model(torch.ones(8, 4)).double().pow(2).mean().sqrt()))
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kpi("eval/passes", "eval")[0].tolist() == [0, 1]
+        assert recording.kpi("eval/model.2/rms", "eval")[1].tolist() == pytest.approx(expected, rel=1e-6)
+        assert recording.problems() == []
