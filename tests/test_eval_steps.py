@@ -232,3 +232,24 @@ def test_a_compiled_model_evaluation_runs_match_its_eager_outputs(tmp_path) -> N
         assert recording.kpi("eval/passes", "eval")[0].tolist() == [0, 1]
         assert recording.kpi("eval/model.2/rms", "eval")[1].tolist() == pytest.approx(expected, rel=1e-6)
         assert recording.problems() == []
+
+
+def test_an_evaluation_pass_that_raises_leaves_the_next_training_step_intact(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = Calibrated()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with NeuralDbg(model, tmp_path, trial="t") as dbg:
+        for step in range(2):
+            model.train()
+            optimizer.zero_grad()
+            model(torch.randn(16, 4)).pow(2).mean().backward()
+            optimizer.step()
+            model.eval()
+            with torch.no_grad(), pytest.raises(RuntimeError):
+                model(torch.randn(8, 5))  # a wrong shape: the pass raises inside its first layer
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.steps.tolist() == [0, 1]
+        assert recording.summary("model.out", "value", "mean")[0].tolist() == [0, 1]  # training outputs recorded
+        assert recording.kpi("eval/passes", "eval")[1].tolist() == [1.0, 1.0]
+        assert "eval/model.out/rms" not in recording.kpi_names  # no layer finished in those passes
+    assert dbg.eval_runs == 2

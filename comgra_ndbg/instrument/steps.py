@@ -35,7 +35,7 @@ class StepDetection:
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._closed or self._hooks.collecting_now:
             return
-        self._hooks.capture = False
+        self._hooks.capture = self._eval_capture = False  # also after a pass that raised before its end
         self._training_pass = (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
                                and self._root.training)
         if self._training_pass:
