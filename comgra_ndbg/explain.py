@@ -69,7 +69,8 @@ HYPOTHESIS_TYPES = {"gradients": ("vanishing", "exploding", "imbalanced_learning
                     "anomalies": ("nonfinite_loss", "nonfinite_data", "data_shift", "loss_spike", "stale_gradients",
                                   "wrong_mode", "batch_statistics", "unused_parameters", "repeated_batch",
                                   "unnormalised_input", "constant_target", "frozen_trains", "wrong_dtype",
-                                  "partial_ddp", "rank_desync", "rank_divergence", "rank_stalled", "memory_leak"),
+                                  "partial_ddp", "rank_desync", "rank_divergence", "rank_stalled", "memory_leak",
+                                  "nonfinite_evaluation"),
                     "optimizer": ("optimizer_divergence", "optimizer_instability", "update_stagnation", "precision",
                                   "update_ratio")}
 _DEFAULT = Thresholds()

@@ -21,9 +21,10 @@ How it sees the loop (see ``docs/neuraldbg.md``): the model's forward pre-hook o
 iteration of the open step; a step ends when the next training forward pass finds the parameters changed
 (the optimizer stepped) or, after a backward pass, the gradients cleared — or, exactly, at the
 ``optimizer=``'s step post-hook. Forward passes without gradients (``torch.no_grad()``, inference mode) or
-in ``model.eval()`` are evaluation passes and are not recorded. Chosen modules' outputs are registered
-with the :class:`~comgra_ndbg.recorder.Recorder` under their module path, parameters are tracked with
-their gradients reduced in post-accumulate-grad hooks, updates are derived when the step ends, and the
+in ``model.eval()`` are evaluation passes: they never open a training step, and each run of them is filed
+as cheap summaries of step type ``eval`` at the training step it follows (``instrument/evaluation.py``).
+Chosen modules' outputs are registered with the :class:`~comgra_ndbg.recorder.Recorder` under their
+module path, parameters are tracked with their gradients reduced in post-accumulate-grad hooks, updates are derived when the step ends, and the
 tensor ``backward()`` is called on is the loss (``comgra_ndbg.instrument.loss``).
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ from comgra_ndbg.instrument.hooks import ROOT, ModuleHooks, ModulePattern, node_
 from comgra_ndbg.instrument.structure import ModelStructure
 from comgra_ndbg.instrument.checkpoint import Burst, HiddenCall, RecomputedGradients
 from comgra_ndbg.instrument.compile_cache import evict_compiled_code
+from comgra_ndbg.instrument.evaluation import EVAL, EvalRecording
 from comgra_ndbg.instrument.invariants import LoopInvariants
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
@@ -66,7 +68,7 @@ PARAMETER_SUFFIX = ".parameters"
 
 
 class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradients, LoopInvariants, Breakpoints,
-                Halting):
+                Halting, EvalRecording):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: ``runs`` in the working directory, the new trial's absolute path
@@ -88,6 +90,12 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     ``zero_grad()``, parameters outside the optimizer, steps that change nothing, the model's train/eval
     mode, BatchNorm on one sample, unused parameters, half-precision ``eps`` — and records the learning
     rate of every param group as KPI ``lr/<group>`` (``docs/diagnosis.md``, "Loop invariants").
+
+    ``record_eval=True`` records evaluation passes (no gradients, or ``model.eval()`` with no optimizer step
+    following): each run of them (a validation loop) becomes KPIs of step type ``eval_step_type`` at the
+    training step it follows — per chosen module, the share of non-finite outputs, their mean absolute value
+    and root mean square — and non-finite evaluation outputs are reported as a loop invariant. It never
+    changes the training steps, their numbering or their results (``instrument/evaluation.py``).
 
     ``halt_on`` (flight-recorder triggers, or ``"nonfinite"`` / ``"loss_spike"``) stops training when one
     fires, after writing the steps before it, recording ``halt_delay`` steps more and printing the diagnosis:
@@ -130,6 +138,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         halt_mode: str = "raise",
         halt_delay: int = 2,
         profile: Any = None,
+        record_eval: bool = True,
+        eval_step_type: str = EVAL,
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -146,6 +156,11 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             raise InvalidArgumentError(f"resume must be True or False, got {resume!r}")
         if not isinstance(invariants, bool):
             raise InvalidArgumentError(f"invariants must be True or False, got {invariants!r}")
+        if not isinstance(record_eval, bool):
+            raise InvalidArgumentError(f"record_eval must be True or False, got {record_eval!r}")
+        if not isinstance(eval_step_type, str) or not eval_step_type or eval_step_type == step_type:
+            raise InvalidArgumentError(f"eval_step_type must be a non-empty str other than the training steps' type "
+                                       f"{step_type!r}, got {eval_step_type!r}")
         if first_step is not None:
             check_step(first_step)
         if resume:
@@ -192,7 +207,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         self._own_steps = self._foreign_steps = 0  # optimizer steps in the open step: ours, others'
         self._parameter_names = {node_name(name) for name, _ in self._root.named_parameters()}
         self._root_selected = any(p == "" for p, _ in chosen)
-        self._hooks = ModuleHooks(chosen, self._on_output)
+        self._init_eval(record_eval, eval_step_type)
+        self._hooks = ModuleHooks(chosen, self._route_output)
         self._hooks.bind(self._on_tap_grad)
         resumed = self.recorder.resume_after
         self._next_step = first_step if first_step is not None else (0 if resumed is None else resumed + 1)
@@ -251,6 +267,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         if not self.enabled:
             return
         try:
+            self._safely("recording an evaluation run", self._eval_file)
             if self.recorder.current_step is not None:
                 self._safely("finishing the last step", self._end_step)
             if self._next_step == self._first_step:

@@ -9,6 +9,7 @@ import logging
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -110,6 +111,50 @@ def test_training_with_the_callback_is_bit_identical_and_leaves_no_hook(tmp_path
         assert not module._forward_hooks and not module._forward_pre_hooks
         assert all(not m._forward_hooks for m in module.modules())
     assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
+class CalibratedModule(TinyModule):
+    """Divides its logits by a temperature outside training only; a temperature left at 0 breaks validation
+    alone (training never divides)."""
+
+    def __init__(self, temperature: float) -> None:
+        super().__init__()
+        self.register_buffer("temperature", torch.tensor(temperature))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.net(x)
+        return logits if self.training else logits / self.temperature
+
+
+def test_validation_passes_are_recorded_as_their_own_step_type(tmp_path) -> None:
+    for record_eval in (True, False):
+        torch.manual_seed(0)
+        callback = ComgraCallback(tmp_path / "runs", trial=f"val-{record_eval}", record_eval=record_eval)
+        _fit(TinyModule(), tmp_path, [callback], loggers=False)
+        with open_recording(tmp_path / "runs", f"val-{record_eval}") as recording:
+            assert recording.steps.tolist() == [0, 1, 2, 3, 4, 5]
+            if not record_eval:
+                assert not [k for k in recording.kpi_names if k.startswith("eval/")]
+                continue
+            steps, passes = recording.kpi("eval/passes", "validation")
+            assert steps.tolist() == [2, 5] and passes.tolist() == [2.0, 2.0]  # 2 batches; no sanity check
+            assert recording.kpi("eval/model.net.0/nonfinite", "validation")[1].tolist() == [0.0, 0.0]
+            rms = recording.kpi("eval/model/rms", "validation")[1]
+            assert np.isfinite(rms).all() and (rms > 0).all()
+            assert "eval" not in recording.step_types
+        assert callback.diagnosis.healthy, callback.diagnosis.explain()
+
+
+def test_an_error_only_validation_shows_is_found_with_a_healthy_twin(tmp_path) -> None:
+    diagnoses = {}
+    for temperature in (1.0, 0.0):
+        torch.manual_seed(0)
+        callback = ComgraCallback(tmp_path / "runs", trial=f"t{temperature}")
+        _fit(CalibratedModule(temperature), tmp_path, [callback], loggers=False)
+        diagnoses[temperature] = callback.diagnosis
+    assert diagnoses[1.0].healthy, diagnoses[1.0].explain()
+    top = diagnoses[0.0].top
+    assert top is not None and (top.type, top.node, top.onset) == ("nonfinite_evaluation", "model", 2)
 
 
 def test_a_broken_run_logs_its_top_hypothesis(tmp_path) -> None:

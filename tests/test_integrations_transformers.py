@@ -95,6 +95,19 @@ def test_steps_are_optimizer_steps_and_logs_are_kpis_of_their_step_type(tmp_path
     assert trainer.state.log_history[-1]["comgra/failure_hypotheses"] == len(callback.diagnosis.hypotheses)
 
 
+def test_evaluation_passes_are_recorded_as_their_own_step_type(tmp_path) -> None:
+    callback = ComgraCallback(tmp_path / "runs", trial="hf")
+    _train(tmp_path / "out", [callback])
+    with open_recording(tmp_path / "runs", "hf") as recording:
+        assert recording.steps.tolist() == [0, 1, 2, 3, 4, 5]
+        steps, passes = recording.kpi("eval/passes", "validation")
+        assert steps.tolist() == [2, 5] and passes.tolist() == [1.0, 1.0]  # 32 samples in one batch of 32
+        assert recording.kpi("eval/model.net.0/nonfinite", "validation")[1].tolist() == [0.0, 0.0]
+        rms = recording.kpi("eval/model.net.2/rms", "validation")[1]
+        assert rms.shape == (2,) and (rms > 0).all() and rms[0] != rms[1]  # the model trained in between
+    assert callback.diagnosis.healthy, callback.diagnosis.explain()
+
+
 def test_training_with_the_callback_is_bit_identical(tmp_path) -> None:
     bare, _ = _train(tmp_path / "bare", [])
     recorded, _ = _train(tmp_path / "recorded", [ComgraCallback(tmp_path / "runs", trial="same")])

@@ -54,6 +54,7 @@ CONFIDENCE = {
     "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
     "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
     "batchnorm_batch_one": 0.95, "unused_parameters": 0.9, "half_precision_eps": 0.95,
+    "nonfinite_evaluation": 0.9,
     "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
 }
 """Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
@@ -91,6 +92,10 @@ _READING = {
     "half_precision_eps": ("precision", "optimizer",
                            "keep the weights in float32 and use torch.autocast with a GradScaler for half-precision "
                            "compute, or raise the optimizer's eps to at least 1e-4"),
+    "nonfinite_evaluation": ("nonfinite_evaluation", "node",
+                             "check what '{node}' computes only in eval() mode or without gradients: its BatchNorm "
+                             "running statistics (finite after training?), an eval-only branch, a calibration "
+                             "constant (a temperature) left at 0"),
     "lr_collapse": ("update_stagnation", "optimizer",
                     "check the scheduler: step it once per epoch if its step_size / T_max / milestones count "
                     "epochs (or give it the number of batches), and check the steps it was told the run has"),
@@ -108,7 +113,7 @@ _READING = {
                         "check how the targets are built (a label column read wrongly, a target overwritten, an "
                         "index that never changes)"),
 }
-_POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one")
+_POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one", "nonfinite_evaluation")
 _BEHIND = ("lr_group_stopped",)
 """Invariants that explain how, not where: one param group stopped while the others train is a failure of
 the nodes that group holds, which the statistical stagnation hypothesis names; the loop hypothesis follows it."""

@@ -37,6 +37,7 @@ TYPE_TEXT = {
     "repeated_batch": "The same batch every step",
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
+    "nonfinite_evaluation": "Non-finite outputs in evaluation",
     "output_range": "An output that cannot reach its targets",
     # found against a healthy reference run (analysis/reference.py)
     "frozen_trains": "A stage meant to be frozen trains",

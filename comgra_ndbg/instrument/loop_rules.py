@@ -45,6 +45,7 @@ INVARIANTS = {
     "batchnorm_batch_one": "BatchNorm in training mode on a batch of one sample",
     "unused_parameters": "trainable parameters that receive no gradient for many steps",
     "half_precision_eps": "half-precision weights with an optimizer eps the dtype cannot represent",
+    "nonfinite_evaluation": "evaluation passes whose module outputs hold NaN or Inf",
 }
 """Every invariant checked during the loop, by the name its log rows carry in ``detail["invariant"]``."""
 

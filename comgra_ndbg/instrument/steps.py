@@ -4,7 +4,7 @@
 a step, or a new iteration of the open step; a step ends when the next training pass finds the parameters
 changed (an optimizer stepped, or any in-place update) or, after a backward pass, the gradients cleared —
 or exactly at the ``optimizer=``'s step post-hook. Forward passes without gradients, in inference mode or
-in ``model.eval()`` are evaluation passes: they are counted, not recorded, and never split a step.
+in ``model.eval()`` are evaluation passes: they never open or split a step; ``evaluation`` records them.
 
 Every optimizer's step is seen too (``patches``' global optimizer hooks). Right before an optimizer that
 holds some of the model's parameters steps, their gradients are taken again where they changed since the
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from comgra_ndbg.instrument.compile_cache import evict_compiled_code
 from comgra_ndbg.instrument.hooks import INPUT, from_compiled_code, input_names, tensor_leaves
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
@@ -34,16 +35,19 @@ class StepDetection:
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._closed or self._hooks.collecting_now:
             return
-        self._hooks.capture = False
+        self._hooks.capture = self._eval_capture = False  # also after a pass that raised before its end
         self._training_pass = (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
                                and self._root.training)
         if self._training_pass:
+            if self._eval_run_passes:
+                self._safely("recording an evaluation run", self._eval_file)
             self._safely("ending the last step", self._end_finished_step)
             self._run_pending()  # the user's step hooks, and a halt (outside the recorder's fault isolation)
             self._before_step()
             self._safely("starting a forward pass", self._begin_pass, args, kwargs)
         else:
             self._evaluation_passes += 1
+            self._safely("starting an evaluation pass", self._eval_begin)
         if self._inv:
             self._safely("checking loop invariants", self._inv_forward, self._training_pass, args, kwargs)
 
@@ -95,9 +99,12 @@ class StepDetection:
         return tuple(None if p.grad is None else (id(p.grad), p.grad._version) for p in self._parameters)
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self._closed or self._hooks.collecting_now or not self._pass_open:
+        if self._closed or self._hooks.collecting_now:
             return
-        self._safely("finishing a forward pass", self._end_pass, output)
+        if self._eval_capture:
+            self._safely("finishing an evaluation pass", self._eval_end, output)
+        elif self._pass_open:
+            self._safely("finishing a forward pass", self._end_pass, output)
 
     def _end_pass(self, output: Any) -> None:
         rec = self.recorder
@@ -169,6 +176,8 @@ class StepDetection:
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._closed or not self._owns(optimizer):
             return
+        if self._eval_with_grad:  # passes with gradients in eval() mode, then an update: training, not evaluation
+            self._eval_drop()
         if self._inv:
             self._safely("checking loop invariants", self._inv_before_step, optimizer)
         if self.recorder.current_step is not None:

@@ -35,7 +35,8 @@ from comgra_ndbg.neuraldbg import NeuralDbg
 __all__ = ["VALIDATION", "FrameworkRecording", "require", "scalar", "unwrap_optimizer", "summary_line"]
 
 VALIDATION = "validation"
-"""The step type under which validation (evaluation) metrics are recorded as KPIs."""
+"""The step type under which validation (evaluation) metrics are recorded as KPIs, and the framework's
+validation passes as NeuralDbg's evaluation runs (``eval_step_type``, ``instrument/evaluation.py``)."""
 
 
 def require(module: str, *, extra: str, framework: str) -> Any:
@@ -147,7 +148,8 @@ class FrameworkRecording:
 
     def _start(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, path: Path) -> None:
         self._optimizer = optimizer
-        self.dbg = NeuralDbg(model, path, trial=self.trial, optimizer=optimizer, **self.options)
+        options = {"eval_step_type": VALIDATION, **self.options}  # validation passes: summaries of their own type
+        self.dbg = NeuralDbg(model, path, trial=self.trial, optimizer=optimizer, **options)
 
     def record_metrics(self, metrics: Mapping[str, Any], *, step_type: str | None = None) -> int:
         """Record every real number of ``metrics`` as a KPI of the last step (``step_type``: its own type,

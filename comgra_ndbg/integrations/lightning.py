@@ -6,7 +6,9 @@
 One recorded step per optimizer step (gradient accumulation included: the step ends at the optimizer's
 ``step()``), the metrics the module logs (``self.log``) as KPIs ``lightning/<name>`` of the step they were
 logged at, the metrics logged during each validation run as KPIs of step type ``validation`` at the last
-training step (the sanity check is left out), and at the end of training the analysis, whose top
+training step (the sanity check is left out), the validation passes themselves as NeuralDbg's evaluation
+runs of that step type (KPIs ``eval/<node>/{nonfinite,abs_mean,rms}`` and ``eval/passes``, at the same
+step; ``record_eval=False`` turns them off), and at the end of training the analysis, whose top
 hypothesis goes to Lightning's console log and whose counts go to the trainer's loggers as metrics
 ``comgra/failure_hypotheses`` and ``comgra/top_confidence``.
 

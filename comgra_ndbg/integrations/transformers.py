@@ -7,7 +7,10 @@
 One recorded step per optimizer step (with ``gradient_accumulation_steps`` the step ends at the optimizer's
 ``step()``, inside ``accelerate``'s wrapper), the Trainer's logs (``loss``, ``grad_norm``,
 ``learning_rate``, ...) as KPIs ``trainer/<name>`` of the step they were logged at, the metrics of each
-evaluation (``eval_loss``, ...) as KPIs of step type ``validation`` at the last training step, and when
+evaluation (``eval_loss``, ...) as KPIs of step type ``validation`` at the last training step, the
+evaluation's forward passes as NeuralDbg's evaluation runs of that step type (KPIs
+``eval/<node>/{nonfinite,abs_mean,rms}`` and ``eval/passes``, at the same step; ``record_eval=False`` turns
+them off), and when
 training ends the analysis, whose top hypothesis goes to the ``transformers`` logger (a warning when a
 failure was found) and into ``TrainerState.log_history`` as ``comgra/*`` entries. Recording happens on the
 world-process-zero only.
