@@ -17,8 +17,9 @@ trains the same data with the same plain loop; what differs is what is attached 
 - ``wandb``: ``wandb.watch(model, log="all", log_freq=10)`` offline (``WANDB_MODE=offline``), the loss
   logged every step (``watch`` logs its histograms with it).
 
-The clock runs from the first step to the end of the peer's ``close()`` (files written); setting the peer
-up (building the recorder, ``wandb.init``) is not timed. Run as a module, one run per process, it prints
+The clock runs from step 10 (``WARM_UP``: one-time costs such as loading compiled kernels or a first
+recording of step 0 fall before it) to the end of the peer's ``close()`` (files written); setting the peer
+up (building the recorder, ``wandb.init``) is not timed. Runs of 20 steps or fewer are timed from the first. Run as a module, one run per process, it prints
 the result as one JSON line: ``python -m benchmarks.peer_runners --peer ndbg-defaults --workload mlp``.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from benchmarks.neuraldbg_overhead import TanhMLP, TinyTransformer, token_data
 from benchmarks.overhead import make_data
 
 EVERY = 10  # the sparse peers' interval, in steps
+WARM_UP = 10  # steps before the clock starts
 
 WORKLOADS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], list]]] = {
     "mlp": (TanhMLP, make_data),
@@ -54,12 +56,13 @@ WORKLOAD_LABELS = {"mlp": "8-block 256-wide tanh MLP, batch 64",
 
 @dataclass(frozen=True)
 class PeerRun:
-    """A run's cost and output: seconds of the whole timed run, the median step, bytes left on disk and
-    what was recorded."""
+    """A run's cost and output: seconds of the timed steps (with ``close()``), the median step, bytes left on
+    disk and what was recorded (in all ``steps``)."""
 
     peer: str
     workload: str
     steps: int
+    timed_steps: int
     total_s: float
     median_step_s: float
     bytes_written: int
@@ -67,7 +70,7 @@ class PeerRun:
 
     @property
     def mean_ms(self) -> float:
-        return self.total_s / self.steps * 1e3
+        return self.total_s / self.timed_steps * 1e3
 
 
 def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -277,9 +280,12 @@ def train(peer_name: str, workload: str, steps: int, folder: Path) -> PeerRun:
     folder.mkdir(parents=True, exist_ok=True)
     peer = PEERS[peer_name](model, optimizer, criterion, folder)
     step_s = []
+    timed_from = WARM_UP if steps > 2 * WARM_UP else 0
     started = time.perf_counter()
     for step, (inputs, targets) in enumerate(data):
         t0 = time.perf_counter()
+        if step == timed_from:
+            started = t0
         peer.begin(step, inputs, targets)
         optimizer.zero_grad()
         loss = criterion(model(inputs), targets)
@@ -290,7 +296,7 @@ def train(peer_name: str, workload: str, steps: int, folder: Path) -> PeerRun:
         step_s.append(time.perf_counter() - t0)
     peer.close()
     total = time.perf_counter() - started
-    return PeerRun(peer_name, workload, steps, total, statistics.median(step_s), accounting.folder_bytes(folder),
+    return PeerRun(peer_name, workload, steps, steps - timed_from, total, statistics.median(step_s[timed_from:]), accounting.folder_bytes(folder),
                    peer.recorded())
 
 

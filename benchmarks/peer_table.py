@@ -4,8 +4,8 @@ Each round runs every peer once, each in a fresh ``python -m benchmarks.peer_run
 caches or hooks carried from one peer to the next), in an order rotated by one peer per round, so that
 machine load and position in the round hit every peer alike. The ratio to bare is taken within each round
 and reported as the median and the range over the rounds. Information per millisecond of overhead is the
-numbers recorded (``benchmarks/peer_accounting.py``) over the milliseconds the run took beyond bare in
-the same round (whole runs, files written).
+numbers recorded in the run (``benchmarks/peer_accounting.py``) over its overhead: the milliseconds per
+timed step beyond bare in the same round (median over the rounds) times the run's steps.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.peer_accounting import Recorded
-from benchmarks.peer_runners import OPTIONAL, PEER_LABELS, PEERS, WORKLOAD_LABELS
+from benchmarks.peer_runners import OPTIONAL, PEER_LABELS, PEERS, WARM_UP, WORKLOAD_LABELS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,13 +55,14 @@ def available(peers: Sequence[str]) -> tuple[list[str], list[str]]:
     return kept, skipped
 
 
-def run_once(peer: str, workload: str, steps: int, threads: int | None) -> dict:
-    """One run in a fresh process; its JSON result."""
+def run_once(peer: str, workload: str, steps: int, threads: int | None, timeout_s: float | None = None) -> dict:
+    """One run in a fresh process; its JSON result. Raises ``subprocess.TimeoutExpired`` past ``timeout_s``."""
     command = [sys.executable, "-m", "benchmarks.peer_runners", "--peer", peer, "--workload", workload,
                "--steps", str(steps)] + ([] if threads is None else ["--threads", str(threads)])
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                        WANDB_MODE="offline", WANDB_SILENT="true")
-    done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"{peer} on {workload} failed (exit {done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -82,11 +83,13 @@ def summarize(runs: dict[str, list[dict]]) -> list[Row]:
     bare = runs["bare"]
     rows = []
     for peer, results in runs.items():
-        ratios = [r["total_s"] / b["total_s"] for r, b in zip(results, bare)]
+        mean_ms = [r["total_s"] / r["timed_steps"] * 1e3 for r in results]
+        bare_ms = [b["total_s"] / b["timed_steps"] * 1e3 for b in bare]
+        ratios = [m / b for m, b in zip(mean_ms, bare_ms)]
         recorded = Recorded(**results[-1]["recorded"])
-        overhead_ms = statistics.median((r["total_s"] - b["total_s"]) * 1e3 for r, b in zip(results, bare))
+        overhead_ms = statistics.median(m - b for m, b in zip(mean_ms, bare_ms)) * results[-1]["steps"]
         per_ms = recorded.information / overhead_ms if peer != "bare" and overhead_ms > 0 else None
-        rows.append(Row(peer, [r["total_s"] / r["steps"] * 1e3 for r in results], ratios,
+        rows.append(Row(peer, mean_ms, ratios,
                         int(statistics.median(r["bytes_written"] for r in results)), recorded, per_ms))
     return rows
 
@@ -112,26 +115,36 @@ def table(rows: Sequence[Row], *, markdown: bool) -> list[str]:
 
 
 def compare(workloads: Sequence[str], *, steps: int, rounds: int, threads: int | None,
-            markdown: Path | None) -> None:
-    """Run every available peer on ``workloads`` and print (and optionally write as Markdown) the tables."""
+            markdown: Path | None, timeout_s: float | None = None) -> None:
+    """Run every available peer on ``workloads`` and print (and optionally write as Markdown) the tables. A peer
+    whose run takes longer than ``timeout_s`` is dropped from that workload, and the table says so."""
     peers, skipped = available(list(PEERS))
     for line in skipped:
         print(line, flush=True)
     sections = []
     for workload in workloads:
         runs: dict[str, list[dict]] = {peer: [] for peer in peers}
+        dropped: list[str] = []
         for r in range(rounds):
-            for peer in rotated(peers, r):
-                result = run_once(peer, workload, steps, threads)
+            for peer in rotated([p for p in peers if p not in dropped], r):
+                try:
+                    result = run_once(peer, workload, steps, threads, timeout_s)
+                except subprocess.TimeoutExpired:
+                    dropped.append(peer)
+                    del runs[peer]
+                    print(f"  {workload} round {r}: {peer} took longer than {timeout_s:.0f} s: dropped", flush=True)
+                    continue
                 runs[peer].append(result)
-                print(f"  {workload} round {r}: {peer:<20} {result['total_s'] / steps * 1e3:9.1f} ms/step  "
+                print(f"  {workload} round {r}: {peer:<20} {result['total_s'] / result['timed_steps'] * 1e3:9.1f} ms/step  "
                       f"{result['bytes_written'] / 1e6:8.2f} MB", flush=True)
         title = (f"{WORKLOAD_LABELS[workload]}, {steps} steps x {rounds} rounds, CPU "
-                 f"({threads or torch.get_num_threads()} torch threads), whole runs with files written")
+                 f"({threads or torch.get_num_threads()} torch threads), steps {WARM_UP} on with close(), files written")
         rows = summarize(runs)
+        notes = "".join(f"\n{PEER_LABELS[peer]}: a run took longer than {timeout_s:.0f} s, not measured.\n"
+                        for peer in dropped)
         print("\n" + title)
-        print("\n".join(table(rows, markdown=False)) + "\n", flush=True)
-        sections.append(f"**{title}**\n\n" + "\n".join(table(rows, markdown=True)) + "\n")
+        print("\n".join(table(rows, markdown=False)) + "\n" + notes, flush=True)
+        sections.append(f"**{title}**\n\n" + "\n".join(table(rows, markdown=True)) + "\n" + notes)
     if markdown is not None:
         machine = (f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end, "
                    f"torch {torch.__version__}.")

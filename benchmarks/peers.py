@@ -136,8 +136,9 @@ def measure(variant: Variant, root: Path, configuration: str) -> Run:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600,
-                        help="training steps per run (Comgra's issue: 600; the MLP and transformer peers: try 200)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default: 600 for Comgra's tutorial, as in Comgra's issue; "
+                             "200 for the MLP and transformer peers)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--configuration", default=tutorial.CONFIGURATIONS[0], choices=tutorial.CONFIGURATIONS)
     parser.add_argument("--min-training-steps-difference", type=int, default=1000,
@@ -147,13 +148,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="Comgra's tutorial (the default), or the peers on the MLP, the transformer, or all")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="with mlp, transformer or all: write the peers' table as Markdown to this file")
+    parser.add_argument("--peer-timeout", type=float, default=900,
+                        help="with mlp, transformer or all: seconds after which a peer's run is stopped and dropped")
     args = parser.parse_args(argv)
     if args.workload != "comgra-tutorial":
         models = ["mlp", "transformer"] if args.workload == "all" else [args.workload]
-        peer_table.compare(models, steps=args.steps, rounds=args.rounds, threads=args.threads,
-                           markdown=args.markdown)
+        peer_table.compare(models, steps=args.steps or 200, rounds=args.rounds, threads=args.threads,
+                           markdown=args.markdown, timeout_s=args.peer_timeout)
         if args.workload != "all":
             return
+    args.steps = args.steps or 600
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     options = dict(steps=args.steps, min_training_steps_difference=args.min_training_steps_difference)

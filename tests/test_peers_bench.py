@@ -50,7 +50,7 @@ def test_bare_writes_and_records_nothing(tiny, tmp_path):
     run = peer_runners.train("bare", tiny, STEPS, tmp_path)
     assert run.bytes_written == 0
     assert run.recorded == Recorded(tensors=0, statistics=0.0, steps=0)
-    assert run.steps == STEPS and run.total_s > 0
+    assert run.steps == run.timed_steps == STEPS and run.total_s > 0  # short runs are timed from step 0
 
 
 @pytest.mark.parametrize("peer, steps", [("ndbg-defaults", STEPS), ("ndbg-all-every-step", STEPS),
@@ -120,7 +120,7 @@ def test_rounds_rotate_every_peer_through_every_position():
 
 def result(peer: str, total_s: float, bytes_written: int = 0, recorded: tuple = (0, 0.0, 0)) -> dict:
     tensors, stats, steps = recorded
-    return dict(peer=peer, workload="mlp", steps=100, total_s=total_s, median_step_s=total_s / 100,
+    return dict(peer=peer, workload="mlp", steps=110, timed_steps=100, total_s=total_s, median_step_s=total_s / 100,
                 bytes_written=bytes_written, recorded=dict(tensors=tensors, statistics=stats, steps=steps))
 
 
@@ -134,8 +134,8 @@ def test_summary_ratios_within_rounds_and_information_per_ms():
     assert peer.ratios == [1.5, 1.25, 2.0]
     assert peer.mean_ms == [15.0, 25.0, 20.0]
     assert peer.bytes_written == 2000
-    # 2000 numbers over a median overhead of 500 ms
-    assert peer.information_per_ms == pytest.approx(4.0)
+    # 2000 numbers over a median overhead of 5 ms per step, times 110 steps
+    assert peer.information_per_ms == pytest.approx(2000 / 550)
     markdown = table([bare, peer], markdown=True)
     assert markdown[0].startswith("| peer |") and len(markdown) == 4
     assert "1.50x (1.25-2.00)" in markdown[3] and "10 x 20 x 10 = 2,000" in markdown[3] and "| 4 |" in markdown[3]
