@@ -138,7 +138,7 @@ def compare(workloads: Sequence[str], *, steps: int, rounds: int, threads: int |
                 print(f"  {workload} round {r}: {peer:<20} {result['total_s'] / result['timed_steps'] * 1e3:9.1f} ms/step  "
                       f"{result['bytes_written'] / 1e6:8.2f} MB", flush=True)
         title = (f"{WORKLOAD_LABELS[workload]}, {steps} steps x {rounds} rounds, CPU "
-                 f"({threads or torch.get_num_threads()} torch threads), steps {WARM_UP} on with close(), files written")
+                 f"(torch threads: {threads or torch.get_num_threads()}), timed from step {WARM_UP} to the end of close()")
         rows = summarize(runs)
         notes = "".join(f"\n{PEER_LABELS[peer]}: a run took longer than {timeout_s:.0f} s, not measured.\n"
                         for peer in dropped)
