@@ -19,8 +19,9 @@ trains the same data with the same plain loop; what differs is what is attached 
 
 The clock runs from step 10 (``WARM_UP``: one-time costs such as loading compiled kernels or a first
 recording of step 0 fall before it) to the end of the peer's ``close()`` (files written); setting the peer
-up (building the recorder, ``wandb.init``) is not timed. Runs of 20 steps or fewer are timed from the first. Run as a module, one run per process, it prints
-the result as one JSON line: ``python -m benchmarks.peer_runners --peer ndbg-defaults --workload mlp``.
+up (building the recorder, ``wandb.init``) is not timed. Runs of 20 steps or fewer are timed from the first.
+Run as a module, one run per process, it prints the result as one JSON line:
+``python -m benchmarks.peer_runners --peer ndbg-defaults --workload mlp``.
 """
 from __future__ import annotations
 
@@ -296,8 +297,8 @@ def train(peer_name: str, workload: str, steps: int, folder: Path) -> PeerRun:
         step_s.append(time.perf_counter() - t0)
     peer.close()
     total = time.perf_counter() - started
-    return PeerRun(peer_name, workload, steps, steps - timed_from, total, statistics.median(step_s[timed_from:]), accounting.folder_bytes(folder),
-                   peer.recorded())
+    return PeerRun(peer_name, workload, steps, steps - timed_from, total, statistics.median(step_s[timed_from:]),
+                   accounting.folder_bytes(folder), peer.recorded())
 
 
 def main(argv: list[str] | None = None) -> None:

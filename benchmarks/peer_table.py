@@ -135,10 +135,11 @@ def compare(workloads: Sequence[str], *, steps: int, rounds: int, threads: int |
                     print(f"  {workload} round {r}: {peer} took longer than {timeout_s:.0f} s: dropped", flush=True)
                     continue
                 runs[peer].append(result)
-                print(f"  {workload} round {r}: {peer:<20} {result['total_s'] / result['timed_steps'] * 1e3:9.1f} ms/step  "
+                step_ms = result["total_s"] / result["timed_steps"] * 1e3
+                print(f"  {workload} round {r}: {peer:<20} {step_ms:9.1f} ms/step  "
                       f"{result['bytes_written'] / 1e6:8.2f} MB", flush=True)
-        title = (f"{WORKLOAD_LABELS[workload]}, {steps} steps x {rounds} rounds, CPU "
-                 f"(torch threads: {threads or torch.get_num_threads()}), timed from step {WARM_UP} to the end of close()")
+        title = (f"{WORKLOAD_LABELS[workload]}, {steps} steps x {rounds} rounds, CPU (torch threads: "
+                 f"{threads or torch.get_num_threads()}), timed from step {WARM_UP} to the end of close()")
         rows = summarize(runs)
         notes = "".join(f"\n{PEER_LABELS[peer]}: a run took longer than {timeout_s:.0f} s, not measured.\n"
                         for peer in dropped)
