@@ -25,6 +25,12 @@ extra (``pip install comgra==0.11.5``, or ``pip install -e '.[bench]'``); withou
 skipped with a message.
 
 Run: ``python -m benchmarks.peers [--steps 600] [--rounds 3] [--threads N]``.
+
+``--workload mlp|transformer|all`` compares, instead, the peers of ``benchmarks/peer_runners.py`` (bare,
+NeuralDbg in three settings, Comgra default and tuned, TensorBoard histograms, ``wandb.watch``) on the MLP
+and the small transformer of ``benchmarks/neuraldbg_overhead.py``, each run in a fresh process, in rounds
+with the order rotated (``benchmarks/peer_table.py``); ``--markdown FILE`` writes that table as Markdown
+(the README's). ``all`` runs the tutorial workload too.
 """
 from __future__ import annotations
 
@@ -46,10 +52,12 @@ from typing import Any
 
 import torch
 
+from benchmarks import peer_table
 from comgra_ndbg.compat.comgra import tutorial
 from comgra_ndbg.compat.comgra.checks import CompatibilityWarning
 
 COMGRA_VERSION = "0.11.5"
+WORKLOADS = ("comgra-tutorial", "mlp", "transformer", "all")
 
 
 @dataclass
@@ -128,13 +136,28 @@ def measure(variant: Variant, root: Path, configuration: str) -> Run:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600, help="training steps per run (Comgra's issue: 600)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default: 600 for Comgra's tutorial, as in Comgra's issue; "
+                             "200 for the MLP and transformer peers)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--configuration", default=tutorial.CONFIGURATIONS[0], choices=tutorial.CONFIGURATIONS)
     parser.add_argument("--min-training-steps-difference", type=int, default=1000,
                         help="the decision maker's difference (the tutorial's: 1000)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--workload", default="comgra-tutorial", choices=WORKLOADS,
+                        help="Comgra's tutorial (the default), or the peers on the MLP, the transformer, or all")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="with mlp, transformer or all: write the peers' table as Markdown to this file")
+    parser.add_argument("--peer-timeout", type=float, default=900,
+                        help="with mlp, transformer or all: seconds after which a peer's run is stopped and dropped")
     args = parser.parse_args(argv)
+    if args.workload != "comgra-tutorial":
+        models = ["mlp", "transformer"] if args.workload == "all" else [args.workload]
+        peer_table.compare(models, steps=args.steps or 200, rounds=args.rounds, threads=args.threads,
+                           markdown=args.markdown, timeout_s=args.peer_timeout)
+        if args.workload != "all":
+            return
+    args.steps = args.steps or 600
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     options = dict(steps=args.steps, min_training_steps_difference=args.min_training_steps_difference)
