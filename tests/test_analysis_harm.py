@@ -69,3 +69,7 @@ def test_without_a_loss_harm_cannot_be_told_and_every_root_counts() -> None:
     s = series(None)
     assert loss_is_worse(s, ONSET) is None
     assert harmful(update_jump(), [], s) is True
+
+
+def test_a_loss_at_0_from_the_first_step_that_stays_there_is_not_worse() -> None:
+    assert loss_is_worse(series(np.zeros(STEPS)), ONSET) is False

@@ -77,7 +77,7 @@ def loss_is_worse(series: RunSeries, onset: int, t: Thresholds = Thresholds()) -
     start = loss[np.isfinite(loss)][:t.start_steps]
     scale = float(np.median(np.abs(start))) if len(start) else 0.0
     rise = float(np.median(after[np.isfinite(after)]) - np.median(before[np.isfinite(before)]))
-    if rise < t.harm_fraction * scale:
+    if rise <= 0 or rise < t.harm_fraction * scale:
         return False
     return bool(np.isnan(decades) or decades >= np.log10(t.harm_factor))
 
