@@ -61,3 +61,21 @@ def test_settle_steps_hide_early_training_transients() -> None:
     early[30:] = 0.1  # early training moves the ratio by 2 decades
     assert gradient_events(series(early, np.full(300, 0.1), out), settle=50) == []
     assert [e.onset for e in gradient_events(series(early, np.full(300, 0.1), out), settle=0)] == [30]
+
+
+def test_a_node_whose_gradient_steps_down_is_a_sudden_shift() -> None:
+    out = np.ones(300)
+    late = np.full(300, 0.1)
+    late[200:] *= 1e-2
+    [event] = gradient_events(series(np.full(300, 0.01), late, out), settle=50)
+    assert (event.node, event.to_state, event.onset, event.sudden) == ("late", "vanishing", 200, True)
+
+
+def test_a_ratio_that_jumps_because_only_its_reference_jumped_is_no_sudden_shift() -> None:
+    # gradient clipping caps every parameter's gradient; the output's gradient of a few noisy batches rises
+    # 30x while the node's own gradient stays where it was: the ratio falls 1.5 decades in one step
+    out = np.ones(300)
+    out[200:204] = 30.0
+    late = np.full(300, 0.1)
+    [event] = gradient_events(series(np.full(300, 0.01) * out, late, out), settle=50)
+    assert (event.node, event.to_state, event.onset, event.sudden) == ("late", "vanishing", 200, False)

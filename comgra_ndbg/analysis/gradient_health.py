@@ -5,7 +5,8 @@ A node's gradient rms is divided by the rms of the output node's gradient at the
 the ratio stays put; when a block in the middle starts to attenuate or amplify, the ratio of every node
 behind it moves. Two rules:
 
-- relative: the ratio's log10 shifts by ``enter_decades`` against its own recent history (hysteresis);
+- relative: the ratio's log10 shifts by ``enter_decades`` against its own recent history (hysteresis); the
+  shift is *sudden* (harm by itself) only when the node's own gradient jumped with the ratio in one step;
 - absolute, from step 0: the median ratio over the first ``start_steps`` is beyond
   ``start_gradient_decades`` (an architecture or initialisation that cannot carry gradients).
 
@@ -68,6 +69,7 @@ def gradient_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
         if node is reference or not node.has("grad") or node.role == "loss":
             continue
         ratio = normalized_gradient(series, node, reference)[:stop]
+        own = log_level(node.stats["grad"]["rms"])[:stop]
         events += _start_events(series, node, ratio, t)
         x = ratio.copy()
         x[:settle] = np.nan
@@ -80,8 +82,21 @@ def gradient_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
                                 tuple(float(10 ** v) for v in x[window]), float(10 ** s.baseline))
             events.append(Event(FAMILY, node.name, "grad", "healthy", state, int(series.steps[s.start]),
                                 int(series.steps[s.end]), s.peak, strength(s.peak, enter), (evidence,),
-                                sudden=bool(s.jump >= t.sudden_fraction * enter)))
+                                sudden=_sudden(s, own, t.sudden_fraction * enter)))
     return events
+
+
+def _sudden(shift: Shift, own: np.ndarray, least: float) -> bool:
+    """Whether the ratio's shift is a step change of the node itself: the ratio jumped by at least ``least``
+    decades in one step, and so did the node's own gradient level ``own``. A ratio also jumps when only its
+    reference does — the output's gradient of a noisy batch under gradient clipping, which caps every
+    parameter's gradient and not the output's — and that shows no change in the node."""
+    if not shift.jump >= least:
+        return False
+    earlier = np.flatnonzero(np.isfinite(own[:shift.start]))
+    if not len(earlier) or not np.isfinite(own[shift.start]):
+        return False
+    return bool(shift.direction * (own[shift.start] - own[earlier[-1]]) >= least)
 
 
 def _entry(t: Thresholds, direction: int) -> float:

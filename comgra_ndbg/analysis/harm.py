@@ -13,7 +13,9 @@ only when harm follows it: a hard event among its consequences, or the loss gett
 The loss is *worse* after step index ``i`` when the median of the next ``window`` losses exceeds the median
 of the previous ``window`` by at least ``harm_factor`` × and by at least ``harm_fraction`` of the loss the
 run started with — the second condition is the absolute floor that keeps a loss of 1e-7 doubling from being
-harm. A soft state present from the first step is harm only when training does not work: no later stretch
+harm. The floor holds when the loss sits at 0 (a task learned exactly, where the ratio of medians is
+undefined): a loss of 0 becoming 1e-8 is no harm either; a non-finite loss after the step always is. A soft
+state present from the first step is harm only when training does not work: no later stretch
 of ``window`` steps has a median loss ``harm_factor`` × below the first's.
 
 >>> import numpy as np
@@ -67,14 +69,17 @@ def loss_is_worse(series: RunSeries, onset: int, t: Thresholds = Thresholds()) -
         return None
     i = int(np.searchsorted(series.steps, onset))
     decades = loss_worsening(loss, i, window=t.window)
-    if not np.isfinite(decades):
-        return None if np.isnan(decades) else decades > 0
+    before, after = loss[max(0, i - t.window):i], loss[i:i + t.window]
+    if np.isnan(decades) and not (np.isfinite(before).any() and np.isfinite(after).any()):
+        return None
+    if decades == np.inf and not np.isfinite(after).all():
+        return True
     start = loss[np.isfinite(loss)][:t.start_steps]
     scale = float(np.median(np.abs(start))) if len(start) else 0.0
-    before = loss[max(0, i - t.window):i]
-    after = loss[i:i + t.window]
     rise = float(np.median(after[np.isfinite(after)]) - np.median(before[np.isfinite(before)]))
-    return bool(decades >= np.log10(t.harm_factor) and rise >= t.harm_fraction * scale)
+    if rise <= 0 or rise < t.harm_fraction * scale:
+        return False
+    return bool(np.isnan(decades) or decades >= np.log10(t.harm_factor))
 
 
 def harmful(root: Event, effects: Iterable[Event], series: RunSeries, t: Thresholds = Thresholds()) -> bool:

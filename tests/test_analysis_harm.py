@@ -1,0 +1,75 @@
+"""Harm: the loss getting worse after an event, with its absolute floor, also where the loss sits at 0."""
+from __future__ import annotations
+
+import numpy as np
+
+from comgra_ndbg.analysis.events import Event, Evidence
+from comgra_ndbg.analysis.harm import harmful, loss_is_worse
+from comgra_ndbg.analysis.series import build_series
+
+STEPS = 300
+ONSET = 160
+
+
+def series(loss: np.ndarray | None):
+    kpis = {} if loss is None else {"loss": (np.arange(STEPS), loss)}
+    return build_series({}, roles={}, kpis=kpis)
+
+
+def learned_exactly(after: np.ndarray | None = None) -> np.ndarray:
+    """A loss that starts near 2, reaches exactly 0 by step 100 and stays there; ``after`` replaces the losses
+    from ``ONSET`` on."""
+    loss = np.r_[np.linspace(2.0, 0.0, 100), np.zeros(STEPS - 100)]
+    if after is not None:
+        loss[ONSET:ONSET + len(after)] = after
+    return loss
+
+
+def update_jump(onset: int = ONSET) -> Event:
+    """A soft event: the optimizer's update/weight ratio rose 1.6 decades (no hard state by itself)."""
+    return Event("optimizer_stability", "optimizer", "update", "stable", "unstable", onset, STEPS - 1, 1.6, 0.6,
+                 (Evidence("w/update/l2÷value/l2", (onset,), (1e-2,)),))
+
+
+def test_a_loss_at_0_picking_up_rounding_noise_is_not_worse() -> None:
+    noise = np.zeros(40)
+    noise[[2, 9, 17, 30]] = [6e-8, 4e-7, 4e-9, 3e-8]
+    s = series(learned_exactly(noise))
+    assert loss_is_worse(s, ONSET) is False
+    assert harmful(update_jump(), [], s) is False
+
+
+def test_a_loss_staying_at_0_is_not_worse() -> None:
+    s = series(learned_exactly())
+    assert loss_is_worse(s, ONSET) is False
+    assert harmful(update_jump(), [], s) is False
+
+
+def test_a_loss_leaving_0_for_a_real_loss_is_worse() -> None:
+    s = series(learned_exactly(np.full(140, 0.8)))
+    assert loss_is_worse(s, ONSET) is True
+    assert harmful(update_jump(), [], s) is True
+
+
+def test_a_loss_turning_non_finite_after_0_is_worse() -> None:
+    after = np.zeros(40)
+    after[5:] = np.inf
+    assert loss_is_worse(series(learned_exactly(after)), ONSET) is True
+
+
+def test_the_floor_still_holds_for_a_small_loss_that_doubles() -> None:
+    loss = np.r_[np.linspace(2.0, 1e-7, 100), np.full(STEPS - 100, 1e-7)]
+    loss[ONSET:] = 2e-7
+    assert loss_is_worse(series(loss), ONSET) is False
+    loss[ONSET:] = 1.5
+    assert loss_is_worse(series(loss), ONSET) is True
+
+
+def test_without_a_loss_harm_cannot_be_told_and_every_root_counts() -> None:
+    s = series(None)
+    assert loss_is_worse(s, ONSET) is None
+    assert harmful(update_jump(), [], s) is True
+
+
+def test_a_loss_at_0_from_the_first_step_that_stays_there_is_not_worse() -> None:
+    assert loss_is_worse(series(np.zeros(STEPS)), ONSET) is False
