@@ -9,8 +9,9 @@ model's forward pre-hook (its mode, gradients on or off, the batch size) — and
 hypothesis that names the cause and the remedy (:mod:`comgra_ndbg.analysis.invariants`).
 
 What it costs: attribute reads, a dictionary lookup and a weak reference per parameter per optimizer step,
-one gradient fingerprint (the tuple step detection already builds) at the first backward call of a step,
-a ``requires_grad`` sum per step, and one KPI ``lr/<group>`` per param group per step. No tensor element is
+one read of every parameter's gradient at the first backward call of a step (a fingerprint tuple only
+where some parameter still holds one), a ``requires_grad`` read per parameter per step (summed only when one
+changed), and one KPI ``lr/<group>`` per param group per step. No tensor element is
 read. Only where the cheap facts cannot tell an uncleared gradient from one zeroed in place (the same
 gradient tensor grown since the last optimizer step, which ``zero_grad(set_to_none=False)`` also gives) a
 post-accumulate-grad hook is added to those parameters, to see whether anything cleared the gradient
@@ -22,7 +23,7 @@ from __future__ import annotations
 import weakref
 from functools import partial
 from itertools import compress
-from operator import attrgetter, ne
+from operator import attrgetter, is_, is_not, ne
 from typing import Any
 
 import torch
@@ -37,6 +38,13 @@ __all__ = ["LoopInvariants"]
 
 _PARAMETERS = ".parameters"
 _REQUIRES_GRAD = attrgetter("requires_grad")
+_GRAD = attrgetter("grad")
+_IS_NONE = partial(is_, None)
+_IS_NOT_NONE = partial(is_not, None)
+_NO_GRADIENTS = ()
+"""The gradient fingerprint at a step's first backward call when no parameter held a gradient (the usual
+``zero_grad()``, which sets them to None): empty, so the end of the step reads "received" as "has one now"
+without building a tuple per parameter."""
 
 
 class LoopInvariants:
@@ -62,6 +70,7 @@ class LoopInvariants:
         self._inv_all_norm = [norm for _, _, norm in self._inv_all]
         self._inv_total = sum(self._inv_all_numel)
         self._inv_trainable_before = -1
+        self._inv_flags: list[bool] | None = None  # requires_grad of every parameter at the last check
         self._inv_numel = [_numel(p) for _, p in named]
         self._inv_mode_modules = [path for path, m in root.named_modules() if type(m).__name__ in rules.MODE_DEPENDENT
                                   or (isinstance(m, nn.RNNBase) and m.dropout > 0)]
@@ -165,7 +174,9 @@ class LoopInvariants:
     def _inv_backward_call(self) -> None:
         """The first backward call of a step: which parameters held which gradient before it."""
         if self._inv_grad_start is None and self.recorder.current_step is not None:
-            self._inv_grad_start = self._grad_fingerprint()
+            grads = list(map(_GRAD, self._parameters))
+            self._inv_grad_start = _NO_GRADIENTS if all(map(_IS_NONE, grads)) else tuple(
+                None if g is None else (id(g), g._version) for g in grads)
 
     def _inv_accumulated(self, i: int, parameter: torch.Tensor) -> None:
         """Post-accumulate-grad hook of a watched parameter: did this accumulation land on the very gradient
@@ -318,8 +329,11 @@ class LoopInvariants:
         step = self.recorder.current_step
         if step is None or not self._backward_seen:
             return
-        start = self._inv_grad_start or (None,) * len(self._inv_names)
-        received = list(map(ne, self._grad_mark, start))  # a gradient that changed (None stays None)
+        start = self._inv_grad_start
+        if start:  # a gradient that changed (None stays None)
+            received = list(map(ne, self._grad_mark, start))
+        else:  # no gradient at the first backward call (or no call seen): whichever has one now
+            received = list(map(_IS_NOT_NONE, self._grad_mark))
         if not any(received):
             return
         params = self._parameters
@@ -371,7 +385,7 @@ class LoopInvariants:
                 evidence={"steps": rules.NO_STEP_STEPS}))
 
     def _inv_check_omitted(self, step: int, received: list[bool]) -> None:
-        if any(len(h) == len(received) for h in self._inv_held):  # an optimizer that stepped holds them all
+        if len(received) in map(len, self._inv_held):  # an optimizer that stepped holds them all
             return
         held = frozenset().union(*self._inv_held)
         missing = [i for i, got in enumerate(received) if got and i not in held
@@ -432,6 +446,9 @@ class LoopInvariants:
 
     def _inv_check_share(self, step: int) -> None:
         flags = list(map(_REQUIRES_GRAD, self._inv_all_params))
+        if flags == self._inv_flags:  # the usual step: no flag changed, nothing to add up
+            return
+        self._inv_flags = flags
         trainable, total = sum(compress(self._inv_all_numel, flags)), self._inv_total
         if trainable == self._inv_trainable_before:
             return
