@@ -39,7 +39,7 @@ import comgra_ndbg  # noqa: E402
 from benchmarks import gui_recording  # noqa: E402
 from comgra_ndbg.gui import callbacks, ids  # noqa: E402
 from comgra_ndbg.gui.app import create_app  # noqa: E402
-from comgra_ndbg.gui.state import ReaderCache  # noqa: E402
+from comgra_ndbg.gui.state import ReaderCache, Selection  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 TARGET_PAINT_S, TARGET_ACTION_S = 1.5, 0.100
@@ -236,17 +236,25 @@ def report(label: str, found: list[tuple[float, int]]) -> float:
     return p95
 
 
-def server_side(path: Path, count: int, rng: random.Random) -> list[float]:
-    """Seconds of the view callback for step changes and node picks, called as a plain function."""
+def server_side(path: Path, count: int, rng: random.Random) -> dict[str, list[float]]:
+    """Seconds of the view callback, called as a plain function, per action: a step change (→ / ←), a tap on
+    a node drawn in the graph, and a node picked from the selector (often inside a closed box, which then
+    opens: the graph is laid out anew)."""
     cache = ReaderCache(path)
     out = callbacks.update_view(cache, "url", "", None, None)
     store, keys, nodes = out["store"], out["keys"], out["node_options"]
-    times = []
+    times: dict[str, list[float]] = {"step change": [], "node tap": [], "node picked": []}
     for _ in range(count):
-        trigger, value = rng.choice([("stepper", ("step", rng.choice([-1, 1]))), ("node", rng.choice(nodes))])
+        label = rng.choice(list(times))
+        selection = Selection.from_dict(store["selection"])
+        drawn = cache.drawn(selection.trial, selection.step_type, selection.boxes)
+        shown = [n for n in drawn.order if drawn.view.shown_as.get(n) == n] if drawn is not None else []
+        trigger, value = {"step change": ("stepper", ("step", rng.choice([-1, 1]))),
+                          "node tap": ("graph", (rng.choice(shown or nodes), "node")),
+                          "node picked": ("node", rng.choice(nodes))}[label]
         start = time.perf_counter()
         out = callbacks.update_view(cache, trigger, value, store, keys)
-        times.append(time.perf_counter() - start)
+        times[label].append(time.perf_counter() - start)
         store, keys = out["store"], out["keys"]
     return times
 
@@ -260,9 +268,10 @@ def main() -> int:
     ensure_recording(args.path, args.steps)
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (2 cores)")
     rng = random.Random(0)
-    times = sorted(server_side(args.path, args.actions, rng))
-    print(f"view callback, server side ({len(times)} step changes and node picks): median "
-          f"{statistics.median(times) * 1000:.1f} ms, p95 {times[int(0.95 * (len(times) - 1))] * 1000:.1f} ms")
+    for label, found in server_side(args.path, 3 * args.actions, rng).items():
+        times = sorted(found)
+        print(f"view callback, server side, {label} ({len(times)}): median {statistics.median(times) * 1000:.1f} "
+              f"ms, p95 {times[int(0.95 * (len(times) - 1))] * 1000:.1f} ms")
     server, url = serve(args.path)
     driver = browser()
     try:

@@ -108,6 +108,17 @@ def test_one_action_sends_only_what_it_changed(cache: ReaderCache) -> None:
     assert {"timeline", "header", "stats", "graph_view", "url"}.isdisjoint(sent(again))
 
 
+def test_opening_or_closing_a_box_sends_the_graph_but_not_the_node_list_again(cache: ReaderCache) -> None:
+    first = act(cache, None, None)
+    frame = next(e["data"]["id"] for e in first["elements"] if e["data"].get("kind") == "frame")
+    closed = act(cache, "graph", (frame, "frame"), first)
+    assert "elements" in sent(closed) and "search_options" not in sent(closed)
+    assert len(closed["elements"]) < len(first["elements"])  # the box's nodes stand as one
+    assert sorted(o["value"] for o in first["search_options"]) == sorted(first["node_options"])
+    fresh = callbacks.update_view(cache, "url", closed["url"], None, None)  # a new page sends it
+    assert fresh["search_options"] == first["search_options"]
+
+
 def test_graph_elements_are_module_frames_nodes_and_edges(cache: ReaderCache) -> None:
     selection = selection_of(act(cache, None, None))
     view = panels.graph_view(cache, selection, ViewOptions())
@@ -133,6 +144,34 @@ def test_colouring_by_a_statistic_colours_every_item_at_the_step(cache: ReaderCa
     moved = panels.graph_state(cache, Selection.from_dict({**selection.to_dict(), "step": 1}),
                                ViewOptions(colour="value:rms"), centre=False)[0]
     assert moved["colours"] != state["colours"]
+
+
+def _patched(value: Any, patch: Any) -> Any:
+    """``value`` (a component's JSON) with a Dash ``Patch``'s assignments applied, as the browser applies them."""
+    value = json.loads(plotly.io.to_json(value))
+    for operation in patch.to_plotly_json()["operations"]:
+        assert operation["operation"] == "Assign"
+        *path, last = operation["location"]
+        target = value
+        for part in path:
+            target = target[part]
+        target[last] = operation["params"]["value"]
+    return value
+
+
+def test_a_step_change_patches_only_the_changed_statistics(cache: ReaderCache) -> None:
+    tap = act(cache, "graph", ("hidden", "node"))
+    step = act(cache, "stepper", ("step", -1), tap)
+    patch = step["stats"]
+    assert not isinstance(patch, html.Table) and patch.to_plotly_json()["operations"]  # cells, not a table
+    locations = [op["location"] for op in patch.to_plotly_json()["operations"]]
+    assert all(loc[:3] == ["props", "children", 1] and loc[-3] == 1 for loc in locations)  # a value cell's text
+    shown = callbacks.update_view(cache, "url", tap["url"], None, None)["stats"]  # each view drawn anew
+    fresh = callbacks.update_view(cache, "url", step["url"], None, None)["stats"]
+    assert isinstance(shown, html.Table) and isinstance(fresh, html.Table)
+    assert _patched(shown, patch) == json.loads(plotly.io.to_json(fresh))
+    before, after = dict(cells(shown)), dict(cells(fresh))
+    assert len(locations) == sum(before[name] != after[name] for name in after) and len(locations) < len(after)
 
 
 def test_tensor_panel_shows_the_recorded_statistics_values_and_histogram(cache: ReaderCache, group: Path) -> None:

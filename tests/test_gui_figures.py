@@ -161,6 +161,32 @@ def test_long_timelines_are_svg_reduced_to_bucket_extremes_never_webgl() -> None
     assert decimate(np.arange(8), np.array([0, 5, 1, 1, 2, -3, 2, 2.0]), limit=4)[1].tolist() == [0, 5, 2, -3]
 
 
+def _decimated_bucket_by_bucket(steps: np.ndarray, values: np.ndarray, limit: int) -> tuple[list[int], list[float]]:
+    """The reduction as defined: per bucket of ``np.array_split``, the first minimum and the first maximum of
+    its finite values, in step order; buckets without a finite value dropped."""
+    keep: list[int] = []
+    for bucket in np.array_split(np.arange(len(steps)), limit // 2):
+        finite = bucket[np.isfinite(values[bucket])]
+        if len(finite):
+            keep += sorted({int(finite[np.argmin(values[finite])]), int(finite[np.argmax(values[finite])])})
+    return steps[keep].tolist(), values[keep].tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_decimate_keeps_the_first_extremes_of_every_bucket_with_ties_and_non_finite_values(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    count, limit = int(rng.integers(5, 3000)), int(rng.integers(2, 300))
+    values = np.round(rng.standard_normal(count), 1 if seed % 2 else 6)  # rounded: many ties within a bucket
+    values[rng.random(count) < rng.random() * 0.6] = rng.choice([np.nan, np.inf, -np.inf])
+    if seed % 9 == 0:
+        values[: count // 2] = np.nan  # whole buckets without a finite value
+    steps = np.arange(count) * 5 + 3
+    found = decimate(steps, values, limit)
+    expected = (steps, values) if count <= limit else _decimated_bucket_by_bucket(steps, values, limit)
+    assert np.asarray(found[0]).tolist() == np.asarray(expected[0]).tolist()
+    np.testing.assert_array_equal(found[1], expected[1])
+
+
 def test_ema_smooths_like_tensorboard_and_skips_non_finite_values() -> None:
     assert ema(np.array([1.0, 3.0, np.nan, 3.0]), 0.5).round(4).tolist() == [1.0, 2.3333, 2.3333, 2.7143]
     assert ema(np.array([1.0, 2.0]), 0.0).tolist() == [1.0, 2.0]

@@ -28,8 +28,8 @@ from comgra_ndbg.gui.cyto import graph_stylesheet
 from comgra_ndbg.gui.profile_tab import hot_layer_stylesheet, profile_tab
 from comgra_ndbg.gui.evidence import focus_of
 from comgra_ndbg.gui.outputs import OUTPUTS
-from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, tensor_panel,
-                                    timeline_shapes, timeline_view)
+from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, stats_output,
+                                    tensor_panel, timeline_shapes, timeline_view)
 from comgra_ndbg.gui.queries import evidence_statistic
 from comgra_ndbg.gui.ranks import rank_options, split_rank_key
 from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
@@ -245,8 +245,9 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
     out["step_box"] = selection.step
     if _fresh(keys, "graph", drawn_key):
         view = graph_view(cache, selection, options)
-        out["elements"], out["search_options"], out["graph_note"] = view["elements"], view["search"], view["note"]
-        out["search"] = None
+        out["elements"], out["graph_note"], out["search"] = view["elements"], view["note"], None
+        if _fresh(keys, "search_options", _digest(view["search"])):  # every node: unchanged by opening a box
+            out["search_options"] = view["search"]
     if _fresh(keys, "stylesheet", (options.theme, selection.trial, selection.generation)):
         out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection.trial)
     state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
@@ -274,7 +275,8 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
                  selection.iteration, selection.sample, options.values_mode, options.values_page, theme)
     if _fresh(keys, "panel", panel_key):
         panel = tensor_panel(cache, selection, options)
-        out.update(header=panel["header"], stats=panel["stats"], histogram=panel["histogram"], values=panel["values"])
+        out.update(header=panel["header"], stats=stats_output(panel, keys), histogram=panel["histogram"],
+                   values=panel["values"])
     timeline_key = (selection.trial, selection.generation, selection.node, selection.tensor, selection.kind,
                     selection.iteration, selection.stat, list(options.overlay_nodes), list(options.overlay_trials),
                     options.log_y, options.ema, options.focus, theme, stamp)
