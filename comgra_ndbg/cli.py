@@ -123,9 +123,10 @@ def _print_ranks(recording: Any) -> None:
 
 
 def _print_budget(entries: list) -> None:
-    """What the byte budget did: its last log entry (the account written when the recorder closed, or the
-    latest back-off of a run still going)."""
-    if entries:
+    """What the byte budget left out, when it left out anything: its last log entry (the account written
+    when the recorder closed, or the latest back-off of a run still going)."""
+    detail = entries[-1].detail if entries else None
+    if isinstance(detail, dict) and any(detail.get(key) for key in ("skipped", "dropped", "shrunk")):
         print(f"  budget: {entries[-1].message}")
 
 
