@@ -99,7 +99,6 @@ def test_what_the_budget_dropped_is_logged_and_shown_by_info(runs: dict[str, Pat
         log = rec.log(schema.LOG_BUDGET)
         assert rec.problems() == []  # the budget working as set is not a problem
     messages = [entry.message for entry in log]
-    assert messages[0].startswith("byte budget: snapshots at most 160.0 KiB per run")
     assert any("backed off to one in 2 of the snapshots" in m for m in messages)
     final = log[-1]
     assert final.step == STEPS - 1 and "policy snapshots skipped by back-off" in final.message
@@ -116,8 +115,17 @@ def test_small_models_record_as_before_with_the_default(runs: dict[str, Path]) -
         a, b = rec.snapshot(38, "t3"), full.snapshot(38, "t3")
         np.testing.assert_array_equal(a.values, b.values)
         assert len(a.sample_index) == 8
-        log = rec.log(schema.LOG_BUDGET)
-        assert log[-1].detail["skipped"] == log[-1].detail["dropped"] == log[-1].detail["shrunk"] == 0
+        assert rec.log() == []  # the budget changed nothing, so it wrote nothing into the log
+        assert rec.config["byte_budget"].startswith("ByteBudget(run_bytes=268435456, step_bytes=1048576")
+
+
+def test_the_budget_is_printed_when_recording_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    Recorder(tmp_path, "printed", byte_budget=SMALL).close()
+    Recorder(tmp_path, "unbounded", byte_budget=None).close()
+    err = capsys.readouterr().err
+    assert "printed: byte budget: snapshots at most 160.0 KiB per run (25% of it kept for flight-recorder dumps) " \
+           "and 24.0 KiB per step; summaries are always kept" in err
+    assert "unbounded" not in err
 
 
 def test_flight_recorder_dumps_spend_the_reserve(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ writes them only when a trigger fires. See ``policy`` and ``flight``.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -190,7 +189,6 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed,
                                           self._budget)
         if budget is not None:
-            self._writer.add_log(-1, schema.LOG_BUDGET, "snapshots", budget.describe(), dataclasses.asdict(budget))
             print(f"comgra_ndbg: {self.trial}: {budget.describe()}", file=sys.stderr)
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
@@ -256,7 +254,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
                 self._guard("deciding the open step", partial(self.decide_step, self._last_step_type))
             self.finish_step()
         self._profile_close()
-        if self._budget is not None and self._budget.spent + self._budget.skipped:
+        if self._budget is not None and self._budget.skipped + self._budget.dropped + self._budget.shrunk:
             self._writer.add_log(-1 if self._last_step is None else self._last_step, schema.LOG_BUDGET, "snapshots",
                                  self._budget.report(), self._budget.detail())
         self._closed = True
