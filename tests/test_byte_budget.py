@@ -14,6 +14,7 @@ from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.recorder.budget import ByteBudget, SnapshotBudget, shrink, snapshot_bytes
 from comgra_ndbg.recorder.flight import FlightRecorder
 from comgra_ndbg.recorder.recorder import Recorder
+from comgra_ndbg.recorder.step_record import StepRecord
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import SnapshotData
 
@@ -157,7 +158,6 @@ def test_bad_budgets_raise_typed_errors(tmp_path: Path) -> None:
 
 def test_back_off_spends_at_most_the_policy_share() -> None:
     budget = SnapshotBudget(ByteBudget(run_bytes=100_000, step_bytes=5_000, reserve=0.2, decay=0.7))
-    from comgra_ndbg.recorder.step_record import StepRecord
     data = SnapshotData((16, 60), np.arange(4), np.zeros((4, schema.NUM_FIELDS)), np.ones(240, np.float32), None)
     taken = 0
     for step in range(5_000):
