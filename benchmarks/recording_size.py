@@ -9,7 +9,7 @@ step, snapshots every 10th step, the default byte budget) for ``--steps`` steps,
 budget's own account (``SnapshotBudget``) over that many steps with the measured snapshot size: the
 budget's arithmetic, checked against what the short run wrote.
 
-Memory: the peak resident set (``ru_maxrss``) of a fresh process that trains the 8-block 256-wide MLP of
+Memory: the peak resident set (``VmHWM``) of a fresh process that trains the 8-block 256-wide MLP of
 ``benchmarks/overhead.py`` bare, of one that only imports comgra_ndbg first, and of one that records it
 with ``NeuralDbg`` defaults, each in its own subprocess; the ratios are recorded over bare.
 
@@ -156,7 +156,18 @@ def child(variant: str, steps: int) -> None:
                 train()
     else:
         train()
-    print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    print(json.dumps({"maxrss": high_water_mark()}))
+
+
+def high_water_mark() -> int:
+    """Peak resident bytes of this process: ``VmHWM`` where ``/proc`` has it (``ru_maxrss`` is inherited
+    across fork and exec on Linux, so a child forked from a large parent would report the parent's peak)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> None:
