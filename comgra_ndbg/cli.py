@@ -91,6 +91,7 @@ def _info(args: argparse.Namespace) -> int:
             if recording.notes:
                 print(f"  {len(recording.notes)} notes")
             _print_problems(recording.problems())
+            _print_budget(recording.log("budget"))
             for damage in recording.damage:
                 print(f"  DAMAGED: {damage.describe()}")
             if recording.damage:
@@ -119,6 +120,14 @@ def _print_ranks(recording: Any) -> None:
         finally:
             if other is not recording:
                 other.close()
+
+
+def _print_budget(entries: list) -> None:
+    """What the byte budget left out, when it left out anything: its last log entry (the account written
+    when the recorder closed, or the latest back-off of a run still going)."""
+    detail = entries[-1].detail if entries else None
+    if isinstance(detail, dict) and any(detail.get(key) for key in ("skipped", "dropped", "shrunk")):
+        print(f"  budget: {entries[-1].message}")
 
 
 def _print_problems(problems: list, shown: int = 5) -> None:

@@ -78,7 +78,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     ``loss=criterion_module`` takes the criterion's output (and its target) instead. ``modules`` chooses the
     modules whose outputs are recorded (path patterns such as ``"blocks.*"`` or module classes; default:
     every leaf module). ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the
-    :class:`Recorder`.
+    :class:`Recorder`; among them ``byte_budget`` (default 256 MiB of snapshots per run, 1 MiB per step; None
+    for no bound) keeps large models' recordings small (``docs/recording.md``, "Byte budget").
 
     ``resume=True`` continues an existing trial (killed or finished; checkpoint-restart training): steps are
     numbered on from its last recorded step, or from ``first_step`` (the step the restarted run begins

@@ -7,6 +7,10 @@ condition starts to hold and fires again only after that condition has cleared f
 NaN is one trigger, not one per step, and a loss spike still holding does not stop the NaN trigger. A trigger
 that raises is reported (``report``) and counts as not holding. The first trigger with ``halt=True`` that
 fires is kept as :attr:`StepDispatcher.halt` (its step and reason) for the caller to stop training.
+
+With a byte budget (``budget``), every write of snapshots goes through :meth:`SnapshotBudget.fit` first:
+the flight recorder's dumps and the forced steps after a trigger may spend its reserve, policy snapshots
+only their share.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import numpy as np
 
 from collections.abc import Callable
 
+from comgra_ndbg.recorder.budget import SnapshotBudget
 from comgra_ndbg.recorder.flight import FlightRecorder, StepFacts
 from comgra_ndbg.recorder.step_record import StepRecord
 from comgra_ndbg.store import schema
@@ -27,8 +32,10 @@ class StepDispatcher:
     """Writes finished steps and runs the flight recorder's triggers (the recorder owns one)."""
 
     def __init__(self, writer: RecordingWriter, catalog: Catalog, flight: FlightRecorder | None,
-                 report: Callable[[int, object, BaseException], None] | None = None) -> None:
+                 report: Callable[[int, object, BaseException], None] | None = None,
+                 budget: SnapshotBudget | None = None) -> None:
         self.writer = writer
+        self.budget = budget
         self.catalog = catalog
         self.flight = flight
         self.report = report  # (step, trigger, error) of a trigger that raised
@@ -52,8 +59,11 @@ class StepDispatcher:
         """Write what the policies asked for and feed the flight recorder; True when the step was written."""
         self.last = (record, kpis)
         written = write_summary or write_snapshot
+        snapshots_written = write_snapshot
         if written:
-            record.write(self.writer, summaries=write_summary, snapshots=write_snapshot)
+            fitted = self._fit(record, write_snapshot, preferred=self.is_forced(record.step))
+            snapshots_written = write_snapshot and bool(fitted.snapshots)
+            fitted.write(self.writer, summaries=write_summary, snapshots=write_snapshot)
         flight = self.flight
         if flight is None:
             return written
@@ -65,19 +75,26 @@ class StepDispatcher:
         held = {index for index, _ in holding}
         self._armed = [index not in held for index in range(len(self._armed))]  # re-armed where it cleared
         if not fired:
-            flight.push(record, summaries_written=write_summary, snapshots_written=write_snapshot)
+            flight.push(record, summaries_written=write_summary, snapshots_written=snapshots_written)
             return written
         reason = fired[0][1]
         dumped = f"flight recorder: retroactive, trigger at step {record.step}: {reason}"
+        pending: list[tuple[StepRecord, bool, str | None, bool]] = []  # (record, summaries, reason, step entry)
         for entry in flight.drain():
             if not (entry.summaries_written or entry.snapshots_written):
-                entry.record.write(self.writer, summaries=True, snapshots=True, reason=dumped)
+                pending.append((entry.record, True, dumped, True))
             elif not entry.snapshots_written:
-                entry.record.write(self.writer, summaries=False, snapshots=True, step_entry=False)
+                pending.append((entry.record, False, None, False))
         if not written:
-            record.write(self.writer, summaries=True, snapshots=True, reason=f"trigger: {reason}")
-        elif not write_snapshot:
-            record.write(self.writer, summaries=False, snapshots=True, step_entry=False)
+            pending.append((record, True, f"trigger: {reason}", True))
+        elif not snapshots_written:
+            pending.append((record, False, None, False))
+        # the budget is spent from the trigger step backwards: the steps closest to the failure come first
+        fitted_records = [self._fit(item[0], True, preferred=True) for item in reversed(pending)][::-1]
+        for fitted, (_, summaries, why_written, step_entry) in zip(fitted_records, pending):
+            if fitted.snapshots or summaries or step_entry:
+                fitted.write(self.writer, summaries=summaries, snapshots=True, reason=why_written,
+                             step_entry=step_entry)
         for index, why in fired:
             self.writer.add_trigger(record.step, why)
             if self.halt is None and flight.triggers[index].halt:
@@ -86,6 +103,16 @@ class StepDispatcher:
         self.forced_until = record.step + flight.after
         self.flush_now = True  # a crash often follows a trigger
         return True
+
+    def _fit(self, record: StepRecord, snapshots: bool, *, preferred: bool) -> StepRecord:
+        """``record`` with its snapshots fitted to the byte budget (a log row when the budget backed off or
+        dropped them); unchanged without a budget or when no snapshots are written."""
+        if not snapshots or self.budget is None:
+            return record
+        fitted, note = self.budget.fit(record, preferred=preferred)
+        if note is not None:
+            self.writer.add_log(record.step, schema.LOG_BUDGET, "snapshots", note, self.budget.detail())
+        return fitted
 
     def _facts(self, record: StepRecord, kpis: dict[str, float]) -> StepFacts:
         labels = []

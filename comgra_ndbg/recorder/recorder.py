@@ -14,6 +14,7 @@ writes them only when a trigger fires. See ``policy`` and ``flight``.
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError, RecorderWarning
+from comgra_ndbg.recorder.budget import DEFAULT_BYTE_BUDGET, ByteBudget, SnapshotBudget, as_byte_budget
 from comgra_ndbg.recorder.dispatch import StepDispatcher
 from comgra_ndbg.recorder.distributed import detect_rank, shared_trial_name
 from comgra_ndbg.recorder.faults import FaultIsolation
@@ -68,6 +70,11 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     ``ProfileConfig``) records each step's wall time and process memory, and per-layer time, memory and FLOPs
     of the modules given to :meth:`profile_module` at its own policy (``docs/profiling.md``).
 
+    ``byte_budget`` bounds what snapshots write (``recorder/budget.py``, ``docs/recording.md``): a
+    ``ByteBudget``, an int (bytes per run), or None for no bound. The default, 256 MiB per run and 1 MiB per
+    snapshot step, changes nothing for small models; on large ones snapshots are sub-sampled and thinned out,
+    summaries are always kept, and what was dropped is in the recording's log (category ``budget``).
+
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
     not recorded again (``resume_after``), so a run restarted from a checkpoint just calls its loop.
@@ -110,6 +117,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         ddp_wrapped: bool | None = None,
         hyperparameters: dict[str, Any] | None = None,
         profile: Any = None,
+        byte_budget: ByteBudget | int | None = DEFAULT_BYTE_BUDGET,
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
@@ -123,6 +131,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         if flight_recorder is not None and not isinstance(flight_recorder, FlightRecorder):
             raise InvalidArgumentError(f"flight_recorder must be a FlightRecorder, got "
                                        f"{type(flight_recorder).__name__}")
+        budget = as_byte_budget(byte_budget)
         if trial is not None and trial != "":
             check_trial_name(trial)
         if not isinstance(per_rank, bool) or not isinstance(ddp_wrapped, (bool, type(None))):
@@ -146,7 +155,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         config = dict(summaries=repr(self.summary_policy), snapshots=repr(self.snapshot_policy),
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
                       saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder),
-                      hyperparameters=check_hyperparameters(hyperparameters))
+                      byte_budget=repr(budget), hyperparameters=check_hyperparameters(hyperparameters))
         if self.rank_info is not None:
             config.update(self.rank_info.as_config())
         if ddp_wrapped is not None:
@@ -177,7 +186,11 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._noted: set[str] = set()
         self._token = 0
         self._hooks: list[Any] = []
-        self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed)
+        self._budget = None if budget is None else SnapshotBudget(budget)
+        self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed,
+                                          self._budget)
+        if budget is not None:
+            print(f"comgra_ndbg: {self.trial}: {budget.describe()}", file=sys.stderr)
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
@@ -242,6 +255,9 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
                 self._guard("deciding the open step", partial(self.decide_step, self._last_step_type))
             self.finish_step()
         self._profile_close()
+        if self._budget is not None and self._budget.skipped + self._budget.dropped + self._budget.shrunk:
+            self._writer.add_log(-1 if self._last_step is None else self._last_step, schema.LOG_BUDGET, "snapshots",
+                                 self._budget.report(), self._budget.detail())
         self._closed = True
         self._guard("closing the recording", lambda: self._writer.close(self.catalog))
         self._parameters.close()
@@ -305,6 +321,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._token += 1
         self._summary_decision = self.summary_policy.decide(step, step_type)
         self._snapshot_decision = self.snapshot_policy.decide(step, step_type)
+        if self._snapshot_decision.record and self._budget is not None and not self._budget.admit():
+            self._snapshot_decision = _SKIP  # the budget's back-off: this snapshot is not taken
         self._forced = self._dispatcher.is_forced(step)
         if self._replayed:
             self._note_once("replayed", f"trial {self.trial!r} was continued after step {self.resume_after}: steps "
