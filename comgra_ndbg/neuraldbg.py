@@ -200,7 +200,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             raise RecordingExistsError(f"{error} (NeuralDbg(..., resume=True) continues it)") from None
         self.path = self.recorder.path
         if announce:
-            print(f"comgra_ndbg: recording to {self.path}")
+            budget = self.recorder.byte_budget
+            print(f"comgra_ndbg: recording to {self.path}" + (f" ({budget.describe()})" if budget else ""))
         self.recorder.track_module(ROOT, self._root, node_suffix=PARAMETER_SUFFIX, gradients_in_hook=True)
         self._parameters = [p for p in self._root.parameters() if p.requires_grad]
         self._parameter_ids = {id(p) for p in self._root.parameters()}

@@ -2,14 +2,16 @@
 in the recording's log, flight-recorder dumps may spend its reserve, and small models record as before."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from comgra_ndbg import cli, open_recording
+from comgra_ndbg import NeuralDbg, cli, open_recording
 from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.recorder.budget import ByteBudget, SnapshotBudget, shrink, snapshot_bytes
 from comgra_ndbg.recorder.flight import FlightRecorder
@@ -120,13 +122,24 @@ def test_small_models_record_as_before_with_the_default(runs: dict[str, Path]) -
         assert rec.config["byte_budget"].startswith("ByteBudget(run_bytes=268435456, step_bytes=1048576")
 
 
-def test_the_budget_is_printed_when_recording_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    Recorder(tmp_path, "printed", byte_budget=SMALL).close()
-    Recorder(tmp_path, "unbounded", byte_budget=None).close()
-    err = capsys.readouterr().err
+def test_the_budget_is_announced_when_recording_starts(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with caplog.at_level(logging.INFO, logger="comgra_ndbg"):
+        Recorder(tmp_path, "printed", byte_budget=SMALL).close()
+        Recorder(tmp_path, "unbounded", byte_budget=None).close()
     assert "printed: byte budget: snapshots at most 160.0 KiB per run (25% of it kept for flight-recorder dumps) " \
-           "and 24.0 KiB per step; summaries are always kept" in err
-    assert "unbounded" not in err
+           "and 24.0 KiB per step; summaries are always kept" in caplog.text
+    assert "unbounded" not in caplog.text
+    assert capsys.readouterr().err == ""  # the training script's own output stays its own
+    monkey = pytest.MonkeyPatch()
+    monkey.chdir(tmp_path)  # NeuralDbg without a path records under ./runs and says where, with the budget
+    try:
+        NeuralDbg(nn.Linear(2, 2)).close()
+    finally:
+        monkey.undo()
+    out = capsys.readouterr().out
+    assert out.startswith(f"comgra_ndbg: recording to {tmp_path / 'runs'}") and "(byte budget: snapshots at most " \
+        "256.0 MiB per run" in out
 
 
 def test_flight_recorder_dumps_spend_the_reserve(tmp_path: Path) -> None:

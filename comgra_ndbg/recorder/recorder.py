@@ -14,7 +14,7 @@ writes them only when a trigger fires. See ``policy`` and ``flight``.
 """
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,6 +53,8 @@ from comgra_ndbg.store.ranks import CONFIG_DDP_WRAPPED, rank_directory
 from comgra_ndbg.store.writer import RecordingWriter, check_trial_name
 
 __all__ = ["Recorder", "RecorderWarning", "AUTO"]  # RecorderWarning lives in errors.py: the store reports too
+
+_LOG = logging.getLogger("comgra_ndbg")
 
 _SKIP = Decision(False, "", "never")
 
@@ -189,8 +191,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._budget = None if budget is None else SnapshotBudget(budget)
         self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed,
                                           self._budget)
-        if budget is not None:
-            print(f"comgra_ndbg: {self.trial}: {budget.describe()}", file=sys.stderr)
+        if budget is not None:  # to the library's logger: a training script's own output stays its own
+            _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
@@ -380,6 +382,12 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     def is_recording(self) -> bool:
         """Whether the open step computes summaries or snapshots (False on skipped steps)."""
         return self.enabled and self._step_open and (self._summarize or self._snapshot)
+
+    @property
+    def byte_budget(self) -> ByteBudget | None:
+        """The bound on snapshot bytes this recording keeps (``byte_budget=``), or None when unbounded."""
+        budget = getattr(self, "_budget", None)
+        return None if budget is None else budget.budget
 
     @property
     def halt_request(self) -> tuple[int, str] | None:
