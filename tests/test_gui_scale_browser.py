@@ -102,6 +102,9 @@ def test_search_selects_a_node_opens_the_boxes_around_it_and_centres_it(browser:
 
 
 def test_fit_shows_everything_and_centre_brings_back_the_selection(browser: Any) -> None:
+    # The search before placed the view on its node: let that finish (callbacks answered, animation over)
+    # before zooming, as a person would see it come to rest.
+    wait_for(lambda: settled(browser) and not cy(browser, "return cy.animated();"), "the view at rest")
     cy(browser, "cy.zoom({level: 3, renderedPosition: {x: 0, y: 0}});")
     assert not inside_canvas(browser)
     browser.find_element(By.ID, ids.GRAPH_FIT).click()
@@ -115,12 +118,19 @@ def test_fit_shows_everything_and_centre_brings_back_the_selection(browser: Any)
 def test_hovering_a_node_shows_its_full_name(browser: Any) -> None:
     browser.find_element(By.ID, ids.GRAPH_FIT).click()
     target = next(i for i in drawn(browser) if i["kind"] == "node" and "." in i["id"] and i["id"] != DEEP)
-    x, y = cy(browser, "const p = cy.getElementById(arguments[1]).renderedPosition(); return [p.x, p.y];",
-              target["id"])
     canvas = browser.find_element(By.ID, ids.GRAPH)
-    ActionChains(browser).move_to_element_with_offset(canvas, int(x - canvas.size["width"] / 2),
-                                                      int(y - canvas.size["height"] / 2)).perform()
-    wait_for(lambda: text(browser, ids.GRAPH_HOVER).startswith(target["id"] + " ("), "the full name on hover")
+
+    def hover_shows_the_full_name() -> bool:
+        # The view may still be moving (the fit animates, and refits once the canvas has its size): point at
+        # the node where it is drawn now, coming from outside it so that the browser sends a fresh mouseover.
+        x, y = cy(browser, "const p = cy.getElementById(arguments[1]).renderedPosition(); return [p.x, p.y];",
+                  target["id"])
+        half_width, half_height = canvas.size["width"] / 2, canvas.size["height"] / 2
+        ActionChains(browser).move_to_element_with_offset(canvas, int(2 - half_width), int(2 - half_height)) \
+            .move_to_element_with_offset(canvas, int(x - half_width), int(y - half_height)).perform()
+        return text(browser, ids.GRAPH_HOVER).startswith(target["id"] + " (")
+
+    wait_for(hover_shows_the_full_name, "the full name on hover")
     assert target["label"].split("\n")[0] != target["id"]  # the label is short, the hover line is whole
 
 
