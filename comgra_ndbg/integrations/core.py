@@ -32,7 +32,7 @@ from comgra_ndbg.analysis import Diagnosis, analyze
 from comgra_ndbg.errors import MissingDependencyError, RecorderWarning
 from comgra_ndbg.neuraldbg import NeuralDbg
 
-__all__ = ["VALIDATION", "FrameworkRecording", "require", "scalar", "unwrap_optimizer", "summary_line"]
+__all__ = ["VALIDATION", "FrameworkRecording", "RecordingAccess", "require", "scalar", "unwrap_optimizer", "summary_line"]
 
 VALIDATION = "validation"
 """The step type under which validation (evaluation) metrics are recorded as KPIs, and the framework's
@@ -217,3 +217,19 @@ class FrameworkRecording:
 _FAILED = object()
 """What :meth:`FrameworkRecording._guard` returns for a call that raised."""
 
+
+class RecordingAccess:
+    """``diagnosis`` and ``path`` of a framework callback, read from its :class:`FrameworkRecording`
+    (``self.recording``); not used on its own."""
+
+    recording: FrameworkRecording
+
+    @property
+    def diagnosis(self) -> Any:
+        """The analysis made when training ended (:class:`~comgra_ndbg.analysis.Diagnosis`), or None."""
+        return self.recording.diagnosis
+
+    @property
+    def path(self) -> Path | None:
+        """The trial folder recorded into (None before training starts)."""
+        return self.recording.location

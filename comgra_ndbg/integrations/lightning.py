@@ -25,7 +25,7 @@ from typing import Any
 from torch import nn
 
 from comgra_ndbg.errors import InvalidArgumentError, MissingDependencyError
-from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, summary_line
+from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, RecordingAccess, summary_line
 
 __all__ = ["ComgraCallback", "KPI_PREFIX"]
 
@@ -50,7 +50,7 @@ def _callback_bases() -> tuple[type, ...]:
 _LOG = logging.getLogger("lightning.pytorch.callbacks.comgra")
 
 
-class _Hooks:
+class _Hooks(RecordingAccess):
     """The hooks of :class:`ComgraCallback`; see the module docstring."""
 
     def __init__(self, path: str | Path | None = None, *, trial: str | None = None, module: str | None = None,
@@ -72,16 +72,6 @@ class _Hooks:
         self.recording = FrameworkRecording("Lightning", path=path, trial=trial, kpi_prefix=KPI_PREFIX,
                                             analyze_at_end=analyze, options=neuraldbg_options)
         self._seen: dict[str, Any] = {}  # metric name -> the value object last recorded or skipped
-
-    @property
-    def diagnosis(self) -> Any:
-        """The analysis made when training ended (:class:`~comgra_ndbg.analysis.Diagnosis`), or None."""
-        return self.recording.diagnosis
-
-    @property
-    def path(self) -> Path | None:
-        """The trial folder recorded into (None before training starts)."""
-        return self.recording.location
 
     # ---- Lightning hooks ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:

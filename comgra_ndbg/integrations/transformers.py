@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from comgra_ndbg.errors import InvalidArgumentError
-from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, require, summary_line
+from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, RecordingAccess, require, summary_line
 
 _transformers = require("transformers", extra="transformers", framework="Hugging Face transformers")
 
@@ -35,7 +35,7 @@ _EVAL_PREFIX = "eval_"
 _LOG = _transformers.utils.logging.get_logger("transformers.integrations.comgra")
 
 
-class ComgraCallback(_transformers.TrainerCallback):
+class ComgraCallback(RecordingAccess, _transformers.TrainerCallback):
     """Records a ``Trainer`` run with NeuralDbg and analyses it when training ends (see the module
     docstring).
 
@@ -53,16 +53,6 @@ class ComgraCallback(_transformers.TrainerCallback):
         self._logged_at: dict[str, int] = {}  # log name -> the global step it was last recorded at
         self.recording = FrameworkRecording("transformers", path=path, trial=trial, kpi_prefix=KPI_PREFIX,
                                             analyze_at_end=analyze, options=neuraldbg_options)
-
-    @property
-    def diagnosis(self) -> Any:
-        """The analysis made when training ended (:class:`~comgra_ndbg.analysis.Diagnosis`), or None."""
-        return self.recording.diagnosis
-
-    @property
-    def path(self) -> Path | None:
-        """The trial folder recorded into (None before training starts)."""
-        return self.recording.location
 
     # ---- Trainer events -----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
