@@ -124,16 +124,31 @@ def click_at(driver: Any, x: float, y: float) -> None:
                                                      int(y - size["height"] / 2)).click().perform()
 
 
+def rendered_at_rest(driver: Any, element: str, script: str) -> list[float]:
+    """Where ``script`` (``e`` bound to the element) reads the element on screen, once no callback is pending,
+    no animation runs and two reads 0.1 s apart agree: a reopened module's layout and the refit after it move
+    every node for a while, and a click at a position read during that lands elsewhere (on a frame, say)."""
+    read = "const e = cy.getElementById(arguments[1]); if (cy.animated() || e.animated()) return null;" + script
+
+    def steady() -> list[float] | None:
+        if not settled(driver):
+            return None
+        first = cy(driver, read, element)
+        time.sleep(0.1)
+        return first if first is not None and first == cy(driver, read, element) else None
+
+    return wait_for(steady, f"{element} at rest on screen")
+
+
 def click_node(driver: Any, node: str) -> None:
-    """Click a graph node (or a closed module box) where cytoscape drew it."""
-    x, y = cy(driver, "const p = cy.getElementById(arguments[1]).renderedPosition(); return [p.x, p.y];", node)
+    """Click a graph node (or a closed module box) where cytoscape drew it, once the view is at rest."""
+    x, y = rendered_at_rest(driver, node, "const p = e.renderedPosition(); return [p.x, p.y];")
     click_at(driver, x, y)
 
 
 def click_frame(driver: Any, frame: str) -> None:
     """Click inside an open module's frame, on its padding (not on a node inside it)."""
-    x, y = cy(driver, "const b = cy.getElementById(arguments[1]).renderedBoundingBox(); return [b.x1 + 5, b.y2 - 5];",
-              frame)
+    x, y = rendered_at_rest(driver, frame, "const b = e.renderedBoundingBox(); return [b.x1 + 5, b.y2 - 5];")
     click_at(driver, x, y)
 
 

@@ -190,7 +190,7 @@ def plot_data(driver: Any, plot_id: str) -> list[dict[str, Any]]:
 
 def test_a_timeline_overlays_nodes_and_trials_with_log_y_and_smoothing_and_saves_as_png_and_csv(
         browser: Any, downloads: Path) -> None:
-    click_node(browser, "hidden")
+    select_node(browser, "hidden")
     wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("hidden / hidden"), "hidden")
     choose(browser, ids.OVERLAY_NODES, "output")
     choose(browser, ids.OVERLAY_TRIALS, "b")
