@@ -4,8 +4,9 @@ held-out one.
 For each family F: (a) the grid entry (``grid.GRID``) with the best ``metrics.objective`` over the runs of
 the other families is chosen, and F is scored with that entry's hypotheses; (b) a Platt calibration
 (``fit_platt``) is fitted on the ``features`` of every ranked hypothesis of the other families' runs
-(labelled right when type and origin match the truth; every hypothesis of a healthy run is wrong) and gives
-the confidence of F's top hypotheses. The pooled figures are the scores over every family's held-out
+(labelled right when type and origin match the truth; every hypothesis of a healthy run is wrong; each run's
+top hypothesis weighs 1 and its alternatives 1 together, ``run_weights``) and gives the confidence of F's
+top hypotheses. The pooled figures are the scores over every family's held-out
 records together. With a single family there is nothing to fit on: the default entry and the engine's own
 confidence are used, and the fold says so.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.diagbench.metrics import is_right, objective, score
-from comgra_ndbg.analysis.calibration import calibrated_confidence, fit_platt
+from comgra_ndbg.analysis.calibration import calibrated_confidence, fit_platt, run_weights
 
 METHODS = ("analysis", "B0", "B1")
 DEFAULT = "default"
@@ -49,17 +50,19 @@ def view(records: list[dict], method: str, entry: str = DEFAULT,
 
 def fit_calibration(records: list[dict], entry: str = DEFAULT) -> tuple[tuple[tuple[float, ...], float] | float,
                                                                         int]:
-    """Platt constants fitted on every ranked hypothesis of ``records`` (with the number of hypotheses), or
-    the share of right ones when the fit is impossible (a single class, or no features)."""
-    rows = [(h["features"], is_right(r, h)) for r in view(records, "analysis", entry) if r["valid"]
-            for h in r["predictions"]]
-    labels = np.array([c for _, c in rows], dtype=float)
-    widths = {len(f) for f, _ in rows}
+    """Platt constants fitted on every ranked hypothesis of ``records``, each run's weighed by
+    ``run_weights`` (with the number of hypotheses), or the weighted share of right ones when the fit is
+    impossible (a single class, or no features)."""
+    rows = [(h["features"], is_right(r, h), w) for r in view(records, "analysis", entry) if r["valid"]
+            for h, w in zip(r["predictions"], run_weights(len(r["predictions"])))]
+    labels = np.array([c for _, c, _ in rows], dtype=float)
+    weights = np.array([w for _, _, w in rows], dtype=float)
+    widths = {len(f) for f, _, _ in rows}
     if not rows:
         return 0.5, 0
     if len(set(labels.tolist())) < 2 or len(widths) != 1 or widths == {0}:
-        return float(labels.mean()), len(rows)
-    return fit_platt(np.array([f for f, _ in rows], dtype=float), labels), len(rows)
+        return float(np.average(labels, weights=weights)), len(rows)
+    return fit_platt(np.array([f for f, _, _ in rows], dtype=float), labels, sample_weight=weights), len(rows)
 
 
 def choose_entry(records: list[dict], entries: list[str]) -> tuple[str, dict[str, float]]:

@@ -16,14 +16,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["calibrated_confidence", "fit_platt", "WEIGHTS", "BIAS"]
+__all__ = ["calibrated_confidence", "fit_platt", "run_weights", "WEIGHTS", "BIAS"]
 
 # Fitted on the 448 ranked hypotheses of the full diagbench v2 run with every family (636 runs, the
-# output-range faults included; see the module docstring for how to refit). No hypothesis of that run abstained, so the data say nothing about the
-# last feature (abstention): its weight is set, not fitted, to -3.0 — an "unclear" hypothesis is never
-# confident.
-WEIGHTS = (2.5631, 0.5977, 1.4751, -0.6873, -0.1358, 2.0205, -1.0937, 1.0227, 2.3273, -3.0)
-BIAS = -2.1354
+# output-range faults included; see the module docstring for how to refit), each run's top hypothesis
+# weighing 1 and its alternatives 1 together (``run_weights``). No hypothesis of that run abstained, so the
+# data say nothing about the last feature (abstention): its weight is set, not fitted, to -3.0 — an
+# "unclear" hypothesis is never confident.
+WEIGHTS = (1.5062, 0.5403, 1.1845, -1.4186, 0.3256, 1.8093, -0.8556, 1.2059, 2.0617, -3.0)
+BIAS = -0.8976
 
 
 def calibrated_confidence(features: Sequence[float], *, weights: Sequence[float] = WEIGHTS,
@@ -32,9 +33,28 @@ def calibrated_confidence(features: Sequence[float], *, weights: Sequence[float]
     return float(1.0 / (1.0 + np.exp(-np.clip(z, -40, 40))))
 
 
-def fit_platt(x: np.ndarray, y: np.ndarray, *, l2: float = 1.0,
+def run_weights(num_hypotheses: int) -> list[float]:
+    """Fit weights of one run's ranked hypotheses: 1 for the top one, and 1 shared by the alternatives.
+
+    The alternatives of one run are not independent samples: they are later roots of the same failure, often
+    with the same weak-evidence features. Counted one by one, a run with four alternatives would say four
+    times what a run with one says, and since nearly all of them are labelled wrong they pull down the
+    confidence of every top hypothesis with such features — the hypothesis the user reads first, and the one
+    the benchmark scores. Sharing one unit of weight counts each run once on each side.
+
+    >>> run_weights(1), run_weights(3)
+    ([1.0], [1.0, 0.5, 0.5])
+    """
+    if num_hypotheses < 2:
+        return [1.0] * num_hypotheses
+    return [1.0] + [1.0 / (num_hypotheses - 1)] * (num_hypotheses - 1)
+
+
+def fit_platt(x: np.ndarray, y: np.ndarray, *, l2: float = 1.0, sample_weight: np.ndarray | None = None,
               iterations: int = 50) -> tuple[tuple[float, ...], float]:
     """Logistic regression by Newton's method with a small L2 penalty (weights only): ``(weights, bias)``.
+    ``sample_weight`` (default: 1 for every row) scales each row's term of the log-likelihood, so a weight
+    of 2 fits as if the row were there twice.
 
     >>> x = np.array([[0.0], [0.0], [1.0], [1.0]]); y = np.array([0, 1, 1, 1])
     >>> w, b = fit_platt(x, y)
@@ -43,14 +63,16 @@ def fit_platt(x: np.ndarray, y: np.ndarray, *, l2: float = 1.0,
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    weight = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     design = np.c_[x, np.ones(len(x))]
     beta = np.zeros(design.shape[1])
     penalty = np.full(design.shape[1], l2)
     penalty[-1] = 0.0
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-np.clip(design @ beta, -40, 40)))
-        gradient = design.T @ (p - y) + penalty * beta
-        hessian = design.T @ (design * (p * (1 - p))[:, None]) + np.diag(penalty) + 1e-9 * np.eye(len(beta))
+        gradient = design.T @ (weight * (p - y)) + penalty * beta
+        hessian = (design.T @ (design * (weight * p * (1 - p))[:, None]) + np.diag(penalty)
+                   + 1e-9 * np.eye(len(beta)))
         step = np.linalg.solve(hessian, gradient)
         beta -= step
         if np.max(np.abs(step)) < 1e-10:
