@@ -102,7 +102,8 @@ def evaluate_loop_run(spec: LoopSpec, folder: Path) -> dict:
         diagnosis = analyze(path, store=False)
     ok, note = valid(case, run)
     hypotheses = [{"type": h.type, "origin": h.origin, "node": h.node, "onset": h.onset,
-                   "confidence": h.confidence, "family": h.chain.root.family} for h in diagnosis.hypotheses]
+                   "confidence": h.confidence, "features": list(h.features), "family": h.chain.root.family}
+                  for h in diagnosis.hypotheses]
     return {"name": spec.name, "case": case.name, "kind": case.kind, "invariant": case.invariant,
             "seed": spec.seed, "t0": spec.t0, "effect": run.effect, "valid": bool(ok), "validation": note,
             "truth": {"type": case.type, "origin": case.origin, "nodes": list(case.nodes)},
