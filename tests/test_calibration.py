@@ -1,4 +1,4 @@
-"""The Platt calibration: weighted fits, the per-run weights of ranked hypotheses, and how diagbench fits
+"""The Platt calibration: weighted fits, the weights of ranked hypotheses, and how diagbench fits
 its leave-one-family-out constants with them (hand-made records, no training)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.diagbench.lofo import fit_calibration
-from comgra_ndbg.analysis.calibration import calibrated_confidence, fit_platt, run_weights
+from comgra_ndbg.analysis.calibration import TOP_WEIGHT, calibrated_confidence, fit_platt, rank_weights
 
 
 def _record(name: str, hypotheses: list[tuple[str, tuple[float, ...]]]) -> dict:
@@ -27,32 +27,36 @@ def test_a_sample_weight_of_two_fits_like_the_row_repeated() -> None:
     assert fit_platt(x, y, sample_weight=np.ones(5)) == fit_platt(x, y)
 
 
-def test_run_weights_count_the_top_hypothesis_once_and_the_alternatives_once_together() -> None:
-    assert run_weights(0) == [] and run_weights(1) == [1.0]
-    for n in range(2, 6):
-        weights = run_weights(n)
-        assert len(weights) == n and weights[0] == 1.0 and sum(weights[1:]) == pytest.approx(1.0)
+def test_rank_weights_give_the_top_hypothesis_more_weight_than_each_alternative() -> None:
+    assert rank_weights(0) == [] and rank_weights(1) == [TOP_WEIGHT]
+    assert rank_weights(4) == [TOP_WEIGHT, 1.0, 1.0, 1.0] and TOP_WEIGHT > 1.0
+    assert rank_weights(2, top_weight=3.0) == [3.0, 1.0]
 
 
-def test_repeating_a_runs_alternatives_does_not_change_the_fit() -> None:
-    """Four copies of a run's wrong alternative say what one says: the fitted constants stay the same,
-    where counting every hypothesis alone would pull the top hypotheses' confidence down."""
-    right, wrong = ("vanishing", (1.0, 0.0)), ("exploding", (1.0, 1.0))
-    lone_right, weak_wrong = ("vanishing", (0.0, 0.0)), ("dead_units", (0.0, 0.0))
-    once = [_record(f"a{i}", [right, wrong]) for i in range(6)] + \
-        [_record(f"b{i}", [weak_wrong]) for i in range(3)] + [_record(f"c{i}", [lone_right]) for i in range(3)]
-    repeated = [_record(f"a{i}", [right, wrong, wrong, wrong, wrong]) for i in range(6)] + once[6:]
-    (w_once, b_once), rows_once = fit_calibration(once)
-    (w_rep, b_rep), rows_rep = fit_calibration(repeated)
-    assert (rows_once, rows_rep) == (18, 36)
-    np.testing.assert_allclose(w_once, w_rep, atol=1e-8)
-    assert b_once == pytest.approx(b_rep, abs=1e-8)
-    unweighted = fit_platt(np.array([h["features"] for r in repeated for h in r["analysis"]["default"]["hypotheses"]]),
-                           np.array([float(h["type"] == "vanishing") for r in repeated
-                                     for h in r["analysis"]["default"]["hypotheses"]]))
-    top = right[1]
-    assert calibrated_confidence(top, weights=w_rep, bias=b_rep) > \
-        calibrated_confidence(top, weights=unweighted[0], bias=unweighted[1]) + 0.05
+def _rows(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    found = [h for r in records for h in r["analysis"]["default"]["hypotheses"]]
+    return np.array([h["features"] for h in found]), np.array([float(h["type"] == "vanishing") for h in found])
+
+
+def test_fit_calibration_weighs_each_top_hypothesis_as_top_weight_alternatives() -> None:
+    """The fit equals an unweighted fit in which every top hypothesis appears TOP_WEIGHT times (2), and where
+    wrong alternatives share the features of right top hypotheses, those top hypotheses come out more
+    confident than in a fit that counts every hypothesis alike."""
+    assert TOP_WEIGHT == 2.0
+    right, weak_wrong = ("vanishing", (1.0, 0.0)), ("exploding", (1.0, 0.0))
+    strong_wrong, lone_right = ("dead_units", (0.0, 1.0)), ("vanishing", (0.0, 0.0))
+    runs = [[right, weak_wrong, weak_wrong]] * 6 + [[strong_wrong]] * 4 + [[lone_right]] * 4
+    records = [_record(f"r{i}", hypotheses) for i, hypotheses in enumerate(runs)]
+    (weights, bias), rows = fit_calibration(records)
+    assert rows == 26
+    tops = [_record(f"top{i}", hypotheses[:1]) for i, hypotheses in enumerate(runs)]
+    x, y = _rows(records + tops)
+    repeated = fit_platt(x, y)
+    np.testing.assert_allclose(weights, repeated[0], atol=1e-8)
+    assert bias == pytest.approx(repeated[1], abs=1e-8)
+    alike = fit_platt(*_rows(records))
+    assert calibrated_confidence(right[1], weights=weights, bias=bias) > \
+        calibrated_confidence(right[1], weights=alike[0], bias=alike[1]) + 0.05
 
 
 def test_a_single_class_gives_a_constant_instead_of_a_fit() -> None:

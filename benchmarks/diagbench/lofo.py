@@ -5,7 +5,7 @@ For each family F: (a) the grid entry (``grid.GRID``) with the best ``metrics.ob
 the other families is chosen, and F is scored with that entry's hypotheses; (b) a Platt calibration
 (``fit_platt``) is fitted on the ``features`` of every ranked hypothesis of the other families' runs
 (labelled right when type and origin match the truth; every hypothesis of a healthy run is wrong; each run's
-top hypothesis weighs 1 and its alternatives 1 together, ``run_weights``) and gives the confidence of F's
+top hypothesis weighs ``TOP_WEIGHT``, each alternative 1: ``rank_weights``) and gives the confidence of F's
 top hypotheses. The pooled figures are the scores over every family's held-out
 records together. With a single family there is nothing to fit on: the default entry and the engine's own
 confidence are used, and the fold says so.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.diagbench.metrics import is_right, objective, score
-from comgra_ndbg.analysis.calibration import calibrated_confidence, fit_platt, run_weights
+from comgra_ndbg.analysis.calibration import calibrated_confidence, fit_platt, rank_weights
 
 METHODS = ("analysis", "B0", "B1")
 DEFAULT = "default"
@@ -51,10 +51,10 @@ def view(records: list[dict], method: str, entry: str = DEFAULT,
 def fit_calibration(records: list[dict], entry: str = DEFAULT) -> tuple[tuple[tuple[float, ...], float] | float,
                                                                         int]:
     """Platt constants fitted on every ranked hypothesis of ``records``, each run's weighed by
-    ``run_weights`` (with the number of hypotheses), or the weighted share of right ones when the fit is
+    ``rank_weights`` (with the number of hypotheses), or the weighted share of right ones when the fit is
     impossible (a single class, or no features)."""
     rows = [(h["features"], is_right(r, h), w) for r in view(records, "analysis", entry) if r["valid"]
-            for h, w in zip(r["predictions"], run_weights(len(r["predictions"])))]
+            for h, w in zip(r["predictions"], rank_weights(len(r["predictions"])))]
     labels = np.array([c for _, c, _ in rows], dtype=float)
     weights = np.array([w for _, _, w in rows], dtype=float)
     widths = {len(f) for f, _, _ in rows}
