@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.diagbench.lofo import fit_calibration
 from comgra_ndbg.analysis.calibration import TOP_WEIGHT, calibrated_confidence, fit_platt, rank_weights
+from comgra_ndbg.errors import InvalidArgumentError
 
 
 def _record(name: str, hypotheses: list[tuple[str, tuple[float, ...]]]) -> dict:
@@ -25,6 +26,9 @@ def test_a_sample_weight_of_two_fits_like_the_row_repeated() -> None:
     np.testing.assert_allclose(weighted[0], repeated[0], atol=1e-8)
     assert weighted[1] == pytest.approx(repeated[1], abs=1e-8)
     assert fit_platt(x, y, sample_weight=np.ones(5)) == fit_platt(x, y)
+    for bad in (np.ones(4), np.array([1.0, -1.0, 1.0, 1.0, 1.0]), np.array([1.0, np.nan, 1.0, 1.0, 1.0])):
+        with pytest.raises(InvalidArgumentError, match="one finite, non-negative weight per label"):
+            fit_platt(x, y, sample_weight=bad)
 
 
 def test_rank_weights_give_the_top_hypothesis_more_weight_than_each_alternative() -> None:

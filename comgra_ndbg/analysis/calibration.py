@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from comgra_ndbg.errors import InvalidArgumentError
+
 __all__ = ["calibrated_confidence", "fit_platt", "rank_weights", "TOP_WEIGHT", "WEIGHTS", "BIAS"]
 
 # Fitted on the 448 ranked hypotheses of the full diagbench v2 run with every family (636 runs, the
@@ -63,6 +65,10 @@ def fit_platt(x: np.ndarray, y: np.ndarray, *, l2: float = 1.0, sample_weight: n
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     weight = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    if weight.shape != y.shape or not np.all(np.isfinite(weight)) or np.any(weight < 0):
+        raise InvalidArgumentError(f"sample_weight must hold one finite, non-negative weight per label ({len(y)}); "
+                                   f"got shape {weight.shape} with minimum {weight.min() if weight.size else 'none'}: "
+                                   "pass one weight per row of x, or None for equal weights")
     design = np.c_[x, np.ones(len(x))]
     beta = np.zeros(design.shape[1])
     penalty = np.full(design.shape[1], l2)
