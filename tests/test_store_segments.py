@@ -333,9 +333,9 @@ def test_the_writer_stores_each_distinct_value_index_once_and_reads_every_snapsh
 def test_close_writes_a_run_that_never_flushed_straight_into_the_final_file(tmp_path, monkeypatch, flushes):
     written = []
 
-    def recording_write(path, content, attrs):
+    def recording_write(path, content, attrs, **options):
         written.append(Path(path).name)
-        write_segment(path, content, attrs)
+        write_segment(path, content, attrs, **options)
 
     monkeypatch.setattr(writer_module, "write_segment", recording_write)
     catalog = _catalog(1)
@@ -880,3 +880,28 @@ def test_an_empty_catalog_round_trips(tmp_path):
         back = Catalog.read(f)
     assert (back.tensors, back.series, back.step_types, back.kpi_names, back.modules, back.graphs) == (
         [], [], [], [], [], {})
+
+
+def test_a_merge_hands_each_array_to_hdf5_and_lets_go_of_it_so_the_merged_copy_is_not_held_twice(tmp_path,
+                                                                                                 monkeypatch):
+    seen = []
+
+    def recording_write(path, content, attrs, **options):
+        write_segment(path, content, attrs, **options)
+        seen.append((Path(path).name, options.get("consume", False), len(content.step), len(content.summary_step)))
+
+    monkeypatch.setattr(writer_module, "write_segment", recording_write)
+    catalog = _catalog(1)
+    writer = RecordingWriter(tmp_path / "trial", "trial")
+    for step in range(4):
+        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
+        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+        writer.flush(catalog)
+    writer.close(catalog)
+    final = [entry for entry in seen if entry[0] == schema.FINAL_NAME]
+    assert final == [(schema.FINAL_NAME, True, 0, 0)]  # written, then emptied
+    flushed = [entry for entry in seen if entry[0].endswith("-L0.h5")]
+    assert [(consume, steps) for _, consume, steps, _ in flushed] == [(False, 1)] * 4  # buffers are kept as they are
+    assert all(steps == 0 for _, consume, steps, _ in seen if consume)  # every merge let go of its copy
+    with h5py.File(tmp_path / "trial" / schema.FINAL_NAME, "r") as f:  # and every step made it into the file
+        assert sorted(f[schema.STEPS_STEP][()].tolist()) == [0, 1, 2, 3]

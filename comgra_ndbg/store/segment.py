@@ -140,19 +140,23 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def write_segment(path: Path, content: SegmentContent, attrs: dict) -> None:
+def write_segment(path: Path, content: SegmentContent, attrs: dict, *, consume: bool = False) -> None:
     """Write ``content`` to ``path`` atomically: temporary file, fsync, rename, fsync of the directory. Every
     dataset carries its checksum (``checksums``). The HDF5 file is built in memory and written with plain
     writes (``write_file``), so a full disk is an ``OSError`` here, never a failure inside HDF5 (which can
-    leave a half-written file behind, or crash the process)."""
-    write_file(Path(path), _image(content, attrs))
+    leave a half-written file behind, or crash the process).
+
+    ``consume=True`` empties each of ``content``'s arrays once HDF5 holds its copy, so a merge of a whole
+    recording peaks at about two copies of it (the file image and its bytes) instead of three."""
+    write_file(Path(path), _image(content, attrs, consume=consume))
 
 
 _IMAGES = itertools.count()
 
 
-def _image(content: SegmentContent, attrs: dict) -> bytes:
-    """The bytes of the HDF5 file holding ``content`` (HDF5's in-memory "core" driver: nothing touches disk)."""
+def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> bytes:
+    """The bytes of the HDF5 file holding ``content`` (HDF5's in-memory "core" driver: nothing touches disk);
+    with ``consume``, each array of ``content`` is replaced by an empty one as soon as it is written."""
     name = f"comgra-ndbg-segment-{os.getpid()}-{next(_IMAGES)}"  # HDF5 tells open files apart by name
     f = h5py.File(name, "w", driver="core", backing_store=False, libver=schema.LIBVER)
     try:
@@ -160,7 +164,10 @@ def _image(content: SegmentContent, attrs: dict) -> bytes:
             f.attrs[key] = value
         content.catalog.write(f)
         for field_name in _ARRAYS:
-            write_dataset(f, _PATHS[field_name], getattr(content, field_name), text=field_name in _TEXT)
+            data = getattr(content, field_name)
+            write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
+            if consume and isinstance(data, np.ndarray):
+                setattr(content, field_name, data[:0].copy())
         f.flush()
         return f.id.get_file_image()
     finally:

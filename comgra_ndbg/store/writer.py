@@ -270,7 +270,10 @@ class RecordingWriter:
         sequence = max(s for s, _ in inputs)
         name = schema.FINAL_NAME if complete else segment_name(sequence, level)
         out = self.directory / name
-        write_segment(out, concat(parts), self._attrs(sequence, tuple(sorted(covers)), level, complete=complete))
+        merged = concat(parts)
+        parts.clear()  # the merged copy is all that is needed from here on: one copy less at the peak
+        write_segment(out, merged, self._attrs(sequence, tuple(sorted(covers)), level, complete=complete),
+                      consume=True)
         for _, path in inputs:
             if path != out:
                 path.unlink(missing_ok=True)
