@@ -53,7 +53,7 @@ FAMILY = "loop_invariant"
 CONFIDENCE = {
     "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
     "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
-    "batchnorm_batch_one": 0.95, "unused_parameters": 0.9, "half_precision_eps": 0.95,
+    "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9, "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
     "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
 }
@@ -82,6 +82,9 @@ _READING = {
                            "call model.train() at the start of every training epoch (after each evaluation)"),
     "train_mode_evaluation": ("wrong_mode", "loop",
                               "call model.eval() before evaluating, and model.train() again before training"),
+    "train_not_called": ("wrong_mode", "loop",
+                         "call model.train() before the first training step and at the start of every epoch: the "
+                         "model's own train() applies its frozen stages and normalisation settings there"),
     "batchnorm_batch_one": ("batch_statistics", "node",
                             "train with batches of more than one sample per replica (drop_last=True for a last "
                             "batch of one), or use GroupNorm/LayerNorm, or put '{node}' in eval() mode"),
@@ -163,6 +166,12 @@ class LoopFacts:
     rows: tuple[LoopRow, ...] = ()
     inputs: tuple[TensorRows, ...] = ()
     targets: tuple[TensorRows, ...] = ()
+
+    def outside_optimizer(self) -> frozenset[str]:
+        """Parameter nodes the loop saw getting gradients while in no param group of the optimizers that
+        stepped (``not_in_optimizer``, failure or information): nothing trains them, whatever their gradient."""
+        return frozenset(node for r in self.rows if r.invariant == "not_in_optimizer"
+                         for node in (r.detail.get("nodes") or [r.subject]))
 
     @staticmethod
     def row(step: int, subject: str, message: str, detail: str | Mapping) -> LoopRow:
