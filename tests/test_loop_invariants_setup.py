@@ -1,6 +1,7 @@
 """Loop invariants about the set-up a loop trains with: the model's own train() never run (frozen stages
 that train), an optimizer that holds nothing that learns, and the normalisation parameters a freeze by name
-leaves out of the optimizer (a note, no failure) — tiny real training runs."""
+leaves out of the optimizer (a note, no failure) — tiny real training runs; and where a loop mistake ranks
+against the statistical reading of its harm."""
 from __future__ import annotations
 
 import warnings
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from comgra_ndbg import NeuralDbg, RecorderWarning, analyze, open_recording
-from comgra_ndbg.analysis.events import Diagnosis
+from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Event, Hypothesis
+from comgra_ndbg.analysis.invariants import merge_hypotheses
 from comgra_ndbg.instrument import loop_rules
 from comgra_ndbg.instrument.train_dry_run import pending_train_changes
 
@@ -194,3 +196,21 @@ def test_a_linear_layer_left_out_of_the_optimizer_in_a_partly_frozen_model_stays
     assert by_invariant(rows)["not_in_optimizer"] == (0, "failure")
     top = diagnosis.top
     assert (top.type, top.origin, top.node) == ("update_stagnation", "optimizer", "model.projection.parameters")
+
+
+# ---- ranking ----------------------------------------------------------------------------------------------
+def _hypothesis(kind: str, onset: int, *effects: int, family: str = "optimizer_stability") -> Hypothesis:
+    root = Event(family, "model.head.parameters", "update", "stable", kind, onset, onset, 1.0, 1.0)
+    links = tuple(CausalLink(root, Event("nonfinite", "model.head.parameters", "grad", "finite", "non-finite", e, e,
+                                         1.0, 1.0), e - onset, "same-node") for e in effects)
+    return Hypothesis(kind, "node", "model.head.parameters", onset, 0.5, kind, CausalChain(root, links))
+
+
+def test_a_loop_mistake_right_where_the_harm_begins_outranks_an_early_reading_of_that_harm() -> None:
+    mistake = _hypothesis("wrong_mode", 33, family="loop_invariant")
+    early = _hypothesis("optimizer_divergence", 6, 32)  # a weak reading at 6, its non-finite effect at 32
+    assert [h.type for h in merge_hypotheses([early], [mistake])] == ["wrong_mode", "optimizer_divergence"]
+    caused = _hypothesis("optimizer_divergence", 6, 12)  # the harm began long before the loop mistake
+    assert [h.type for h in merge_hypotheses([caused], [mistake])] == ["optimizer_divergence", "wrong_mode"]
+    alone = _hypothesis("optimizer_divergence", 6)
+    assert [h.type for h in merge_hypotheses([alone], [mistake])] == ["optimizer_divergence", "wrong_mode"]

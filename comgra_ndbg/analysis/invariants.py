@@ -13,8 +13,9 @@ Two sources, both read by :func:`loop_diagnosis`:
 
 Each failure becomes a :class:`~comgra_ndbg.analysis.events.Hypothesis` whose sentence names the cause and
 the remedy; each piece of information (a part frozen on purpose) a note. A loop error is the cause of the
-statistical effects it produces, so :func:`merge_hypotheses` ranks it ahead of every statistical hypothesis
-that starts no earlier than it (``slack`` steps of reporting delay allowed) — except one param group's rate
+statistical effects it produces, so :func:`merge_hypotheses` ranks it ahead of the statistical hypotheses
+when the top one, or the first effect in its chain, starts no earlier than it (``slack`` steps of
+reporting delay allowed) — except one param group's rate
 stopping while other groups train (``lr_group_stopped``): that failure is where the group's parameters are,
 which the statistical stagnation hypothesis names, so the loop hypothesis follows it as the mechanism.
 
@@ -246,19 +247,30 @@ def loop_diagnosis(series: RunSeries, facts: LoopFacts | None = None) -> LoopDia
 
 def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesis], *, slack: int = 2
                      ) -> list[Hypothesis]:
-    """One ranking: loop hypotheses that start no later than ``slack`` steps after the top statistical
-    hypothesis (they are its cause, or came first) go ahead of the statistical ones, later ones after; each
-    part keeps its own order. A statistical hypothesis that a loop error explains keeps its confidence.
+    """One ranking: a loop hypothesis that explains the top statistical hypothesis goes ahead of the
+    statistical ones, the others after; each part keeps its own order. A loop mistake explains it when it
+    starts no later than ``slack`` steps after it (it is its cause, or came first), or no later than ``slack``
+    steps after the first effect in its chain: a violation seen right where the harm begins explains that
+    harm better than a reading dated many steps before it (an early, weak "divergence" whose non-finite
+    values only follow the mistake). A statistical hypothesis that a loop error explains keeps its
+    confidence.
 
-    >>> from comgra_ndbg.analysis.events import CausalChain, Event
+    >>> from comgra_ndbg.analysis.events import CausalChain, CausalLink, Event
     >>> e = Event("f", "n", "value", "a", "b", 0, 0, 1.0, 1.0)
     >>> h = lambda kind, onset: Hypothesis(kind, "node", "n", onset, 0.9, kind, CausalChain(e))
     >>> [x.type for x in merge_hypotheses([h("exploding", 30)], [h("stale_gradients", 12), h("precision", 80)])]
     ['stale_gradients', 'exploding', 'precision']
+    >>> late = Event("f", "n", "grad", "finite", "non-finite", 32, 32, 1.0, 1.0)
+    >>> early = Hypothesis("optimizer_divergence", "architecture", "n", 6, 0.4, "", CausalChain(
+    ...     e, (CausalLink(e, late, 26, "same-node"),)))
+    >>> [x.type for x in merge_hypotheses([early], [h("wrong_mode", 33)])]
+    ['wrong_mode', 'optimizer_divergence']
     """
     if not statistical:
         return list(loop)
-    first = statistical[0].onset + slack
+    top = statistical[0]
+    effects = [link.effect.onset for link in top.chain.links]
+    first = max(top.onset, min(effects, default=top.onset)) + slack
     ahead = [h for h in loop if h.onset <= first and h.chain.root.to_state not in _BEHIND]
     behind = [h for h in loop if h not in ahead]
     return ahead + list(statistical) + behind
