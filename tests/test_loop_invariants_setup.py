@@ -54,13 +54,16 @@ class ThroughAList(Staged):
         return self
 
 
-def train(tmp_path: Path, model: nn.Module, loop: Callable[[], None], **options) -> tuple[list, Diagnosis]:
-    """Run ``loop`` under NeuralDbg(model): the invariant log rows and the diagnosis."""
+def train(tmp_path: Path, model: nn.Module, loop: Callable[[], None], *, warning: str = "", **options
+          ) -> tuple[list, Diagnosis]:
+    """Run ``loop`` under NeuralDbg(model): the invariant log rows and the diagnosis; ``warning``: the start of
+    the one recorder warning expected."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with NeuralDbg(model, tmp_path, trial="t", **options):
             loop()
-    assert [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)] == []
+    messages = [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+    assert [m.removeprefix("comgra_ndbg: ")[:len(warning)] for m in messages] == ([warning] if warning else [])
     with open_recording(tmp_path / "t") as recording:
         rows = list(recording.log(loop_rules.CATEGORY))
     return rows, analyze(tmp_path / "t")
@@ -196,6 +199,25 @@ def test_a_linear_layer_left_out_of_the_optimizer_in_a_partly_frozen_model_stays
     assert by_invariant(rows)["not_in_optimizer"] == (0, "failure")
     top = diagnosis.top
     assert (top.type, top.origin, top.node) == ("update_stagnation", "optimizer", "model.projection.parameters")
+
+
+def test_an_optimizer_built_before_load_state_dict_with_assign_is_found_and_loading_by_copy_is_not(tmp_path: Path
+                                                                                                  ) -> None:
+    for assign in (True, False):
+        model = Backbone()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        checkpoint = {name: tensor.clone() for name, tensor in Backbone().state_dict().items()}
+        model.load_state_dict(checkpoint, assign=assign)  # assign: new parameter objects the optimizer lacks
+        rows, diagnosis = train(tmp_path / str(assign), model, sgd_loop(model, optimizer, 6), warning=(
+            "NeuralDbg recorded no training step: the model's backward passes were followed by 6 step(s) of "
+            "optimizers that hold none of its parameters" if assign else ""))
+        if not assign:
+            assert rows == [] and diagnosis.healthy
+            continue
+        assert by_invariant(rows) == {"foreign_parameters": (0, "failure")}
+        top = diagnosis.top
+        assert (top.type, top.origin, top.onset) == ("update_stagnation", "optimizer", 0)
+        assert "holds none of the model's parameters but 6 of the same shapes" in top.sentence
 
 
 # ---- ranking ----------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ _READING = {
                          "the missing parameters with optimizer.add_param_group({{'params': ...}})"),
     "foreign_parameters": ("update_stagnation", "optimizer",
                            "build the optimizer from the parameters of the model that is trained, after every layer "
-                           "was replaced or moved"),
+                           "was replaced or moved and after load_state_dict(..., assign=True)"),
     "no_optimizer_step": ("update_stagnation", "loop",
                           "call optimizer.step() after loss.backward() in every training step"),
     "no_update": ("update_stagnation", "optimizer",

@@ -97,6 +97,8 @@ class LoopInvariants:
         self._inv_eval_grad_passes = self._inv_train_passes = self._inv_eval_run = 0
         self._inv_trained_in_train_mode = False
         self._inv_train_checked = False
+        self._inv_own_stepped = False  # an optimizer holding the model's parameters stepped at least once
+        self._inv_copy_steps = 0  # other optimizers' steps while the model's gradients wait, none of its own
         self._inv_reset_step()
 
     def _inv_reset_step(self) -> None:
@@ -227,6 +229,7 @@ class LoopInvariants:
         """An optimizer holding the model's parameters is about to step: the learning rates, the gradients it
         will consume, the model's mode in the passes since the last step."""
         number, held_all, groups = self._inv_optimizer(optimizer)
+        self._inv_own_stepped = True
         step = self._inv_step_number()
         if self._inv_eval_grad_passes and not self._inv_train_passes and self._inv_mode_modules:
             self._inv_eval_mode_training(self._next_step)  # a step of its own, not recorded (eval-mode pass)
@@ -276,6 +279,19 @@ class LoopInvariants:
                 self._inv_foreign += [p for p in foreign if p.requires_grad and p.grad is None]
         if stale:
             self._inv_stale_gradients(number, stale, step)
+
+    def _inv_foreign_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer holding none of the model's parameters stepped after a backward pass through the model,
+        and none holding them ever did: is it an optimizer built for a copy of the model's parameters?"""
+        if self._inv_own_stepped or not self._backward_seen:
+            return
+        self._inv_copy_steps += 1
+        if self._inv_copy_steps == rules.NO_STEP_STEPS:
+            held = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
+            violation = rules.copy_optimizer(self._inv_step_number(), [tuple(p.shape) for p in self._parameters],
+                                             held)
+            if violation is not None:
+                self._inv_report(violation)
 
     def _inv_grown_in_place(self, i: int, step: int) -> bool:
         """The gradient about to be consumed is the tensor the last step consumed, changed in place since:

@@ -16,6 +16,7 @@ it is a failure or information (a choice the user may have made on purpose, e.g.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from comgra_ndbg.instrument.train_dry_run import TrainChanges
 from comgra_ndbg.store import schema
 
 __all__ = ["CATEGORY", "FAILURE", "INFO", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse",
-           "omission_severity", "omission", "train_not_called", "outermost",
+           "omission_severity", "omission", "copy_optimizer", "train_not_called", "outermost",
            "NO_STEP_STEPS", "NO_UPDATE_STEPS", "UNUSED_STEPS", "EVAL_PASS_RUN",
            "SHARE_DROP", "SHARE_COLLAPSED", "OMITTED_ON_PURPOSE", "MODE_DEPENDENT", "NORM_LAYERS", "percent",
            "names_text"]
@@ -232,3 +233,28 @@ def train_not_called(step: int, changes: TrainChanges | None) -> Violation | Non
                   "to_train": to_train[:20], "owners": changes.owners[:5],
                   "num_parameters": len(changes.frozen) + len(changes.unfrozen),
                   "num_modules": len(changes.to_eval) + len(changes.to_train)})
+
+
+def copy_optimizer(step: int, model_shapes: list[tuple[int, ...]], held_shapes: list[tuple[int, ...]]
+                   ) -> Violation | None:
+    """The ``foreign_parameters`` violation of an optimizer that steps while holding none of the model's
+    parameters (``model_shapes``: the shapes of the model's trainable ones) but parameters of the same shapes
+    (``held_shapes``): it was built for other parameter objects of this model — before
+    ``load_state_dict(..., assign=True)`` or ``to_empty()`` replaced them, or for a copy. None when the shapes
+    do not cover the model's (another model's optimizer: a GAN's generator).
+
+    >>> copy_optimizer(0, [(4, 2), (4,)], [(4, 2), (4,)]).invariant
+    'foreign_parameters'
+    >>> copy_optimizer(0, [(4, 2), (4,)], [(8, 4), (8,)]) is None
+    True
+    """
+    if not model_shapes or Counter(model_shapes) - Counter(held_shapes):
+        return None
+    return Violation(
+        "foreign_parameters", step, "param_groups",
+        f"the optimizer that steps holds none of the model's parameters but {len(held_shapes)} of the same shapes "
+        f"(the model has {len(model_shapes)} trainable): it was built for other parameter objects — before "
+        f"load_state_dict(..., assign=True) or to_empty() replaced the model's, or for a copy of the model — so "
+        f"the model's gradients are never applied, nor cleared by its zero_grad()",
+        evidence={"num_parameters": len(held_shapes), "num_model_parameters": len(model_shapes),
+                  "shapes": [list(s) for s in held_shapes[:5]]})
