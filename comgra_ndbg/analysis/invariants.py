@@ -54,7 +54,8 @@ FAMILY = "loop_invariant"
 CONFIDENCE = {
     "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
     "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
-    "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9, "half_precision_eps": 0.95,
+    "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9,
+    "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
     "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
 }

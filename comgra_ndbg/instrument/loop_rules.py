@@ -203,8 +203,12 @@ def train_not_called(step: int, changes: TrainChanges | None) -> Violation | Non
 
     >>> changes = TrainChanges(frozen=["features.0.0.weight"], to_eval=["features.0", "features.0.0"],
     ...                        owners=["StagedVGG"])
-    >>> print(train_not_called(0, changes).message)
-    model.train() was not called before training: StagedVGG defines its own train(), which would set requires_grad=False on 1 parameter(s) ('features.0.0.weight') and put 'features.0' in eval() mode, but it has not run: those parameters train and those modules compute in training mode
+    >>> message = train_not_called(0, changes).message
+    >>> message.startswith("model.train() was not called before training: StagedVGG defines its own train()")
+    True
+    >>> message.split(", which would ")[1]
+    "set requires_grad=False on 1 parameter(s) ('features.0.0.weight') and put 'features.0' in eval() mode, but \
+it has not run: those parameters train and those modules compute in training mode"
     """
     if changes is None or changes.empty:
         return None
