@@ -273,7 +273,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             if self.recorder.current_step is not None:
                 self._safely("finishing the last step", self._end_step)
             if self._next_step == self._first_step:
-                self._warn_once("no step", _why_no_step(self._evaluation_passes))
+                other_updates = getattr(self, "_inv_copy_steps", 0)
+                self._warn_once("no step", _why_no_step(self._evaluation_passes, other_updates))
         finally:
             self._hooks.remove()
             for handle in self._handles + self._tensor_handles:
@@ -384,8 +385,14 @@ def _is_type(asked: str, known: str) -> bool:
     return asked == known or asked.startswith(known + "_")
 
 
-def _why_no_step(evaluation_passes: int) -> str:
-    """The warning for a ``NeuralDbg`` closed without a training step: what it saw, and what to change."""
+def _why_no_step(evaluation_passes: int, other_updates: int = 0) -> str:
+    """The warning for a ``NeuralDbg`` closed without a training step: what it saw, and what to change
+    (``other_updates``: steps of optimizers holding none of the model's parameters after its backward passes)."""
+    if other_updates:
+        return (f"NeuralDbg recorded no training step: the model's backward passes were followed by {other_updates} "
+                f"step(s) of optimizers that hold none of its parameters, and none that holds them ever stepped; "
+                f"build the optimizer from the parameters of the model that is trained (the recording's log says "
+                f"more)")
     if evaluation_passes:
         return (f"NeuralDbg recorded no training step: the model's {evaluation_passes} forward pass(es) ran without "
                 f"gradients (torch.no_grad(), inference mode) or in model.eval(), which are evaluation passes; train "

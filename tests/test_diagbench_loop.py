@@ -20,7 +20,7 @@ def run(tmp_path: Path, case: str, seed: int = 0) -> dict:
 def test_every_invariant_has_a_fault_and_its_fixed_twin_and_t0_is_mid_run_only_for_mid_run_faults() -> None:
     cases = {c.name: c for c in loop_cases()}
     faults = [c for c in cases.values() if c.kind == FAULT]
-    assert len(faults) == 12 and all(cases[f"{c.name}_fixed"].kind == FIXED for c in faults)
+    assert len(faults) == 15 and all(cases[f"{c.name}_fixed"].kind == FIXED for c in faults)
     assert {c.name for c in cases.values() if c.kind == INTENTIONAL} == {
         "accumulation", "gan", "frozen_backbone", "eval_passes", "warmup", "ema"}
     for spec in loop_specs(seeds=2):
@@ -36,6 +36,16 @@ def test_a_mid_run_fault_shows_its_symptom_at_t0_and_its_fixed_twin_trains_witho
     assert faulty["valid"] and faulty["effect"] == faulty["t0"], faulty["validation"]
     assert fixed["valid"] and fixed["effect"] == -1, fixed["validation"]
     assert (tmp_path / faulty["name"]).is_dir() and (tmp_path / fixed["name"]).is_dir()
+
+
+@pytest.mark.parametrize("case", ["update_guard_stuck", "resume_assign", "validation_train_mode"])
+def test_the_later_faults_show_their_symptom_and_their_twins_train_without_it(tmp_path: Path, case: str) -> None:
+    faulty, fixed = run(tmp_path, case), run(tmp_path, f"{case}_fixed")
+    assert faulty["valid"] and fixed["valid"], (faulty["validation"], fixed["validation"])
+    if case == "validation_train_mode":  # the first validation at or after t0 runs in train mode
+        assert faulty["t0"] <= faulty["effect"] < faulty["t0"] + 8 and faulty["effect"] % 8 == 7
+    else:
+        assert faulty["effect"] == faulty["t0"]
 
 
 def test_a_gradient_accumulation_run_is_healthy_and_a_raw_pixel_run_shows_its_scale(tmp_path: Path) -> None:

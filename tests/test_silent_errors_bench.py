@@ -149,13 +149,12 @@ def test_runner_prints_the_table_and_writes_what_the_stored_diagnoses_say(tmp_pa
     [row] = json.loads(report.read_text())
     buggy = stored_diagnosis(out / "mmpretrain-702" / "buggy")
     fixed = stored_diagnosis(out / "mmpretrain-702" / "fixed")
-    expected = score("mmpretrain-702", row["origin"], (), [buggy], 0, [fixed])
-    assert (row["detected"], row["cause_named"], row["false_alarm"]) == (expected.detected, False,
-                                                                          expected.false_alarm)
+    expected = score("mmpretrain-702", row["origin"], ("wrong_mode",), [buggy], 0, [fixed])
+    assert (row["detected"], row["cause_named"], row["false_alarm"]) == (True, True, False)
+    assert (expected.detected, expected.cause_named, expected.false_alarm) == (True, True, False)
     assert row["buggy"]["symptom"]["stage0_change"] > 0.0 == row["fixed"]["symptom"]["stage0_change"]
-    assert "mmpretrain-702" in printed and "no (no type)" in printed
-    assert f"detected {int(expected.detected)}/1 · cause named 0/1 · false alarms {int(expected.false_alarm)}/1" \
-        in printed
+    assert "mmpretrain-702" in printed and "wrong_mode (loop) @0" in printed
+    assert "detected 1/1 · cause named 1/1 · false alarms 0/1" in printed
 
 
 def test_runner_refuses_unknown_cases_and_a_folder_with_recordings(tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ fixed twin, and the patterns people use on purpose that a naive check would flag
 Every case is a short, ordinary training loop over the bench's own models (``MLP``, ``ResidualMLP``,
 ``SmallResNet``) and data (``clusters``, ``prototype_images``), recorded by ``NeuralDbg`` at its defaults.
 A *fault* case contains the mistake (from step ``t0`` half-way through the run, or from step 0 where the
-mistake lives in the set-up); its *fixed* twin runs the same loop with the mistake corrected; an
-*intentional* case is healthy code that looks unusual (gradient accumulation, a GAN's alternating
-optimizers, a frozen backbone, evaluation passes under ``torch.no_grad()``, a warm-up schedule, an EMA
-copy of the weights; in :mod:`~benchmarks.diagbench.families_loop_healthy`).
+mistake lives in the set-up; three of them in :mod:`~benchmarks.diagbench.families_loop_extra`); its
+*fixed* twin runs the same loop with the mistake corrected; an *intentional* case is healthy code that
+looks unusual (gradient accumulation, a GAN's alternating optimizers, a frozen backbone, evaluation passes
+under ``torch.no_grad()``, a warm-up schedule, an EMA copy of the weights; in
+:mod:`~benchmarks.diagbench.families_loop_healthy`).
 
 The loop measures its ground truth itself, never through the recorder: the loss of every step, whether
 the defining symptom of the mistake showed (``symptom``) and the step of its first effect (``effect``).
@@ -361,10 +362,10 @@ invariant a naive check of it would break."""
 
 def loop_cases() -> list[LoopCase]:
     """Every case: each fault, its fixed twin, and each intentional pattern."""
-    from benchmarks.diagbench import families_loop_healthy
+    from benchmarks.diagbench import families_loop_extra, families_loop_healthy
 
     cases = []
-    for name, invariant, run, kind, origin, nodes, mid_run in _FAULTS:
+    for name, invariant, run, kind, origin, nodes, mid_run in _FAULTS + families_loop_extra.FAULTS:
         doc = (run.__doc__ or "").split("\n\n")[0].replace("\n", " ")
         cases.append(LoopCase(name, FAULT, invariant, run, kind, origin, nodes, mid_run, doc))
         cases.append(LoopCase(f"{name}_fixed", FIXED, invariant, run, mid_run=mid_run, description=doc))

@@ -13,8 +13,9 @@ Two sources, both read by :func:`loop_diagnosis`:
 
 Each failure becomes a :class:`~comgra_ndbg.analysis.events.Hypothesis` whose sentence names the cause and
 the remedy; each piece of information (a part frozen on purpose) a note. A loop error is the cause of the
-statistical effects it produces, so :func:`merge_hypotheses` ranks it ahead of every statistical hypothesis
-that starts no earlier than it (``slack`` steps of reporting delay allowed) — except one param group's rate
+statistical effects it produces, so :func:`merge_hypotheses` ranks it ahead of the statistical hypotheses
+when the top one, or the first effect in its chain, starts no earlier than it (``slack`` steps of
+reporting delay allowed) — except one param group's rate
 stopping while other groups train (``lr_group_stopped``): that failure is where the group's parameters are,
 which the statistical stagnation hypothesis names, so the loop hypothesis follows it as the mechanism.
 
@@ -53,7 +54,8 @@ FAMILY = "loop_invariant"
 CONFIDENCE = {
     "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
     "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
-    "batchnorm_batch_one": 0.95, "unused_parameters": 0.9, "half_precision_eps": 0.95,
+    "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9,
+    "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
     "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
 }
@@ -69,7 +71,7 @@ _READING = {
                          "the missing parameters with optimizer.add_param_group({{'params': ...}})"),
     "foreign_parameters": ("update_stagnation", "optimizer",
                            "build the optimizer from the parameters of the model that is trained, after every layer "
-                           "was replaced or moved"),
+                           "was replaced or moved and after load_state_dict(..., assign=True)"),
     "no_optimizer_step": ("update_stagnation", "loop",
                           "call optimizer.step() after loss.backward() in every training step"),
     "no_update": ("update_stagnation", "optimizer",
@@ -82,6 +84,9 @@ _READING = {
                            "call model.train() at the start of every training epoch (after each evaluation)"),
     "train_mode_evaluation": ("wrong_mode", "loop",
                               "call model.eval() before evaluating, and model.train() again before training"),
+    "train_not_called": ("wrong_mode", "loop",
+                         "call model.train() before the first training step and at the start of every epoch: the "
+                         "model's own train() applies its frozen stages and normalisation settings there"),
     "batchnorm_batch_one": ("batch_statistics", "node",
                             "train with batches of more than one sample per replica (drop_last=True for a last "
                             "batch of one), or use GroupNorm/LayerNorm, or put '{node}' in eval() mode"),
@@ -164,6 +169,12 @@ class LoopFacts:
     inputs: tuple[TensorRows, ...] = ()
     targets: tuple[TensorRows, ...] = ()
 
+    def outside_optimizer(self) -> frozenset[str]:
+        """Parameter nodes the loop saw getting gradients while in no param group of the optimizers that
+        stepped (``not_in_optimizer``, failure or information): nothing trains them, whatever their gradient."""
+        return frozenset(node for r in self.rows if r.invariant == "not_in_optimizer"
+                         for node in (r.detail.get("nodes") or [r.subject]))
+
     @staticmethod
     def row(step: int, subject: str, message: str, detail: str | Mapping) -> LoopRow:
         """A :class:`LoopRow` from a log entry (its detail as stored: a JSON object, or already parsed)."""
@@ -237,19 +248,30 @@ def loop_diagnosis(series: RunSeries, facts: LoopFacts | None = None) -> LoopDia
 
 def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesis], *, slack: int = 2
                      ) -> list[Hypothesis]:
-    """One ranking: loop hypotheses that start no later than ``slack`` steps after the top statistical
-    hypothesis (they are its cause, or came first) go ahead of the statistical ones, later ones after; each
-    part keeps its own order. A statistical hypothesis that a loop error explains keeps its confidence.
+    """One ranking: a loop hypothesis that explains the top statistical hypothesis goes ahead of the
+    statistical ones, the others after; each part keeps its own order. A loop mistake explains it when it
+    starts no later than ``slack`` steps after it (it is its cause, or came first), or no later than ``slack``
+    steps after the first effect in its chain: a violation seen right where the harm begins explains that
+    harm better than a reading dated many steps before it (an early, weak "divergence" whose non-finite
+    values only follow the mistake). A statistical hypothesis that a loop error explains keeps its
+    confidence.
 
-    >>> from comgra_ndbg.analysis.events import CausalChain, Event
+    >>> from comgra_ndbg.analysis.events import CausalChain, CausalLink, Event
     >>> e = Event("f", "n", "value", "a", "b", 0, 0, 1.0, 1.0)
     >>> h = lambda kind, onset: Hypothesis(kind, "node", "n", onset, 0.9, kind, CausalChain(e))
     >>> [x.type for x in merge_hypotheses([h("exploding", 30)], [h("stale_gradients", 12), h("precision", 80)])]
     ['stale_gradients', 'exploding', 'precision']
+    >>> late = Event("f", "n", "grad", "finite", "non-finite", 32, 32, 1.0, 1.0)
+    >>> early = Hypothesis("optimizer_divergence", "architecture", "n", 6, 0.4, "", CausalChain(
+    ...     e, (CausalLink(e, late, 26, "same-node"),)))
+    >>> [x.type for x in merge_hypotheses([early], [h("wrong_mode", 33)])]
+    ['wrong_mode', 'optimizer_divergence']
     """
     if not statistical:
         return list(loop)
-    first = statistical[0].onset + slack
+    top = statistical[0]
+    effects = [link.effect.onset for link in top.chain.links]
+    first = max(top.onset, min(effects, default=top.onset)) + slack
     ahead = [h for h in loop if h.onset <= first and h.chain.root.to_state not in _BEHIND]
     behind = [h for h in loop if h not in ahead]
     return ahead + list(statistical) + behind

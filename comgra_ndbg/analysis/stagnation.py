@@ -11,9 +11,11 @@ Freezing from the first step is usually intended (a frozen backbone, an embeddin
 event is ``at_start`` and carries whether the node had a gradient, because a parameter that receives
 gradients and never moves is not frozen on purpose — it is missing from the optimizer.
 
-When most trainable parameter nodes (those that moved or received gradients at some point) stop together,
-the cause is the loop or the optimizer, not a layer: one ``frozen`` event of the node ``optimizer`` (e.g.
-``optimizer.step()`` no longer called, every rate 0).
+A node that the loop invariants saw getting gradients in no optimizer's param groups and that never moved
+is theirs to report (a failure, or a note when it reads as chosen): no event of its own here, and it does not
+count among the trainable nodes. When most trainable parameter nodes (those that moved or received
+gradients at some point) stop together, the cause is the loop or the optimizer, not a layer: one ``frozen``
+event of the node ``optimizer`` (e.g. ``optimizer.step()`` no longer called, every rate 0).
 
 >>> import numpy as np
 >>> from comgra_ndbg.analysis.series import build_series
@@ -75,9 +77,13 @@ def stagnation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), 
     still = recorded & (update == 0)
     moved = recorded & (update > 0)
     last = update.shape[1] - 1
-    trainable = np.array([moved[k].any() or had_gradient(n, 0, last) for k, n in enumerate(nodes)])
+    outside = series.loop.outside_optimizer() if series.loop is not None else frozenset()
+    untrained = np.array([n.name in outside and not moved[k].any() for k, n in enumerate(nodes)])
+    trainable = np.array([moved[k].any() or had_gradient(n, 0, last) for k, n in enumerate(nodes)]) & ~untrained
     events: list[Event] = []
     for k, node in enumerate(nodes):
+        if untrained[k]:  # in no optimizer from the start: the loop invariant's failure or note says so
+            continue
         others = np.delete(moved, k, axis=0)[np.delete(trainable, k)]
         share = others.mean(axis=0) if len(others) else np.zeros(still.shape[1])
         events += _node_events(series, node, still[k] & (share >= t.optimizer_share), update[k], t)

@@ -33,6 +33,7 @@ from comgra_ndbg.instrument import loop_rules as rules
 from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import node_name, tensor_leaves
 from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation, names_text, percent
+from comgra_ndbg.instrument.train_dry_run import pending_train_changes
 
 __all__ = ["LoopInvariants"]
 
@@ -72,6 +73,7 @@ class LoopInvariants:
         self._inv_trainable_before = -1
         self._inv_flags: list[bool] | None = None  # requires_grad of every parameter at the last check
         self._inv_numel = [_numel(p) for _, p in named]
+        self._inv_norm = [any(n in owner.get(name, ("", ""))[1] for n in rules.NORM_LAYERS) for name in self._inv_names]
         self._inv_mode_modules = [path for path, m in root.named_modules() if type(m).__name__ in rules.MODE_DEPENDENT
                                   or (isinstance(m, nn.RNNBase) and m.dropout > 0)]
         self._inv_batchnorms = [(path, m) for path, m in root.named_modules() if isinstance(
@@ -94,6 +96,9 @@ class LoopInvariants:
         self._inv_share: float | None = None
         self._inv_eval_grad_passes = self._inv_train_passes = self._inv_eval_run = 0
         self._inv_trained_in_train_mode = False
+        self._inv_train_checked = False
+        self._inv_own_stepped = False  # an optimizer holding the model's parameters stepped at least once
+        self._inv_copy_steps = 0  # other optimizers' steps while the model's gradients wait, none of its own
         self._inv_reset_step()
 
     def _inv_reset_step(self) -> None:
@@ -133,6 +138,12 @@ class LoopInvariants:
             self._inv_train_passes += 1
             if self._iteration == 0 and self.recorder.current_step is not None:  # the step's first pass
                 self._inv_check_share(self.recorder.current_step)
+                if not self._inv_train_checked:  # once: is the model in the state its own train() sets?
+                    self._inv_train_checked = True
+                    violation = rules.train_not_called(self.recorder.current_step,
+                                                       pending_train_changes(self._root))
+                    if violation is not None:
+                        self._inv_report(violation)
             if self._inv_batchnorms:
                 self._inv_batch_one(args, kwargs)
             return
@@ -218,6 +229,7 @@ class LoopInvariants:
         """An optimizer holding the model's parameters is about to step: the learning rates, the gradients it
         will consume, the model's mode in the passes since the last step."""
         number, held_all, groups = self._inv_optimizer(optimizer)
+        self._inv_own_stepped = True
         step = self._inv_step_number()
         if self._inv_eval_grad_passes and not self._inv_train_passes and self._inv_mode_modules:
             self._inv_eval_mode_training(self._next_step)  # a step of its own, not recorded (eval-mode pass)
@@ -267,6 +279,19 @@ class LoopInvariants:
                 self._inv_foreign += [p for p in foreign if p.requires_grad and p.grad is None]
         if stale:
             self._inv_stale_gradients(number, stale, step)
+
+    def _inv_foreign_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer holding none of the model's parameters stepped after a backward pass through the model,
+        and none holding them ever did: is it an optimizer built for a copy of the model's parameters?"""
+        if self._inv_own_stepped or not self._backward_seen:
+            return
+        self._inv_copy_steps += 1
+        if self._inv_copy_steps == rules.NO_STEP_STEPS:
+            held = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
+            violation = rules.copy_optimizer(self._inv_step_number(), [tuple(p.shape) for p in self._parameters],
+                                             held)
+            if violation is not None:
+                self._inv_report(violation)
 
     def _inv_grown_in_place(self, i: int, step: int) -> bool:
         """The gradient about to be consumed is the tensor the last step consumed, changed in place since:
@@ -394,23 +419,13 @@ class LoopInvariants:
             return
         with_grad = sum(self._inv_numel[i] for i, got in enumerate(received) if got)
         share = sum(self._inv_numel[i] for i in missing) / max(with_grad, 1)
-        first_step = step == self._first_step
-        severity = rules.omission_severity(share, first_step)
         names = [self._inv_names[i] for i in missing]
         nodes = list(dict.fromkeys(self._inv_nodes[i] for i in missing))
-        if severity == INFO:
-            message = (f"only {percent(1 - share)} of the parameters that get gradients are in the optimizer's param "
-                       f"groups from the first step on: {names_text(names)} are not trained (a part frozen on "
-                       f"purpose by leaving it out of the optimizer?)")
-        else:
-            message = (f"{names_text(names)} get gradients but are in no param group of the optimizer(s) that "
-                       f"stepped at step {step}: they are never updated (a layer created or replaced after the "
-                       f"optimizer was built?)")
         for node in nodes[1:]:
             self._inv_seen.add(("not_in_optimizer", node))
-        self._inv_report(Violation("not_in_optimizer", step, nodes[0], message, severity,
-                                   {"parameters": names[:20], "num_parameters": len(names), "nodes": nodes[:20],
-                                    "share": share}))
+        self._inv_report(rules.omission(step, names, nodes, share, first_step=step == self._first_step,
+                                        norms_only=all(self._inv_norm[i] for i in missing),
+                                        trainable_share=1.0 if self._inv_share is None else self._inv_share))
 
     def _inv_check_foreign(self, step: int) -> None:
         foreign = self._inv_foreign

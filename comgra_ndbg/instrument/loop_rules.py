@@ -16,14 +16,16 @@ it is a failure or information (a choice the user may have made on purpose, e.g.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
+from comgra_ndbg.instrument.train_dry_run import TrainChanges
 from comgra_ndbg.store import schema
 
 __all__ = ["CATEGORY", "FAILURE", "INFO", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse",
-           "omission_severity",
+           "omission_severity", "omission", "copy_optimizer", "train_not_called", "outermost",
            "NO_STEP_STEPS", "NO_UPDATE_STEPS", "UNUSED_STEPS", "EVAL_PASS_RUN",
            "SHARE_DROP", "SHARE_COLLAPSED", "OMITTED_ON_PURPOSE", "MODE_DEPENDENT", "NORM_LAYERS", "percent",
            "names_text"]
@@ -41,6 +43,7 @@ INVARIANTS = {
     "no_update": "optimizer.step() leaves every parameter with a gradient unchanged (learning rate 0)",
     "trainable_share": "the share of trainable parameters (frozen from the start, or collapsing mid-run)",
     "eval_mode_training": "training steps taken with the model in eval() mode",
+    "train_not_called": "training starts without the state the model's own train() sets (frozen stages, norm_eval)",
     "train_mode_evaluation": "evaluation passes (no gradients) with the model in train() mode",
     "batchnorm_batch_one": "BatchNorm in training mode on a batch of one sample",
     "unused_parameters": "trainable parameters that receive no gradient for many steps",
@@ -128,8 +131,134 @@ def share_collapse(before: float, after: float, *, only_norms: bool) -> str | No
     return FAILURE if after <= SHARE_COLLAPSED or only_norms else INFO
 
 
-def omission_severity(share: float, first_step: bool) -> str:
-    """Parameters with gradients in no param group: information when they were left out from the first
-    step and hold at least :data:`OMITTED_ON_PURPOSE` of the trainable elements (training a head only),
-    a failure otherwise (a layer created or replaced after the optimizer)."""
-    return INFO if first_step and share >= OMITTED_ON_PURPOSE else FAILURE
+def omission_severity(share: float, first_step: bool, *, norms_only: bool = False,
+                      partly_frozen: bool = False) -> str:
+    """Parameters with gradients in no param group, holding ``share`` of the elements that get gradients.
+
+    A failure when that is all of them (the optimizers that stepped change nothing that learns), or when they
+    were left out after the first step (a layer created or replaced after the optimizer). Information when
+    left out from the first step and either holding at least :data:`OMITTED_ON_PURPOSE` of them (training a
+    head only), or being only normalisation parameters in a model ``partly_frozen`` with
+    ``requires_grad=False`` (the leftovers of a freeze by name, "bn" kept: they keep their values like the
+    frozen layers around them).
+
+    >>> omission_severity(1.0, True), omission_severity(0.7, True), omission_severity(0.1, True)
+    ('failure', 'info', 'failure')
+    >>> omission_severity(0.1, True, norms_only=True, partly_frozen=True)
+    'info'
+    """
+    if share >= 1.0 or not first_step:
+        return FAILURE
+    return INFO if share >= OMITTED_ON_PURPOSE or (norms_only and partly_frozen) else FAILURE
+
+
+def omission(step: int, names: list[str], nodes: list[str], share: float, *, first_step: bool, norms_only: bool,
+             trainable_share: float) -> Violation:
+    """The ``not_in_optimizer`` violation of parameters ``names`` (of ``nodes``) that get gradients but are in
+    no param group of the optimizers that stepped at ``step``; ``share``: their part of the elements with
+    gradients, ``trainable_share``: the model's share of elements with ``requires_grad`` (see
+    :func:`omission_severity`)."""
+    partly_frozen = trainable_share < 1.0
+    severity = omission_severity(share, first_step, norms_only=norms_only, partly_frozen=partly_frozen)
+    if severity == INFO and share < OMITTED_ON_PURPOSE:
+        message = (f"{len(names)} normalisation parameter(s) get gradients but are in no param group from the first "
+                   f"step on, while {percent(1 - trainable_share)} of the model's parameter elements are frozen with "
+                   f"requires_grad=False: {names_text(names)} keep their values like the frozen layers around them "
+                   f"(freeze them too to skip their gradients, or add them to the optimizer if they should train)")
+    elif severity == INFO:
+        message = (f"only {percent(1 - share)} of the parameters that get gradients are in the optimizer's param "
+                   f"groups from the first step on: {names_text(names)} are not trained (a part frozen on "
+                   f"purpose by leaving it out of the optimizer?)")
+    elif share >= 1.0:
+        message = (f"none of the parameters that get gradients is in a param group of the optimizer(s) that stepped "
+                   f"at step {step}: optimizer.step() changes nothing that learns ({names_text(names)} get gradients "
+                   f"and are never updated; the optimizer's own parameters get none)")
+    else:
+        message = (f"{names_text(names)} get gradients but are in no param group of the optimizer(s) that "
+                   f"stepped at step {step}: they are never updated (a layer created or replaced after the "
+                   f"optimizer was built?)")
+    return Violation("not_in_optimizer", step, nodes[0], message, severity,
+                     {"parameters": names[:20], "num_parameters": len(names), "nodes": nodes[:20], "share": share,
+                      "norms_only": norms_only, "trainable_share": trainable_share})
+
+
+def outermost(paths: list[str]) -> list[str]:
+    """The module paths of ``paths`` that lie inside no other of them, in their order.
+
+    >>> outermost(["features.0", "features.0.0", "features.0.1", "head"])
+    ['features.0', 'head']
+    """
+    chosen: list[str] = []
+    for path in paths:
+        if not any(path == p or path.startswith(p + ".") or not p for p in chosen):
+            chosen.append(path)
+    return chosen
+
+
+def train_not_called(step: int, changes: TrainChanges | None) -> Violation | None:
+    """The violation when the model's own ``train()`` would change its parameters' ``requires_grad`` or its
+    modules' modes at the first training step (``changes`` from
+    :func:`~comgra_ndbg.instrument.train_dry_run.pending_train_changes`): that code has not run, so what it
+    freezes trains and what it keeps in ``eval()`` runs in training mode. None when nothing would change.
+
+    >>> changes = TrainChanges(frozen=["features.0.0.weight"], to_eval=["features.0", "features.0.0"],
+    ...                        owners=["StagedVGG"])
+    >>> message = train_not_called(0, changes).message
+    >>> message.startswith("model.train() was not called before training: StagedVGG defines its own train()")
+    True
+    >>> message.split(", which would ")[1]
+    "set requires_grad=False on 1 parameter(s) ('features.0.0.weight') and put 'features.0' in eval() mode, but \
+it has not run: those parameters train and those modules compute in training mode"
+    """
+    if changes is None or changes.empty:
+        return None
+    would = []
+    if changes.frozen:
+        would.append(f"set requires_grad=False on {len(changes.frozen)} parameter(s) ({names_text(changes.frozen)})")
+    if changes.unfrozen:
+        would.append(f"set requires_grad=True on {len(changes.unfrozen)} parameter(s) "
+                     f"({names_text(changes.unfrozen)})")
+    to_eval, to_train = outermost(changes.to_eval), outermost(changes.to_train)
+    if to_eval:
+        would.append(f"put {names_text([p or 'the model' for p in to_eval], 3)} in eval() mode")
+    if to_train:
+        would.append(f"put {names_text([p or 'the model' for p in to_train], 3)} in train() mode")
+    effects = [e for e, present in (("those parameters train", changes.frozen),
+                                    ("those parameters stay fixed", changes.unfrozen),
+                                    ("those modules compute in training mode", to_eval),
+                                    ("those modules compute in evaluation mode", to_train)) if present]
+    one = len(changes.owners) == 1
+    owners = " and ".join(changes.owners[:3])
+    return Violation(
+        "train_not_called", step, "model.train()",
+        f"model.train() was not called before training: {owners} define{'s its' if one else ' their'} own "
+        f"train(), which would {' and '.join(would)}, but it has not run: {' and '.join(effects)}",
+        evidence={"frozen": changes.frozen[:20], "unfrozen": changes.unfrozen[:20], "to_eval": to_eval[:20],
+                  "to_train": to_train[:20], "owners": changes.owners[:5],
+                  "num_parameters": len(changes.frozen) + len(changes.unfrozen),
+                  "num_modules": len(changes.to_eval) + len(changes.to_train)})
+
+
+def copy_optimizer(step: int, model_shapes: list[tuple[int, ...]], held_shapes: list[tuple[int, ...]]
+                   ) -> Violation | None:
+    """The ``foreign_parameters`` violation of an optimizer that steps while holding none of the model's
+    parameters (``model_shapes``: the shapes of the model's trainable ones) but parameters of the same shapes
+    (``held_shapes``): it was built for other parameter objects of this model — before
+    ``load_state_dict(..., assign=True)`` or ``to_empty()`` replaced them, or for a copy. None when the shapes
+    do not cover the model's (another model's optimizer: a GAN's generator).
+
+    >>> copy_optimizer(0, [(4, 2), (4,)], [(4, 2), (4,)]).invariant
+    'foreign_parameters'
+    >>> copy_optimizer(0, [(4, 2), (4,)], [(8, 4), (8,)]) is None
+    True
+    """
+    if not model_shapes or Counter(model_shapes) - Counter(held_shapes):
+        return None
+    return Violation(
+        "foreign_parameters", step, "param_groups",
+        f"the optimizer that steps holds none of the model's parameters but {len(held_shapes)} of the same shapes "
+        f"(the model has {len(model_shapes)} trainable): it was built for other parameter objects — before "
+        f"load_state_dict(..., assign=True) or to_empty() replaced the model's, or for a copy of the model — so "
+        f"the model's gradients are never applied, nor cleared by its zero_grad()",
+        evidence={"num_parameters": len(held_shapes), "num_model_parameters": len(model_shapes),
+                  "shapes": [list(s) for s in held_shapes[:5]]})

@@ -189,6 +189,8 @@ class StepDetection:
                 self._own_steps += 1
             else:
                 self._foreign_steps += 1
+                if self._inv:
+                    self._safely("checking loop invariants", self._inv_foreign_step, optimizer)
 
     # ---- ending a step -------------------------------------------------------------------------------------
     def _end_step(self) -> None:
