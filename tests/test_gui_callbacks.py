@@ -47,7 +47,10 @@ def act(cache: ReaderCache, trigger: str | None, value: Any, before: dict[str, A
         before = _shown({}, callbacks.update_view(cache, "url", "", None, None))
         if trigger is None:
             return before
-    return _shown(before, callbacks.update_view(cache, trigger, value, before["store"], before["keys"]))
+    out = callbacks.update_view(cache, trigger, value, before["store"], before["keys"])
+    if trigger in callbacks.SETTABLE:
+        before = {**before, trigger: value}  # the browser shows what the user set
+    return _shown(before, out)
 
 
 def _shown(before: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +243,26 @@ def test_timeline_is_patched_when_only_the_step_moves(cache: ReaderCache) -> Non
                                "line": {"color": "#D62728", "width": 2}}]}}]
     restat = act(cache, "stat", "abs_max", clicked)
     assert restat["timeline"]["layout"]["yaxis"]["title"]["text"] == "abs_max"
+
+
+def test_a_zoom_sends_the_zoomed_range_and_a_reset_the_whole_run(cache: ReaderCache) -> None:
+    out = act(cache, "graph", ("loss", "node"))
+    whole = out["timeline"]
+    zoomed = callbacks.zoom_timeline(cache, [3.5, 8.2], out["store"])
+    assert zoomed["layout"]["xaxis"]["range"] == [3.5, 8.2]
+    assert [trace["x"] for trace in zoomed["data"]] == [[2, 4, 6, 8, 10], [3, 5, 7, 9]]  # each edge's neighbour too
+    assert [trace["x"] for trace in whole["data"]] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]
+    for reset in (None, [5, 5], ["a", 1], [float("nan"), 3]):  # a reset, or no range to show: the whole run
+        assert callbacks.zoom_timeline(cache, reset, out["store"]) == whole
+    assert callbacks.zoom_timeline(cache, [3, 8], None) is no_update
+
+
+def test_a_value_the_user_just_set_is_not_sent_back(cache: ReaderCache) -> None:
+    first = act(cache, None, None)
+    moved = act(cache, "step", 2, first)
+    assert "step" not in sent(moved) and selection_of(moved).step == 5 and moved["step_label"].startswith("step 5 ")
+    typed = act(cache, "step_box", 40, moved)  # no step 40: the nearest one is shown, in the box too
+    assert typed["step_box"] == selection_of(typed).step == 11 and "step_box" in sent(typed)
 
 
 def test_timeline_overlays_nodes_and_trials_with_log_scale_and_smoothing(cache: ReaderCache) -> None:
@@ -467,5 +490,5 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh, the analyses (watched and made by Analyze now), the trial selector's sort and
-    # filter, and the browser-side ones
-    assert len(app.callback_map) == 12
+    # filter, the zoomed timeline, and the browser-side ones
+    assert len(app.callback_map) == 14

@@ -29,11 +29,6 @@ FAULT_STEP = 150
 DEEP = "model.decoder.blocks.20.mlp.1"  # inside two closed boxes in the first view
 
 
-# The search-and-centre journey races the graph's own refit in Chromium now and then (a wait times out and
-# the tests after it inherit the moved view); a timed-out journey is run again, up to twice, and a journey
-# that fails three times still fails.
-pytestmark = pytest.mark.flaky(reruns=2)
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("scale")

@@ -37,7 +37,7 @@ from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.timelines import step_marker
 from comgra_ndbg.gui.urlstate import from_address, to_address
 
-__all__ = ["OUTPUTS", "refresh_generations", "register_callbacks", "update_selection", "update_view"]
+__all__ = ["OUTPUTS", "refresh_generations", "register_callbacks", "update_selection", "update_view", "zoom_timeline"]
 
 SLIDER_MARKS = 8
 TAB_BY_ID = dict(ids.TAB_NAMES)
@@ -215,6 +215,8 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
         if out[name] is not no_update and not _fresh(keys, "sent:" + name, _digest(out[name])) and \
                 name != acted and not (name == "node" and acted == "search"):
             out[name] = no_update
+    if acted in SETTABLE and out[acted] is not no_update and out[acted] == value:
+        out[acted] = no_update  # the browser shows what the user just set: sending it back re-renders it
     out["keys"] = keys
     if trigger == "search":
         out["search"] = None  # ready for the next search, even of the same node
@@ -334,6 +336,28 @@ def _tab_outputs(cache: ReaderCache, selection: Selection, options: ViewOptions,
         keys.pop("layers", None)
 
 
+def zoom_timeline(cache: ReaderCache, x_range: Any, store: dict[str, Any] | None) -> Any:
+    """The timeline of the current selection zoomed to ``x_range`` (``[low, high]`` steps), each line reduced
+    over that range only, or the whole run again when ``x_range`` is None; ``no_update`` before a first view.
+
+    The figure is sent in the reduced form (:data:`~comgra_ndbg.gui.timelines.MAX_POINTS` per line), so the
+    detail of a long run arrives as the user zooms into it rather than all at once with every node tap."""
+    if not store or not store.get("selection"):
+        return no_update
+    selection = Selection.from_dict(store["selection"])
+    options = ViewOptions.from_dict(store.get("options"))
+    if selection.trial not in cache.trial_keys():
+        return no_update
+    shown = None
+    if isinstance(x_range, (list, tuple)) and len(x_range) == 2:
+        try:
+            low, high = sorted(float(x) for x in x_range)
+        except (TypeError, ValueError):
+            low, high = float("nan"), float("nan")
+        shown = (low, high) if np.isfinite(low) and np.isfinite(high) and high > low else None
+    return timeline_view(cache, selection, options, shown)
+
+
 def refresh_generations(cache: ReaderCache, previous: dict[str, int] | None) -> Any:
     """Refresh the readers; the new generations, or ``no_update`` when nothing was written since."""
     generations = cache.refresh()
@@ -399,6 +423,9 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
         trigger, value = _trigger(ctx.triggered_id, triggered_value, given)
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
+    app.callback(Output(ids.TIMELINE, "figure", allow_duplicate=True), Input(ids.TIMELINE_RANGE, "data"),
+                 State(ids.SELECTION, "data"), prevent_initial_call=True)(
+        locked(lambda x_range, store: zoom_timeline(cache, x_range, store)))
     app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
                  prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
     tabs.register_analysis_callbacks(app, cache, locked)

@@ -1,6 +1,6 @@
 """What the browser does without asking the server: the graph's selection highlight and statistic colours,
-fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, and
-saving plots as PNG and CSV.
+fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, reading
+a zoom of the timeline, and saving plots as PNG and CSV.
 
 The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, inlined in the page by
 :func:`comgra_ndbg.gui.style.index_string`) and are wired by :func:`register_clientside`. The graph's
@@ -151,6 +151,15 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
         ' · module, ' + data.members + ' nodes · click to ' + (data.kind === 'box' ? 'open' : 'close');
       return data.full + extra;
     },
+    zoomRange: function (relayout) {
+      // The steps the timeline was zoomed or panned to, or null when it was reset to the whole run; the
+      // server then sends that range in its detail. Other layout changes (autosize, the y axis) ask nothing.
+      if (!relayout) { return none(); }
+      if (relayout['xaxis.autorange']) { return null; }
+      const low = relayout['xaxis.range[0]'], high = relayout['xaxis.range[1]'];
+      if (low !== undefined && high !== undefined) { return [low, high]; }
+      return Array.isArray(relayout['xaxis.range']) ? relayout['xaxis.range'] : none();
+    },
     stepKnown: function (position, last) { known = {position: position || 0, last: last || 0}; return none(); },
     theme: function (theme) { document.documentElement.dataset.theme = theme || 'light'; return theme; },
     save: function (clicks) {
@@ -201,6 +210,8 @@ def register_clientside(app: Dash) -> None:
     app.clientside_callback(fn("hover"), Output(ids.GRAPH_HOVER, "children"), Input(ids.GRAPH, "mouseoverNodeData"))
     app.clientside_callback(fn("stepKnown"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP, "value"),
                             Input(ids.STEP, "max"))
+    app.clientside_callback(fn("zoomRange"), Output(ids.TIMELINE_RANGE, "data"), Input(ids.TIMELINE, "relayoutData"),
+                            prevent_initial_call=True)
     app.clientside_callback(fn("theme"), Output(ids.CLIENT + "-theme", "data"), Input(ids.THEME, "value"))
     app.clientside_callback(fn("save"), Output(ids.CLIENT + "-save", "data"),
                             Input({"type": ids.EXPORT_TYPE, "target": ALL, "format": ALL}, "n_clicks"),

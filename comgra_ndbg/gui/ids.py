@@ -100,6 +100,7 @@ VALUES_PAGE = "values-page"
 VALUES = "values"
 TIMELINE = "timeline"
 TIMELINE_BOX = "timeline-box"
+TIMELINE_RANGE = "timeline-range"  # the steps the user zoomed the timeline to, [low, high], or None: all of them
 OVERLAY_NODES = "overlay-nodes"
 OVERLAY_TRIALS = "overlay-trials"
 TIMELINE_OPTIONS = "timeline-options"  # checklist: log y
