@@ -115,11 +115,11 @@ def test_opening_or_closing_a_box_sends_the_graph_but_not_the_node_list_again(ca
     first = act(cache, None, None)
     frame = next(e["data"]["id"] for e in first["elements"] if e["data"].get("kind") == "frame")
     closed = act(cache, "graph", (frame, "frame"), first)
-    assert "elements" in sent(closed) and "search_options" not in sent(closed)
+    assert "elements" in sent(closed) and "node_names" not in sent(closed)
     assert len(closed["elements"]) < len(first["elements"])  # the box's nodes stand as one
-    assert sorted(o["value"] for o in first["search_options"]) == sorted(first["node_options"])
+    assert first["node_names"] == first["node_options"]  # what the search and overlay lists filter, in order
     fresh = callbacks.update_view(cache, "url", closed["url"], None, None)  # a new page sends it
-    assert fresh["search_options"] == first["search_options"]
+    assert fresh["node_names"] == first["node_names"]
 
 
 def test_graph_elements_are_module_frames_nodes_and_edges(cache: ReaderCache) -> None:
@@ -490,5 +490,5 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh, the analyses (watched and made by Analyze now), the trial selector's sort and
-    # filter, the zoomed timeline, and the browser-side ones
-    assert len(app.callback_map) == 14
+    # filter, the zoomed timeline, and the browser-side ones (the two node lists' options among them)
+    assert len(app.callback_map) == 16

@@ -23,6 +23,7 @@ from selenium.webdriver.common.keys import Keys
 from benchmarks import gui_recording
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.app import create_app
+from comgra_ndbg.gui.clientside import NODE_MATCHES
 
 pytestmark = pytest.mark.slow
 FAULT_STEP = 150
@@ -86,6 +87,21 @@ def test_a_click_opens_a_box_and_a_click_on_its_frame_closes_it(browser: Any) ->
     assert frame["y2"] < cy(browser, "return cy.height();")
     click_frame(browser, box)
     wait_for(lambda: len(drawn(browser)) == before, "the box closed again")
+
+
+def test_the_node_lists_offer_the_names_that_contain_what_is_typed(browser: Any) -> None:
+    def offered() -> list[str]:
+        return [o.text.strip() for o in browser.find_elements(By.CSS_SELECTOR, ".dash-dropdown-options [role='option']")]
+
+    browser.find_element(By.ID, ids.GRAPH_SEARCH).click()
+    first = wait_for(offered, "the first names")
+    assert first[0] == "input" and len(first) <= NODE_MATCHES  # not all 497
+    ActionChains(browser).send_keys("blocks.20.").perform()
+    matching = wait_for(lambda: (lambda names: names if names and names != first and all(
+        "blocks.20." in name for name in names) else None)(offered()), "the names with blocks.20.")
+    assert DEEP in matching
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    wait_for(lambda: not offered(), "the list closed")
 
 
 def test_search_selects_a_node_opens_the_boxes_around_it_and_centres_it(browser: Any) -> None:

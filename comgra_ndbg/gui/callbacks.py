@@ -248,8 +248,9 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
     if _fresh(keys, "graph", drawn_key):
         view = graph_view(cache, selection, options)
         out["elements"], out["graph_note"], out["search"] = view["elements"], view["note"], None
-        if _fresh(keys, "search_options", _digest(view["search"])):  # every node: unchanged by opening a box
-            out["search_options"] = view["search"]
+        names = [option["value"] for option in view["search"]]
+        if _fresh(keys, "node_names", _digest(names)):  # every node: unchanged by opening a box
+            out["node_names"] = names
     if _fresh(keys, "stylesheet", (options.theme, selection.trial, selection.generation)):
         out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection.trial)
     state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
@@ -267,8 +268,6 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
         return
     theme, stamp = options.theme, cache.analysis_stamp(selection.trial)
     if _fresh(keys, "overlay_options", (selection.trial, selection.step_type, selection.generation)):
-        drawn = cache.drawn(selection.trial, selection.step_type)
-        out["overlay_nodes_options"] = list(drawn.order) if drawn is not None else []
         out["overlay_trials_options"] = [key for key in cache.trial_keys() if key != selection.trial]
     out["overlay_nodes"], out["overlay_trials"] = list(options.overlay_nodes), list(options.overlay_trials)
     out["timeline_options"], out["ema"] = (["log"] if options.log_y else []), options.ema

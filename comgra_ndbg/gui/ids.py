@@ -64,6 +64,7 @@ CLIENT = "client-store"  # written by client-side callbacks only (their required
 GRAPH = "graph"
 GRAPH_VIEW = "graph-view-store"  # what the client-side script applies: selected item, colours, centring
 GRAPH_SEARCH = "graph-search"
+NODE_NAMES = "node-names-store"  # every node's name; the search and overlay lists show those matching what is typed
 GRAPH_FIT = "graph-fit"
 GRAPH_CENTRE = "graph-centre"
 GRAPH_EXPAND = "graph-expand-all"
