@@ -252,9 +252,10 @@ def test_a_zoom_sends_the_zoomed_range_and_a_reset_the_whole_run(cache: ReaderCa
     assert zoomed["layout"]["xaxis"]["range"] == [3.5, 8.2]
     assert [trace["x"] for trace in zoomed["data"]] == [[2, 4, 6, 8, 10], [3, 5, 7, 9]]  # each edge's neighbour too
     assert [trace["x"] for trace in whole["data"]] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]
-    for reset in (None, [5, 5], ["a", 1], [float("nan"), 3]):  # a reset, or no range to show: the whole run
+    for reset in ("all", [5, 5], ["a", 1], [float("nan"), 3]):  # a reset, or no range to show: the whole run
         assert callbacks.zoom_timeline(cache, reset, out["store"]) == whole
     assert callbacks.zoom_timeline(cache, [3, 8], None) is no_update
+    assert callbacks.zoom_timeline(cache, None, out["store"]) is no_update  # the page's empty store, reported
 
 
 def test_a_value_the_user_just_set_is_not_sent_back(cache: ReaderCache) -> None:

@@ -337,11 +337,13 @@ def _tab_outputs(cache: ReaderCache, selection: Selection, options: ViewOptions,
 
 def zoom_timeline(cache: ReaderCache, x_range: Any, store: dict[str, Any] | None) -> Any:
     """The timeline of the current selection zoomed to ``x_range`` (``[low, high]`` steps), each line reduced
-    over that range only, or the whole run again when ``x_range`` is None; ``no_update`` before a first view.
+    over that range only, or the whole run again for any other value (``"all"``: the zoom was reset);
+    ``no_update`` while nothing was zoomed (``None``: the page only reports its empty store) or before a
+    first view.
 
     The figure is sent in the reduced form (:data:`~comgra_ndbg.gui.timelines.MAX_POINTS` per line), so the
     detail of a long run arrives as the user zooms into it rather than all at once with every node tap."""
-    if not store or not store.get("selection"):
+    if x_range is None or not store or not store.get("selection"):
         return no_update
     selection = Selection.from_dict(store["selection"])
     options = ViewOptions.from_dict(store.get("options"))

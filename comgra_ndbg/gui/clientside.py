@@ -167,11 +167,12 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       }
       return kept.concat(found);
     },
-    zoomRange: function (relayout) {
-      // The steps the timeline was zoomed or panned to, or null when it was reset to the whole run; the
-      // server then sends that range in its detail. Other layout changes (autosize, the y axis) ask nothing.
+    zoomRange: function (relayout, shown) {
+      // The steps the timeline was zoomed or panned to, or 'all' when a zoomed timeline was reset to the whole
+      // run; the server then sends that range in its detail. Other layout changes ask nothing: autosize, the
+      // y axis, and the autorange plotly.js reports when it first draws a plot that shows the whole run.
       if (!relayout) { return none(); }
-      if (relayout['xaxis.autorange']) { return null; }
+      if (relayout['xaxis.autorange']) { return Array.isArray(shown) ? 'all' : none(); }
       const low = relayout['xaxis.range[0]'], high = relayout['xaxis.range[1]'];
       if (low !== undefined && high !== undefined) { return [low, high]; }
       return Array.isArray(relayout['xaxis.range']) ? relayout['xaxis.range'] : none();
@@ -230,7 +231,7 @@ def register_clientside(app: Dash) -> None:
         app.clientside_callback(fn("nodeMatches"), Output(node_list, "options"), Input(node_list, "search_value"),
                                 Input(ids.NODE_NAMES, "data"), Input(node_list, "value"))
     app.clientside_callback(fn("zoomRange"), Output(ids.TIMELINE_RANGE, "data"), Input(ids.TIMELINE, "relayoutData"),
-                            prevent_initial_call=True)
+                            State(ids.TIMELINE_RANGE, "data"), prevent_initial_call=True)
     app.clientside_callback(fn("theme"), Output(ids.CLIENT + "-theme", "data"), Input(ids.THEME, "value"))
     app.clientside_callback(fn("save"), Output(ids.CLIENT + "-save", "data"),
                             Input({"type": ids.EXPORT_TYPE, "target": ALL, "format": ALL}, "n_clicks"),
