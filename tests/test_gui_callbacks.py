@@ -18,6 +18,7 @@ from comgra_ndbg.gui import callbacks, ids, panels, tabs
 from comgra_ndbg.gui.app import create_app
 from comgra_ndbg.gui.custom import CustomVisualizationError, load_visualization
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
+from comgra_ndbg.gui.zoom import zoom_timeline
 from comgra_ndbg.store.results import results_path, write_results
 
 
@@ -248,14 +249,14 @@ def test_timeline_is_patched_when_only_the_step_moves(cache: ReaderCache) -> Non
 def test_a_zoom_sends_the_zoomed_range_and_a_reset_the_whole_run(cache: ReaderCache) -> None:
     out = act(cache, "graph", ("loss", "node"))
     whole = out["timeline"]
-    zoomed = callbacks.zoom_timeline(cache, [3.5, 8.2], out["store"])
+    zoomed = zoom_timeline(cache, [3.5, 8.2], out["store"])
     assert zoomed["layout"]["xaxis"]["range"] == [3.5, 8.2]
     assert [trace["x"] for trace in zoomed["data"]] == [[2, 4, 6, 8, 10], [3, 5, 7, 9]]  # each edge's neighbour too
     assert [trace["x"] for trace in whole["data"]] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]
     for reset in ("all", [5, 5], ["a", 1], [float("nan"), 3]):  # a reset, or no range to show: the whole run
-        assert callbacks.zoom_timeline(cache, reset, out["store"]) == whole
-    assert callbacks.zoom_timeline(cache, [3, 8], None) is no_update
-    assert callbacks.zoom_timeline(cache, None, out["store"]) is no_update  # the page's empty store, reported
+        assert zoom_timeline(cache, reset, out["store"]) == whole
+    assert zoom_timeline(cache, [3, 8], None) is no_update
+    assert zoom_timeline(cache, None, out["store"]) is no_update  # the page's empty store, reported
 
 
 def test_a_value_the_user_just_set_is_not_sent_back(cache: ReaderCache) -> None:

@@ -36,8 +36,9 @@ from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.timelines import step_marker
 from comgra_ndbg.gui.urlstate import from_address, to_address
+from comgra_ndbg.gui.zoom import register_zoom
 
-__all__ = ["OUTPUTS", "refresh_generations", "register_callbacks", "update_selection", "update_view", "zoom_timeline"]
+__all__ = ["OUTPUTS", "refresh_generations", "register_callbacks", "update_selection", "update_view"]
 
 SLIDER_MARKS = 8
 TAB_BY_ID = dict(ids.TAB_NAMES)
@@ -335,30 +336,6 @@ def _tab_outputs(cache: ReaderCache, selection: Selection, options: ViewOptions,
         keys.pop("layers", None)
 
 
-def zoom_timeline(cache: ReaderCache, x_range: Any, store: dict[str, Any] | None) -> Any:
-    """The timeline of the current selection zoomed to ``x_range`` (``[low, high]`` steps), each line reduced
-    over that range only, or the whole run again for any other value (``"all"``: the zoom was reset);
-    ``no_update`` while nothing was zoomed (``None``: the page only reports its empty store) or before a
-    first view.
-
-    The figure is sent in the reduced form (:data:`~comgra_ndbg.gui.timelines.MAX_POINTS` per line), so the
-    detail of a long run arrives as the user zooms into it rather than all at once with every node tap."""
-    if x_range is None or not store or not store.get("selection"):
-        return no_update
-    selection = Selection.from_dict(store["selection"])
-    options = ViewOptions.from_dict(store.get("options"))
-    if selection.trial not in cache.trial_keys():
-        return no_update
-    shown = None
-    if isinstance(x_range, (list, tuple)) and len(x_range) == 2:
-        try:
-            low, high = sorted(float(x) for x in x_range)
-        except (TypeError, ValueError):
-            low, high = float("nan"), float("nan")
-        shown = (low, high) if np.isfinite(low) and np.isfinite(high) and high > low else None
-    return timeline_view(cache, selection, options, shown)
-
-
 def refresh_generations(cache: ReaderCache, previous: dict[str, int] | None) -> Any:
     """Refresh the readers; the new generations, or ``no_update`` when nothing was written since."""
     generations = cache.refresh()
@@ -424,9 +401,7 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
         trigger, value = _trigger(ctx.triggered_id, triggered_value, given)
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
-    app.callback(Output(ids.TIMELINE, "figure", allow_duplicate=True), Input(ids.TIMELINE_RANGE, "data"),
-                 State(ids.SELECTION, "data"), prevent_initial_call=True)(
-        locked(lambda x_range, store: zoom_timeline(cache, x_range, store)))
+    register_zoom(app, cache, locked)
     app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
                  prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
     tabs.register_analysis_callbacks(app, cache, locked)
