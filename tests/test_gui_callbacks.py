@@ -118,7 +118,7 @@ def test_opening_or_closing_a_box_sends_the_graph_but_not_the_node_list_again(ca
     closed = act(cache, "graph", (frame, "frame"), first)
     assert "elements" in sent(closed) and "node_names" not in sent(closed)
     assert len(closed["elements"]) < len(first["elements"])  # the box's nodes stand as one
-    assert first["node_names"] == first["node_options"]  # what the search and overlay lists filter, in order
+    assert first["node_names"] == first["node_options"]  # what the search filters, in reading order
     fresh = callbacks.update_view(cache, "url", closed["url"], None, None)  # a new page sends it
     assert fresh["node_names"] == first["node_names"]
 
@@ -492,5 +492,5 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh, the analyses (watched and made by Analyze now), the trial selector's sort and
-    # filter, the zoomed timeline, and the browser-side ones (the two node lists' options among them)
-    assert len(app.callback_map) == 16
+    # filter, the zoomed timeline, and the browser-side ones (the search's options among them)
+    assert len(app.callback_map) == 15

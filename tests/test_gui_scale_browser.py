@@ -89,7 +89,7 @@ def test_a_click_opens_a_box_and_a_click_on_its_frame_closes_it(browser: Any) ->
     wait_for(lambda: len(drawn(browser)) == before, "the box closed again")
 
 
-def test_the_node_lists_offer_the_names_that_contain_what_is_typed(browser: Any) -> None:
+def test_the_search_offers_the_names_that_contain_what_is_typed(browser: Any) -> None:
     def offered() -> list[str]:
         return [o.text.strip() for o in browser.find_elements(By.CSS_SELECTOR, ".dash-dropdown-options [role='option']")]
 

@@ -155,9 +155,10 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       return data.full + extra;
     },
     nodeMatches: function (typed, names, chosen) {
-      // The options of a node list: the names that contain what is typed (the first ones when nothing is),
-      // after the chosen ones. A list of every node would make the dropdown index all substrings of 500
-      // long names when the page loads, some 100 ms of the browser's time per list.
+      // The options of the graph's search: the names that contain what is typed (the first ones when nothing
+      // is), after the chosen one. A list of every node would make the dropdown index all substrings of 500
+      // long names when the page loads, some 100 ms of the browser's time. (The node selector and the overlay
+      // list keep every name: Dash's dropdown clears a value the server sets that is not among its options.)
       const kept = Array.isArray(chosen) ? chosen : (chosen ? [chosen] : []);
       const text = (typed || '').toLowerCase().trim();
       const found = [];
@@ -227,9 +228,9 @@ def register_clientside(app: Dash) -> None:
     app.clientside_callback(fn("hover"), Output(ids.GRAPH_HOVER, "children"), Input(ids.GRAPH, "mouseoverNodeData"))
     app.clientside_callback(fn("stepKnown"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP, "value"),
                             Input(ids.STEP, "max"))
-    for node_list in (ids.GRAPH_SEARCH, ids.OVERLAY_NODES):
-        app.clientside_callback(fn("nodeMatches"), Output(node_list, "options"), Input(node_list, "search_value"),
-                                Input(ids.NODE_NAMES, "data"), Input(node_list, "value"))
+    app.clientside_callback(fn("nodeMatches"), Output(ids.GRAPH_SEARCH, "options"),
+                            Input(ids.GRAPH_SEARCH, "search_value"), Input(ids.NODE_NAMES, "data"),
+                            Input(ids.GRAPH_SEARCH, "value"))
     app.clientside_callback(fn("zoomRange"), Output(ids.TIMELINE_RANGE, "data"), Input(ids.TIMELINE, "relayoutData"),
                             State(ids.TIMELINE_RANGE, "data"), prevent_initial_call=True)
     app.clientside_callback(fn("theme"), Output(ids.CLIENT + "-theme", "data"), Input(ids.THEME, "value"))
