@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from browser_support import (By, chromium, choose, click_frame, click_node, console_problems, graph_nodes,
-                             node_classes, screenshot, served, settled, text, type_into, wait_for)
+                             node_classes, screenshot, served, text, type_into, wait_for)
 from selenium.webdriver.common.action_chains import ActionChains
 from test_gui_support import FAULT_NODE, make_faulty, make_recording, new_model, train_steps
 
