@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from browser_support import (By, chromium, choose, click_frame, click_node, console_problems, graph_nodes,
-                             node_classes, screenshot, served, settled, text, type_into, wait_for)
+                             node_classes, screenshot, served, text, type_into, wait_for)
 from selenium.webdriver.common.action_chains import ActionChains
 from test_gui_support import FAULT_NODE, make_faulty, make_recording, new_model, train_steps
 
@@ -168,6 +168,24 @@ def test_clicking_the_timeline_moves_the_step(browser: Any) -> None:
         "return String(document.querySelector(arguments[0]).layout.shapes[0].x0);",
         f"#{ids.TIMELINE_BOX} .js-plotly-plot") == "0", "the step marker at step 0")
     assert marker
+
+
+def timeline_steps(driver: Any) -> list[list[int]]:
+    """The steps of each line of the timeline as drawn."""
+    return driver.execute_script("return document.querySelector(arguments[0]).data.map(t => t.x);",
+                                 f"#{ids.TIMELINE} .js-plotly-plot")
+
+
+def test_zooming_the_timeline_draws_the_zoomed_range_and_a_reset_the_whole_run(browser: Any) -> None:
+    whole = timeline_steps(browser)
+    assert whole == [[0, 2, 4, 6], [1, 3, 5, 7]]  # long and short steps
+    relayout = "Plotly.relayout(document.querySelector(arguments[0]), arguments[1]);"
+    browser.execute_script(relayout, f"#{ids.TIMELINE} .js-plotly-plot", {"xaxis.range": [2.5, 3.5]})  # as a drag
+    wait_for(lambda: timeline_steps(browser) == [[2, 4], [1, 3, 5]], "the zoomed range, and a point beyond each edge")
+    assert browser.execute_script("return document.querySelector(arguments[0]).layout.xaxis.range;",
+                                  f"#{ids.TIMELINE} .js-plotly-plot") == [2.5, 3.5]
+    browser.execute_script(relayout, f"#{ids.TIMELINE} .js-plotly-plot", {"xaxis.autorange": True})  # a double click
+    wait_for(lambda: timeline_steps(browser) == whole, "the whole run again")
 
 
 def test_clicking_a_module_frame_closes_it_and_clicking_the_box_opens_it(browser: Any) -> None:

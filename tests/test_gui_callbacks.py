@@ -18,6 +18,7 @@ from comgra_ndbg.gui import callbacks, ids, panels, tabs
 from comgra_ndbg.gui.app import create_app
 from comgra_ndbg.gui.custom import CustomVisualizationError, load_visualization
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
+from comgra_ndbg.gui.zoom import zoom_timeline
 from comgra_ndbg.store.results import results_path, write_results
 
 
@@ -47,7 +48,10 @@ def act(cache: ReaderCache, trigger: str | None, value: Any, before: dict[str, A
         before = _shown({}, callbacks.update_view(cache, "url", "", None, None))
         if trigger is None:
             return before
-    return _shown(before, callbacks.update_view(cache, trigger, value, before["store"], before["keys"]))
+    out = callbacks.update_view(cache, trigger, value, before["store"], before["keys"])
+    if trigger in callbacks.SETTABLE:
+        before = {**before, trigger: value}  # the browser shows what the user set
+    return _shown(before, out)
 
 
 def _shown(before: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
@@ -112,11 +116,11 @@ def test_opening_or_closing_a_box_sends_the_graph_but_not_the_node_list_again(ca
     first = act(cache, None, None)
     frame = next(e["data"]["id"] for e in first["elements"] if e["data"].get("kind") == "frame")
     closed = act(cache, "graph", (frame, "frame"), first)
-    assert "elements" in sent(closed) and "search_options" not in sent(closed)
+    assert "elements" in sent(closed) and "node_names" not in sent(closed)
     assert len(closed["elements"]) < len(first["elements"])  # the box's nodes stand as one
-    assert sorted(o["value"] for o in first["search_options"]) == sorted(first["node_options"])
+    assert first["node_names"] == first["node_options"]  # what the search filters, in reading order
     fresh = callbacks.update_view(cache, "url", closed["url"], None, None)  # a new page sends it
-    assert fresh["search_options"] == first["search_options"]
+    assert fresh["node_names"] == first["node_names"]
 
 
 def test_graph_elements_are_module_frames_nodes_and_edges(cache: ReaderCache) -> None:
@@ -240,6 +244,27 @@ def test_timeline_is_patched_when_only_the_step_moves(cache: ReaderCache) -> Non
                                "line": {"color": "#D62728", "width": 2}}]}}]
     restat = act(cache, "stat", "abs_max", clicked)
     assert restat["timeline"]["layout"]["yaxis"]["title"]["text"] == "abs_max"
+
+
+def test_a_zoom_sends_the_zoomed_range_and_a_reset_the_whole_run(cache: ReaderCache) -> None:
+    out = act(cache, "graph", ("loss", "node"))
+    whole = out["timeline"]
+    zoomed = zoom_timeline(cache, [3.5, 8.2], out["store"])
+    assert zoomed["layout"]["xaxis"]["range"] == [3.5, 8.2]
+    assert [trace["x"] for trace in zoomed["data"]] == [[2, 4, 6, 8, 10], [3, 5, 7, 9]]  # each edge's neighbour too
+    assert [trace["x"] for trace in whole["data"]] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]
+    for reset in ("all", [5, 5], ["a", 1], [float("nan"), 3]):  # a reset, or no range to show: the whole run
+        assert zoom_timeline(cache, reset, out["store"]) == whole
+    assert zoom_timeline(cache, [3, 8], None) is no_update
+    assert zoom_timeline(cache, None, out["store"]) is no_update  # the page's empty store, reported
+
+
+def test_a_value_the_user_just_set_is_not_sent_back(cache: ReaderCache) -> None:
+    first = act(cache, None, None)
+    moved = act(cache, "step", 2, first)
+    assert "step" not in sent(moved) and selection_of(moved).step == 5 and moved["step_label"].startswith("step 5 ")
+    typed = act(cache, "step_box", 40, moved)  # no step 40: the nearest one is shown, in the box too
+    assert typed["step_box"] == selection_of(typed).step == 11 and "step_box" in sent(typed)
 
 
 def test_timeline_overlays_nodes_and_trials_with_log_scale_and_smoothing(cache: ReaderCache) -> None:
@@ -467,5 +492,5 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh, the analyses (watched and made by Analyze now), the trial selector's sort and
-    # filter, and the browser-side ones
-    assert len(app.callback_map) == 12
+    # filter, the zoomed timeline, and the browser-side ones (the search's options among them)
+    assert len(app.callback_map) == 15

@@ -15,7 +15,7 @@ from comgra_ndbg.gui.cyto import event_classes, graph_elements, graph_stylesheet
 from comgra_ndbg.gui.figures import (as_matrix, colour_scale, heatmap_figure, histogram_figure, statistics_rows,
                                      value_rows)
 from comgra_ndbg.gui.timelines import (decimate, ema, event_annotations, event_shapes, event_text, layers_figure,
-                                       step_marker, timeline_figure)
+                                       step_marker, timeline_figure, visible)
 
 
 def small_graph() -> DependencyGraph:
@@ -159,6 +159,24 @@ def test_long_timelines_are_svg_reduced_to_bucket_extremes_never_webgl() -> None
     assert 54_321 in trace["x"] and max(trace["y"]) == 50.0
     assert figure["layout"]["yaxis"]["type"] == "log"
     assert decimate(np.arange(8), np.array([0, 5, 1, 1, 2, -3, 2, 2.0]), limit=4)[1].tolist() == [0, 5, 2, -3]
+
+
+def test_a_zoomed_timeline_shows_the_range_in_full_detail_with_the_lines_running_to_its_edges() -> None:
+    steps = np.arange(0, 50_000, 2)
+    values = np.cos(steps / 700.0)
+    whole = timeline_figure({"t": (steps, values)}, title="", y_label="", step=20_000)
+    assert len(whole["data"][0]["x"]) <= timelines.MAX_POINTS and "range" not in whole["layout"]["xaxis"]
+    zoomed = timeline_figure({"t": (steps, values)}, title="", y_label="", step=20_000, x_range=(20_001, 22_001))
+    trace = zoomed["data"][0]
+    assert trace["x"] == list(range(20_000, 22_004, 2))  # every step inside, and one beyond each edge
+    assert trace["y"] == pytest.approx(np.cos(np.arange(20_000, 22_004, 2) / 700.0).tolist())
+    assert zoomed["layout"]["xaxis"]["range"] == [20_001, 22_001] and zoomed["layout"]["xaxis"]["autorange"] is False
+    assert zoomed["layout"]["shapes"] == step_marker(20_000)
+    smooth = timeline_figure({"t": (steps, values)}, title="", y_label="", step=None, smoothing=0.9,
+                             x_range=(20_001, 22_001))
+    full = ema(values, 0.9)[10_000:11_002]  # smoothed over the whole run, then cut: the same line as unzoomed
+    assert smooth["data"][1]["y"] == pytest.approx(full.tolist())
+    assert visible(steps, values, -10, -5)[0].tolist() == [0]  # before the run: its first point only
 
 
 def _decimated_bucket_by_bucket(steps: np.ndarray, values: np.ndarray, limit: int) -> tuple[list[int], list[float]]:

@@ -42,7 +42,8 @@ def act(cache: ReaderCache, trigger: str | None, value: Any, before: dict[str, A
         out = callbacks.update_view(cache, "url", value if trigger == "url" else "", None, None)
         return {k: v for k, v in out.items() if v is not no_update}
     out = callbacks.update_view(cache, trigger, value, before["store"], before["keys"])
-    return {**before, **{k: v for k, v in out.items() if v is not no_update}}
+    shown = {**before, trigger: value} if trigger in callbacks.SETTABLE else before  # what the user set
+    return {**shown, **{k: v for k, v in out.items() if v is not no_update}}
 
 
 def selection_of(out: dict[str, Any]) -> Selection:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,16 +22,12 @@ from selenium.webdriver.common.keys import Keys
 from benchmarks import gui_recording
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.app import create_app
+from comgra_ndbg.gui.clientside import NODE_MATCHES
 
 pytestmark = pytest.mark.slow
 FAULT_STEP = 150
 DEEP = "model.decoder.blocks.20.mlp.1"  # inside two closed boxes in the first view
 
-
-# The search-and-centre journey races the graph's own refit in Chromium now and then (a wait times out and
-# the tests after it inherit the moved view); a timed-out journey is run again, up to twice, and a journey
-# that fails three times still fails.
-pytestmark = pytest.mark.flaky(reruns=2)
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -91,6 +86,21 @@ def test_a_click_opens_a_box_and_a_click_on_its_frame_closes_it(browser: Any) ->
     assert frame["y2"] < cy(browser, "return cy.height();")
     click_frame(browser, box)
     wait_for(lambda: len(drawn(browser)) == before, "the box closed again")
+
+
+def test_the_search_offers_the_names_that_contain_what_is_typed(browser: Any) -> None:
+    def offered() -> list[str]:
+        return [o.text.strip() for o in browser.find_elements(By.CSS_SELECTOR, ".dash-dropdown-options [role='option']")]
+
+    browser.find_element(By.ID, ids.GRAPH_SEARCH).click()
+    first = wait_for(offered, "the first names")
+    assert first[0] == "input" and len(first) <= NODE_MATCHES  # not all 497
+    ActionChains(browser).send_keys("blocks.20.").perform()
+    matching = wait_for(lambda: (lambda names: names if names and names != first and all(
+        "blocks.20." in name for name in names) else None)(offered()), "the names with blocks.20.")
+    assert DEEP in matching
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    wait_for(lambda: not offered(), "the list closed")
 
 
 def test_search_selects_a_node_opens_the_boxes_around_it_and_centres_it(browser: Any) -> None:

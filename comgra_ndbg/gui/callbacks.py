@@ -36,6 +36,7 @@ from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.timelines import step_marker
 from comgra_ndbg.gui.urlstate import from_address, to_address
+from comgra_ndbg.gui.zoom import register_zoom
 
 __all__ = ["OUTPUTS", "refresh_generations", "register_callbacks", "update_selection", "update_view"]
 
@@ -215,6 +216,8 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
         if out[name] is not no_update and not _fresh(keys, "sent:" + name, _digest(out[name])) and \
                 name != acted and not (name == "node" and acted == "search"):
             out[name] = no_update
+    if acted in SETTABLE and out[acted] is not no_update and out[acted] == value:
+        out[acted] = no_update  # the browser shows what the user just set: sending it back re-renders it
     out["keys"] = keys
     if trigger == "search":
         out["search"] = None  # ready for the next search, even of the same node
@@ -246,8 +249,9 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
     if _fresh(keys, "graph", drawn_key):
         view = graph_view(cache, selection, options)
         out["elements"], out["graph_note"], out["search"] = view["elements"], view["note"], None
-        if _fresh(keys, "search_options", _digest(view["search"])):  # every node: unchanged by opening a box
-            out["search_options"] = view["search"]
+        names = [option["value"] for option in view["search"]]
+        if _fresh(keys, "node_names", _digest(names)):  # every node: unchanged by opening a box
+            out["node_names"] = names
     if _fresh(keys, "stylesheet", (options.theme, selection.trial, selection.generation)):
         out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection.trial)
     state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
@@ -399,6 +403,7 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
         trigger, value = _trigger(ctx.triggered_id, triggered_value, given)
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
+    register_zoom(app, cache, locked)
     app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
                  prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
     tabs.register_analysis_callbacks(app, cache, locked)

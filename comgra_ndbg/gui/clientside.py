@@ -1,6 +1,6 @@
 """What the browser does without asking the server: the graph's selection highlight and statistic colours,
-fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, and
-saving plots as PNG and CSV.
+fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, the
+options of the node lists as the user types, reading a zoom of the timeline, and saving plots as PNG and CSV.
 
 The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, inlined in the page by
 :func:`comgra_ndbg.gui.style.index_string`) and are wired by :func:`register_clientside`. The graph's
@@ -16,11 +16,14 @@ from dash import ALL, ClientsideFunction, Dash, Input, Output, State
 
 from comgra_ndbg.gui import ids
 
-__all__ = ["SCRIPT", "register_clientside"]
+__all__ = ["NODE_MATCHES", "SCRIPT", "register_clientside"]
+
+NODE_MATCHES = 60  # the names a node list shows at once; typing narrows them down
 
 SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (function () {
   const GRAPH = %(graph)s;
+  const NODE_MATCHES = %(matches)d;
   const none = () => window.dash_clientside.no_update;
   const cyOf = () => { const box = document.getElementById(GRAPH); return box && box._cyreg ? box._cyreg.cy : null; };
   function highlight(cy, selected) {
@@ -151,6 +154,30 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
         ' · module, ' + data.members + ' nodes · click to ' + (data.kind === 'box' ? 'open' : 'close');
       return data.full + extra;
     },
+    nodeMatches: function (typed, names, chosen) {
+      // The options of the graph's search: the names that contain what is typed (the first ones when nothing
+      // is), after the chosen one. A list of every node would make the dropdown index all substrings of 500
+      // long names when the page loads, some 100 ms of the browser's time. (The node selector and the overlay
+      // list keep every name: Dash's dropdown clears a value the server sets that is not among its options.)
+      const kept = Array.isArray(chosen) ? chosen : (chosen ? [chosen] : []);
+      const text = (typed || '').toLowerCase().trim();
+      const found = [];
+      for (const name of names || []) {
+        if (found.length >= NODE_MATCHES) { break; }
+        if ((!text || name.toLowerCase().includes(text)) && !kept.includes(name)) { found.push(name); }
+      }
+      return kept.concat(found);
+    },
+    zoomRange: function (relayout, shown) {
+      // The steps the timeline was zoomed or panned to, or 'all' when a zoomed timeline was reset to the whole
+      // run; the server then sends that range in its detail. Other layout changes ask nothing: autosize, the
+      // y axis, and the autorange plotly.js reports when it first draws a plot that shows the whole run.
+      if (!relayout) { return none(); }
+      if (relayout['xaxis.autorange']) { return Array.isArray(shown) ? 'all' : none(); }
+      const low = relayout['xaxis.range[0]'], high = relayout['xaxis.range[1]'];
+      if (low !== undefined && high !== undefined) { return [low, high]; }
+      return Array.isArray(relayout['xaxis.range']) ? relayout['xaxis.range'] : none();
+    },
     stepKnown: function (position, last) { known = {position: position || 0, last: last || 0}; return none(); },
     theme: function (theme) { document.documentElement.dataset.theme = theme || 'light'; return theme; },
     save: function (clicks) {
@@ -182,7 +209,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   };
 })()});
 """ % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT),
-       "step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV),
+       "step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV), "matches": NODE_MATCHES,
        "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}")}
 
 
@@ -201,6 +228,11 @@ def register_clientside(app: Dash) -> None:
     app.clientside_callback(fn("hover"), Output(ids.GRAPH_HOVER, "children"), Input(ids.GRAPH, "mouseoverNodeData"))
     app.clientside_callback(fn("stepKnown"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP, "value"),
                             Input(ids.STEP, "max"))
+    app.clientside_callback(fn("nodeMatches"), Output(ids.GRAPH_SEARCH, "options"),
+                            Input(ids.GRAPH_SEARCH, "search_value"), Input(ids.NODE_NAMES, "data"),
+                            Input(ids.GRAPH_SEARCH, "value"))
+    app.clientside_callback(fn("zoomRange"), Output(ids.TIMELINE_RANGE, "data"), Input(ids.TIMELINE, "relayoutData"),
+                            State(ids.TIMELINE_RANGE, "data"), prevent_initial_call=True)
     app.clientside_callback(fn("theme"), Output(ids.CLIENT + "-theme", "data"), Input(ids.THEME, "value"))
     app.clientside_callback(fn("save"), Output(ids.CLIENT + "-save", "data"),
                             Input({"type": ids.EXPORT_TYPE, "target": ALL, "format": ALL}, "n_clicks"),

@@ -21,7 +21,7 @@ OUTPUTS: dict[str, tuple[Any, str]] = {
     "colour": (ids.COLOUR, "value"), "follow": (ids.FOLLOW, "value"), "graph_options": (ids.GRAPH_OPTIONS, "value"),
     "elements": (ids.GRAPH, "elements"), "stylesheet": (ids.GRAPH, "stylesheet"),
     "graph_view": (ids.GRAPH_VIEW, "data"), "colour_scale": (ids.COLOUR_SCALE, "children"),
-    "graph_note": (ids.GRAPH_NOTE, "children"), "search_options": (ids.GRAPH_SEARCH, "options"),
+    "graph_note": (ids.GRAPH_NOTE, "children"), "node_names": (ids.NODE_NAMES, "data"),
     "search": (ids.GRAPH_SEARCH, "value"),
     "header": (ids.TENSOR_HEADER, "children"), "stats": (ids.STATS_TABLE, "children"),
     "histogram": (ids.HISTOGRAM, "figure"), "values": (ids.VALUES, "children"), "timeline": (ids.TIMELINE, "figure"),

@@ -192,9 +192,11 @@ def timeline_evidence(cache: ReaderCache, selection: Selection, options: ViewOpt
     return marks
 
 
-def timeline_view(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
+def timeline_view(cache: ReaderCache, selection: Selection, options: ViewOptions,
+                  x_range: tuple[float, float] | None = None) -> dict[str, Any]:
     """The timeline of the selected tensor's statistic (with the overlaid nodes and trials), the node's
-    events and the chosen evidence marked."""
+    events and the chosen evidence marked; with ``x_range`` zoomed to those steps, in the detail of that
+    range."""
     theme = options.theme
     if selection.tensor is None or selection.kind is None:
         return message_figure("no tensor selected", theme=theme)
@@ -205,7 +207,7 @@ def timeline_view(cache: ReaderCache, selection: Selection, options: ViewOptions
              + (f" · not drawn: {'; '.join(notes)}" if notes else ""))
     return timeline_figure(curves, title=title, y_label=selection.stat, step=selection.step,
                            events=node_events(cache, selection), log_y=options.log_y, smoothing=options.ema,
-                           evidence=timeline_evidence(cache, selection, options), theme=theme)
+                           evidence=timeline_evidence(cache, selection, options), theme=theme, x_range=x_range)
 
 
 def timeline_shapes(cache: ReaderCache, selection: Selection, options: ViewOptions) -> list[dict[str, Any]]:
