@@ -8,11 +8,9 @@ model's forward pre-hook (its mode, gradients on or off, the batch size) — and
 (invariant, subject) into the recording's log (category ``invariant``); the analysis turns it into a
 hypothesis that names the cause and the remedy (:mod:`comgra_ndbg.analysis.invariants`).
 
-What it costs: a read of each held parameter's gradient, its version and a weak reference to it per
-optimizer step (a few C-level ``map`` passes over a param group that is one slice of the model's
-parameters, as groups usually are; one parameter at a time otherwise), one read of every parameter's
-gradient at the first backward call of a step (a fingerprint, ``steps.gradient_fingerprint``, only where
-some parameter still holds one), a ``requires_grad`` read per parameter per step (summed only when one
+What it costs: attribute reads, a dictionary lookup and a weak reference per parameter per optimizer step,
+one read of every parameter's gradient at the first backward call of a step (a fingerprint,
+``steps.gradient_fingerprint``, only where some parameter still holds one), a ``requires_grad`` read per parameter per step (summed only when one
 changed), and one KPI ``lr/<group>`` per param group per step. No tensor element is
 read. Only where the cheap facts cannot tell an uncleared gradient from one zeroed in place (the same
 gradient tensor grown since the last optimizer step, which ``zero_grad(set_to_none=False)`` also gives) a
@@ -25,7 +23,7 @@ from __future__ import annotations
 import weakref
 from functools import partial
 from itertools import compress
-from operator import attrgetter, call, is_, is_not, ne, or_
+from operator import attrgetter, is_, is_not, ne, or_
 from typing import Any
 
 import torch
@@ -42,20 +40,12 @@ __all__ = ["LoopInvariants"]
 _PARAMETERS = ".parameters"
 _REQUIRES_GRAD = attrgetter("requires_grad")
 _GRAD = attrgetter("grad")
-_VERSION = attrgetter("_version")
 _IS_NONE = partial(is_, None)
 _IS_NOT_NONE = partial(is_not, None)
 _NO_GRADIENTS = ()
 """The gradient fingerprint at a step's first backward call when no parameter held a gradient (the usual
 ``zero_grad()``, which sets them to None): empty, so the end of the step reads "received" as "has one now"
 without building a tuple per parameter."""
-
-
-class _Gone:
-    """An object that no longer exists: the weak reference to it stands for "no gradient consumed yet"."""
-
-
-_NOTHING = weakref.ref(_Gone())
 
 
 class LoopInvariants:
@@ -89,9 +79,7 @@ class LoopInvariants:
             m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)]
         count = len(named)
         self._inv_seen: set[tuple[str, str]] = set()
-        # the gradient each parameter's last optimizer step consumed: a weak reference, and its version then
-        self._inv_consumed_refs: list[Any] = [_NOTHING] * count
-        self._inv_consumed_versions: list[int | None] = [None] * count
+        self._inv_consumed: list[tuple[Any, int] | None] = [None] * count  # (weakref, version) at the last step
         self._inv_stale = [False] * count
         self._inv_after: list[int | None] = [None] * count  # gradient version after the last accumulation seen
         self._inv_ambiguous: dict[int, int] = {}  # parameter -> step where its gradient was first grown in place
@@ -195,11 +183,12 @@ class LoopInvariants:
         the last optimizer step consumed, with nothing (a zero_) between?"""
         try:
             grad = parameter.grad
-            if grad is None or self._inv_consumed_refs[i]() is not grad:
+            consumed = self._inv_consumed[i]
+            if grad is None or consumed is None or consumed[0]() is not grad:
                 self._inv_stale[i] = False
             else:
                 before = grad._version - 1  # an in-place accumulation moves the version by one
-                if before == self._inv_consumed_versions[i]:
+                if before == consumed[1]:
                     self._inv_stale[i] = True
                 elif before != self._inv_after[i]:
                     self._inv_stale[i] = False  # changed in place between: cleared
@@ -209,8 +198,7 @@ class LoopInvariants:
 
     # ---- the optimizer's step -----------------------------------------------------------------------------------
     def _inv_optimizer(self, optimizer: torch.optim.Optimizer) -> tuple[int, frozenset, list[list]]:
-        """``(number, held parameter indices, [[group, held indices, foreign parameters, lr KPI name, its id,
-        the held indices as a slice (low, high) when they are one, the held parameters]])``
+        """``(number, held parameter indices, [[group, held indices, foreign parameters, lr KPI name, its id]])``
         of an optimizer holding the model's parameters, cached while its groups keep their sizes."""
         key = tuple(len(group["params"]) for group in optimizer.param_groups)
         cached = self._inv_optimizers.get(optimizer)
@@ -221,9 +209,7 @@ class LoopInvariants:
             for g, group in enumerate(optimizer.param_groups):
                 held = [index[id(p)] for p in group["params"] if id(p) in index]
                 foreign = [p for p in group["params"] if id(p) not in index and id(p) not in self._parameter_ids]
-                span = (held[0], held[-1] + 1) if held and held == list(range(held[0], held[-1] + 1)) else None
-                groups.append([g, held, foreign, _lr_name(number, g, group), None, span,
-                               [self._parameters[i] for i in held]])
+                groups.append([g, held, foreign, _lr_name(number, g, group), None])
             cached = (number, key, frozenset(i for _, held, *_ in groups for i in held), groups)
             self._inv_optimizers[optimizer] = cached
         return cached[0], cached[2], cached[3]
@@ -241,9 +227,10 @@ class LoopInvariants:
         self._inv_held.append(held_all)
         rec = self.recorder
         open_step = rec.current_step is not None
+        params, consumed, watched, ref = self._parameters, self._inv_consumed, self._inv_watch, weakref.ref
         stale: list[int] = []
         for entry in groups:
-            g, held, foreign, name, kpi, span, held_params = entry
+            g, held, foreign, name, kpi = entry
             group = optimizer.param_groups[g]
             lr = group.get("lr")
             if open_step and lr is not None:
@@ -257,7 +244,21 @@ class LoopInvariants:
             if (id(optimizer), g) not in self._inv_groups_checked:
                 self._inv_groups_checked.add((id(optimizer), g))
                 self._inv_check_eps(number, g, group, step)
-            with_grad = self._inv_consume(held, span, held_params, step, stale)
+            with_grad = 0
+            for i in held:
+                grad = params[i].grad
+                if grad is None:
+                    continue
+                with_grad += 1
+                previous = consumed[i]
+                version = grad._version
+                if previous is not None and previous[1] != version and previous[0]() is grad:
+                    if self._inv_grown_in_place(i, step):
+                        stale.append(i)
+                consumed[i] = (ref(grad), version)
+                if watched and i in watched:
+                    self._inv_stale[i] = False
+                    self._inv_after[i] = None
             if not isinstance(lr, torch.Tensor) and lr is not None and float(lr) == 0.0:
                 self._inv_zero_lr += with_grad
             else:
@@ -266,40 +267,6 @@ class LoopInvariants:
                 self._inv_foreign += [p for p in foreign if p.requires_grad and p.grad is None]
         if stale:
             self._inv_stale_gradients(number, stale, step)
-
-    def _inv_consume(self, held: list[int], span: tuple[int, int] | None, held_params: list[torch.Tensor],
-                     step: int, stale: list[int]) -> int:
-        """Note the gradients a param group's parameters (indices ``held``, the slice ``span`` of the model's
-        parameters when they are one) hand to the optimizer; returns how many hold one, and appends to
-        ``stale`` those that are the very tensor the last step consumed, grown in place since. A group
-        that is one slice and whose parameters all hold a gradient (the usual case) takes a few C-level
-        passes over the group; otherwise one parameter at a time."""
-        refs, versions, watched = self._inv_consumed_refs, self._inv_consumed_versions, self._inv_watch
-        grads = list(map(_GRAD, held_params))
-        if span is not None and not any(map(_IS_NONE, grads)) and not (watched and any(i in watched for i in held)):
-            low, high = span
-            now = list(map(_VERSION, grads))
-            same = list(map(is_, map(call, refs[low:high]), grads))
-            if any(same):
-                for k in compress(range(len(same)), same):
-                    if versions[low + k] != now[k] and self._inv_grown_in_place(low + k, step):
-                        stale.append(low + k)
-            refs[low:high] = map(weakref.ref, grads)
-            versions[low:high] = now
-            return len(grads)
-        with_grad = 0
-        for i, grad in zip(held, grads):
-            if grad is None:
-                continue
-            with_grad += 1
-            version = grad._version
-            if refs[i]() is grad and versions[i] != version and self._inv_grown_in_place(i, step):
-                stale.append(i)
-            refs[i], versions[i] = weakref.ref(grad), version
-            if watched and i in watched:
-                self._inv_stale[i] = False
-                self._inv_after[i] = None
-        return with_grad
 
     def _inv_grown_in_place(self, i: int, step: int) -> bool:
         """The gradient about to be consumed is the tensor the last step consumed, changed in place since:
@@ -363,7 +330,7 @@ class LoopInvariants:
         if step is None or not self._backward_seen:
             return
         start = self._inv_grad_start
-        ids, versions = self._grad_mark  # the gradients' fingerprint after the step's last backward pass
+        ids, versions = self._grad_mark  # steps.gradient_fingerprint after the step's last backward pass
         if start:  # a gradient that changed (None stays None)
             received = list(map(or_, map(ne, ids, start[0]), map(ne, versions, start[1])))
         else:  # no gradient at the first backward call (or no call seen): whichever has one now
