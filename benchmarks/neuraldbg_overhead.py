@@ -24,7 +24,12 @@ NeuralDbg's summaries hold (every leaf module's output and its gradient, every p
 gradient and update, the input, target and loss) from the same compiled kernels, called directly from
 bare forward hooks with ``retain_grad`` for the gradients, and nothing else: no bookkeeping, no storage.
 
-Run: ``python benchmarks/neuraldbg_overhead.py [--steps 200] [--rounds 5] [--threads N]``.
+"bookkeeping" is what NeuralDbg adds above that floor: the median over rounds of (summaries every step −
+floor) / bare, each round's three runs side by side; "invariants" is the median over rounds of (summaries
+with invariants − summaries with ``invariants=False``) / bare. ``--bookkeeping`` runs only the variants these
+two figures need (bare, summaries with and without invariants, the floor), for a quicker measurement.
+
+Run: ``python benchmarks/neuraldbg_overhead.py [--steps 200] [--rounds 5] [--threads N] [--bookkeeping]``.
 """
 from __future__ import annotations
 
@@ -222,18 +227,75 @@ def invariant_seconds(make_model: Callable[[], nn.Module], data: list, folder: s
     return spent[0] / len(data), per_call * calls[0] / len(data)
 
 
+BOOKKEEPING_VARIANTS = ("bare", "summaries", "summaries, invariants off")
+
+
+def models_under_test(steps: int) -> dict[str, tuple[Callable[[], nn.Module], list]]:
+    """The two workloads, by their printed name: the model's constructor and ``steps`` batches."""
+    return {
+        "8-block 256-wide tanh MLP, batch 64": (TanhMLP, make_data(steps)),
+        f"transformer {LAYERS}x{WIDTH}, seq {SEQUENCE}, batch {TOKENS_BATCH}": (TinyTransformer, token_data(steps)),
+    }
+
+
+def bookkeeping_rounds(models: dict[str, tuple[Callable[[], nn.Module], list]], rounds: int, folder: str
+                       ) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Per model and variant (``BOOKKEEPING_VARIANTS`` and the floor), the ``(wall, CPU)`` median step
+    seconds of each round, the variants of a round run one after the other, so they meet the same load."""
+    variants = BOOKKEEPING_VARIANTS + (("floor",) if kernels.AVAILABLE else ())
+    results = {(m, v): [] for m in models for v in variants}
+    for r in range(rounds):
+        for i, (m, (make_model, data)) in enumerate(models.items()):
+            for v in BOOKKEEPING_VARIANTS:
+                results[(m, v)].append(run(make_model, data, VARIANTS[v], folder, f"book-{v}-{r}-{i}"))
+            if kernels.AVAILABLE:
+                results[(m, "floor")].append(run_floor(make_model, data))
+    return results
+
+
+def bookkeeping_lines(model: str, results: dict[tuple[str, str], list[tuple[float, float]]]) -> list[str]:
+    """The bookkeeping and invariant figures of ``model``: medians over rounds of per-round ratios and
+    differences to that round's bare step, wall clock and CPU time."""
+    lines = []
+    bare = results[(model, "bare")]
+
+    def per_round(variant: str, minus: str | None = None) -> tuple[float, float]:
+        values = results[(model, variant)]
+        others = results[(model, minus)] if minus is not None else [(0.0, 0.0)] * len(values)
+        return tuple(statistics.median((v[k] - o[k]) / b[k] for v, o, b in zip(values, others, bare))
+                     for k in (0, 1))
+
+    recorded = per_round("summaries")
+    lines.append(f"  recorded (summaries every step) / bare        {recorded[0]:6.3f}x wall   {recorded[1]:6.3f}x CPU")
+    if results.get((model, "floor")):
+        floor = per_round("floor")
+        book = per_round("summaries", "floor")
+        lines.append(f"  floor (statistics alone) / bare               {floor[0]:6.3f}x wall   {floor[1]:6.3f}x CPU")
+        lines.append(f"  bookkeeping = (recorded - floor) / bare       {book[0]:+6.3f}x wall   {book[1]:+6.3f}x CPU")
+    invariants = per_round("summaries", "summaries, invariants off")
+    lines.append(f"  invariants = (on - off) / bare                {invariants[0]:+6.2%} wall  {invariants[1]:+6.2%} CPU")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--bookkeeping", action="store_true",
+                        help="only the variants of the bookkeeping and invariant figures")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    models = {
-        "8-block 256-wide tanh MLP, batch 64": (TanhMLP, make_data(args.steps)),
-        f"transformer {LAYERS}x{WIDTH}, seq {SEQUENCE}, batch {TOKENS_BATCH}": (TinyTransformer,
-                                                                       token_data(args.steps)),
-    }
+    models = models_under_test(args.steps)
+    if args.bookkeeping:
+        with tempfile.TemporaryDirectory() as folder:
+            results = bookkeeping_rounds(models, args.rounds, folder)
+        print(f"NeuralDbg bookkeeping, CPU ({torch.get_num_threads()} threads), {args.steps} steps x {args.rounds} "
+              f"rounds, medians over rounds")
+        for m in models:
+            print(m)
+            print("\n".join(bookkeeping_lines(m, results)))
+        return
     variants = list(VARIANTS) + (["floor"] if kernels.AVAILABLE else [])
     results = {(m, v): [] for m in models for v in variants}
     with tempfile.TemporaryDirectory() as folder:
@@ -257,6 +319,7 @@ def main() -> None:
                   f"CPU {cpu * 1e3:8.3f} ms/step  ratio {cpu / bare_cpu:5.3f}x")
         print(f"  {'CPU time inside the loop-invariant checks (timers excluded)':<55} {inside[m] * 1e6:8.1f} us/step  "
               f"= {inside[m] / bare_cpu:.2%} of the bare step's CPU time")
+        print("\n".join(bookkeeping_lines(m, results)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ compiled kernels, called directly with no bookkeeping, no hooks (``retain_grad``
 guard against tensors changed after their registration, in five kernel calls and twelve activation
 summaries per step.
 
-Run: ``python benchmarks/overhead.py [--steps 300] [--rounds 5]``.
+"bookkeeping" is the Recorder's time above that floor, the median over rounds of (recorded − floor) / bare,
+each round's runs side by side. The second table gives the same figures for ``NeuralDbg`` (summaries every
+step) on this MLP and on the small transformer of ``benchmarks/neuraldbg_overhead.py``, and the cost of the
+loop-invariant checks (invariants on − off) as a share of a bare step; ``--no-neuraldbg`` leaves it out.
+
+Run: ``python benchmarks/overhead.py [--steps 300] [--rounds 5] [--no-neuraldbg]``.
 """
 from __future__ import annotations
 
@@ -170,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-neuraldbg", action="store_true", help="only the Recorder on the MLP")
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     data = make_data(args.steps)
@@ -201,6 +207,31 @@ def main() -> None:
     total_bare, total = statistics.median(results["bare_total"]), statistics.median(results["recorded_total"])
     print(f"  {'recorded, mean incl. flushes and close()':<45} {total * 1e3:8.3f} ms/step   ratio "
           f"{total / total_bare:5.3f}x  (bare mean {total_bare * 1e3:.3f} ms/step)")
+    if results["floor"]:
+        rounds = list(zip(results["recorded"], results["floor"], results["bare"]))
+        recorded = statistics.median(rec / bare for rec, _, bare in rounds)
+        floor = statistics.median(low / bare for _, low, bare in rounds)
+        book = statistics.median((rec - low) / bare for rec, low, bare in rounds)
+        print(f"  medians over rounds: recorded {recorded:5.3f}x, floor {floor:5.3f}x, "
+              f"bookkeeping (recorded - floor) {book:+6.3f}x of a bare step")
+    if not args.no_neuraldbg:
+        neuraldbg_bookkeeping(args.steps, args.rounds)
+
+
+def neuraldbg_bookkeeping(steps: int, rounds: int) -> None:
+    """NeuralDbg's recorded step, its floor, their difference and the invariants' cost on both models."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.neuraldbg_overhead import bookkeeping_lines, bookkeeping_rounds, models_under_test
+
+    models = models_under_test(steps)
+    with tempfile.TemporaryDirectory() as folder:
+        results = bookkeeping_rounds(models, rounds, folder)
+    print(f"NeuralDbg, summaries every step, {steps} steps x {rounds} rounds, medians over rounds of ratios to bare")
+    for m in models:
+        print(m)
+        print("\n".join(bookkeeping_lines(m, results)))
 
 
 if __name__ == "__main__":

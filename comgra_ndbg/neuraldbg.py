@@ -236,11 +236,12 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         self._tensor_handles: list[Any] = []
         self._criterion = loss
         self._losses: list[torch.Tensor] = []
+        self._loss_kpi: int | None = None  # the catalog's id of the loss KPI, once recorded
         self._loss_sources: dict[tuple[Any, int], tuple[str, int]] = {}  # output (grad_fn, nr) -> (name, iteration)
         self._backward_seen = False
         self._callback_queued = False
         self._parameter_mark = 0
-        self._grad_mark: tuple = ()
+        self._grad_mark: tuple = ((), ())  # steps.gradient_fingerprint after the last backward pass
         self._warned: set[str] = set()
         self._init_invariants(invariants)
         disable = torch.compiler.disable

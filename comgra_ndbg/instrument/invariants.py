@@ -9,8 +9,8 @@ model's forward pre-hook (its mode, gradients on or off, the batch size) — and
 hypothesis that names the cause and the remedy (:mod:`comgra_ndbg.analysis.invariants`).
 
 What it costs: attribute reads, a dictionary lookup and a weak reference per parameter per optimizer step,
-one read of every parameter's gradient at the first backward call of a step (a fingerprint tuple only
-where some parameter still holds one), a ``requires_grad`` read per parameter per step (summed only when one
+one read of every parameter's gradient at the first backward call of a step (a fingerprint,
+``steps.gradient_fingerprint``, only where some parameter still holds one), a ``requires_grad`` read per parameter per step (summed only when one
 changed), and one KPI ``lr/<group>`` per param group per step. No tensor element is
 read. Only where the cheap facts cannot tell an uncleared gradient from one zeroed in place (the same
 gradient tensor grown since the last optimizer step, which ``zero_grad(set_to_none=False)`` also gives) a
@@ -23,7 +23,7 @@ from __future__ import annotations
 import weakref
 from functools import partial
 from itertools import compress
-from operator import attrgetter, is_, is_not, ne
+from operator import attrgetter, is_, is_not, ne, or_
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from comgra_ndbg.instrument import loop_rules as rules
 from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import node_name, tensor_leaves
 from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation, names_text, percent
+from comgra_ndbg.instrument.steps import gradient_fingerprint
 from comgra_ndbg.instrument.train_dry_run import pending_train_changes
 
 __all__ = ["LoopInvariants"]
@@ -186,8 +187,7 @@ class LoopInvariants:
         """The first backward call of a step: which parameters held which gradient before it."""
         if self._inv_grad_start is None and self.recorder.current_step is not None:
             grads = list(map(_GRAD, self._parameters))
-            self._inv_grad_start = _NO_GRADIENTS if all(map(_IS_NONE, grads)) else tuple(
-                None if g is None else (id(g), g._version) for g in grads)
+            self._inv_grad_start = _NO_GRADIENTS if all(map(_IS_NONE, grads)) else gradient_fingerprint(grads)
 
     def _inv_accumulated(self, i: int, parameter: torch.Tensor) -> None:
         """Post-accumulate-grad hook of a watched parameter: did this accumulation land on the very gradient
@@ -355,10 +355,11 @@ class LoopInvariants:
         if step is None or not self._backward_seen:
             return
         start = self._inv_grad_start
+        ids, versions = self._grad_mark  # steps.gradient_fingerprint after the step's last backward pass
         if start:  # a gradient that changed (None stays None)
-            received = list(map(ne, self._grad_mark, start))
+            received = list(map(or_, map(ne, ids, start[0]), map(ne, versions, start[1])))
         else:  # no gradient at the first backward call (or no call seen): whichever has one now
-            received = list(map(_IS_NOT_NONE, self._grad_mark))
+            received = list(map(_IS_NOT_NONE, versions))
         if not any(received):
             return
         params = self._parameters

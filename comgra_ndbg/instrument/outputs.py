@@ -30,8 +30,13 @@ class OutputRegistration:
 
     def _on_output(self, path: str, output: Any) -> None:
         """Forward hook of a chosen module, eager: register its output now."""
-        leaves = list(tensor_leaves(output))
-        if any(from_compiled_code(tensor) for _, tensor in leaves):
+        if isinstance(output, torch.Tensor):  # the usual module output: one tensor, no container to walk
+            leaves = [("", output)]
+            compiled = from_compiled_code(output)
+        else:
+            leaves = list(tensor_leaves(output))
+            compiled = any(from_compiled_code(tensor) for _, tensor in leaves)
+        if compiled:
             self._hooks.stash.append((path, output, ()))  # a compiled region's output: registered with the rest
             return
         if saved_tensors_hooked():

@@ -15,6 +15,8 @@ discarded, not written, so there is one recorded step per update of the model.
 """
 from __future__ import annotations
 
+from functools import partial
+from operator import attrgetter, is_
 from typing import Any
 
 import torch
@@ -24,9 +26,31 @@ from comgra_ndbg.instrument.compile_cache import evict_compiled_code
 from comgra_ndbg.instrument.hooks import INPUT, from_compiled_code, input_names, tensor_leaves
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
-__all__ = ["StepDetection", "LOSS"]
+__all__ = ["StepDetection", "LOSS", "gradient_fingerprint"]
 
 LOSS = "loss"
+_GRAD = attrgetter("grad")
+_VERSION = attrgetter("_version")
+_IS_NONE = partial(is_, None)
+
+
+def gradient_fingerprint(grads: list[torch.Tensor | None]) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
+    """``(ids, versions)`` of gradients (the parameters' ``.grad``; ``id(None)`` and None where a parameter
+    holds none): equal fingerprints mean the same gradient tensors, unchanged. Two C-level passes over the
+    list, no tuple per parameter: this runs after every backward pass.
+
+    >>> p = torch.nn.Parameter(torch.ones(2))
+    >>> before = gradient_fingerprint([p.grad])
+    >>> before[1]
+    (None,)
+    >>> (p * 2).sum().backward()
+    >>> after = gradient_fingerprint([p.grad])
+    >>> after != before, after == gradient_fingerprint([p.grad])
+    (True, True)
+    """
+    if any(map(_IS_NONE, grads)):
+        return tuple(map(id, grads)), tuple(None if g is None else g._version for g in grads)
+    return tuple(map(id, grads)), tuple(map(_VERSION, grads))
 
 
 class StepDetection:
@@ -93,10 +117,10 @@ class StepDetection:
         return self._backward_seen and self._grad_fingerprint() != self._grad_mark
 
     def _parameter_version(self) -> int:
-        return sum(p._version for p in self._parameters)
+        return sum(map(_VERSION, self._parameters))
 
     def _grad_fingerprint(self) -> tuple:
-        return tuple(None if p.grad is None else (id(p.grad), p.grad._version) for p in self._parameters)
+        return gradient_fingerprint(list(map(_GRAD, self._parameters)))
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self._closed or self._hooks.collecting_now:
@@ -211,12 +235,23 @@ class StepDetection:
                 rec.finish_iteration()
                 self._pass_open = False
             if self._losses:
-                rec.record_kpi(LOSS, torch.stack(self._losses).mean())
+                self._record_loss_kpi(rec)
             step = rec.current_step
             rec.finish_step()
             self._step_finished(step)
         finally:
             self._release_step()
+
+    def _record_loss_kpi(self, rec: Any) -> None:
+        """The step's loss KPI: the mean of its passes' losses (one pass: its loss as it is), checked by
+        ``record_kpi`` the first time, then filed by its KPI id."""
+        losses = self._losses
+        value = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        if self._loss_kpi is None:
+            rec.record_kpi(LOSS, value)
+            self._loss_kpi = rec.catalog.kpi_id(LOSS)
+        else:
+            rec._record_known_kpi(self._loss_kpi, value)
 
     def _discard_step(self) -> None:
         try:

@@ -64,9 +64,10 @@ class KpiRecording:
             number = float(value.item()) if isinstance(value, torch.Tensor) else float(value)
             self._writer.add_kpi(self._last_step, kpi, number, type_id)
 
-    def _record_known_kpi(self, kpi: int, value: float) -> None:
+    def _record_known_kpi(self, kpi: int, value: float | torch.Tensor) -> None:
         """``record_kpi`` for an internal caller that recorded this KPI through ``record_kpi`` before (``kpi``:
-        its ``catalog.kpi_id``) and passes a plain float: no checks, the open step only."""
+        its ``catalog.kpi_id``) and passes a plain float or a detached 0-d real tensor: no checks, the open
+        step only."""
         if self._step_open and not self._replayed:
             self._kpis.append((kpi, value))
 

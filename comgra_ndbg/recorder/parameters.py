@@ -37,6 +37,7 @@ class _Tracked:
     tensor_id: int
     fresh: bool = False
     handed_over: bool = False  # its gradients go to an ``on_gradient`` callback, never through ``take_gradients``
+    receiver: Callable[[int, torch.Tensor], None] | None = None  # that callback
     incoming: torch.Tensor | None = None  # what backward passes added since the step's first take
     handed: tuple[int, int] | None = None  # (id, version) of the ``.grad`` last handed over in this step
 
@@ -53,8 +54,8 @@ class ParameterTracker:
     _layout_key: list[tuple] | None = None
     _captured: bool = False
     _versions: list[int] | None = None  # each parameter's version counter at ``capture()``
-    _hooks: list[Any] = field(default_factory=list)
     _step_hooks: list[Any] = field(default_factory=list)
+    _watching: bool = False
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
     _names: dict[str, torch.nn.Parameter] | None = None
 
@@ -78,29 +79,36 @@ class ParameterTracker:
                 tid = self.catalog.add_tensor(TensorInfo(
                     name=full, node=node + node_suffix, role="parameter", module=owner,
                     dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
-            entry = _Tracked(full, parameter, tid, handed_over=on_gradient is not None)
+            entry = _Tracked(full, parameter, tid, handed_over=on_gradient is not None, receiver=on_gradient)
             self.tracked.append(entry)
-            if parameter.requires_grad and on_gradient is not None:
-                self._hooks.append(parameter.register_post_accumulate_grad_hook(_hand_over(entry, on_gradient)))
+            if self._watching:
+                self._step_hooks += self._hooks_of([entry])
         self._buffers = None
         self._names = None
 
     def watch(self) -> None:
-        """Mark parameters that receive a gradient from now until ``unwatch()`` as fresh.
+        """Mark parameters that receive a gradient from now until ``unwatch()`` as fresh, and hand over the
+        gradients of those tracked with ``on_gradient``.
 
-        The hooks see each backward pass's gradient before it is accumulated into ``.grad``; they stay
-        attached from one recorded step to the next and are removed when a step is skipped, so a step the
-        policies skip pays nothing for them in its backward pass.
+        The hooks see each backward pass's gradient before it is accumulated into ``.grad`` (or, handing
+        over, the accumulated ``.grad``); they stay attached from one recorded step to the next and are
+        removed when a step is skipped, so a step the policies skip pays nothing for them in its backward
+        pass.
         """
-        if self._step_hooks:
+        if self._watching:
             return
-        self._step_hooks = [t.parameter.register_hook(_mark_fresh(t, self))
-                            for t in self.tracked if t.parameter.requires_grad and not t.handed_over]
+        self._watching = True
+        self._step_hooks = self._hooks_of(self.tracked)
+
+    def _hooks_of(self, entries: list[_Tracked]) -> list[Any]:
+        return [t.parameter.register_post_accumulate_grad_hook(_hand_over(t, t.receiver)) if t.handed_over
+                else t.parameter.register_hook(_mark_fresh(t, self)) for t in entries if t.parameter.requires_grad]
 
     def unwatch(self) -> None:
         for handle in self._step_hooks:
             handle.remove()
         self._step_hooks = []
+        self._watching = False
 
     def names(self) -> dict[str, torch.nn.Parameter]:
         """Every tracked parameter by name (the same dict until ``track`` or ``close``; do not change it)."""
@@ -224,9 +232,6 @@ class ParameterTracker:
     def close(self) -> None:
         """Remove every hook this tracker added and drop the parameter references."""
         self.unwatch()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
         self.tracked.clear()
         self._buffers = None
         self._names = None

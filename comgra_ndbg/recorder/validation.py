@@ -114,7 +114,7 @@ def summarizable(tensor: torch.Tensor) -> torch.Tensor:
     ...
     ValueError: it is on the meta device, which holds shapes but no values
     """
-    if tensor.device.type == "meta":
+    if tensor.is_meta:
         raise ValueError("it is on the meta device, which holds shapes but no values")
     if tensor.is_nested:
         raise ValueError("it is a nested tensor (its rows have different lengths); register its rows, or "

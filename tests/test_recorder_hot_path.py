@@ -1,0 +1,65 @@
+"""The per-step hot path: hooks that a skipped step does not run, and the gradient fingerprint that step
+detection and the loop invariants share."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from comgra_ndbg import NeuralDbg, open_recording
+from comgra_ndbg.instrument.steps import gradient_fingerprint
+
+
+def make_mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(steps)]
+
+
+def parameter_hooks(model: nn.Module) -> int:
+    return sum(len(p._post_accumulate_grad_hooks or {}) + len(p._backward_hooks or {}) for p in model.parameters())
+
+
+def test_a_skipped_step_runs_no_parameter_hook_and_a_recorded_step_after_it_hands_every_gradient_over(
+        tmp_path: Path) -> None:
+    model, criterion = make_mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hooks_in_step, first_weight_grads = [], []
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=2, snapshots=None):
+        for inputs, targets in batches(6):
+            optimizer.zero_grad()
+            loss = criterion(model(inputs), targets)
+            hooks_in_step.append(parameter_hooks(model))  # the step is open: its policy decision is made
+            loss.backward()
+            first_weight_grads.append(model[0].weight.grad.clone())
+            optimizer.step()
+    assert hooks_in_step == [4, 0, 4, 0, 4, 0]  # 4 parameters: hooked on recorded steps 0, 2, 4 only
+    assert parameter_hooks(model) == 0
+    with open_recording(tmp_path, "t") as rec:
+        steps, abs_max = rec.summary("model.0.weight", "grad", "abs_max")
+        assert steps.tolist() == [0, 2, 4]
+        np.testing.assert_allclose(abs_max, [float(first_weight_grads[s].abs().max()) for s in (0, 2, 4)], rtol=1e-6)
+
+
+def test_gradient_fingerprint_tells_a_new_gradient_an_in_place_change_and_a_cleared_one_apart() -> None:
+    a, b = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2))
+    empty = gradient_fingerprint([a.grad, b.grad])
+    assert empty[1] == (None, None)
+    (a.sum() * 2).backward()
+    first = gradient_fingerprint([a.grad, b.grad])
+    assert first != empty and first[1][1] is None and first[0][1] == id(None)
+    assert gradient_fingerprint([a.grad, b.grad]) == first  # nothing changed: equal
+    (a.sum() + b.sum()).backward()  # accumulates into a.grad in place, creates b.grad
+    second = gradient_fingerprint([a.grad, b.grad])
+    assert second[0][0] == first[0][0] and second[1][0] != first[1][0]  # same tensor, new version
+    assert second[1][1] is not None
+    a.grad.zero_()
+    assert gradient_fingerprint([a.grad, b.grad])[1][0] != second[1][0]  # zeroed in place: a new version
+    a.grad = None
+    assert gradient_fingerprint([a.grad, b.grad])[0][0] == id(None)
