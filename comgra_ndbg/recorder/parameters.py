@@ -49,6 +49,7 @@ class ParameterTracker:
     tracked: list[_Tracked] = field(default_factory=list)
     modules: set[str] = field(default_factory=set)
     _buffers: list[torch.Tensor] | None = None
+    _scratch: list[torch.Tensor] | None = None
     _layout: _HostLayout | None = None
     _layout_key: list[tuple] | None = None
     _captured: bool = False
@@ -130,6 +131,7 @@ class ParameterTracker:
         key = _layout_key(params)
         if self._buffers is None or key != self._layout_key:
             self._buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+            self._scratch = None
             self._layout_key, self._layout = key, _HostLayout.of(params, self._buffers)
         self._captured = True
         self._versions = [p._version for p in params]
@@ -178,6 +180,13 @@ class ParameterTracker:
         versions = self._versions or [None] * len(self.tracked)
         return np.array([t.parameter.requires_grad or t.parameter._version != version
                          for t, version in zip(self.tracked, versions)], dtype=bool)
+
+    def scratch(self) -> list[torch.Tensor]:
+        """Buffers like the start-of-step copies, for updates computed in full (the sentinels of
+        ``stats/sentinels.py``); allocated once per layout of the parameters."""
+        if self._scratch is None:
+            self._scratch = [torch.empty_like(b) for b in self._buffers]
+        return self._scratch
 
     def release(self) -> None:
         """End the capture: the next updates need a new ``capture()``."""
@@ -228,7 +237,7 @@ class ParameterTracker:
             handle.remove()
         self._hooks.clear()
         self.tracked.clear()
-        self._buffers = None
+        self._buffers = self._scratch = None
         self._names = None
 
 
