@@ -133,3 +133,31 @@ def test_detail_is_checked_at_the_boundary(tmp_path):
     with pytest.raises(InvalidArgumentError, match="update_factor"):
         Tiers(update_factor=0.5)
     assert as_tiers("full") is None and as_tiers("tiered") == Tiers()
+
+
+def test_the_gui_shows_what_a_sentinel_row_holds(tmp_path):
+    from comgra_ndbg.gui.queries import statistics_at, timeline_curves
+    from comgra_ndbg.gui.state import ReaderCache, Selection
+
+    _train(tmp_path, detail=QUIET).close()
+    cache = ReaderCache(tmp_path)
+    selection = Selection(trial="t", step_type="train", step=3, iteration=0, node="model.0.parameters",
+                          tensor="model.0.weight", kind="update", stat="mean")
+    steps, values = timeline_curves(cache, selection)["train"]
+    assert steps.tolist() == [0, 10, 20] and np.isfinite(values).all()  # a line through the complete rows
+    steps, values = timeline_curves(cache, Selection(**{**selection.__dict__, "stat": "l2"}))["train"]
+    assert steps.tolist() == list(range(STEPS)) and np.isfinite(values).all()
+    at_sentinel, at_complete = statistics_at(cache, selection), statistics_at(cache, Selection(
+        **{**selection.__dict__, "step": 10}))
+    assert "mean" not in at_sentinel and "abs_mean" not in at_sentinel and at_sentinel["l2"] > 0
+    assert np.isfinite(at_complete["mean"]) and set(at_sentinel) < set(at_complete)
+
+
+def test_ranks_with_the_same_sentinel_rows_agree():
+    from comgra_ndbg.analysis.ranks import _COMPARED, _close
+    from comgra_ndbg.stats.sentinels import sentinel_rows
+
+    rows = sentinel_rows([torch.tensor([1.0, -2.0, 3.0])])[:, _COMPARED]
+    moved = sentinel_rows([torch.tensor([1.0, -2.0, 3.5])])[:, _COMPARED]
+    assert _close(rows, rows.copy(), 1e-6).all()
+    assert not _close(rows, moved, 1e-6).any()
