@@ -136,7 +136,11 @@ class ParameterSteps:
                 values, updates = self._complete_rows(Reducer(self._saturation_margin), [s for _, _, s in pairs])
         state.observe(self._step, values, updates[keep], keep, moved=bool(reason))
         self._tier_reason = reason
-        update_series = self._parameter_series(schema.KIND_UPDATE)[keep]
+        if keep.all():
+            update_series = self._parameter_series(schema.KIND_UPDATE)
+        else:  # a frozen parameter that did not move gets no update series at all
+            update_series = np.array([self.catalog.series_id(tid, schema.KIND_UPDATE)
+                                      for tid, kept in zip(tids, keep.tolist()) if kept], dtype=np.int64)
         self._rows.append(SummaryRows(self._parameter_series(schema.KIND_VALUE), np.zeros(len(tids), np.int64),
                                       values))
         self._rows.append(SummaryRows(update_series, np.zeros(len(update_series), np.int64), updates[keep]))
