@@ -66,7 +66,7 @@ class ParameterSteps:
         if self._tiered:
             self._complete = self._tier_state.complete(self._step)
             self._start_values = Reducer(self._saturation_margin) if self._complete else None
-            tracker.capture(self._start_values)
+            self._start_rows = tracker.capture(self._start_values)
         elif self._summarize:
             if self.record_updates:
                 indices = tracker.capture(self._values)
@@ -126,14 +126,15 @@ class ParameterSteps:
         pairs = tracker.update_pairs()
         reason = ""
         if self._complete:
-            values, updates = self._complete_rows(self._start_values, None)
+            values, updates = self._complete_rows(self._start_values, self._start_rows)
         else:
             starts = [start for _, _, start in pairs]
             values = sentinel_rows(starts)
             updates = update_sentinel_rows([value for _, value, _ in pairs], starts, tracker.scratch())
             reason = state.moved(self._step, values, updates[keep], keep)
             if reason:
-                values, updates = self._complete_rows(Reducer(self._saturation_margin), [s for _, _, s in pairs])
+                reducer = Reducer(self._saturation_margin)
+                values, updates = self._complete_rows(reducer, reducer.add_many(starts))
         state.observe(self._step, values, updates[keep], keep, moved=bool(reason))
         self._tier_reason = reason
         if keep.all():
@@ -151,11 +152,10 @@ class ParameterSteps:
                                         take_update_snapshot(value, start, max_elements=self.max_elements)))
         tracker.release()
 
-    def _complete_rows(self, reducer: Reducer, starts: list | None) -> tuple[np.ndarray, np.ndarray]:
-        """Complete rows of every parameter's value at the step's start (queued in ``reducer`` already, or
-        summarised now from ``starts``, the start-of-step copies) and of every update."""
+    def _complete_rows(self, reducer: Reducer, value_rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Complete rows of every parameter's value at the step's start (queued in ``reducer`` as
+        ``value_rows``) and of every update."""
         tids = self._parameters.tensor_ids()
-        value_rows = list(range(len(tids))) if starts is None else reducer.add_many(starts)
         update_rows = self._parameters.summarize_updates(reducer)
         rows = reducer.collect()
         if reducer.failed:
