@@ -161,3 +161,22 @@ def test_ranks_with_the_same_sentinel_rows_agree():
     moved = sentinel_rows([torch.tensor([1.0, -2.0, 3.5])])[:, _COMPARED]
     assert _close(rows, rows.copy(), 1e-6).all()
     assert not _close(rows, moved, 1e-6).any()
+
+
+@pytest.mark.parametrize("detail", ["tiered", "full"])
+def test_a_layer_frozen_by_requires_grad_is_diagnosed_from_sentinel_rows(tmp_path, detail):
+    """No update rows after the freeze: stagnation reads the value rows, sentinel and complete alike."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    criterion, optimizer = nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, detail=detail) as dbg:
+        for step in range(80):
+            if step == 43:
+                model[2].requires_grad_(False)
+            x = torch.randn(32, 8, generator=g)
+            optimizer.zero_grad()
+            criterion(model(x), x[:, :4].argmax(1)).backward()
+            optimizer.step()
+        top = dbg.diagnose().hypotheses[0]
+    assert (top.type, top.node, top.onset) == ("update_stagnation", "model.2.parameters", 44)
