@@ -205,6 +205,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._tier_state = None if tiers is None else TierState(tiers)
+        if tiers is not None:
+            _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
         self._reset_step_state()
