@@ -67,6 +67,8 @@ class ParameterSteps:
             self._complete = self._tier_state.complete(self._step)
             self._start_values = Reducer(self._saturation_margin) if self._complete else None
             self._start_rows = tracker.capture(self._start_values)
+            if not self._complete:  # the copy was just written: its sentinels read it from cache
+                self._start_sentinels = sentinel_rows([start for _, _, start in tracker.update_pairs()])
         elif self._summarize:
             if self.record_updates:
                 indices = tracker.capture(self._values)
@@ -129,7 +131,7 @@ class ParameterSteps:
             values, updates = self._complete_rows(self._start_values, self._start_rows)
         else:
             starts = [start for _, _, start in pairs]
-            values = sentinel_rows(starts)
+            values = self._start_sentinels
             updates = update_sentinel_rows([value for _, value, _ in pairs], starts, tracker.scratch())
             reason = state.moved(self._step, values, updates[keep], keep)
             if reason:

@@ -238,6 +238,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._complete = False  # ... and are summarised completely
         self._start_values: Reducer | None = None  # the complete values of a tiered step, queued at its start
         self._start_rows: list[int] = []  # ... at these rows
+        self._start_sentinels: np.ndarray | None = None  # the sentinel rows of a tiered step's start values
         self._tier_reason = ""  # why a tiered step's sentinels called for complete statistics
         self._summarize = False  # compute summaries this step (policy, forced, or flight recorder)
         self._snapshot = False  # compute snapshots this step

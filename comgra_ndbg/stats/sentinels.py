@@ -58,11 +58,9 @@ def update_sentinel_rows(values: Sequence[torch.Tensor], starts: Sequence[torch.
     >>> float(rows[0, FIELD["min"]]), float(rows[0, FIELD["max"]])
     (-0.5, 0.0)
     """
-    differences = []
     for value, start, buffer in zip(values, starts, out):
         torch.sub(value.detach(), start, out=buffer)
-        differences.append(buffer)
-    return _rows(differences, lambda reducer, i: reducer.add(values[i].detach(), start=starts[i]))
+    return _rows(list(out), lambda reducer, i: reducer.add(values[i].detach(), start=starts[i]))
 
 
 def _rows(tensors: list[torch.Tensor], exactly: Callable[[Reducer, int], object]) -> np.ndarray:
@@ -74,10 +72,12 @@ def _rows(tensors: list[torch.Tensor], exactly: Callable[[Reducer, int], object]
         chosen = [tensors[i] for i in taken]
         norms = torch._foreach_norm(chosen)
         extremes = [torch.aminmax(t) for t in chosen]
-        facts = torch.stack([torch.stack(norms).double(), torch.stack([lo for lo, _ in extremes]).double(),
-                             torch.stack([hi for _, hi in extremes]).double()]).cpu().numpy()
+        scalars = [*norms, *(lo for lo, _ in extremes), *(hi for _, hi in extremes)]
+        if len({t.dtype for t in scalars}) > 1:
+            scalars = [t.double() for t in scalars]
+        facts = torch.stack(scalars).double().cpu().numpy().reshape(3, len(taken))
         index = np.array(taken, dtype=np.int64)
-        rows[index, _COUNT] = [tensors[i].numel() for i in taken]
+        rows[index, _COUNT] = [t.numel() for t in chosen]
         rows[index, _SUM_SQ] = facts[0] * facts[0]
         rows[index, _MIN] = facts[1]
         rows[index, _MAX] = facts[2]
