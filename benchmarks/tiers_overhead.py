@@ -1,21 +1,21 @@
-"""Statistic tiers: the cost of NeuralDbg's defaults (``detail="tiered"``) beside ``detail="full"``, and the
-diagnosis scores of the same defaults, in one report.
+"""Statistic tiers: the cost of NeuralDbg with ``detail="tiered"`` beside its default ``detail="full"``, and
+diagnosis scores, in one report.
 
 Workloads (``benchmarks/neuraldbg_overhead.py``): the 8-block 256-wide tanh MLP with plain SGD (the
 cheapest bare step, where recording shows most) and with Adam, and the small transformer with Adam.
 Variants, run interleaved in rounds with the order rotated each round, one torch thread:
 
 - bare: the training loop alone;
-- defaults: ``NeuralDbg(model, ...)`` — tiered parameter statistics, summaries every step, snapshots every
-  10th step;
-- full: ``detail="full"`` — every parameter's value, gradient and update summarised at every step;
-- defaults / full without snapshots (``snapshots=None``): the summaries' share;
+- tiered: ``detail="tiered"`` — sentinel rows of parameter values and updates between complete ones,
+  summaries every step, snapshots every 10th step;
+- full (the default): every parameter's value, gradient and update summarised at every step;
+- tiered / full without snapshots (``snapshots=None``): the summaries' share;
 - nothing recorded: a policy that skips every step (the hooks return at once).
 
 Each figure is the median over rounds of each round's median step time, as a ratio to bare (wall clock
 and CPU time of this process; the second is steadier on a shared machine), with the load average.
-``--diagbench result.json`` (from ``python -m benchmarks.diagbench --out result.json``, which records with
-NeuralDbg's defaults) adds the pooled diagnosis scores beside their targets.
+``--diagbench result.json`` (from ``python -m benchmarks.diagbench --out result.json``) adds the pooled
+diagnosis scores of that run beside their targets.
 
 Run: ``python -m benchmarks.tiers_overhead [--steps 150] [--rounds 5] [--diagbench result.json]``.
 """
@@ -35,10 +35,10 @@ from benchmarks.overhead import make_data
 
 VARIANTS = {
     "bare": None,
-    "defaults (tiered)": {},
-    "full": dict(detail="full"),
-    "defaults, no snapshots": dict(snapshots=None),
-    "full, no snapshots": dict(detail="full", snapshots=None),
+    "tiered": dict(detail="tiered"),
+    "full (default)": {},
+    "tiered, no snapshots": dict(detail="tiered", snapshots=None),
+    "full, no snapshots": dict(snapshots=None),
     "nothing recorded": dict(summaries=None, snapshots=None),
 }
 TARGETS = [("tpr", "detection TPR", ">= 0.95"), ("fpr", "FPR over healthy runs", "<= 0.02"),
@@ -79,7 +79,7 @@ def report(results: dict, diagbench: dict | None, *, steps: int, rounds: int, lo
     if diagbench is not None:
         pooled = diagbench["scores"]["analysis"]["pooled"]
         runs = f"{pooled['faulty_runs']} faulty ({pooled['valid_faulty_runs']} valid), {pooled['healthy_runs']} healthy"
-        lines.append(f"diagnosis with the defaults (diagbench{' smoke' if diagbench.get('smoke') else ''}, {runs}):")
+        lines.append(f"diagnosis (diagbench{' smoke' if diagbench.get('smoke') else ''}, {runs}):")
         for key, label, target in TARGETS:
             lines.append(f"  {label:<24} {pooled[key]:.3f}   target {target}")
     return "\n".join(lines)

@@ -79,8 +79,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     summaries are always kept, and what was dropped is in the recording's log (category ``budget``).
 
     ``detail`` says how completely tracked parameters are summarised (``recorder/tiers.py``): ``"full"``
-    (default here) summarises every value, gradient and update at every recorded step; ``"tiered"`` (or a
-    ``Tiers``; ``NeuralDbg``'s default) takes sentinel rows of values and updates (norm, extremes,
+    (the default) summarises every value, gradient and update at every recorded step; ``"tiered"`` (or a
+    ``Tiers``) takes sentinel rows of values and updates (norm, extremes,
     non-finite counts) between complete ones every ``full_every``-th step and at once, for every parameter,
     when a sentinel moves.
 

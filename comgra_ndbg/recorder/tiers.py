@@ -1,7 +1,7 @@
 """Statistic tiers: how much of each tracked parameter's value and update a recorded step summarises.
 
 ``detail="full"`` summarises every parameter's value, gradient and update completely at every recorded
-step. ``detail="tiered"`` (``Tiers()``, ``NeuralDbg``'s default) keeps the gradients complete and takes
+step. ``detail="tiered"`` (``Tiers()``) keeps the gradients complete and takes
 *sentinel* rows of values and updates (``stats/sentinels.py``: count, non-finite counts, Σx², min, max, in
 one pass over the parameter and its start-of-step copy) except on
 
