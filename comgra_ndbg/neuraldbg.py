@@ -80,6 +80,10 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     every leaf module). ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the
     :class:`Recorder`; among them ``byte_budget`` (default 256 MiB of snapshots per run, 1 MiB per step; None
     for no bound) keeps large models' recordings small (``docs/recording.md``, "Byte budget").
+    ``detail="full"`` (default) summarises everything at every step; ``detail="tiered"`` summarises parameter
+    values and updates completely every 10th step and whenever a sentinel (norm, extremes, non-finite count,
+    taken every step) moves, activations and gradients at every step (``recorder/tiers.py``;
+    ``docs/recording.md``, "Statistic tiers", says why it is not the default).
 
     ``resume=True`` continues an existing trial (killed or finished; checkpoint-restart training): steps are
     numbered on from its last recorded step, or from ``first_step`` (the step the restarted run begins
@@ -141,6 +145,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         profile: Any = None,
         record_eval: bool = True,
         eval_step_type: str = EVAL,
+        detail: Any = "full",
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -193,7 +198,7 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         try:
             self.recorder = Recorder(path, trial, summaries=summaries, snapshots=snapshots,
                                      flight_recorder=flight_recorder, ddp_wrapped=ddp, profile=profile,
-                                     **recorder_options)
+                                     detail=detail, **recorder_options)
         except RecordingExistsError as error:
             if resume or "already has a recording" not in str(error):
                 raise

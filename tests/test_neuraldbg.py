@@ -75,7 +75,7 @@ def test_unchanged_loop_records_outputs_gradients_parameters_updates_and_the_gra
     model[1].register_forward_hook(spy)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with NeuralDbg(model, tmp_path, trial="t", loss=criterion) as dbg:
+        with NeuralDbg(model, tmp_path, trial="t", loss=criterion, detail="full") as dbg:  # every update complete
             losses = []
             for inputs, targets in data:
                 before = model[0].weight.detach().clone()

@@ -177,13 +177,14 @@ def _differs(rows: np.ndarray, rtol: float) -> np.ndarray:
 
 def _close(a: np.ndarray, b: np.ndarray, rtol: float) -> np.ndarray:
     """Whether fingerprint rows ``[..., field]`` agree within ``rtol`` (of Σ|x| for Σx, of the larger
-    magnitude of min and max for those; counts exactly), broadcast over the leading axes."""
+    magnitude of min and max for those; counts exactly), broadcast over the leading axes. A field both rows
+    lack (NaN: Σx and Σ|x| of a sentinel row, ``stats/sentinels.py``) agrees."""
     a, b = np.broadcast_arrays(a, b)
     scale = np.maximum(np.abs(a), np.abs(b))
     scale[..., 3] = np.maximum(scale[..., 3], scale[..., 5])  # Σ|x| bounds Σx: cancellation hides no change
     scale[..., 6:8] = scale[..., 6:8].max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
-        same = (a == b) | (np.abs(a - b) <= rtol * scale)
+        same = (a == b) | (np.abs(a - b) <= rtol * scale) | (np.isnan(a) & np.isnan(b))
     same[..., :3] = a[..., :3] == b[..., :3]
     return same.all(axis=-1)
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from comgra_ndbg.analysis.events import Evidence
 from comgra_ndbg.analysis.series import RunSeries
+from comgra_ndbg.analysis.stagnation import same_summary
 
 __all__ = ["RunFacts", "Invariant", "Finding", "ReferenceThresholds", "LEARNERS", "CHECKS", "runs_of",
            "active_steps"]
@@ -143,14 +144,13 @@ def changes(series: RunSeries, node: str) -> tuple[np.ndarray, np.ndarray]:
     if update is not None:
         known = np.isfinite(update)
         changed = known & (update > 0)
-    columns = [_stat(series, node, "value", s) for s in ("mean", "l2", "min", "max")]
-    if all(c is not None for c in columns):
-        value = np.stack(columns, axis=1)
-        present = np.flatnonzero(np.all(np.isfinite(value), axis=1))
+    value = series.node(node).stats.get("value") if _stat(series, node, "value", "l2") is not None else None
+    if value is not None:
+        present = np.flatnonzero(np.isfinite(value["l2"]) & np.isfinite(value["min"]) & np.isfinite(value["max"]))
         for at, after in zip(present[:-1], present[1:]):  # a value is recorded before its step's update
             if not known[at]:
                 known[at] = True
-                changed[at] = bool(np.any(value[after] != value[at]))
+                changed[at] = not bool(same_summary(value, np.array([at]), np.array([after]))[0])
     return known, changed
 
 

@@ -15,6 +15,7 @@ from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.errors import UnknownSeriesError
 from comgra_ndbg.gui.ranks import split_rank_key
 from comgra_ndbg.gui.state import ReaderCache, Selection
+from comgra_ndbg.stats.sentinels import is_sentinel
 from comgra_ndbg.stats.statistics import STATISTICS, derive, derive_one, merge_groups
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, Snapshot
@@ -31,7 +32,7 @@ def series_values(cache: ReaderCache, trial: str, tensor: str, kind: str, iterat
             steps, rows = recording.summary_rows(tensor, kind)
         else:
             steps, rows = cache.series_rows(trial, tensor, kind, iteration)
-        return steps, (derive_one(rows, stat) if len(rows) else np.zeros(0))
+        return _present(steps, rows, derive_one(rows, stat) if len(rows) else np.zeros(0))
     return cache.memo(trial, ("values", tensor, kind, iteration, stat), compute)
 
 
@@ -42,8 +43,16 @@ def node_series(cache: ReaderCache, trial: str, node: str, kind: str, stat: str)
         found = node_rows(recording, node, kind)
         if found is None:
             return np.zeros(0, np.int64), np.zeros(0)
-        return found[0], derive_one(found[1], stat)
+        return _present(found[0], found[1], derive_one(found[1], stat))
     return cache.memo(trial, ("node-values", node, kind, stat), compute)
+
+
+def _present(steps: np.ndarray, rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The steps where the statistic exists: a sentinel row (``stats/sentinels.py``) lacks the statistics
+    derived from Σx, Σ|x| and the zero count, so a parameter's mean recorded every 10th step is drawn as a line
+    through those steps, not as points lost between gaps."""
+    keep = ~(is_sentinel(rows) & np.isnan(values)) if len(rows) else np.zeros(0, dtype=bool)
+    return steps[keep], values[keep]
 
 
 def node_rows(recording: Recording, node: str, kind: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -147,7 +156,9 @@ def statistics_at(cache: ReaderCache, selection: Selection) -> dict[str, float] 
         position = int(np.searchsorted(steps, selection.step))
         if position >= len(steps) or steps[position] != selection.step:
             return None
-        return {name: float(value) for name, value in derive(rows[position]).items()}
+        sentinel = bool(is_sentinel(rows[position]))
+        return {name: float(value) for name, value in derive(rows[position]).items()
+                if not (sentinel and np.isnan(value))}  # a sentinel row's absent statistics are not listed
     snapshot = cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
                               selection.iteration)
     row = _sample_row(snapshot, selection.sample)

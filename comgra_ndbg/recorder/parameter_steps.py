@@ -12,6 +12,8 @@ from comgra_ndbg.errors import InvalidArgumentError, InvalidTensorError, Recorde
 from comgra_ndbg.recorder.snapshot import take_update_snapshot
 from comgra_ndbg.recorder.step_record import SummaryRows
 from comgra_ndbg.recorder.validation import check_name, check_text
+from comgra_ndbg.stats.reducer import Reducer
+from comgra_ndbg.stats.sentinels import sentinel_rows, update_sentinel_rows
 from comgra_ndbg.store import schema
 
 __all__ = ["ParameterSteps"]
@@ -60,7 +62,14 @@ class ParameterSteps:
         tracker.watch()
         tracker.forget_gradients()  # accumulated between steps: not this step's
         series = self._parameter_series(schema.KIND_VALUE)
-        if self._summarize:
+        self._tiered = self._tier_state is not None and self._summarize and self.record_updates
+        if self._tiered:
+            self._complete = self._tier_state.complete(self._step)
+            self._start_values = Reducer(self._saturation_margin) if self._complete else None
+            self._start_rows = tracker.capture(self._start_values)
+            if not self._complete:  # the copy was just written: its sentinels read it from cache
+                self._start_sentinels = sentinel_rows([start for _, _, start in tracker.update_pairs()])
+        elif self._summarize:
             if self.record_updates:
                 indices = tracker.capture(self._values)
             else:
@@ -85,6 +94,9 @@ class ParameterSteps:
     def _finish_parameters(self) -> None:
         if not self._parameters.captured:
             return
+        if self._tiered:
+            self._finish_tiered()
+            return
         keep = self._parameters.update_mask()  # a frozen parameter that did not move has no update
         everything = bool(keep.all())
         if everything:
@@ -106,3 +118,49 @@ class ParameterSteps:
                     self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
                                         take_update_snapshot(value, start, max_elements=self.max_elements)))
         self._parameters.release()
+
+    def _finish_tiered(self) -> None:
+        """The values (at the step's start) and updates of a tiered step: sentinel rows, or complete rows on a
+        step that is due or whose sentinels moved (then for every parameter at once); ``tiers``."""
+        tracker, state = self._parameters, self._tier_state
+        keep = tracker.update_mask()
+        tids = tracker.tensor_ids()
+        pairs = tracker.update_pairs()
+        reason = ""
+        if self._complete:
+            values, updates = self._complete_rows(self._start_values, self._start_rows)
+        else:
+            starts = [start for _, _, start in pairs]
+            values = self._start_sentinels
+            updates = update_sentinel_rows([value for _, value, _ in pairs], starts, tracker.scratch())
+            reason = state.moved(self._step, values, updates[keep], keep)
+            if reason:
+                reducer = Reducer(self._saturation_margin)
+                values, updates = self._complete_rows(reducer, reducer.add_many(starts))
+        state.observe(self._step, values, updates[keep], keep, moved=bool(reason))
+        self._tier_reason = reason
+        if keep.all():
+            update_series = self._parameter_series(schema.KIND_UPDATE)
+        else:  # a frozen parameter that did not move gets no update series at all
+            update_series = np.array([self.catalog.series_id(tid, schema.KIND_UPDATE)
+                                      for tid, kept in zip(tids, keep.tolist()) if kept], dtype=np.int64)
+        self._rows.append(SummaryRows(self._parameter_series(schema.KIND_VALUE), np.zeros(len(tids), np.int64),
+                                      values))
+        self._rows.append(SummaryRows(update_series, np.zeros(len(update_series), np.int64), updates[keep]))
+        if self._snapshot:
+            for (tid, value, start), kept in zip(pairs, keep.tolist()):
+                if kept:
+                    self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
+                                        take_update_snapshot(value, start, max_elements=self.max_elements)))
+        tracker.release()
+
+    def _complete_rows(self, reducer: Reducer, value_rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Complete rows of every parameter's value at the step's start (queued in ``reducer`` as
+        ``value_rows``) and of every update."""
+        tids = self._parameters.tensor_ids()
+        update_rows = self._parameters.summarize_updates(reducer)
+        rows = reducer.collect()
+        if reducer.failed:
+            owner = dict(zip(value_rows, tids)) | dict(zip(update_rows, tids))
+            self._report_failed(reducer, schema.KIND_VALUE, owner)
+        return rows[value_rows], rows[update_rows]

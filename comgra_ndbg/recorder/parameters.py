@@ -50,6 +50,7 @@ class ParameterTracker:
     tracked: list[_Tracked] = field(default_factory=list)
     modules: set[str] = field(default_factory=set)
     _buffers: list[torch.Tensor] | None = None
+    _scratch: list[torch.Tensor] | None = None
     _layout: _HostLayout | None = None
     _layout_key: list[tuple] | None = None
     _captured: bool = False
@@ -138,6 +139,7 @@ class ParameterTracker:
         key = _layout_key(params)
         if self._buffers is None or key != self._layout_key:
             self._buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+            self._scratch = None
             self._layout_key, self._layout = key, _HostLayout.of(params, self._buffers)
         self._captured = True
         self._versions = [p._version for p in params]
@@ -187,6 +189,13 @@ class ParameterTracker:
         return np.array([t.parameter.requires_grad or t.parameter._version != version
                          for t, version in zip(self.tracked, versions)], dtype=bool)
 
+    def scratch(self) -> list[torch.Tensor]:
+        """Buffers like the start-of-step copies, for updates computed in full (the sentinels of
+        ``stats/sentinels.py``); allocated once per layout of the parameters."""
+        if self._scratch is None:
+            self._scratch = [torch.empty_like(b) for b in self._buffers]
+        return self._scratch
+
     def release(self) -> None:
         """End the capture: the next updates need a new ``capture()``."""
         self._captured = False
@@ -233,7 +242,7 @@ class ParameterTracker:
         """Remove every hook this tracker added and drop the parameter references."""
         self.unwatch()
         self.tracked.clear()
-        self._buffers = None
+        self._buffers = self._scratch = None
         self._names = None
 
 

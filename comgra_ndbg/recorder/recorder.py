@@ -44,6 +44,7 @@ from comgra_ndbg.recorder.retroactive import RetroactiveDecision
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
+from comgra_ndbg.recorder.tiers import Tiers, TierState, as_tiers
 from comgra_ndbg.recorder.validation import (check_group_path, check_hyperparameters, check_name, check_settings,
                                              check_step)
 from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
@@ -76,6 +77,12 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     ``ByteBudget``, an int (bytes per run), or None for no bound. The default, 256 MiB per run and 1 MiB per
     snapshot step, changes nothing for small models; on large ones snapshots are sub-sampled and thinned out,
     summaries are always kept, and what was dropped is in the recording's log (category ``budget``).
+
+    ``detail`` says how completely tracked parameters are summarised (``recorder/tiers.py``): ``"full"``
+    (the default) summarises every value, gradient and update at every recorded step; ``"tiered"`` (or a
+    ``Tiers``) takes sentinel rows of values and updates (norm, extremes,
+    non-finite counts) between complete ones every ``full_every``-th step and at once, for every parameter,
+    when a sentinel moves.
 
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
@@ -120,6 +127,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         hyperparameters: dict[str, Any] | None = None,
         profile: Any = None,
         byte_budget: ByteBudget | int | None = DEFAULT_BYTE_BUDGET,
+        detail: str | Tiers = "full",
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
@@ -134,6 +142,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             raise InvalidArgumentError(f"flight_recorder must be a FlightRecorder, got "
                                        f"{type(flight_recorder).__name__}")
         budget = as_byte_budget(byte_budget)
+        tiers = as_tiers(detail)
         if trial is not None and trial != "":
             check_trial_name(trial)
         if not isinstance(per_rank, bool) or not isinstance(ddp_wrapped, (bool, type(None))):
@@ -157,7 +166,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         config = dict(summaries=repr(self.summary_policy), snapshots=repr(self.snapshot_policy),
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
                       saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder),
-                      byte_budget=repr(budget), hyperparameters=check_hyperparameters(hyperparameters))
+                      byte_budget=repr(budget), detail=repr(tiers or "full"),
+                      hyperparameters=check_hyperparameters(hyperparameters))
         if self.rank_info is not None:
             config.update(self.rank_info.as_config())
         if ddp_wrapped is not None:
@@ -194,6 +204,9 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         if budget is not None:  # to the library's logger: a training script's own output stays its own
             _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
+        self._tier_state = None if tiers is None else TierState(tiers)
+        if tiers is not None:
+            _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
         self._reset_step_state()
@@ -221,6 +234,12 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._summary_decision = _SKIP
         self._snapshot_decision = _SKIP
         self._forced = False
+        self._tiered = False  # parameter values and updates follow the tiers this step (``tiers``)
+        self._complete = False  # ... and are summarised completely
+        self._start_values: Reducer | None = None  # the complete values of a tiered step, queued at its start
+        self._start_rows: list[int] = []  # ... at these rows
+        self._start_sentinels: np.ndarray | None = None  # the sentinel rows of a tiered step's start values
+        self._tier_reason = ""  # why a tiered step's sentinels called for complete statistics
         self._summarize = False  # compute summaries this step (policy, forced, or flight recorder)
         self._snapshot = False  # compute snapshots this step
         self._deferring = False  # snapshots wait for decide_step's sample choice
@@ -474,6 +493,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._finish_parameters()
         self._collect_values()
         reasons = [d.reason for d in (self._summary_decision, self._snapshot_decision) if d.record]
+        if self._tier_reason:
+            reasons.append(self._tier_reason)
         if self._forced:
             reasons.insert(0, self._dispatcher.forced_reason(self._step))
         rows = SummaryRows.join(self._rows)
