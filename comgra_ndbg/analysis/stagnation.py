@@ -30,6 +30,8 @@ import numpy as np
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
