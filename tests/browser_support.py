@@ -32,6 +32,7 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="browser tests need
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from werkzeug.serving import make_server  # noqa: E402
 
 
@@ -156,7 +157,9 @@ def choose(driver: Any, dropdown_id: str, label: str) -> None:
     """Open a Dash 4 dropdown (once the page has rendered it) and click the option with ``label``."""
     wait_for(lambda: driver.find_elements(By.ID, dropdown_id), f"dropdown {dropdown_id}")[0].click()
     if driver.execute_script("return document.activeElement.classList.contains('dash-dropdown-search');"):
-        ActionChains(driver).send_keys(label).perform()  # long lists show only some options until filtered
+        # Long lists show only some options until filtered; what an earlier search left in the field is
+        # selected first, so the label replaces it instead of being appended to it.
+        ActionChains(driver).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL).send_keys(label).perform()
     option = wait_for(lambda: next(o for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']")
                                    if o.text.strip() == label), f"option {label!r} of {dropdown_id}")
     option.click()
@@ -164,8 +167,6 @@ def choose(driver: Any, dropdown_id: str, label: str) -> None:
 
 def type_into(driver: Any, element_id: str, typed: str) -> None:
     """Replace the text of an input field and press Enter."""
-    from selenium.webdriver.common.keys import Keys
-
     field = driver.find_element(By.ID, element_id)
     field.send_keys(Keys.CONTROL, "a")
     field.send_keys(typed + "\n")
