@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -22,6 +23,7 @@ from benchmarks.diagbench.grid import GRID
 from benchmarks.diagbench.lofo import DEFAULT, fit_calibration, lofo
 from benchmarks.diagbench.report import report
 from benchmarks.diagbench.specs import all_specs
+from benchmarks.diagbench.training import DETAIL_VARIABLE
 from comgra_ndbg.stats import kernels
 
 COST = {"cnn": 4, "resmlp": 3, "transformer": 3, "rnn": 2, "mlp": 2, "twobranch": 1, "autoencoder": 1}
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop-healthy-seeds", type=int, default=2,
                         help="with --families loop: seeds of every healthy control of the other families checked "
                              "for loop-invariant hypotheses (default 2; 0: none)")
+    parser.add_argument("--detail", choices=("full", "tiered"), default="full",
+                        help="the recorders' detail= for the runs trained here (default full)")
     parser.add_argument("--validate-only", action="store_true", help="train and validate, do not analyse")
     parser.add_argument("--fit-calibration", action="store_true",
                         help="print calibration constants fitted on every run (for analysis/calibration.py)")
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         select(args.families, args.exclude_families)
     except ValueError as error:
         parser.error(str(error))
+    os.environ[DETAIL_VARIABLE] = args.detail  # read by the worker processes that train the runs
     with tempfile.TemporaryDirectory(prefix="diagbench-") as temp:
         folder = args.keep or Path(temp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -112,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                      families=args.families, exclude=args.exclude_families, held_back=args.with_held_back,
                      seed_offset=args.seed_offset, analysis=not args.validate_only)
     print(report(result))
+    if args.detail != "full":
+        print(f"recorded with detail={args.detail!r}")
     if args.fit_calibration and result.get("analysed"):
         fitted, rows = fit_calibration(result["runs"], DEFAULT)
         print(f"fitted on {rows} hypotheses: " + (f"constant {fitted:.4f}" if isinstance(fitted, float) else

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -118,11 +119,18 @@ def _loop(spec: RunSpec, setup: Setup, rec: Recorder | None, probe: SpreadProbe,
     return losses
 
 
+DETAIL_VARIABLE = "COMGRA_DIAGBENCH_DETAIL"
+"""The environment variable ``--detail`` sets for the worker processes: the recorders' ``detail=`` (default
+``full``; ``tiered`` scores the diagnosis on recordings with statistic tiers, ``docs/recording.md``)."""
+
+
 def _recording(family: Family, spec: RunSpec, setup: Setup, folder: Path) -> AbstractContextManager:
+    detail = os.environ.get(DETAIL_VARIABLE, "full")
     if family.recording == RECORDER:
-        return Recorder(folder, trial=spec.name)
+        return Recorder(folder, trial=spec.name, detail=detail)
     criterion = setup.criterion if setup.config.loss == "hooked" else None
-    return NeuralDbg(setup.model, folder, trial=spec.name, optimizer=setup.optimizer, loss=criterion)
+    return NeuralDbg(setup.model, folder, trial=spec.name, optimizer=setup.optimizer, loss=criterion,
+                     detail=detail)
 
 
 def train_run(spec: RunSpec, folder: Path) -> Path:
