@@ -4,6 +4,7 @@ regression with a ReLU output (and its linear twin), and on synthetic series for
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +17,15 @@ from comgra_ndbg import NeuralDbg
 from comgra_ndbg.analysis.api import analyze
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.output_path import signal_path, squashing_node
-from comgra_ndbg.analysis.output_range import output_range_events, prediction_nodes
+from comgra_ndbg.analysis.loading import load_series
+from comgra_ndbg.analysis.output_range import contested, output_range_events, prediction_nodes
 from comgra_ndbg.analysis.series import build_series
 from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.analysis.synthetic import summary_rows
 from comgra_ndbg.compat.comgra import CompatibilityWarning
 from comgra_ndbg.compat.comgra.tutorial import CONFIGURATIONS, Demonstration
 from comgra_ndbg.graph.model import DependencyGraph, GraphEdge, GraphNode
+from comgra_ndbg.store.reader import open_recording
 
 BUGGED, FIXED = CONFIGURATIONS
 TUTORIAL = dict(steps=120, batch_size=16, hidden_size=16, memory_size=8, dataset_size=256,
@@ -87,6 +90,45 @@ def test_a_relu_on_a_regression_output_is_named_and_its_linear_twin_is_not(tmp_p
     assert not [e for e in linear.events if e.family == "output_range"] and linear.healthy
 
 
+def _gan(folder: Path, seed: int = 0, steps: int = 60) -> None:
+    """A small GAN whose discriminator is recorded: one update on a real batch (target 1) and a generated
+    one (target 0), then the generator's update through it with its own optimizer."""
+    torch.manual_seed(seed)
+    generator = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    discriminator = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Dropout(0.1), nn.Linear(16, 1))
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    g = torch.Generator().manual_seed(seed)
+    ones, zeros = torch.ones(16, 1), torch.zeros(16, 1)
+    with NeuralDbg(discriminator, folder, trial="gan", snapshots=None):
+        for _ in range(steps):
+            real, noise = torch.randn(16, 2, generator=g) * 0.5 + 2, torch.randn(16, 4, generator=g)
+            discriminator.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(discriminator(real), ones)
+            with torch.no_grad():
+                sample = generator(noise)
+            loss = loss + F.binary_cross_entropy_with_logits(discriminator(sample), zeros)
+            loss.backward()
+            opt_d.step()
+            generator.zero_grad()
+            F.binary_cross_entropy_with_logits(discriminator(generator(noise)), ones).backward()
+            opt_g.step()
+
+
+def test_a_discriminator_pulled_to_both_ends_by_its_passes_is_a_game_not_a_range(tmp_path: Path) -> None:
+    _gan(tmp_path)
+    with open_recording(tmp_path, "gan") as recording:
+        series = load_series(recording)
+    low, high = series.pass_push["model"]  # real samples: every gradient < 0; generated ones: every one > 0
+    assert np.all(low < -0.95) and np.all(high > 0.95)
+    window = slice(40, 60)
+    assert contested(series, "model", window)
+    merged = replace(series, pass_push=None)  # the passes merged: one push down, the logit's negative side rare
+    assert [e.node for e in output_range_events(merged)] == ["model.3"]
+    assert output_range_events(series) == []
+    assert not [h for h in analyze(tmp_path, trial="gan", store=False).hypotheses if h.type == "output_range"]
+
+
 # ---- synthetic series --------------------------------------------------------------------------------------
 def _node(name: str, role: str = "intermediate") -> GraphNode:
     return GraphNode(name, role, "", (name,), role == "parameter")
@@ -141,6 +183,21 @@ def test_the_gradient_route_and_its_guards() -> None:
     assert output_range_events(_series(rows, edges, roles, learned)) == []
     symmetric = {**rows, ("act", "value"): SYMMETRIC, ("out", "value"): SYMMETRIC}
     assert output_range_events(_series(symmetric, edges, roles, ONE)) == []  # nothing squashes the side
+
+
+def test_passes_pulling_one_way_keep_the_event_and_opposite_ways_drop_it() -> None:
+    roles = {"act": "intermediate", "out": "output", "loss": "loss"}
+    edges = [("act", "out"), ("out", "loss")]
+    rows = {("act", "value"): RELU, ("out", "value"): RELU, ("out", "grad"): PUSHED_DOWN}
+    series = _series(rows, edges, roles, ONE)
+    one_way = replace(series, pass_push={"out": (0.4 * ONE, 0.6 * ONE)})  # micro-batches all pushing down
+    assert [e.node for e in output_range_events(one_way)] == ["act"]
+    game = replace(series, pass_push={"out": (-0.9 * ONE, 0.95 * ONE)})
+    assert output_range_events(game) == []
+    some_steps = replace(series, pass_push={"out": (np.r_[np.full(50, 0.4), np.full(10, -0.9)], 0.95 * ONE)})
+    assert [e.node for e in output_range_events(some_steps)] == ["act"]  # opposed at half the window only
+    single = replace(series, pass_push={"out": (np.full(60, np.nan), np.full(60, np.nan))})
+    assert [e.node for e in output_range_events(single)] == ["act"]
 
 
 def test_the_target_route_compares_ranges_of_same_sized_tensors() -> None:

@@ -1,13 +1,20 @@
 """Reading a recording into a :class:`RunSeries` — the only analysis module that talks to the reader."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from comgra_ndbg.analysis.invariants import LoopFacts, TensorRows
+from comgra_ndbg.analysis.output_range import prediction_nodes
 from comgra_ndbg.analysis.reference_rules import RunFacts
 from comgra_ndbg.analysis.series import RunSeries, build_series
 from comgra_ndbg.analysis.structure import NodeInfo
+from comgra_ndbg.stats.statistics import derive_one
+from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording
 
-__all__ = ["load_series", "node_info", "load_run_facts"]
+__all__ = ["load_series", "node_info", "load_run_facts", "pass_push"]
 
 
 def load_series(recording: Recording) -> RunSeries:
@@ -31,9 +38,42 @@ def load_series(recording: Recording) -> RunSeries:
             if node.name in roles:
                 roles[node.name] = node.role
     log = tuple(LoopFacts.row(e.step, e.subject, e.message, e.detail) for e in recording.log("invariant"))
-    return build_series(rows, roles=roles, kpis=kpis, graph=graph, trial=recording.trial,
-                        node_order=recording.nodes, info=node_info(recording),
-                        loop=LoopFacts(log, tuple(inputs["input"]), tuple(inputs["target"])))
+    series = build_series(rows, roles=roles, kpis=kpis, graph=graph, trial=recording.trial,
+                          node_order=recording.nodes, info=node_info(recording),
+                          loop=LoopFacts(log, tuple(inputs["input"]), tuple(inputs["target"])))
+    return replace(series, pass_push=pass_push(recording, series.steps, prediction_nodes(series)))
+
+
+def pass_push(recording: Recording, steps: np.ndarray, nodes: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per node of ``nodes``: the lowest and the highest gradient mean ÷ rms of one forward pass (iteration)
+    of each step, aligned with ``steps`` (NaN where a step ran fewer than two passes). A discriminator's
+    passes on real and on generated samples pull its output to opposite ends: merged, they look like one
+    push. Read only where some step ran several passes, and only for the few prediction nodes."""
+    counts = recording.step_iterations
+    most = int(counts.max()) if len(counts) else 0
+    if most < 2:
+        return {}
+    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for node in nodes:
+        tensors = [t.name for t in recording.tensors if t.node == node and schema.KIND_GRAD in recording.kinds(t.name)]
+        if len(tensors) != 1:
+            continue  # several tensors per node merge per pass too: their passes are not told apart here
+        low, high = np.full(len(steps), np.inf), np.full(len(steps), -np.inf)
+        seen = np.zeros(len(steps), np.int64)
+        for iteration in range(most):
+            at, rows = recording.summary_rows(tensors[0], schema.KIND_GRAD, iteration=iteration)
+            ratio = derive_one(rows, "mean") / derive_one(rows, "rms")
+            index = np.searchsorted(steps, at)
+            keep = (index < len(steps)) & np.isfinite(ratio)
+            index, ratio = index[keep], ratio[keep]
+            keep = steps[index] == at[keep]
+            index, ratio = index[keep], ratio[keep]
+            np.minimum.at(low, index, ratio)
+            np.maximum.at(high, index, ratio)
+            np.add.at(seen, index, 1)
+        several = seen >= 2
+        found[node] = (np.where(several, low, np.nan), np.where(several, high, np.nan))
+    return found
 
 
 def node_info(recording: Recording) -> dict[str, NodeInfo]:

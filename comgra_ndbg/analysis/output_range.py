@@ -21,6 +21,12 @@ The rule looks at the *prediction* — the node the loss compares with the targe
 - *probabilities*: the prediction is a probability vector (values in [0, 1], mean exactly 1/C) and the
   loss sits at or above log(1 + (C − 1)/e), the lowest a cross-entropy can reach on inputs in [0, 1].
 
+A prediction that different forward passes of the same step pull to opposite ends — one pass's gradient
+pushing it up by ``push`` × rms or more, another's down as hard, at ``persist_share`` of the steps — is in
+a game, not short of a range: a GAN's discriminator on real samples (target 1) and on generated ones
+(target 0). What its merged gradient keeps wanting is the balance of the two objectives, which the other
+player moves, so nothing is said (``RunSeries.pass_push`` holds the passes' pushes).
+
 The failure is named only when it was there from the start — the prediction fell short on that route over
 the first ``window`` steps too, or the same node squashed the same side then (a ReLU cuts its negative side
 from step 0, before training has fitted what it can and the gradient turns one-sided); a shortfall that
@@ -58,7 +64,7 @@ from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.shift import strength
 from comgra_ndbg.analysis.structure import parents
 
-__all__ = ["output_range_events", "prediction_nodes", "Reach", "reach", "FAMILY", "STATE"]
+__all__ = ["output_range_events", "prediction_nodes", "Reach", "reach", "contested", "FAMILY", "STATE"]
 
 FAMILY = "output_range"
 STATE = "out_of_reach"
@@ -203,6 +209,19 @@ def reach(series: RunSeries, prediction: str, window: slice, t: Thresholds = Thr
     return _probability_reach(series, prediction, window) or _target_reach(series, prediction, window, t)
 
 
+def contested(series: RunSeries, prediction: str, window: slice, t: Thresholds = Thresholds()) -> bool:
+    """Whether passes of the same step pull ``prediction`` to opposite ends, each as hard as the gradient
+    route's push, at ``range_persist_share`` of the steps in ``window`` (see the module docstring)."""
+    found = (series.pass_push or {}).get(prediction)
+    if found is None:
+        return False
+    low, high = found[0][window], found[1][window]
+    if not len(low):
+        return False
+    opposed = (low <= -t.range_push) & (high >= t.range_push)  # NaN (one pass) compares False
+    return bool(np.mean(opposed) >= t.range_persist_share)
+
+
 def _loss_stays_high(series: RunSeries, window: slice, t: Thresholds) -> bool:
     loss = series.loss
     start, late = loss[:t.start_steps], loss[window]
@@ -237,7 +256,7 @@ def output_range_events(series: RunSeries, thresholds: Thresholds = Thresholds()
     events = []
     for prediction in prediction_nodes(series):
         found = reach(series, prediction, window, t)
-        if found is None:
+        if found is None or contested(series, prediction, window, t):
             continue
         squash = _squash_for(series, found, window, t)
         early = slice(0, min(t.window, window.start))

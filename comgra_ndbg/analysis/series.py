@@ -62,6 +62,9 @@ class RunSeries:
     kpi_present: Mapping[str, np.ndarray] | None = None  # per KPI: True at steps where it was recorded
     info: Mapping[str, NodeInfo] | None = None  # per node: module class, shape, parameter ranks
     loop: Any = None  # invariants.LoopFacts: the invariant log, input and target rows (None: not loaded)
+    # per prediction node: the lowest and the highest gradient mean ÷ rms of one forward pass of each step
+    # (aligned with steps; NaN where a step ran one pass), which tells passes pulling opposite ways apart
+    pass_push: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
 
     def node_info(self, name: str) -> NodeInfo:
         """What the recording says about node ``name`` besides its series (empty when nothing)."""
