@@ -153,17 +153,35 @@ def click_frame(driver: Any, frame: str) -> None:
     click_at(driver, x, y)
 
 
-def choose(driver: Any, dropdown_id: str, label: str) -> None:
-    """Open a Dash 4 dropdown (once the page has rendered it) and click the option with ``label``."""
-    wait_for(lambda: driver.find_elements(By.ID, dropdown_id), f"dropdown {dropdown_id}")[0].click()
-    if driver.execute_script("return document.activeElement.classList.contains('dash-dropdown-search');"):
-        # Long lists show only some options until filtered; what an earlier search left in the field is
-        # selected first, so the label replaces it instead of being appended to it.
-        ActionChains(driver).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL).send_keys(label).perform()
-    option = wait_for(lambda: next(o for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']")
-                                   if o.text.strip() == label), f"option {label!r} of {dropdown_id}")
-    option.click()
+def choose(driver: Any, dropdown_id: str, label: str, attempts: int = 3) -> None:
+    """Open a Dash 4 dropdown (once the page has rendered it) and click the option with ``label``.
 
+    Long lists show only some options until filtered, so the label is typed into the search field when the
+    dropdown has one, replacing what an earlier search left there. A try whose option does not show within a
+    few seconds closes the dropdown and opens it again: a click that lands while the page re-renders the
+    dropdown (after an earlier choice, or the list it filters arriving late) can leave it closed or unfocused.
+    The last try fails saying what the field held and what was offered."""
+    def offered() -> Any:
+        return next((o for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']") if o.text.strip() == label),
+                    None)
+
+    for attempt in range(attempts):
+        wait_for(lambda: driver.find_elements(By.ID, dropdown_id), f"dropdown {dropdown_id}")[0].click()
+        if driver.execute_script("return document.activeElement.classList.contains('dash-dropdown-search');"):
+            ActionChains(driver).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL).send_keys(label).perform()
+        last = attempt == attempts - 1
+        try:
+            option = wait_for(offered, f"option {label!r} of {dropdown_id}", timeout=15.0 if last else 5.0)
+        except AssertionError:
+            if last:
+                field = driver.execute_script("const a = document.activeElement; return a && a.value;")
+                shown = [o.text.strip() for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']")][:8]
+                raise AssertionError(f"option {label!r} of {dropdown_id} never shown: the focused field held "
+                                     f"{field!r}, the options shown were {shown}") from None
+            ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+            continue
+        option.click()
+        return
 
 def type_into(driver: Any, element_id: str, typed: str) -> None:
     """Replace the text of an input field and press Enter."""

@@ -645,10 +645,10 @@ def test_a_periodic_flush_is_written_on_a_worker_thread_while_training_goes_on(t
                                                                                ) -> None:
     gate, writers = threading.Event(), []
 
-    def gated(path: Path, content: object, attrs: dict) -> None:
+    def gated(path: Path, content: object, attrs: dict, **options: bool) -> None:
         writers.append(threading.current_thread())
         gate.wait(timeout=5)
-        write_segment(path, content, attrs)
+        write_segment(path, content, attrs, **options)
 
     monkeypatch.setattr(writer_module, "write_segment", gated)
     rec = Recorder(tmp_path, trial="t", flush_every_steps=3, flush_every_seconds=3600)

@@ -573,12 +573,12 @@ def _gated_segment_writes(monkeypatch, fail: bool = False) -> tuple[threading.Ev
     (thread, file name) of each write."""
     gate, writes = threading.Event(), []
 
-    def gated(path, content, attrs):
+    def gated(path, content, attrs, **options):
         writes.append((threading.current_thread(), Path(path).name))
         assert gate.wait(timeout=30), "the test never opened the gate"
         if fail:
             raise OSError(28, "No space left on device")
-        write_segment(path, content, attrs)
+        write_segment(path, content, attrs, **options)
 
     monkeypatch.setattr(writer_module, "write_segment", gated)
     return gate, writes
