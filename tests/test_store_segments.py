@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import h5py
@@ -329,6 +330,20 @@ def test_the_writer_stores_each_distinct_value_index_once_and_reads_every_snapsh
             np.testing.assert_array_equal(snap.values, np.full(4, 10.0 * step + 1, np.float32))
 
 
+def _write_four_steps(tmp_path: Path, flush_after: Iterable[int]) -> tuple[RecordingWriter, Catalog]:
+    """Steps 0-3 of one series into ``tmp_path/trial``, flushed after the steps in ``flush_after``, then closed;
+    the closed writer and its catalog."""
+    catalog, flushed = _catalog(1), set(flush_after)
+    writer = RecordingWriter(tmp_path / "trial", "trial")
+    for step in range(4):
+        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
+        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
+        if step in flushed:
+            writer.flush(catalog)
+    writer.close(catalog)
+    return writer, catalog
+
+
 @pytest.mark.parametrize("flushes", [0, 1])
 def test_close_writes_a_run_that_never_flushed_straight_into_the_final_file(tmp_path, monkeypatch, flushes):
     written = []
@@ -338,14 +353,7 @@ def test_close_writes_a_run_that_never_flushed_straight_into_the_final_file(tmp_
         write_segment(path, content, attrs, **options)
 
     monkeypatch.setattr(writer_module, "write_segment", recording_write)
-    catalog = _catalog(1)
-    writer = RecordingWriter(tmp_path / "trial", "trial")
-    for step in range(4):
-        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
-        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
-        if step == 1 and flushes:
-            writer.flush(catalog)
-    writer.close(catalog)
+    writer, catalog = _write_four_steps(tmp_path, flush_after=(1,) if flushes else ())
     if flushes:  # the rest is flushed and both segments merged, as before
         assert written == [segment_name(1, 0), segment_name(2, 0), schema.FINAL_NAME]
     else:  # one write, no segment to copy or merge
@@ -891,13 +899,7 @@ def test_a_merge_hands_each_array_to_hdf5_and_lets_go_of_it_so_the_merged_copy_i
         seen.append((Path(path).name, options.get("consume", False), len(content.step), len(content.summary_step)))
 
     monkeypatch.setattr(writer_module, "write_segment", recording_write)
-    catalog = _catalog(1)
-    writer = RecordingWriter(tmp_path / "trial", "trial")
-    for step in range(4):
-        writer.add_step(step, 0, 1, schema.FLAG_SUMMARY, "")
-        writer.add_summaries(step, 0, np.array([0]), _row(12, step, -1, step)[None])
-        writer.flush(catalog)
-    writer.close(catalog)
+    _write_four_steps(tmp_path, flush_after=range(4))
     final = [entry for entry in seen if entry[0] == schema.FINAL_NAME]
     assert final == [(schema.FINAL_NAME, True, 0, 0)]  # written, then emptied
     flushed = [entry for entry in seen if entry[0].endswith("-L0.h5")]
