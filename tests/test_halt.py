@@ -3,6 +3,7 @@ before it on disk and the diagnosis in hand (raise and flag modes)."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,41 @@ def test_the_convnet_with_lr_100_halts_within_a_few_steps_with_the_steps_before_
         np.testing.assert_allclose(kpi_losses, losses[:halted.last_step + 1], rtol=1e-6)  # nothing lost
 
 
+def test_a_convnet_trained_with_lr_100_from_the_first_step_halts_on_the_named_triggers(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Neural Observer's own script: SGD at lr=100 from the start. The loss explodes before ``LossSpike`` has
+    the 10 steps of history its running median needs, so its early bar (100x the largest loss so far) is
+    what halts the run."""
+    def doomed(model: nn.Module) -> list[float]:
+        optimizer = torch.optim.SGD(model.parameters(), lr=100.0)
+        losses: list[float] = []
+        for x, y in batches()[:BAD_LR_FROM]:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            losses.append(loss.item())
+            loss.backward()
+            optimizer.step()
+        return losses
+
+    bare = doomed(convnet())
+    explosion = next(i for i, loss in enumerate(bare) if loss > 10 * bare[0])
+    assert explosion <= 2
+    model = convnet()
+    with pytest.raises(TrainingHalted) as caught:
+        with NeuralDbg(model, tmp_path, trial="lr100", halt_on=["nonfinite", "loss_spike"]):
+            doomed(model)
+    halted = caught.value
+    assert explosion <= halted.step <= explosion + 1 and "the largest of its first" in halted.reason
+    assert halted.last_step == halted.step + 2
+    top = halted.diagnosis.hypotheses[0]
+    assert (top.type, top.origin) == ("optimizer_divergence", "optimizer")
+    assert "Optimizer divergence originated in the optimizer" in capsys.readouterr().out
+    with open_recording(tmp_path, "lr100") as recording:
+        assert recording.steps.tolist() == list(range(halted.last_step + 1))
+        assert recording.triggers[0].step == halted.step  # later firings, while it explodes on, only record
+        np.testing.assert_allclose(recording.kpi("loss")[1], bare[:halted.last_step + 1], rtol=1e-5)
+
+
 def test_flag_mode_sets_should_stop_at_the_optimizer_step_and_keeps_recording(tmp_path: Path, explosion: int,
                                                                              capsys: pytest.CaptureFixture) -> None:
     model = convnet()
@@ -147,10 +183,11 @@ def test_a_trigger_built_with_halt_true_halts_at_the_first_nan_and_other_trigger
     assert flight.triggers[1].halt and not flight.triggers[0].halt  # the user's flight recorder is untouched
 
 
-def test_a_healthy_run_never_halts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("halt_on", [spike_triggers, lambda: ["nonfinite", "loss_spike"]], ids=["tuned", "named"])
+def test_a_healthy_run_never_halts(tmp_path: Path, halt_on: Callable[[], list]) -> None:
     model = convnet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with NeuralDbg(model, tmp_path, trial="healthy", halt_on=spike_triggers(), halt_mode="flag") as dbg:
+    with NeuralDbg(model, tmp_path, trial="healthy", halt_on=halt_on(), halt_mode="flag") as dbg:
         for x, y in batches()[:BAD_LR_FROM]:
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()

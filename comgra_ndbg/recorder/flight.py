@@ -78,7 +78,17 @@ class NonFinite(Trigger):
 
 class LossSpike(Trigger):
     """Fires when a KPI exceeds ``factor`` times its running median over the last ``window`` steps
-    (also when the KPI itself becomes NaN or Inf)."""
+    (also when the KPI itself becomes NaN or Inf).
+
+    Before ``min_history`` values are known the median is not trusted, yet a run whose learning rate is far
+    too high explodes in its first steps and never again rises ``factor`` times above the median of the
+    diverged values that follow. So in those first steps the bar is ``factor`` squared times the largest
+    value seen so far: a loss 100 times its start is no warm-up noise.
+
+    >>> spike = LossSpike(factor=10)
+    >>> [spike.check(StepFacts(step, {"loss": loss}, [], {})) for step, loss in enumerate([1.4, 5e3, 40.0])]
+    [None, "loss 5e+03 exceeds 100x the largest of its first 1 values 1.4 (KPI 'loss')", None]
+    """
 
     def __init__(self, kpi: str = "loss", factor: float = 10.0, window: int = 50, min_history: int = 10, *,
                  halt: bool = False) -> None:
@@ -101,6 +111,11 @@ class LossSpike(Trigger):
             if median > 0 and value > self.factor * median:
                 reason = (f"{self.kpi} {value:.3g} exceeds {self.factor:g}x its running median {median:.3g} "
                           f"(KPI {self.kpi!r})")
+        elif self._history:
+            largest, bar = max(self._history), self.factor ** 2
+            if largest > 0 and value > bar * largest:
+                reason = (f"{self.kpi} {value:.3g} exceeds {bar:g}x the largest of its first {len(self._history)} "
+                          f"values {largest:.3g} (KPI {self.kpi!r})")
         self._history.append(value)
         return reason
 
