@@ -102,13 +102,14 @@ class NotebookError(ComgraError, RuntimeError):
 class BreakpointHit(ComgraError, RuntimeError):
     """A ``NeuralDbg.break_at(..., action="raise")`` breakpoint fired: raised from the module's forward hook
     (``at="forward"``) or from the gradient hook in ``backward()`` (``at="backward"``), carrying what the
-    module saw so the caller can inspect it: ``module`` (its path), ``step``, ``at``, ``inputs`` (the
+    module saw so the caller can inspect it, as the ``"pdb"`` action and a callback see it: ``module`` (the
+    module object), ``path`` (its path inside the model, ``"blocks.2"``), ``step``, ``at``, ``inputs`` (the
     forward arguments), ``output``, ``grad`` (the output's gradient, backward only) and ``reason``."""
 
-    def __init__(self, message: str, *, module: str, step: int | None, at: str, inputs: tuple, output: object,
-                 grad: object = None, reason: str = "") -> None:
+    def __init__(self, message: str, *, module: object, path: str, step: int | None, at: str, inputs: tuple,
+                 output: object, grad: object = None, reason: str = "") -> None:
         super().__init__(message)
-        self.module, self.step, self.at = module, step, at
+        self.module, self.path, self.step, self.at = module, path, step, at
         self.inputs, self.output, self.grad, self.reason = inputs, output, grad, reason
 
 

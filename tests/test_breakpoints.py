@@ -2,6 +2,8 @@
 sees, what the hooks receive, and that the user's exceptions reach the loop with the recording intact."""
 from __future__ import annotations
 
+import os
+import pty
 import subprocess
 import sys
 import textwrap
@@ -78,7 +80,7 @@ def test_a_nonfinite_forward_breakpoint_raises_with_what_the_module_saw_and_the_
             dbg.break_at("model.0", when="nonfinite", action="raise")
             train(model, torch.optim.SGD(model.parameters(), lr=0.01), nan_at=3)
     hit = caught.value
-    assert (hit.module, hit.step, hit.at) == ("0", 3, "forward")
+    assert (hit.module, hit.path, hit.step, hit.at) == (model[0], "0", 3, "forward")
     assert torch.isnan(hit.inputs[0][0, 0]) and torch.isnan(hit.output[0]).all() and hit.grad is None
     assert "breakpoint at 'model.0' (forward, when 'nonfinite') hit in step 3" in str(hit)
     with open_recording(tmp_path, "t") as recording:
@@ -113,7 +115,7 @@ def test_a_backward_breakpoint_sees_the_gradient_and_raises_out_of_backward(tmp_
             dbg.break_at("1", when=lambda g: bool(g.abs().max() > 1), at="backward", action="raise")
             train(model, torch.optim.SGD(model.parameters(), lr=0.0), loss_scale={3: 1e4})
     hit = caught.value
-    assert (hit.step, hit.at, hit.module) == (3, "backward", "1") and hit.grad.abs().max() > 1
+    assert (hit.step, hit.at, hit.module, hit.path) == (3, "backward", model[1], "1") and hit.grad.abs().max() > 1
     with open_recording(tmp_path, "raise") as recording:
         assert recording.steps.tolist() == [0, 1, 2, 3]
 
@@ -282,6 +284,40 @@ def test_the_pdb_action_opens_the_debugger_with_the_module_output_and_step_in_sc
     assert "breakpoint at 'model.1' (forward) in step 0: model.1: abs_max" in out
     assert "('STEP', 0)" in out and "(3, 8)" in out and "'Tanh'" in out and "('STEP', 1)" in out
     assert out.rstrip().endswith("training finished")
+
+
+def test_without_an_action_a_terminal_gets_the_debugger_and_a_batch_job_gets_breakpoint_hit(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import torch
+        from torch import nn
+        from comgra_ndbg import NeuralDbg
+        from comgra_ndbg.errors import BreakpointHit
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        try:
+            with NeuralDbg(model, {str(tmp_path)!r}, trial="default", overwrite=True) as dbg:
+                dbg.break_at("0", when="abs_max > 0")
+                model(torch.randn(3, 4)).sum().backward()
+        except BreakpointHit as hit:
+            print("BreakpointHit", hit.path, hit.step, type(hit.module).__name__)
+        print("done")
+    """)
+    piped = subprocess.run([sys.executable, "-c", script], stdin=subprocess.PIPE, capture_output=True, text=True,
+                           timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.splitlines() == ["BreakpointHit 0 0 Linear", "done"]
+    leader, follower = pty.openpty()  # stdin a terminal, as when a person runs the script
+    try:
+        os.write(leader, b"p ('IN SCOPE', step, type(module).__name__, tuple(output.shape), len(inputs))\nc\n")
+        typed = subprocess.run([sys.executable, "-c", script], stdin=follower, capture_output=True, text=True,
+                               timeout=120)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert typed.returncode == 0, typed.stderr
+    assert "breakpoint at 'model.0' (forward) in step 0" in typed.stdout
+    assert "('IN SCOPE', 0, 'Linear', (3, 8), 1)" in typed.stdout and "BreakpointHit" not in typed.stdout
+    assert typed.stdout.rstrip().endswith("done")
 
 
 def test_breakpoints_fire_inside_a_compiled_model_as_in_eager(tmp_path: Path) -> None:

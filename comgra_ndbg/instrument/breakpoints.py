@@ -277,8 +277,8 @@ class Breakpoints:
             action(call)
         elif action == "raise":
             raise BreakpointHit(f"breakpoint at {call.node!r} ({call.at}, when {point.condition.text!r}) hit in step "
-                                f"{call.step}: {call.reason}", module=call.path, step=call.step, at=call.at,
-                                inputs=call.inputs, output=call.output, grad=call.grad, reason=call.reason)
+                                f"{call.step}: {call.reason}", module=call.module, path=call.path, step=call.step,
+                                at=call.at, inputs=call.inputs, output=call.output, grad=call.grad, reason=call.reason)
         else:
             debug_layer(call)
 
