@@ -90,6 +90,24 @@ def test_hot_layers_take_the_fewest_layers_that_cover_half_of_the_time() -> None
     assert list(costs) == ["model.a", "model.b", "model.c", "model.d", "model"]
 
 
+def test_the_first_profiled_step_counts_only_where_no_later_step_has_the_figure() -> None:
+    modules = ("model", "model.a")
+    f = schema.PROFILE_FIELD
+    data = np.full((3, 2, len(schema.PROFILE_FIELDS)), np.nan)
+    data[:, :, f["forward_time"]] = [[0.5, 0.4], [np.nan, np.nan], [0.05, 0.04]]  # step 1 counted FLOPs
+    data[:, :, f["backward_time"]] = [[0.0, 0.3], [np.nan, np.nan], [0.0, 0.03]]
+    data[:, :, f["saved_bytes"]] = [[0, 2048], [0, 1024], [0, 1024]]  # the structure pass ran the model twice
+    data[:, :, f["flops"]] = [[np.nan, np.nan], [0, 640], [np.nan, np.nan]]
+    costs = {c.module: c for c in layer_costs(modules, data, schema.PROFILE_FIELDS)}
+    assert (costs["model.a"].forward_time, costs["model.a"].backward_time) == (0.04, 0.03)
+    assert (costs["model.a"].saved_bytes, costs["model.a"].flops) == (1024, 640)
+    assert abs(costs["model.a"].time_share - 0.07 / 0.12) < 1e-12
+    only_first = {c.module: c for c in layer_costs(modules, data[:2], schema.PROFILE_FIELDS)}
+    assert only_first["model.a"].forward_time == 0.4  # no later step timed it: the first one stands
+    every = {c.module: c for c in layer_costs(modules, data, schema.PROFILE_FIELDS, warmup=0)}
+    assert every["model.a"].forward_time == (0.4 + 0.04) / 2
+
+
 def test_a_leak_found_in_a_diagnosis_is_a_failure_type_neuraldbg_can_trace() -> None:
     from comgra_ndbg.analysis.events import Diagnosis
     from comgra_ndbg.analysis.profile import profile_report, with_profile

@@ -4,7 +4,10 @@ Pure functions over the arrays of ``Recording.profile()`` (``store.profile_readi
 thresholds as parameters.
 
 - :func:`layer_costs`: each module's typical (median over profiled steps) exclusive forward and backward time,
-  saved activation bytes and FLOPs, and its share of the step's time and memory.
+  saved activation bytes and FLOPs, and its share of the step's time and memory. The first profiled step is
+  left out where a later one has the figure: it pays one-off costs (first allocations and kernel launches;
+  under ``NeuralDbg`` its structure pass runs the model twice), and the default policy profiles only a
+  handful of steps, so a median would often be half made of it.
 - hot layers: the fewest layers that together take ``cover`` of the time (or of the saved memory), each at
   least ``min_share``, at most ``max_hot``.
 - :func:`memory_trend`: a memory-leak hypothesis — memory that grows linearly over the steps with no plateau.
@@ -129,6 +132,13 @@ def _median(values: np.ndarray) -> float:
     return float(np.median(finite)) if len(finite) else float("nan")
 
 
+def _typical(values: np.ndarray, warmup: int) -> float:
+    """The median of ``values`` after the first ``warmup`` steps, or of all of them when no later one is finite
+    (a run profiled once, or whose later profiled step counted FLOPs and timed nothing)."""
+    later = values[warmup:]
+    return _median(later if np.isfinite(later).any() else values)
+
+
 def _hot(shares: np.ndarray, *, cover: float, min_share: float, max_hot: int) -> set[int]:
     """The fewest largest shares that reach ``cover``, each at least ``min_share``, at most ``max_hot``."""
     chosen: set[int] = set()
@@ -142,9 +152,10 @@ def _hot(shares: np.ndarray, *, cover: float, min_share: float, max_hot: int) ->
 
 
 def layer_costs(modules: tuple[str, ...], data: np.ndarray, fields: tuple[str, ...], *, cover: float = 0.5,
-                min_share: float = 0.15, max_hot: int = 3) -> tuple[LayerCost, ...]:
-    """Each module's typical cost from ``data[step, module, field]`` (fields named by ``fields``), most
-    expensive first, the hot layers marked.
+                min_share: float = 0.15, max_hot: int = 3, warmup: int = 1) -> tuple[LayerCost, ...]:
+    """Each module's typical cost from ``data[step, module, field]`` (fields named by ``fields``, steps in
+    order), most expensive first, the hot layers marked; the first ``warmup`` profiled steps count only for
+    a figure no later step has.
 
     >>> data = np.zeros((2, 3, 8)); f = ("calls", "forward_time", "forward_inclusive", "backward_time",
     ...     "saved_bytes", "allocated_delta", "peak_delta", "flops")
@@ -155,7 +166,7 @@ def layer_costs(modules: tuple[str, ...], data: np.ndarray, fields: tuple[str, .
     column = {name: i for i, name in enumerate(fields)}
     if not len(modules) or not len(data):
         return ()
-    typical = {name: np.array([_median(data[:, m, column[name]]) for m in range(len(modules))])
+    typical = {name: np.array([_typical(data[:, m, column[name]], warmup) for m in range(len(modules))])
                for name in ("forward_time", "backward_time", "saved_bytes", "flops", "peak_delta")}
     time = np.nan_to_num(typical["forward_time"]) + np.nan_to_num(typical["backward_time"])
     saved = np.nan_to_num(typical["saved_bytes"])
