@@ -3,6 +3,7 @@ Chromium (``browser_support``) showing the per-layer bars and ringing the hot la
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ import torch
 from torch import nn
 
 from comgra_ndbg import NeuralDbg
-from comgra_ndbg.gui.profile_tab import PROFILE_MEMORY, PROFILE_PROCESS, PROFILE_TIME, hot_layers, profile_tab
+from comgra_ndbg.gui.profile_tab import (PROFILE_MEMORY, PROFILE_PROCESS, PROFILE_TIME, hot_layer_stylesheet,
+                                         hot_layers, profile_tab)
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.recorder.profile_config import ProfileConfig
 
@@ -57,6 +59,49 @@ def test_a_trial_without_profile_says_how_to_record_one(tmp_path: Path) -> None:
     assert hot_layers(ReaderCache(tmp_path), "t") == []
 
 
+class Residual(nn.Module):
+    """24 residual blocks, block 20 much wider than the others: a graph large enough that it opens with its
+    blocks collapsed, and a hot layer inside one of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(16, 1024 if i == 20 else 16), nn.ReLU(),
+                                                   nn.Linear(1024 if i == 20 else 16, 16)) for i in range(24)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("nested")
+    torch.manual_seed(0)
+    model = Residual()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with NeuralDbg(model, folder, trial="t", profile=ProfileConfig(steps=True, flops=False), snapshots=None):
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(256, 16)).square().mean().backward()
+            optimizer.step()
+    return folder
+
+
+def test_a_hot_layer_inside_a_collapsed_block_rings_the_block_until_it_is_opened(nested: Path) -> None:
+    cache = ReaderCache(nested)
+    assert "model.blocks.20.1" in hot_layers(cache, "t")  # the wide ReLU keeps the largest activation
+    closed = at_step(2)
+    assert "model.blocks.20" in cache.drawn("t", "train").collapsed  # how the graph opens
+    for selection, ringed, unringed in [(closed, "box:model.blocks.20", "model.blocks.20.1"),
+                                        (replace(closed, boxes=("+model.blocks.20",)), "model.blocks.20.1",
+                                         "box:model.blocks.20")]:
+        rings = [rule["selector"].split('"')[1] for rule in hot_layer_stylesheet(cache, selection, ViewOptions())]
+        assert ringed in rings and unringed not in rings
+        drawn = {item.id for item in cache.drawn("t", "train", selection.boxes).view.items}
+        assert set(rings) <= drawn  # every ring is on something drawn (time-hot layers vary with the load)
+
+
 def at_step(step: int) -> Selection:
     return Selection("t", "train", step, 0, None, None, None)
 
@@ -98,6 +143,19 @@ def test_the_profile_tab_in_chromium_shows_the_bars_and_rings_the_hot_layer(fold
         assert memory == 6
         wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, f"#{PROFILE_PROCESS} .js-plotly-plot"),
                  "the process memory plot")
+        assert console_problems(driver) == []
+
+
+@pytest.mark.slow
+def test_in_chromium_a_collapsed_block_holding_a_hot_layer_is_ringed(nested: Path) -> None:
+    from browser_support import chromium, console_problems, cy, served, wait_for
+
+    from comgra_ndbg.gui.app import create_app
+
+    with served(create_app(nested, interval_ms=60000)) as address, chromium() as driver:
+        driver.get(address)
+        wait_for(lambda: cy(driver, "return cy.getElementById('box:model.blocks.20').length;") > 0, "the graph")
+        assert cy(driver, "return cy.getElementById('box:model.blocks.20').style('border-style');") == "double"
         assert console_problems(driver) == []
 
 

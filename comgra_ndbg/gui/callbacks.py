@@ -252,8 +252,8 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
         names = [option["value"] for option in view["search"]]
         if _fresh(keys, "node_names", _digest(names)):  # every node: unchanged by opening a box
             out["node_names"] = names
-    if _fresh(keys, "stylesheet", (options.theme, selection.trial, selection.generation)):
-        out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection.trial)
+    if _fresh(keys, "stylesheet", (options.theme, drawn_key)):  # a hot layer's ring moves with the boxes
+        out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection, options)
     state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
     if _fresh(keys, "graph_state", (repr(state), drawn_key)) or centre:
         out["graph_view"], out["colour_scale"] = state, scale

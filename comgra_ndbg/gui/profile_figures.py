@@ -11,14 +11,41 @@ from typing import Any
 
 import numpy as np
 
+from comgra_ndbg.graph.compound import VisibleGraph, box_id
 from comgra_ndbg.gui.figures import format_number, plot_title, step_line, themed
 
-__all__ = ["HOT_COLOR", "hot_layer_rules", "layer_bars", "memory_bars", "process_figure"]
+__all__ = ["HOT_COLOR", "hot_items", "hot_layer_rules", "layer_bars", "memory_bars", "process_figure"]
 
 HOT_COLOR = "#FF7F0E"
 FORWARD_COLOR = "#1F77B4"
 BACKWARD_COLOR = "#9467BD"
 MIB = 2.0**20
+
+
+def hot_items(view: VisibleGraph, hot: Sequence[str]) -> list[str]:
+    """The drawn items that show the hot layers: the layer's node, or the collapsed box that holds it (a real
+    network opens with most of its blocks collapsed), or the module's own box when the hot module is a
+    container with no node of its own; each item once, in the order of ``hot``. A hot module drawn nowhere
+    (a container that is an open frame, a module the graph lacks) marks nothing.
+
+    >>> from comgra_ndbg.graph.compound import visible_graph
+    >>> from comgra_ndbg.graph.model import DependencyGraph, GraphNode
+    >>> nodes = tuple(GraphNode(n, "intermediate", "", (n,), False, ("intermediate",)) for n in ("m.a.x", "m.a.y",
+    ...                                                                                           "m.b"))
+    >>> hot_items(visible_graph(DependencyGraph(nodes, ()), ("m.a",)), ["m.a.y", "m.a.x", "m.b", "m.c"])
+    ['box:m.a', 'm.b']
+    >>> hot_items(visible_graph(DependencyGraph(nodes, ())), ["m.a.y", "m.a"])  # m.a open: a frame, not marked
+    ['m.a.y']
+    """
+    drawn = {item.id: item.kind for item in view.items + view.frames}
+    found: list[str] = []
+    for name in hot:
+        item = view.shown_as.get(name)
+        if item is None and drawn.get(box_id(name)) == "box":
+            item = box_id(name)
+        if item is not None and item not in found:
+            found.append(item)
+    return found
 
 
 def hot_layer_rules(hot: Sequence[str]) -> list[dict[str, Any]]:

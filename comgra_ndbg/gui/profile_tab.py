@@ -11,7 +11,7 @@ from dash import html
 
 from comgra_ndbg.analysis.profile import ProfileReport, profile_report
 from comgra_ndbg.gui import ids
-from comgra_ndbg.gui.profile_figures import hot_layer_rules, layer_bars, memory_bars, process_figure
+from comgra_ndbg.gui.profile_figures import hot_items, hot_layer_rules, layer_bars, memory_bars, process_figure
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.views import graph_of, message
 from comgra_ndbg.store import schema
@@ -35,9 +35,13 @@ def hot_layers(cache: ReaderCache, trial: str) -> list[str]:
     return [] if not len(tables.steps) else [layer.module for layer in _report(tables).hot]
 
 
-def hot_layer_stylesheet(cache: ReaderCache, trial: str) -> list[dict[str, Any]]:
-    """Stylesheet rules ringing the trial's hot layers on the graph (none without a profile)."""
-    return hot_layer_rules(hot_layers(cache, trial))
+def hot_layer_stylesheet(cache: ReaderCache, selection: Selection, options: ViewOptions) -> list[dict[str, Any]]:
+    """Stylesheet rules ringing the trial's hot layers on the graph as drawn for ``selection`` (a hot layer
+    inside a collapsed box rings the box); none without a profile."""
+    hot = hot_layers(cache, selection.trial)
+    drawn = cache.drawn(selection.trial, selection.step_type, selection.boxes, show_implied=options.show_implied,
+                        show_unused=options.show_unused) if hot and selection.step_type is not None else None
+    return hot_layer_rules(hot_items(drawn.view, hot) if drawn is not None else hot)
 
 
 def shown_step(profiled: np.ndarray, step: int | None) -> int:
