@@ -62,7 +62,7 @@ EXPLAIN_FAMILIES = ("gradients", "dead", "anomalies", "optimizer")
 EVENT_FAMILIES = {"gradients": ("gradient_health", "path_balance"),
                   "dead": ("activation_regime", "representation", "output_range"),
                   "anomalies": ("nonfinite", "parameter_edit", "loop_invariant", "reference_invariant",
-                                "rank_consistency"),
+                                "rank_consistency", "memory"),
                   "optimizer": ("optimizer_stability",)}
 HYPOTHESIS_TYPES = {"gradients": ("vanishing", "exploding", "imbalanced_learning", "gradient_ratio"),
                     "dead": ("dead_units", "saturation", "mode_collapse", "output_range"),

@@ -112,6 +112,7 @@ def test_a_leak_found_in_a_diagnosis_is_a_failure_type_neuraldbg_can_trace() -> 
     from comgra_ndbg.analysis.events import Diagnosis
     from comgra_ndbg.analysis.profile import profile_report, with_profile
     from comgra_ndbg.analysis.sentences import TYPE_TEXT
+    from comgra_ndbg.explain import only
 
     steps = np.arange(60)
     rss = 1e9 + 3e6 * steps
@@ -122,3 +123,6 @@ def test_a_leak_found_in_a_diagnosis_is_a_failure_type_neuraldbg_can_trace() -> 
     assert hypothesis.type == LEAK_TYPE in TYPE_TEXT and hypothesis.node == "process" and hypothesis.onset == 6
     assert diagnosis.events[0].evidence[0].steps[-1] == 59 and len(diagnosis.events[0].evidence[0].steps) == 60
     assert not diagnosis.healthy and "2.86 MiB per step" in hypothesis.sentence
+    anomalies = only(diagnosis, "anomalies")  # explain --only anomalies keeps the leak and its event
+    assert anomalies.hypotheses == diagnosis.hypotheses and anomalies.events == diagnosis.events
+    assert only(diagnosis, "gradients").events == ()

@@ -12,7 +12,7 @@ __all__ = ["Evidence", "Event", "CausalLink", "CausalChain", "Hypothesis", "Diag
 
 FAMILIES = ("nonfinite", "activation_regime", "gradient_health", "optimizer_stability", "parameter_edit",
             "representation", "path_balance", "loop_invariant", "rank_consistency", "output_range",
-            "reference_invariant")
+            "reference_invariant", "memory")
 
 
 @dataclass(frozen=True)
