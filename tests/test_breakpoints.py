@@ -320,6 +320,46 @@ def test_without_an_action_a_terminal_gets_the_debugger_and_a_batch_job_gets_bre
     assert typed.stdout.rstrip().endswith("done")
 
 
+def test_in_a_jupyter_kernel_the_default_is_the_debugger_when_the_frontend_takes_input(tmp_path: Path) -> None:
+    pytest.importorskip("ipykernel")
+    manager = pytest.importorskip("jupyter_client.manager")
+    code = textwrap.dedent(f"""
+        import torch
+        from torch import nn
+        from comgra_ndbg import NeuralDbg
+        from comgra_ndbg.errors import BreakpointHit
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        try:
+            with NeuralDbg(model, {str(tmp_path)!r}, trial="kernel", overwrite=True) as dbg:
+                dbg.break_at("0", when="abs_max > 0")
+                model(torch.randn(3, 4)).sum().backward()
+        except BreakpointHit as hit:
+            print("BreakpointHit", hit.path)
+        print("done")
+    """)
+    root = str(Path(__file__).resolve().parents[1])
+    kernel, client = manager.start_new_kernel(kernel_name="python3", cwd=root,
+                                              env={**os.environ, "PYTHONPATH": root})
+    try:
+        shown: dict[bool, str] = {}
+        for allow_stdin in (True, False):  # a notebook open in Jupyter; one run by nbclient or papermill
+            typed = iter(["p ('IN SCOPE', step, type(module).__name__, tuple(output.shape))", "c"])
+            text: list[str] = []
+            reply = client.execute_interactive(
+                code, allow_stdin=allow_stdin, timeout=120, stdin_hook=lambda msg: client.input(next(typed)),
+                output_hook=lambda msg: text.append(msg["content"].get("text", "")))
+            assert reply["content"]["status"] == "ok", reply["content"]
+            shown[allow_stdin] = "".join(text)
+    finally:
+        client.stop_channels()
+        kernel.shutdown_kernel(now=True)
+    assert "breakpoint at 'model.0' (forward) in step 0" in shown[True]
+    assert "('IN SCOPE', 0, 'Linear', (3, 8))" in shown[True] and "BreakpointHit" not in shown[True]
+    assert shown[True].rstrip().endswith("done")
+    assert shown[False] == "BreakpointHit 0\ndone\n"
+
+
 def test_breakpoints_fire_inside_a_compiled_model_as_in_eager(tmp_path: Path) -> None:
     torch.compiler.reset()
     seen: dict[str, list[tuple[int, str]]] = {}

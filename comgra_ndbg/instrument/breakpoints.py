@@ -40,7 +40,8 @@ from comgra_ndbg.recorder.grad_hook import on_gradient
 from comgra_ndbg.stats.reducer import summarize
 from comgra_ndbg.stats.statistics import STATISTICS, derive, derive_one, merge_groups
 
-__all__ = ["Breakpoint", "Breakpoints", "EVENTS", "LayerCall", "StepSummaries", "debug_layer", "step_summaries"]
+__all__ = ["Breakpoint", "Breakpoints", "EVENTS", "LayerCall", "StepSummaries", "debug_layer", "interactive",
+           "step_summaries"]
 
 EVENTS = ("after_layer", "after_step", "before_step")
 ACTIONS = ("pdb", "raise")
@@ -164,8 +165,9 @@ class Breakpoints:
         """Stop at ``module`` (a path inside the model such as ``"blocks.2"``, a node name ``"model.blocks.2"``,
         an ``fnmatch`` pattern ``"blocks.*"`` or the module itself) in each training pass where ``when``
         holds for a tensor of its output (``at="forward"``) or for the gradient reaching it
-        (``at="backward"``). ``action``: ``"pdb"`` (the default when stdin is a terminal), ``"raise"``
-        (:class:`BreakpointHit`; the default otherwise) or a function of a :class:`LayerCall`."""
+        (``at="backward"``). ``action``: ``"pdb"`` (the default when a person can type into it: stdin is a
+        terminal, or a notebook open in Jupyter), ``"raise"`` (:class:`BreakpointHit`; the default otherwise)
+        or a function of a :class:`LayerCall`."""
         condition = parse_condition(when)
         if at not in ("forward", "backward"):
             raise InvalidArgumentError(f"at= is 'forward' (the module's output) or 'backward' (its gradient), "
@@ -332,9 +334,21 @@ class Breakpoints:
         self._layer_handles = {}
 
 
+def interactive() -> bool:
+    """Whether a person can type into the debugger: stdin is a terminal, or this is a Jupyter kernel whose
+    frontend answers input requests (a notebook open in Jupyter, JupyterLab, VS Code). A notebook executed
+    as a batch job (nbclient, papermill) sends none, and a debugger there would fail on its first prompt."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        return True
+    ipython = sys.modules.get("IPython")  # imported already in any kernel; never imported here
+    shell = ipython.get_ipython() if ipython is not None else None
+    kernel = getattr(shell, "kernel", None)
+    return bool(getattr(kernel, "_allow_stdin", False))
+
+
 def _check_action(action: Action | None) -> Action:
     if action is None:
-        return "pdb" if sys.stdin is not None and sys.stdin.isatty() else "raise"
+        return "pdb" if interactive() else "raise"
     if callable(action) or action in ACTIONS:
         return action
     raise InvalidArgumentError(f"action= is 'pdb', 'raise' or a function of a LayerCall, got {action!r}")
