@@ -210,6 +210,21 @@ def test_hooks_receive_the_recorded_summaries_in_order(tmp_path: Path) -> None:
         step_infos[0].stat("model.9", "rms")
 
 
+def test_an_after_step_hook_gets_the_kpis_of_every_step_and_says_which_steps_were_summarised(
+        tmp_path: Path) -> None:
+    model = mlp()
+    infos: list[StepSummaries] = []
+    with NeuralDbg(model, tmp_path, trial="t", summaries=3) as dbg:
+        dbg.on("after_step", infos.append)
+        losses = train(model, torch.optim.SGD(model.parameters(), lr=0.1), 5)
+    assert [(i.step, i.recorded) for i in infos] == [(0, True), (1, False), (2, False), (3, True), (4, False)]
+    assert [i.kpis["loss"] for i in infos] == pytest.approx(losses, rel=1e-6)  # KPIs are recorded every step
+    assert infos[3].stat("model.0", "count") == 16 * 8
+    with pytest.raises(UnknownSeriesError, match="step 1 has no summaries: the summary policy skipped it; check "
+                                                 "info.recorded first"):
+        infos[1].stat("model.0", "abs_max")
+
+
 def test_a_failing_user_hook_propagates_as_is_and_the_recording_stays_intact(tmp_path: Path) -> None:
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -78,11 +78,17 @@ class StepSummaries:
     """What an ``after_step`` hook receives: the step's recorded summaries, merged over its iterations, and
     its KPIs. ``rows`` holds the sufficient statistics per ``(tensor name, kind)``; :meth:`stat` derives one
     statistic, :attr:`summaries` all of them (``(name, kind) -> statistic -> value``), on demand, so a hook
-    that reads one number pays for one. Empty on a step the policies skipped."""
+    that reads one number pays for one. On a step the policies skipped ``rows`` is empty (``recorded`` is
+    False) and ``kpis`` still holds the step's KPIs, which are recorded every step."""
 
     step: int
     rows: dict[tuple[str, str], np.ndarray]
     kpis: dict[str, float]
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the step's summaries were taken (False on a step the summary policy skipped)."""
+        return bool(self.rows)
 
     @cached_property
     def summaries(self) -> dict[tuple[str, str], dict[str, float]]:
@@ -94,6 +100,10 @@ class StepSummaries:
 
     def stat(self, name: str, statistic: str, kind: str = "value") -> float:
         """One statistic of one recorded tensor, e.g. ``stat("model.0", "abs_max", "grad")``."""
+        if not self.rows:
+            raise UnknownSeriesError(f"step {self.step} has no summaries: the summary policy skipped it; check "
+                                     f"info.recorded first, or summarise every step (NeuralDbg(..., summaries=1), "
+                                     f"the default); info.kpis holds the step's KPIs either way")
         row = self.rows.get((name, kind))
         if row is None or statistic not in STATISTICS:
             names = sorted({n for n, _ in self.rows})
@@ -313,7 +323,8 @@ class Breakpoints:
 
             info = step_summaries(step, record.rows.series, record.rows.data, kpis, name_of)
         else:
-            info = StepSummaries(step, {}, {})
+            own = self.recorder.last_kpis
+            info = StepSummaries(step, {}, dict(own[1]) if own is not None and own[0] == step else {})
         self._pending.extend(partial(fn, info) for fn in self._callbacks["after_step"])
 
     def _run_pending(self, *, can_raise: bool = True) -> None:

@@ -420,6 +420,11 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         recorder) and KPIs, or None; a step the policies skipped leaves the one before."""
         return self._dispatcher.last if self.enabled else None
 
+    @property
+    def last_kpis(self) -> tuple[int, dict[str, float]] | None:
+        """The last finished step and its own KPIs, also when the policies summarised nothing of it, or None."""
+        return getattr(self, "_last_kpis", None) if self.enabled else None
+
     # ---- finishing a step --------------------------------------------------------------------------------
     def finish_step(self) -> None:
         """End the step: derive parameter updates, collect every statistic in one host copy, and write."""
@@ -442,6 +447,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         if self._summarize or self._snapshot:
             record = self._guard("finishing the step", partial(self._build_record, type_id))
         kpis = self._guard("recording KPIs", partial(self._write_kpis, type_id)) or {}
+        self._last_kpis = (self._step, kpis)
         write_summary = self._summary_decision.record or self._forced
         write_snapshot = self._snapshot_decision.record or self._forced
         if record is not None:
