@@ -30,9 +30,12 @@ def _report(tables: ProfileTables) -> ProfileReport:
 
 
 def hot_layers(cache: ReaderCache, trial: str) -> list[str]:
-    """The trial's hot layers (time or memory), empty when it was recorded without ``profile=``."""
-    tables = cache.recording(trial).profile()
-    return [] if not len(tables.steps) else [layer.module for layer in _report(tables).hot]
+    """The trial's hot layers (time or memory), empty when it was recorded without ``profile=``; remembered
+    per generation of the trial, as the graph's stylesheet asks again whenever a box opens or closes."""
+    def compute(recording: Any) -> list[str]:
+        tables = recording.profile()
+        return [] if not len(tables.steps) else [layer.module for layer in _report(tables).hot]
+    return list(cache.memo(trial, ("hot_layers",), compute))
 
 
 def hot_layer_stylesheet(cache: ReaderCache, selection: Selection, options: ViewOptions) -> list[dict[str, Any]]:
