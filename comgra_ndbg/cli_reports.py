@@ -93,7 +93,13 @@ def _profile(args: argparse.Namespace) -> int:
         report = profile_report(tables.modules, tables.data, schema.PROFILE_FIELDS, tables.process_steps,
                                 tables.process_field("rss"), tables.process_field("step_time"))
         print(f"{recording.trial}: {report.profiled_steps} profiled steps, median step "
-              f"{report.step_time * 1e3:.4g} ms\n{report.table(args.limit)}")
+              f"{report.step_time * 1e3:.4g} ms")
+        if not tables.modules:
+            print("no module was profiled, only step time and process memory: a Recorder(profile=...) profiles the "
+                  "modules given to rec.profile_module(name, module) before the first step")
+            print("\n".join(report.notes()))
+        else:
+            print(report.table(args.limit))
     return 0
 
 

@@ -3,6 +3,7 @@ against the step's wall time, exact FLOPs and saved bytes, the CUDA path on fake
 installing nothing."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,30 @@ def test_bad_profile_arguments_raise_typed_errors_that_say_what_to_pass(tmp_path
     with Recorder(tmp_path, "b", profile=True) as rec:
         with pytest.raises(InvalidArgumentError, match="torch.nn.Module"):
             rec.profile_module("model", object())
+
+
+def test_a_recorder_profiling_no_module_says_how_to_give_one_once_and_the_profile_command_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from comgra_ndbg.cli import main
+
+    model = nn.Sequential(nn.Linear(7, 5))
+    with pytest.warns(RecorderWarning) as caught:
+        with Recorder(tmp_path, "t", profile=True) as rec:
+            train(rec, model, 3)
+    told = [str(w.message) for w in caught if "profile_module" in str(w.message)]
+    assert told == ["comgra_ndbg: Recorder(profile=...) profiles the modules given to rec.profile_module(name, "
+                    "module), and none was given: only step time and process memory are recorded; call "
+                    "rec.profile_module('model', model) before the first step"]
+    assert main(["profile", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("no module was profiled, only step time and process memory: a Recorder(profile=...) "
+                             "profiles the modules given to rec.profile_module(name, module)")
+    assert not any(line.startswith("module ") for line in out)  # no empty table
+    with Recorder(tmp_path, "u", profile=True) as rec:  # with a module: nothing to say
+        rec.profile_module("model", model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RecorderWarning)
+            train(rec, model, 2)
 
 
 def test_a_failing_clock_ends_the_profile_of_the_step_but_never_the_training(tmp_path: Path) -> None:

@@ -40,6 +40,10 @@ class ProfileRecording:
 
     def _profile_start(self, step: int, step_type: str | None) -> None:
         if self._profiler is not None:
+            if not self._profiler.names:
+                self._note_once("profile_no_module", "Recorder(profile=...) profiles the modules given to "
+                                "rec.profile_module(name, module), and none was given: only step time and process "
+                                "memory are recorded; call rec.profile_module('model', model) before the first step")
             self._guard("profiling", partial(self._profiler.start_step, step, step_type))
 
     def _profile_finish(self) -> None:
