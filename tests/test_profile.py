@@ -162,6 +162,40 @@ def test_a_recorder_profiling_no_module_says_how_to_give_one_once_and_the_profil
             train(rec, model, 2)
 
 
+def test_a_pass_cut_short_by_a_breakpoint_leaves_no_negative_time_and_no_hook_behind(tmp_path: Path) -> None:
+    from comgra_ndbg.errors import BreakpointHit
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hits = 0
+    with NeuralDbg(model, tmp_path, trial="t", profile=ProfileConfig(steps=True, flops=False)) as dbg:
+        point = dbg.break_at("2", action="raise")
+        for step in range(5):
+            optimizer.zero_grad()
+            while True:
+                try:
+                    out = model(torch.randn(3, 7))
+                    break
+                except BreakpointHit:  # the loop catches it and runs the pass again
+                    hits += 1
+                    if hits == 2:
+                        point.remove()
+            out.square().mean().backward()
+            optimizer.step()
+            assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None  # none left entered
+    assert hits == 2
+    with open_recording(tmp_path, "t") as recording:
+        profile = recording.profile()
+    assert profile.steps.tolist() == list(range(5))
+    forward, inclusive = profile.field("forward_time"), profile.field("forward_inclusive")
+    assert (forward >= 0).all(), forward
+    root = profile.modules.index("model")
+    np.testing.assert_allclose(forward.sum(axis=1), inclusive[:, root], rtol=1e-9)
+    # step 0: NeuralDbg's structure pass, the two passes the breakpoint cut short and the one that finished
+    assert profile.field("calls")[:, root].tolist() == [4.0, 1.0, 1.0, 1.0, 1.0]
+
+
 def test_a_failing_clock_ends_the_profile_of_the_step_but_never_the_training(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Linear(7, 5), nn.ReLU())
     with pytest.warns(RecorderWarning, match="profiling modules"):

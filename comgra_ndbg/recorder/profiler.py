@@ -95,6 +95,7 @@ class ModuleProfiler:
         self._clock, self._memory = clock, memory
         self.names: list[str] = []
         self._roots: list[nn.Module] = []
+        self._root_indices: set[int] = set()
         self._handles: list[Any] = []
         self._current: _StepProfile | None = None
         self._pending: list[_StepProfile] = []
@@ -113,6 +114,7 @@ class ModuleProfiler:
             self._clock = EventClock() if cuda else HostClock()
             self._memory = CudaMemory(device) if cuda else NoDeviceMemory()
         self._roots.append(module)
+        self._root_indices.add(len(self.names))
         for path, sub in module.named_modules():
             index = len(self.names)
             self.names.append(f"{name}.{path}" if path else name)
@@ -150,6 +152,8 @@ class ModuleProfiler:
     # ---- module calls ---------------------------------------------------------------------------------------
     def _enter(self, index: int) -> None:
         profile = self._current
+        if profile.stack and index in self._root_indices and profile.stack[0].index == index:
+            _unwind(profile)  # a pass cut short by an exception (a breakpoint's BreakpointHit) and run again
         if not profile.stack:
             if _in_backward():  # an activation checkpoint's recomputation: no forward call of the step
                 return
@@ -332,9 +336,12 @@ class ModuleProfiler:
         data = np.zeros((count, len(schema.PROFILE_FIELDS)))
         used = np.zeros(count, bool)
         seconds = self._clock.seconds
-        inclusive = [seconds(start, end) if end is not None else 0.0 for _, start, end, _ in profile.calls]
+        inclusive = [seconds(start, end) if end is not None else None for _, start, end, _ in profile.calls]
         children = np.zeros(len(profile.calls))
-        for k, (_, _, _, parent) in enumerate(profile.calls):
+        for k in reversed(range(len(profile.calls))):  # children come after their parent
+            if inclusive[k] is None:  # cut short by an exception: only its finished children's time is known
+                inclusive[k] = float(children[k])
+            parent = profile.calls[k][3]
             if parent >= 0:
                 children[parent] += inclusive[k]
         for k, (index, _, _, _) in enumerate(profile.calls):
