@@ -101,6 +101,18 @@ def test_steps_are_optimizer_steps_and_metrics_are_kpis_of_their_step_type(tmp_p
         str(float(len(callback.diagnosis.hypotheses)))]
 
 
+def test_validation_inside_an_epoch_leaves_one_value_per_metric_and_step(tmp_path) -> None:
+    torch.manual_seed(0)
+    callback = ComgraCallback(tmp_path / "runs", trial="mid")
+    trainer = _fit(TinyModule(), tmp_path, [callback], accumulate=3, loggers=False, val_check_interval=0.5)
+    assert trainer.global_step == 4  # 2 epochs x 6 batches / accumulation 3; validation after every step
+    with open_recording(tmp_path / "runs", "mid") as recording:
+        assert recording.kpi("lightning/train_loss", "train")[0].tolist() == [0, 1, 2, 3]  # no step twice
+        steps, values = recording.kpi("lightning/val_loss", "validation")
+        assert steps.tolist() == [0, 1, 2, 3] and len(set(values.tolist())) == 4
+        assert recording.kpi("lightning/val_loss", "train")[0].tolist() == []  # published again, not a training metric
+
+
 def test_training_with_the_callback_is_bit_identical_and_leaves_no_hook(tmp_path) -> None:
     weights = []
     for callbacks in ([], [ComgraCallback(tmp_path / "runs", trial="same")]):

@@ -122,6 +122,7 @@ class FrameworkRecording:
         self._optimizer: torch.optim.Optimizer | None = None
         self.diagnosis: Diagnosis | None = None
         self._warned: set[str] = set()
+        self._recorded_at: dict[tuple[str, str | None], int] = {}  # (KPI, step type) -> the step of its last value
 
     @property
     def active(self) -> bool:
@@ -153,17 +154,23 @@ class FrameworkRecording:
 
     def record_metrics(self, metrics: Mapping[str, Any], *, step_type: str | None = None) -> int:
         """Record every real number of ``metrics`` as a KPI of the last step (``step_type``: its own type,
-        or e.g. :data:`VALIDATION`); returns how many were recorded. Nothing is recorded before the first
-        step."""
+        or e.g. :data:`VALIDATION`); returns how many were recorded. A KPI keeps one value per step and step
+        type, the first: frameworks publish a metric again unchanged (Lightning after a validation run), and a
+        second point at the same step would be a duplicate. Nothing is recorded before the first step."""
         if not self.active or self.dbg.steps == 0:
             return 0
         recorder = self.dbg.recorder
+        step = recorder.current_step if recorder.current_step is not None else recorder._last_step
         count = 0
         for name, value in metrics.items():
             if isinstance(name, str) and name:
                 kpi = self.kpi_prefix + name
-                count += self._guard(f"recording the metric {kpi!r}",
-                                     lambda: self._record(recorder, kpi, value, step_type)) is True
+                if self._recorded_at.get((kpi, step_type)) == step:
+                    continue
+                if self._guard(f"recording the metric {kpi!r}",
+                               lambda: self._record(recorder, kpi, value, step_type)) is True:
+                    self._recorded_at[(kpi, step_type)] = step
+                    count += 1
         return count
 
     @staticmethod

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from comgra_ndbg.errors import InvalidArgumentError, MissingDependencyError
-from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, RecordingAccess, summary_line
+from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, RecordingAccess, scalar, summary_line
 
 __all__ = ["ComgraCallback", "KPI_PREFIX"]
 
@@ -72,6 +73,7 @@ class _Hooks(RecordingAccess):
         self.recording = FrameworkRecording("Lightning", path=path, trial=trial, kpi_prefix=KPI_PREFIX,
                                             analyze_at_end=analyze, options=neuraldbg_options)
         self._seen: dict[str, Any] = {}  # metric name -> the value object last recorded or skipped
+        self._validated: dict[str, float | None] = {}  # metric name -> its value at the last validation run
 
     # ---- Lightning hooks ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:
@@ -125,8 +127,18 @@ class _Hooks(RecordingAccess):
         current = dict(trainer.callback_metrics)
         fresh = {name: value for name, value in current.items() if self._seen.get(name) is not value}
         self._seen = current
+        if step_type == VALIDATION:
+            self._validated.update((name, scalar(value)) for name, value in fresh.items())
+        else:  # Lightning publishes the validation metrics again after the run: they are no training metrics
+            fresh = {name: value for name, value in fresh.items()
+                     if name not in self._validated or not _same(scalar(value), self._validated[name])}
         if fresh:
             recording.record_metrics(fresh, step_type=step_type)
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """Whether two metric values are the same number (NaN equals NaN here)."""
+    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
 
 
 def _submodule(pl_module: nn.Module, path: str) -> nn.Module:
