@@ -92,7 +92,7 @@ def test_info_prints_the_ranks(ddp_runs: Path, capsys: pytest.CaptureFixture) ->
 
 # ---- the layout, in-process --------------------------------------------------------------------------------
 def _record(folder: Path, rank: int, monkeypatch: pytest.MonkeyPatch, *, steps: int = 3, edit_at: int | None = None,
-            ddp_wrapped: bool | None = None, trial: str | None = "run", world: int = 2) -> Path:
+            ddp_wrapped: bool | None = None, trial: str | None = "run", world: int = 2, loss_scale: float = 1.0) -> Path:
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", str(world))
     torch.manual_seed(0)
@@ -101,7 +101,7 @@ def _record(folder: Path, rank: int, monkeypatch: pytest.MonkeyPatch, *, steps: 
         rec.track_module("model", layer)
         for step in range(steps):
             with rec.step(step):
-                rec.record_kpi("loss", 1.0 / (step + 1))
+                rec.record_kpi("loss", (loss_scale if step >= 3 else 1.0) / (step + 1))
             with torch.no_grad():
                 layer.weight.mul_(0.9)
                 if edit_at is not None and step + 1 >= edit_at:
@@ -281,6 +281,27 @@ def test_partial_wrapping_diverging_ranks_and_stalls() -> None:
     assert [(f.check, f.ranks, f.onset, f.magnitude) for f in found] == [("stalled", (1,), 6, 4.0)]
     assert "rank 1 stopped after step 5 while another rank reached step 9" in found[0].message
     assert check_ranks(_runs(2, {1: {"steps": np.arange(6), "state": "live"}})) == ()  # still flushing
+
+
+def test_only_the_odd_rank_diverges_and_two_ranks_are_named_together() -> None:
+    steps = np.arange(10)
+    loss = np.linspace(1.0, 0.5, 10)
+    loss[6:] *= 1000.0  # rank 1 reads a broken shard from step 6 on
+    found = check_ranks(_runs(3, {1: {"loss": (steps, loss)}}))
+    assert [(f.check, f.ranks, f.onset) for f in found] == [("diverging_loss", (1,), 6)]  # not ranks 0 and 2
+    assert "rank 1 stands 909× the median of the ranks from step 6 on" in found[0].message  # 1000 / 1.1, rank 2's
+    found = check_ranks(_runs(2, {1: {"loss": (steps, loss)}}))
+    assert [(f.check, f.ranks, f.onset) for f in found] == [("diverging_loss", (0, 1), 6)]  # one finding, no majority
+    assert "rank 1 stands 1e+03× rank 0's" in found[0].message and "either may be the odd one" in found[0].message
+    low = _runs(2, {0: {"loss": (steps, np.linspace(1.0, 0.5, 10) * np.where(steps >= 6, 1e-3, 1.0))}})
+    assert [(f.ranks, f.magnitude > 900) for f in check_ranks(low)] == [((0, 1), True)]
+
+
+def test_analyze_names_the_rank_whose_loss_went_its_own_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for rank in (0, 1, 2):
+        _record(tmp_path, rank, monkeypatch, steps=8, world=3, ddp_wrapped=True, loss_scale=300.0 if rank == 2 else 1.0)
+    ranked = [h for h in analyze(tmp_path, store=False).hypotheses if h.type == "rank_divergence"]
+    assert [(h.onset, "loss of rank 2 stands 300× the median" in h.sentence) for h in ranked] == [(3, True)]
 
 
 def test_check_reads_every_rank_of_a_distributed_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
