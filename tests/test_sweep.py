@@ -4,6 +4,7 @@ hyperparameters stored by the recorder, the missing-dependency error and ``comgr
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +73,24 @@ def test_a_scheduler_address_runs_the_same_code(sweep: Path, cluster: LocalClust
     assert by_address["path"].tolist() == [str(sweep)] * len(RATES)  # a group folder: one row per trial inside
     with pytest.raises(InvalidArgumentError, match="either client or scheduler"):
         analyze_many(sweep, client=client, scheduler=cluster.scheduler_address)
+
+
+def test_without_client_or_scheduler_a_local_cluster_of_processes_runs_and_is_closed(
+        sweep: Path, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    import distributed
+
+    made, kinds = [], []
+
+    def spy(*args, **kwargs) -> LocalCluster:
+        made.append(LocalCluster(*args, **kwargs))
+        kinds.append(sorted({type(w).__name__ for w in made[-1].workers.values()}))
+        return made[-1]
+
+    monkeypatch.setattr(distributed, "LocalCluster", spy)
+    table = analyze_many(str(sweep / "*"), workers=1, store=False)  # neither client nor scheduler
+    assert kinds == [["Nanny"]]  # one cluster, its one worker a separate process
+    assert made[0].status.name == "closed"
+    pd.testing.assert_frame_equal(table, analyze_many(str(sweep / "*"), client=client, store=False))
 
 
 def test_an_unreadable_trial_is_an_error_row_and_the_rest_is_analysed(sweep: Path, tmp_path: Path,
@@ -162,6 +181,58 @@ def test_the_cli_prints_the_table_and_writes_csv(sweep: Path, tmp_path: Path,
     assert table["trial"].tolist() == sorted(RATES) and table["lr"].tolist() == [RATES[t] for t in sorted(RATES)]
     code = cli.main(["sweep", str(tmp_path / "none-*"), "--threads"])
     assert code == 2 and "comgra-ndbg sweep: no recording found" in capsys.readouterr().err
+
+
+@pytest.fixture
+def scheduler_process(tmp_path: Path) -> Iterator[str]:
+    """A ``dask scheduler`` and one ``dask worker`` started as separate processes, the way a real cluster is
+    (TCP, not the in-process transport of a LocalCluster without processes); yields the scheduler's address."""
+    import json
+    import subprocess
+    import time
+
+    dask = Path(sys.executable).with_name("dask")
+    if not dask.exists():
+        pytest.skip("the dask command line is not installed next to this Python")
+    file = tmp_path / "scheduler.json"
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    started = [subprocess.Popen([str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                 "--scheduler-file", str(file)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 120
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        address = json.loads(file.read_text())["address"]
+        started.append(subprocess.Popen([str(dask), "worker", address, "--nthreads", "1", "--nworkers", "1",
+                                         "--no-dashboard", "--death-timeout", "60"], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with Client(address, timeout=120) as waiting:
+            waiting.wait_for_workers(1, timeout=120)
+        yield address
+    finally:
+        for process in reversed(started):
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def test_the_cli_runs_on_a_scheduler_of_other_processes(sweep: Path, scheduler_process: str, client: Client,
+                                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert scheduler_process.startswith("tcp://127.0.0.1:")
+    with Client(scheduler_process) as remote:
+        worker_pids = set(remote.run(lambda: __import__("os").getpid()).values())
+    assert len(worker_pids) == 1 and os.getpid() not in worker_pids  # the analysis cannot run in this process
+    out = tmp_path / "remote.csv"
+    code = cli.main(["sweep", str(sweep / "*"), "--scheduler", scheduler_process, "--csv", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0 and "analysing: 100%" in captured.err and f"{len(RATES)} trials written" in captured.out
+    remote_table = pd.read_csv(out, keep_default_na=False)
+    local_table = analyze_many(str(sweep / "*"), client=client, store=False)
+    assert remote_table["trial"].tolist() == local_table["trial"].tolist()
+    assert remote_table["type"].tolist() == local_table["type"].tolist()
+    assert [str(v) for v in remote_table["onset"]] == ["" if pd.isna(v) else str(v) for v in local_table["onset"]]
 
 
 def test_the_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
