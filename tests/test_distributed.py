@@ -48,7 +48,7 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_healthy_ddp_run_records_both_ranks_in_sync(ddp_runs: Path) -> None:
-    assert sorted(list_trials(ddp_runs)) == ["desync", "healthy", "stall"]  # one entry per run, not per rank
+    assert sorted(list_trials(ddp_runs)) == ["desync", "healthy", "partial", "stall"]  # one per run, not per rank
     assert sorted(p.name for p in (ddp_runs / "healthy").iterdir()) == ["rank0", "rank1", RANKS_FILE]
     with open_recording(ddp_runs, "healthy") as recording:
         assert (recording.rank, recording.ranks, recording.world_size, recording.ddp_wrapped) == (0, [0, 1], 2, True)
@@ -80,6 +80,24 @@ def test_a_rank_that_left_its_loop_early_is_a_stalled_rank(ddp_runs: Path) -> No
     ranked = [h for h in diagnosis.hypotheses if h.type.startswith(("rank", "partial"))]
     assert [(h.type, h.onset) for h in ranked] == [("rank_stalled", 2)]  # no desync: the parameters stayed equal
     assert "rank 1 stopped after step 1 while another rank reached step 3" in ranked[0].sentence
+
+
+def test_recording_adds_no_collective_call(ddp_runs: Path) -> None:
+    for rank in (0, 1):
+        counted = json.loads((ddp_runs / f"collectives{rank}.json").read_text())
+        assert counted["probe"] == ["barrier"]  # the counting sees a collective where there is one
+        assert counted["recorded"] == counted["bare"]  # the same loop with NeuralDbg calls no more of them
+
+
+def test_ddp_on_one_rank_only_is_partial_wrapping(ddp_runs: Path) -> None:
+    with open_recording(ddp_runs, "partial") as recording:
+        assert recording.ddp_wrapped is True and recording.with_rank(1).ddp_wrapped is False
+    diagnosis = analyze(ddp_runs, trial="partial", store=False)
+    top = diagnosis.hypotheses[0]
+    assert (top.type, top.origin, top.onset) == ("partial_ddp", "architecture", 0)
+    assert "wrapped in DistributedDataParallel on rank 0 but not on rank 1" in top.sentence
+    assert not any(h.type == "rank_desync" for h in diagnosis.hypotheses)  # explained by the partial wrapping
+    assert [e.to_state for e in diagnosis.events if e.family == "rank_consistency"][:2] == ["partial_ddp", "desync"]
 
 
 def test_info_prints_the_ranks(ddp_runs: Path, capsys: pytest.CaptureFixture) -> None:
