@@ -100,6 +100,13 @@ def test_ddp_on_one_rank_only_is_partial_wrapping(ddp_runs: Path) -> None:
     assert [e.to_state for e in diagnosis.events if e.family == "rank_consistency"][:2] == ["partial_ddp", "desync"]
 
 
+def test_explain_prints_the_cross_rank_hypothesis_without_a_node(ddp_runs: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    assert main(["explain", str(ddp_runs), "--trial", "partial"]) == 0
+    out = capsys.readouterr().out
+    assert "  1. [partial_ddp, origin architecture, step 0, confidence 0.95]" in out  # not "the optimizer"
+
+
 def test_info_prints_the_ranks(ddp_runs: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["info", str(ddp_runs / "healthy")]) == 0
     out = capsys.readouterr().out
