@@ -16,6 +16,7 @@ reused when it already holds the runs).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import tempfile
@@ -73,7 +74,7 @@ def _measure(folder: Path, workers: int) -> tuple[float, float, object]:
 
     started = time.perf_counter()
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=40) as cluster, Client(cluster) as client:
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
         client.run(lambda: __import__("comgra_ndbg.analysis"))  # imports on every worker, before the clock
         startup = time.perf_counter() - started
         started = time.perf_counter()
