@@ -9,9 +9,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
-from distributed import Client, LocalCluster
+
+try:  # the sweep extra; without it the tests that need it skip themselves, the others still run
+    import pandas as pd
+    from distributed import Client, LocalCluster
+except ImportError:
+    pd = Client = LocalCluster = None
 
 from benchmarks.sweep import record_tiny_run
 from comgra_ndbg import Recorder, cli, open_recording
@@ -21,6 +25,8 @@ from comgra_ndbg.sweep import SWEEP_COLUMNS, analyze_many, expand
 from comgra_ndbg.sweep.table import filter_rows, parse_filter, sort_rows
 
 RATES = {"slow": 0.01, "good": 0.05, "hot": 2.0, "wild": 20.0}
+requires_extra = pytest.mark.skipif(pd is None or Client is None,
+                                    reason="needs the sweep extra (pip install 'comgra-ndbg[sweep]')")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +50,7 @@ def client(cluster: LocalCluster) -> Iterator[Client]:
         yield connected
 
 
+@requires_extra
 def test_the_table_holds_each_trials_diagnosis_loss_and_hyperparameters(sweep: Path, client: Client) -> None:
     frame = analyze_many(str(sweep / "*"), client=client, store=False)
     assert list(frame.columns) == list(SWEEP_COLUMNS) + ["lr", "seed"]
@@ -66,6 +73,7 @@ def test_the_table_holds_each_trials_diagnosis_loss_and_hyperparameters(sweep: P
     assert types["good"] == "healthy" and types["wild"] != "healthy"  # the sweep has both kinds to show
 
 
+@requires_extra
 def test_a_scheduler_address_runs_the_same_code(sweep: Path, cluster: LocalCluster, client: Client) -> None:
     by_address = analyze_many([sweep], scheduler=cluster.scheduler_address, store=False)
     by_client = analyze_many([sweep], client=client, store=False)
@@ -75,6 +83,7 @@ def test_a_scheduler_address_runs_the_same_code(sweep: Path, cluster: LocalClust
         analyze_many(sweep, client=client, scheduler=cluster.scheduler_address)
 
 
+@requires_extra
 def test_without_client_or_scheduler_a_local_cluster_of_processes_runs_and_is_closed(
         sweep: Path, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     import distributed
@@ -93,6 +102,7 @@ def test_without_client_or_scheduler_a_local_cluster_of_processes_runs_and_is_cl
     pd.testing.assert_frame_equal(table, analyze_many(str(sweep / "*"), client=client, store=False))
 
 
+@requires_extra
 def test_an_unreadable_trial_is_an_error_row_and_the_rest_is_analysed(sweep: Path, tmp_path: Path,
                                                                       client: Client) -> None:
     broken = tmp_path / "runs"
@@ -117,6 +127,7 @@ def test_expand_lists_each_trial_once_and_refuses_what_holds_nothing(sweep: Path
         expand(str(tmp_path / "nothing-*"))
 
 
+@requires_extra
 def test_stored_analyses_are_reused_and_written(sweep: Path, client: Client, tmp_path: Path) -> None:
     fresh = tmp_path / "runs"
     record_tiny_run(fresh, "one", lr=20.0, steps=40)
@@ -158,6 +169,7 @@ def test_rows_sort_and_filter_as_the_gui_does() -> None:
         parse_filter("lr")
 
 
+@requires_extra
 def test_a_missing_package_is_a_typed_error_with_the_install_line(sweep: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if dask.distributed were not installed
@@ -166,6 +178,7 @@ def test_a_missing_package_is_a_typed_error_with_the_install_line(sweep: Path,
     assert issubclass(MissingDependencyError, ImportError)
 
 
+@requires_extra
 def test_the_cli_prints_the_table_and_writes_csv(sweep: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep.csv"
@@ -218,6 +231,7 @@ def scheduler_process(tmp_path: Path) -> Iterator[str]:
             process.wait(timeout=60)
 
 
+@requires_extra
 def test_the_cli_runs_on_a_scheduler_of_other_processes(sweep: Path, scheduler_process: str, client: Client,
                                                         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert scheduler_process.startswith("tcp://127.0.0.1:")
