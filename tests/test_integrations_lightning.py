@@ -59,7 +59,7 @@ def _loaders(seed: int = 0) -> tuple:
 
 
 def _fit(module: pl.LightningModule, root, callbacks: list, *, epochs: int = 2, accumulate: int = 2,
-         trainer_cls: type | None = None, loggers: bool = True, **options) -> pl.Trainer:
+         trainer_cls: type | None = None, loggers: bool | list = True, **options) -> pl.Trainer:
     lightning = importlib.import_module(trainer_cls.__module__.split(".")[0]) if trainer_cls else None
     csv_logger = (lightning.loggers.CSVLogger if lightning and lightning.__name__ == "pytorch_lightning"
                   else pl.loggers.CSVLogger)
@@ -67,7 +67,8 @@ def _fit(module: pl.LightningModule, root, callbacks: list, *, epochs: int = 2, 
         max_epochs=epochs, accelerator="cpu", devices=1, limit_train_batches=6, limit_val_batches=2,
         accumulate_grad_batches=accumulate, log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=str(root), callbacks=callbacks,
-        logger=csv_logger(str(root), name="logs") if loggers else False, num_sanity_val_steps=1, **options)
+        logger=loggers if isinstance(loggers, list) else csv_logger(str(root), name="logs") if loggers else False,
+        num_sanity_val_steps=1, **options)
     train, val = _loaders()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|LeafSpec).*")
@@ -185,6 +186,21 @@ def test_a_broken_run_logs_its_top_hypothesis(tmp_path) -> None:
     assert top is not None and (top.node, top.onset) == ("model.net.0.parameters", 3)
     warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and top.sentence in warned[0] and f"confidence {top.confidence:.2f}" in warned[0]
+
+
+def test_the_top_hypothesis_reaches_a_tensorboard_logger_as_text(tmp_path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.manual_seed(2)
+    callback = ComgraCallback(tmp_path / "runs", trial="nan")
+    logger = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
+    _fit(TinyModule(poison_at=3), tmp_path, [callback], epochs=1, accumulate=1, loggers=[logger])
+    events = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    text = events.Tensors("comgra/diagnosis/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert callback.diagnosis.top.sentence in text and text.startswith("comgra_ndbg: ")
+    assert [e.value for e in events.Scalars("comgra/failure_hypotheses")] == [len(callback.diagnosis.hypotheses)]
 
 
 def test_a_module_called_by_training_step_is_recorded_through_module_argument(tmp_path) -> None:

@@ -10,7 +10,8 @@ training step (the sanity check is left out), the validation passes themselves a
 runs of that step type (KPIs ``eval/<node>/{nonfinite,abs_mean,rms}`` and ``eval/passes``, at the same
 step; ``record_eval=False`` turns them off), and at the end of training the analysis, whose top
 hypothesis goes to Lightning's console log and whose counts go to the trainer's loggers as metrics
-``comgra/failure_hypotheses`` and ``comgra/top_confidence``.
+``comgra/failure_hypotheses`` and ``comgra/top_confidence`` (and the hypothesis itself as text
+``comgra/diagnosis`` to a TensorBoard logger).
 
 The class subclasses the ``Callback`` of ``lightning.pytorch`` and of ``pytorch_lightning``, whichever are
 installed, so either package's ``Trainer`` accepts it. Recording happens on the global-zero process only.
@@ -110,8 +111,8 @@ class _Hooks(RecordingAccess):
         metrics = {"comgra/failure_hypotheses": float(len(diagnosis.hypotheses)),
                    "comgra/top_confidence": float(diagnosis.top.confidence) if diagnosis.top else 0.0}
         for logger in trainer.loggers:
-            self.recording._guard("logging the diagnosis", lambda: (logger.log_metrics(metrics, trainer.global_step),
-                                                                    logger.save()))
+            self.recording._guard("logging the diagnosis",
+                                  lambda: _log_diagnosis(logger, metrics, line, trainer.global_step))
 
     def on_exception(self, trainer: Any, pl_module: nn.Module, exception: BaseException) -> None:
         self.recording.abort()
@@ -139,6 +140,17 @@ class _Hooks(RecordingAccess):
 def _same(a: float | None, b: float | None) -> bool:
     """Whether two metric values are the same number (NaN equals NaN here)."""
     return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
+
+
+def _log_diagnosis(logger: Any, metrics: dict[str, float], line: str, step: int) -> None:
+    """The diagnosis' counts as metrics to a trainer's logger, and its line as text where the logger's
+    experiment takes text (``add_text`` of TensorBoard's ``SummaryWriter``: tag ``comgra/diagnosis``), so the
+    top hypothesis sits in the dashboard beside the run's curves."""
+    logger.log_metrics(metrics, step)
+    add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
+    if callable(add_text):
+        add_text("comgra/diagnosis", line, step)
+    logger.save()
 
 
 def _submodule(pl_module: nn.Module, path: str) -> nn.Module:
