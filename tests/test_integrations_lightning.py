@@ -8,6 +8,7 @@ import importlib
 import logging
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -253,6 +254,30 @@ def test_the_pytorch_lightning_trainer_accepts_the_same_callback(tmp_path) -> No
     with open_recording(tmp_path / "runs", "legacy") as recording:
         assert recording.steps.tolist() == [0, 1, 2, 3]
         assert recording.kpi("lightning/train_loss")[0].tolist() == [0, 1, 2, 3]
+
+
+def test_every_rank_of_a_ddp_strategy_records_and_rank_zero_checks_them_across(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(root / "tests" / "lightning_ddp_run.py"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    trial = Path(result["path"]).parent
+    assert sorted(p.name for p in trial.iterdir() if p.is_dir()) == ["rank0", "rank1"]  # one trial, both ranks
+    for rank in (0, 1):
+        with open_recording(trial.parent, trial.name, rank=rank) as recording:
+            assert (recording.rank, recording.world_size, recording.ddp_wrapped) == (rank, 2, True)
+            assert recording.steps.tolist() == [0, 1, 2, 3] and recording.step_iterations.tolist() == [1] * 4
+            assert recording.kpi("lightning/train_loss")[0].tolist() == [0, 1, 2, 3]
+    assert result["steps"] == 4
+    assert [h[:3] for h in result["hypotheses"]] == [["rank_desync", "model.0", 2]]  # rank 1's edit, nothing else
+    assert "'model.0.weight' differs between ranks from step 2" in result["hypotheses"][0][3]
 
 
 def test_a_recorder_problem_warns_and_training_goes_on(tmp_path) -> None:

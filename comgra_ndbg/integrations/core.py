@@ -186,11 +186,21 @@ class FrameworkRecording:
         """Close the recording (removing every hook) and, with ``analyze_at_end``, analyse it; the diagnosis
         is also stored with the recording for the GUI and ``comgra-ndbg explain``. None when nothing was
         recorded or the analysis failed (warned)."""
+        return self.analyse() if self.close() else None
+
+    def close(self) -> bool:
+        """Close the recording (removing every hook); whether there was one open to close."""
         if not self.active:
-            return None
+            return False
+        self._guard("closing the recording", self.dbg.close)
+        return True
+
+    def analyse(self) -> Diagnosis | None:
+        """With ``analyze_at_end``, analyse the closed recording (of a distributed run: with the checks across
+        its ranks, once every rank has closed its own); None when nothing was recorded or the analysis failed
+        (warned)."""
         dbg = self.dbg
-        self._guard("closing the recording", dbg.close)
-        if not self.analyze_at_end or dbg.steps == 0 or dbg.path is None:
+        if not self.analyze_at_end or dbg is None or dbg.steps == 0 or dbg.path is None:
             return None
         found = self._guard("analysing the recording", lambda: analyze(dbg.path))
         self.diagnosis = None if found is _FAILED else found

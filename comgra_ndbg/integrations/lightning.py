@@ -14,13 +14,17 @@ hypothesis goes to Lightning's console log and whose counts go to the trainer's 
 ``comgra/diagnosis`` to a TensorBoard logger).
 
 The class subclasses the ``Callback`` of ``lightning.pytorch`` and of ``pytorch_lightning``, whichever are
-installed, so either package's ``Trainer`` accepts it. Recording happens on the global-zero process only.
+installed, so either package's ``Trainer`` accepts it. Under a multi-process strategy (``strategy="ddp"``)
+every rank records its own folder of one trial (named on rank 0 and broadcast when training starts, with
+whether the strategy wrapped the model in ``DistributedDataParallel``); when training ends the ranks wait for
+each other's recordings to close and global rank zero analyses them, the checks across ranks included.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +82,15 @@ class _Hooks(RecordingAccess):
 
     # ---- Lightning hooks ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:
-        if not trainer.is_global_zero:
-            return
         model = pl_module if self.module is None else _submodule(pl_module, self.module)
         optimizers = list(trainer.optimizers)
         default = Path(trainer.default_root_dir) / "comgra"
         self._seen = dict(trainer.callback_metrics)  # metrics from before training (the sanity check) are old
+        if trainer.world_size > 1:  # every rank records its own folder of one trial, named alike on all ranks
+            if self.recording.trial is None:  # before the first step: no collective inside a training step
+                self.recording.trial = trainer.strategy.broadcast(time.strftime("lightning-%Y%m%d-%H%M%S"), 0)
+            self.recording.options["ddp_wrapped"] = isinstance(trainer.strategy.model,
+                                                               nn.parallel.DistributedDataParallel)
         self.recording.start(model, optimizers[0] if len(optimizers) == 1 else None, default_path=default)
 
     def on_train_batch_start(self, trainer: Any, pl_module: nn.Module, batch: Any, batch_idx: int) -> None:
@@ -100,10 +107,13 @@ class _Hooks(RecordingAccess):
         self._take_metrics(trainer, VALIDATION)
 
     def on_train_end(self, trainer: Any, pl_module: nn.Module) -> None:
-        if not self.recording.active:
-            return
         self._take_metrics(trainer, None)
-        diagnosis = self.recording.finish()
+        self.recording.close()
+        if trainer.world_size > 1:  # every rank's recording is closed before global rank zero reads them all
+            trainer.strategy.barrier("comgra_ndbg recordings closed")
+        if not trainer.is_global_zero:
+            return
+        diagnosis = self.recording.analyse()
         if diagnosis is None:
             return
         line = summary_line(diagnosis)
