@@ -31,12 +31,28 @@ from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, Record
 
 _transformers = require("transformers", extra="transformers", framework="Hugging Face transformers")
 
-__all__ = ["ComgraCallback", "KPI_PREFIX"]
+__all__ = ["ComgraCallback", "KPI_PREFIX", "wraps_in_ddp"]
 
 KPI_PREFIX = "trainer/"
 _EVAL_PREFIX = "eval_"
 
 _LOG = _transformers.utils.logging.get_logger("transformers.integrations.comgra")
+
+
+def wraps_in_ddp(args: Any) -> bool:
+    """Whether the Trainer with ``args`` wraps the model in ``DistributedDataParallel``: a distributed run
+    without FSDP or DeepSpeed, which shard the parameters (their ranks hold different shards, which the
+    checks across ranks must not take for a desync).
+
+    >>> from types import SimpleNamespace as Args
+    >>> distributed = Args(value="distributed")
+    >>> wraps_in_ddp(Args(parallel_mode=distributed, fsdp=None, deepspeed=None))
+    True
+    >>> wraps_in_ddp(Args(parallel_mode=distributed, fsdp=["full_shard"], deepspeed=None))
+    False
+    """
+    mode = str(getattr(getattr(args, "parallel_mode", None), "value", ""))
+    return mode == "distributed" and not getattr(args, "fsdp", None) and not getattr(args, "deepspeed", None)
 
 
 class ComgraCallback(RecordingAccess, _transformers.TrainerCallback):
@@ -64,7 +80,7 @@ class ComgraCallback(RecordingAccess, _transformers.TrainerCallback):
         if model is None:
             return
         if args.world_size > 1:  # every rank records its own folder; the Trainer wraps the model in DDP itself
-            self.recording.options["ddp_wrapped"] = str(getattr(args.parallel_mode, "value", "")) == "distributed"
+            self.recording.options["ddp_wrapped"] = wraps_in_ddp(args)
         self.recording.start(model, optimizer, default_path=Path(args.output_dir) / "comgra")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
