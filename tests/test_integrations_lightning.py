@@ -256,6 +256,7 @@ def test_the_pytorch_lightning_trainer_accepts_the_same_callback(tmp_path) -> No
         assert recording.kpi("lightning/train_loss")[0].tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.slow  # two processes of their own, each importing torch and the framework afresh
 def test_every_rank_of_a_ddp_strategy_records_and_rank_zero_checks_them_across(tmp_path) -> None:
     import json
     import os

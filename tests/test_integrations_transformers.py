@@ -133,6 +133,7 @@ def test_a_broken_run_logs_its_top_hypothesis(tmp_path) -> None:
     assert trainer.state.log_history[-1]["comgra/top_hypothesis"] == top.sentence
 
 
+@pytest.mark.slow  # two processes of their own, each importing torch and the framework afresh
 def test_every_rank_under_torchrun_records_and_process_zero_checks_them_across(tmp_path) -> None:
     import json
     import os

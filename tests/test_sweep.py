@@ -232,6 +232,7 @@ def scheduler_process(tmp_path: Path) -> Iterator[str]:
 
 
 @requires_extra
+@pytest.mark.slow  # a scheduler and a worker process of their own
 def test_the_cli_runs_on_a_scheduler_of_other_processes(sweep: Path, scheduler_process: str, client: Client,
                                                         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert scheduler_process.startswith("tcp://127.0.0.1:")
