@@ -7,15 +7,18 @@ as hyperparameters. Then the same sweep is analysed (``store=False``: every tria
 cached between the measurements) in this process without Dask, then on a ``LocalCluster`` of 1 and of 2
 single-threaded worker processes, started before the clock runs; the throughputs (trials per second,
 cluster start-up excluded) and the ratio 2-worker / 1-worker are printed side by side, with the start-up
-times.
+times. The three variants run in ``--rounds`` interleaved rounds (alternating their order), each line with the
+load average, then the medians.
 
-Run: ``python -m benchmarks.sweep [--runs 200] [--steps 40] [--folder DIR]`` (a given folder is reused when it
-already holds the runs).
+Run: ``python -m benchmarks.sweep [--runs 200] [--steps 40] [--rounds 3] [--folder DIR]`` (a given folder is
+reused when it already holds the runs).
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import statistics
 import tempfile
 import time
 import warnings
@@ -71,7 +74,7 @@ def _measure(folder: Path, workers: int) -> tuple[float, float, object]:
 
     started = time.perf_counter()
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=40) as cluster, Client(cluster) as client:
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
         client.run(lambda: __import__("comgra_ndbg.analysis"))  # imports on every worker, before the clock
         startup = time.perf_counter() - started
         started = time.perf_counter()
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three variants")
     parser.add_argument("--folder", type=Path, help="where the runs are (recorded there when missing)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
@@ -103,19 +107,30 @@ def main(argv: list[str] | None = None) -> None:
         else:
             torch.set_num_threads(1)
             print(f"recorded {args.runs} runs of {args.steps} steps in {record_sweep(folder, args.runs, args.steps):.1f} s")
-        serial = _serial(folder)
-        results = {workers: _measure(folder, workers) for workers in (1, 2)}
-        print(f"cpus: {os.cpu_count()}, trials: {len(results[1][2])}")
-        print(f"{'workers':>8} {'start-up s':>11} {'analysis s':>11} {'trials/s':>9}")
-        print(f"{'no Dask':>8} {0.0:>11.2f} {serial:>11.2f} {len(results[1][2]) / serial:>9.1f}")
-        for workers, (startup, seconds, frame) in results.items():
-            print(f"{workers:>8} {startup:>11.2f} {seconds:>11.2f} {len(frame) / seconds:>9.1f}")
-        print(f"scaling 2 workers / 1 worker: {results[1][1] / results[2][1]:.2f}x")
-        frame = results[2][2]
+        trials = len(list_trials(folder))
+        print(f"cpus: {os.cpu_count()}, trials: {trials}, load average before: {os.getloadavg()[0]:.1f}")
+        print(f"{'round':>5} {'variant':>9} {'start-up s':>11} {'analysis s':>11} {'trials/s':>9} {'load':>5}")
+        seconds: dict[str, list[float]] = {"no Dask": [], "1 worker": [], "2 workers": []}
+        frames = {}
+        for round_ in range(args.rounds):
+            order = ("no Dask", "1 worker", "2 workers") if round_ % 2 == 0 else ("2 workers", "1 worker", "no Dask")
+            for variant in order:  # side by side: each round runs every variant, in alternating order
+                if variant == "no Dask":
+                    startup, took = 0.0, _serial(folder)
+                else:
+                    startup, took, frames[variant] = _measure(folder, int(variant[0]))
+                seconds[variant].append(took)
+                print(f"{round_ + 1:>5} {variant:>9} {startup:>11.2f} {took:>11.2f} {trials / took:>9.1f} "
+                      f"{os.getloadavg()[0]:>5.1f}")
+        medians = {variant: statistics.median(values) for variant, values in seconds.items()}
+        print("medians: " + ", ".join(f"{variant} {trials / m:.1f} trials/s" for variant, m in medians.items()))
+        ratios = [one / two for one, two in zip(seconds["1 worker"], seconds["2 workers"])]
+        print(f"scaling 2 workers / 1 worker: median {statistics.median(ratios):.2f}x (rounds: "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}); load average after: {os.getloadavg()[0]:.1f}")
+        frame = frames["2 workers"]
         counts = frame["type"].value_counts().to_dict()
         print(f"types: {counts}; errors: {int((frame['error'] != '').sum())}")
-        same = results[1][2].equals(results[2][2])
-        print(f"1-worker and 2-worker tables equal: {same}")
+        print(f"1-worker and 2-worker tables equal: {frames['1 worker'].equals(frame)}")
 
 
 if __name__ == "__main__":

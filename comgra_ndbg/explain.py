@@ -177,8 +177,8 @@ def explain_text(trial: str, diagnosis: Diagnosis, *, source: str, max_events: i
     else:
         lines.append("  hypotheses, best first:")
         for rank, h in enumerate(diagnosis.hypotheses, start=1):
-            where = f"node {h.node!r}" if h.node else "the optimizer"
-            lines.append(f"  {rank}. [{h.type}, origin {h.origin}, {where}, step {h.onset}, "
+            where = f", node {h.node!r}" if h.node else ""  # no node: the origin (optimizer, data, ...) says it
+            lines.append(f"  {rank}. [{h.type}, origin {h.origin}{where}, step {h.onset}, "
                          f"confidence {h.confidence:.2f}]")
             lines.append(f"     {h.sentence}")
             if h.remedy:

@@ -122,12 +122,25 @@ def _write_trial(writer: Any, recording: Recording, statistics: list[str], histo
                 values = np.asarray(recording.snapshot(step, info.name, kind).values, np.float64)
                 finite = values[np.isfinite(values)]
                 if finite.size:
-                    writer.add_histogram(histogram_tag(info.name, kind), finite, global_step=step)
+                    writer.add_histogram(histogram_tag(info.name, kind), finite, global_step=step,
+                                         bins=_bins(writer, finite))
     for name in recording.kpi_names:
         for step_type in recording.step_types:
             steps, values = recording.kpi(name, step_type)
             for step, value in zip(steps.tolist(), values.tolist()):
                 writer.add_scalar(kpi_tag(name, step_type), value, global_step=step)
+
+
+def _bins(writer: Any, values: np.ndarray) -> str | np.ndarray:
+    """TensorBoard's own buckets (exponential, up to about 1e20 in magnitude) when they hold every value, else
+    64 even bins over the values' range (widened a little, so one value or equal values get a bin too): a
+    diverging run passes through finite values beyond 1e20, which those buckets would drop (all of them: the
+    writer then raises)."""
+    if np.abs(values).max() < writer.default_bins[-1]:
+        return "tensorflow"
+    low, high = float(values.min()), float(values.max())
+    pad = (high - low) * 1e-6 or abs(high) * 1e-6
+    return np.linspace(low - pad, high + pad, 65)
 
 
 def _markdown(text: str) -> str:

@@ -185,7 +185,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             self.recorder = Recorder("", enabled=False)
             self.path: Path | None = None
             return
-        ddp = is_ddp_wrapped(model)
+        ddp = recorder_options.pop("ddp_wrapped", None)  # a framework that wraps the model itself knows better
+        ddp = is_ddp_wrapped(model) if ddp is None else bool(ddp)
         self._root = unwrap_ddp(unwrap_compiled(model))  # names alike on ranks with and without DDP
         chosen = select_modules(self._root, modules)
         self._init_breakpoints(chosen)

@@ -44,3 +44,8 @@ def empty_comgra_slot() -> Iterator[None]:
     import comgra_ndbg.compat.comgra as comgra
 
     comgra.my_recorder = None
+
+
+# Scripts that tests run in processes of their own (python or torchrun); collecting their doctests would import
+# the frameworks they train with, which the tests using them skip without.
+collect_ignore = ["lightning_ddp_run.py", "transformers_ddp_run.py"]

@@ -48,7 +48,7 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_healthy_ddp_run_records_both_ranks_in_sync(ddp_runs: Path) -> None:
-    assert sorted(list_trials(ddp_runs)) == ["desync", "healthy", "stall"]  # one entry per run, not per rank
+    assert sorted(list_trials(ddp_runs)) == ["desync", "healthy", "partial", "stall"]  # one per run, not per rank
     assert sorted(p.name for p in (ddp_runs / "healthy").iterdir()) == ["rank0", "rank1", RANKS_FILE]
     with open_recording(ddp_runs, "healthy") as recording:
         assert (recording.rank, recording.ranks, recording.world_size, recording.ddp_wrapped) == (0, [0, 1], 2, True)
@@ -82,6 +82,31 @@ def test_a_rank_that_left_its_loop_early_is_a_stalled_rank(ddp_runs: Path) -> No
     assert "rank 1 stopped after step 1 while another rank reached step 3" in ranked[0].sentence
 
 
+def test_recording_adds_no_collective_call(ddp_runs: Path) -> None:
+    for rank in (0, 1):
+        counted = json.loads((ddp_runs / f"collectives{rank}.json").read_text())
+        assert counted["probe"] == ["barrier"]  # the counting sees a collective where there is one
+        assert counted["recorded"] == counted["bare"]  # the same loop with NeuralDbg calls no more of them
+
+
+def test_ddp_on_one_rank_only_is_partial_wrapping(ddp_runs: Path) -> None:
+    with open_recording(ddp_runs, "partial") as recording:
+        assert recording.ddp_wrapped is True and recording.with_rank(1).ddp_wrapped is False
+    diagnosis = analyze(ddp_runs, trial="partial", store=False)
+    top = diagnosis.hypotheses[0]
+    assert (top.type, top.origin, top.onset) == ("partial_ddp", "architecture", 0)
+    assert "wrapped in DistributedDataParallel on rank 0 but not on rank 1" in top.sentence
+    assert not any(h.type == "rank_desync" for h in diagnosis.hypotheses)  # explained by the partial wrapping
+    assert [e.to_state for e in diagnosis.events if e.family == "rank_consistency"][:2] == ["partial_ddp", "desync"]
+
+
+def test_explain_prints_the_cross_rank_hypothesis_without_a_node(ddp_runs: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    assert main(["explain", str(ddp_runs), "--trial", "partial"]) == 0
+    out = capsys.readouterr().out
+    assert "  1. [partial_ddp, origin architecture, step 0, confidence 0.95]" in out  # not "the optimizer"
+
+
 def test_info_prints_the_ranks(ddp_runs: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["info", str(ddp_runs / "healthy")]) == 0
     out = capsys.readouterr().out
@@ -92,7 +117,7 @@ def test_info_prints_the_ranks(ddp_runs: Path, capsys: pytest.CaptureFixture) ->
 
 # ---- the layout, in-process --------------------------------------------------------------------------------
 def _record(folder: Path, rank: int, monkeypatch: pytest.MonkeyPatch, *, steps: int = 3, edit_at: int | None = None,
-            ddp_wrapped: bool | None = None, trial: str | None = "run", world: int = 2) -> Path:
+            ddp_wrapped: bool | None = None, trial: str | None = "run", world: int = 2, loss_scale: float = 1.0) -> Path:
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", str(world))
     torch.manual_seed(0)
@@ -101,7 +126,7 @@ def _record(folder: Path, rank: int, monkeypatch: pytest.MonkeyPatch, *, steps: 
         rec.track_module("model", layer)
         for step in range(steps):
             with rec.step(step):
-                rec.record_kpi("loss", 1.0 / (step + 1))
+                rec.record_kpi("loss", (loss_scale if step >= 3 else 1.0) / (step + 1))
             with torch.no_grad():
                 layer.weight.mul_(0.9)
                 if edit_at is not None and step + 1 >= edit_at:
@@ -281,6 +306,27 @@ def test_partial_wrapping_diverging_ranks_and_stalls() -> None:
     assert [(f.check, f.ranks, f.onset, f.magnitude) for f in found] == [("stalled", (1,), 6, 4.0)]
     assert "rank 1 stopped after step 5 while another rank reached step 9" in found[0].message
     assert check_ranks(_runs(2, {1: {"steps": np.arange(6), "state": "live"}})) == ()  # still flushing
+
+
+def test_only_the_odd_rank_diverges_and_two_ranks_are_named_together() -> None:
+    steps = np.arange(10)
+    loss = np.linspace(1.0, 0.5, 10)
+    loss[6:] *= 1000.0  # rank 1 reads a broken shard from step 6 on
+    found = check_ranks(_runs(3, {1: {"loss": (steps, loss)}}))
+    assert [(f.check, f.ranks, f.onset) for f in found] == [("diverging_loss", (1,), 6)]  # not ranks 0 and 2
+    assert "rank 1 stands 909× the median of the ranks from step 6 on" in found[0].message  # 1000 / 1.1, rank 2's
+    found = check_ranks(_runs(2, {1: {"loss": (steps, loss)}}))
+    assert [(f.check, f.ranks, f.onset) for f in found] == [("diverging_loss", (0, 1), 6)]  # one finding, no majority
+    assert "rank 1 stands 1e+03× rank 0's" in found[0].message and "either may be the odd one" in found[0].message
+    low = _runs(2, {0: {"loss": (steps, np.linspace(1.0, 0.5, 10) * np.where(steps >= 6, 1e-3, 1.0))}})
+    assert [(f.ranks, f.magnitude > 900) for f in check_ranks(low)] == [((0, 1), True)]
+
+
+def test_analyze_names_the_rank_whose_loss_went_its_own_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for rank in (0, 1, 2):
+        _record(tmp_path, rank, monkeypatch, steps=8, world=3, ddp_wrapped=True, loss_scale=300.0 if rank == 2 else 1.0)
+    ranked = [h for h in analyze(tmp_path, store=False).hypotheses if h.type == "rank_divergence"]
+    assert [(h.onset, "loss of rank 2 stands 300× the median" in h.sentence) for h in ranked] == [(3, True)]
 
 
 def test_check_reads_every_rank_of_a_distributed_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

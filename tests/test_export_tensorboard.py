@@ -96,6 +96,23 @@ def test_the_cli_writes_one_run_per_trial_readable_by_tensorboard(group: Path, t
     assert histogram[-1].step == 10 and histogram[-1].histogram_value.num == 8 * 8 - 1
 
 
+def test_values_beyond_tensorboards_buckets_keep_their_histogram(tmp_path: Path) -> None:
+    with Recorder(tmp_path / "runs", "diverged", summaries=1, snapshots=1) as rec:
+        for step, scale in enumerate((1.0, 1e24)):  # a diverging run's activations before they turn non-finite
+            with rec.step(step):
+                rec.register_tensor("hidden", torch.linspace(-1.0, 2.0, 32).reshape(4, 8) * scale)
+                rec.register_tensor("loss", torch.tensor(7.7 * scale), role="loss")  # one value
+    written = export_tensorboard(tmp_path / "runs", tmp_path / "tb")
+    accumulator = _accumulator(written["diverged"])
+    histograms = accumulator.Histograms("hidden/value")
+    assert [h.step for h in histograms] == [0, 1]
+    assert [h.histogram_value.num for h in histograms] == [32, 32]  # no value dropped
+    assert histograms[1].histogram_value.max == pytest.approx(2e24, rel=1e-6)
+    assert sum(histograms[1].histogram_value.bucket) == 32
+    loss = accumulator.Histograms("loss/value")[1].histogram_value
+    assert (loss.num, sum(loss.bucket)) == (1, 1) and loss.max == pytest.approx(7.7e24, rel=1e-6)
+
+
 def test_chosen_statistics_one_trial_and_the_default_folder(group: Path, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     written = export_tensorboard(group, tmp_path / "one", trial="ok", statistics=["max"], histograms=False)

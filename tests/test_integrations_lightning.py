@@ -8,6 +8,7 @@ import importlib
 import logging
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def _loaders(seed: int = 0) -> tuple:
 
 
 def _fit(module: pl.LightningModule, root, callbacks: list, *, epochs: int = 2, accumulate: int = 2,
-         trainer_cls: type | None = None, loggers: bool = True, **options) -> pl.Trainer:
+         trainer_cls: type | None = None, loggers: bool | list = True, **options) -> pl.Trainer:
     lightning = importlib.import_module(trainer_cls.__module__.split(".")[0]) if trainer_cls else None
     csv_logger = (lightning.loggers.CSVLogger if lightning and lightning.__name__ == "pytorch_lightning"
                   else pl.loggers.CSVLogger)
@@ -67,7 +68,8 @@ def _fit(module: pl.LightningModule, root, callbacks: list, *, epochs: int = 2, 
         max_epochs=epochs, accelerator="cpu", devices=1, limit_train_batches=6, limit_val_batches=2,
         accumulate_grad_batches=accumulate, log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=str(root), callbacks=callbacks,
-        logger=csv_logger(str(root), name="logs") if loggers else False, num_sanity_val_steps=1, **options)
+        logger=loggers if isinstance(loggers, list) else csv_logger(str(root), name="logs") if loggers else False,
+        num_sanity_val_steps=1, **options)
     train, val = _loaders()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|LeafSpec).*")
@@ -99,6 +101,18 @@ def test_steps_are_optimizer_steps_and_metrics_are_kpis_of_their_step_type(tmp_p
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
     assert [r["comgra/failure_hypotheses"] for r in rows if r.get("comgra/failure_hypotheses")] == [
         str(float(len(callback.diagnosis.hypotheses)))]
+
+
+def test_validation_inside_an_epoch_leaves_one_value_per_metric_and_step(tmp_path) -> None:
+    torch.manual_seed(0)
+    callback = ComgraCallback(tmp_path / "runs", trial="mid")
+    trainer = _fit(TinyModule(), tmp_path, [callback], accumulate=3, loggers=False, val_check_interval=0.5)
+    assert trainer.global_step == 4  # 2 epochs x 6 batches / accumulation 3; validation after every step
+    with open_recording(tmp_path / "runs", "mid") as recording:
+        assert recording.kpi("lightning/train_loss", "train")[0].tolist() == [0, 1, 2, 3]  # no step twice
+        steps, values = recording.kpi("lightning/val_loss", "validation")
+        assert steps.tolist() == [0, 1, 2, 3] and len(set(values.tolist())) == 4
+        assert recording.kpi("lightning/val_loss", "train")[0].tolist() == []  # published again, not a training metric
 
 
 def test_training_with_the_callback_is_bit_identical_and_leaves_no_hook(tmp_path) -> None:
@@ -175,6 +189,21 @@ def test_a_broken_run_logs_its_top_hypothesis(tmp_path) -> None:
     assert len(warned) == 1 and top.sentence in warned[0] and f"confidence {top.confidence:.2f}" in warned[0]
 
 
+def test_the_top_hypothesis_reaches_a_tensorboard_logger_as_text(tmp_path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.manual_seed(2)
+    callback = ComgraCallback(tmp_path / "runs", trial="nan")
+    logger = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
+    _fit(TinyModule(poison_at=3), tmp_path, [callback], epochs=1, accumulate=1, loggers=[logger])
+    events = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    text = events.Tensors("comgra/diagnosis/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert callback.diagnosis.top.sentence in text and text.startswith("comgra_ndbg: ")
+    assert [e.value for e in events.Scalars("comgra/failure_hypotheses")] == [len(callback.diagnosis.hypotheses)]
+
+
 def test_a_module_called_by_training_step_is_recorded_through_module_argument(tmp_path) -> None:
     class CallsItsNet(TinyModule):
         def training_step(self, batch: tuple, batch_idx: int) -> torch.Tensor:
@@ -225,6 +254,31 @@ def test_the_pytorch_lightning_trainer_accepts_the_same_callback(tmp_path) -> No
     with open_recording(tmp_path / "runs", "legacy") as recording:
         assert recording.steps.tolist() == [0, 1, 2, 3]
         assert recording.kpi("lightning/train_loss")[0].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.slow  # two processes of their own, each importing torch and the framework afresh
+def test_every_rank_of_a_ddp_strategy_records_and_rank_zero_checks_them_across(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(root / "tests" / "lightning_ddp_run.py"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    trial = Path(result["path"]).parent
+    assert sorted(p.name for p in trial.iterdir() if p.is_dir()) == ["rank0", "rank1"]  # one trial, both ranks
+    for rank in (0, 1):
+        with open_recording(trial.parent, trial.name, rank=rank) as recording:
+            assert (recording.rank, recording.world_size, recording.ddp_wrapped) == (rank, 2, True)
+            assert recording.steps.tolist() == [0, 1, 2, 3] and recording.step_iterations.tolist() == [1] * 4
+            assert recording.kpi("lightning/train_loss")[0].tolist() == [0, 1, 2, 3]
+    assert result["steps"] == 4
+    assert [h[:3] for h in result["hypotheses"]] == [["rank_desync", "model.0", 2]]  # rank 1's edit, nothing else
+    assert "'model.0.weight' differs between ranks from step 2" in result["hypotheses"][0][3]
 
 
 def test_a_recorder_problem_warns_and_training_goes_on(tmp_path) -> None:

@@ -133,6 +133,31 @@ def test_a_broken_run_logs_its_top_hypothesis(tmp_path) -> None:
     assert trainer.state.log_history[-1]["comgra/top_hypothesis"] == top.sentence
 
 
+@pytest.mark.slow  # two processes of their own, each importing torch and the framework afresh
+def test_every_rank_under_torchrun_records_and_process_zero_checks_them_across(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           str(root / "tests" / "transformers_ddp_run.py"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        with open_recording(tmp_path / "runs", "hf-ddp", rank=rank) as recording:
+            assert (recording.rank, recording.world_size, recording.ddp_wrapped) == (rank, 2, True)
+            assert recording.steps.tolist() == [0, 1, 2, 3] and recording.step_iterations.tolist() == [1] * 4
+            assert recording.kpi("trainer/loss")[0].tolist() == [0, 1, 2, 3]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["steps"] == 4
+    assert [h[:3] for h in result["hypotheses"]] == [["rank_desync", "model.net.0", 2]]  # rank 1's edit, only
+    assert "'model.net.0.weight' differs between ranks from step 2" in result["hypotheses"][0][3]
+
+
 def test_bad_arguments_and_a_missing_framework_raise_typed_errors(monkeypatch) -> None:
     with pytest.raises(InvalidArgumentError, match="model="):
         ComgraCallback(model=None)

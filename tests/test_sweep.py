@@ -4,13 +4,18 @@ hyperparameters stored by the recorder, the missing-dependency error and ``comgr
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
-from distributed import Client, LocalCluster
+
+try:  # the sweep extra; without it the tests that need it skip themselves, the others still run
+    import pandas as pd
+    from distributed import Client, LocalCluster
+except ImportError:
+    pd = Client = LocalCluster = None
 
 from benchmarks.sweep import record_tiny_run
 from comgra_ndbg import Recorder, cli, open_recording
@@ -20,6 +25,8 @@ from comgra_ndbg.sweep import SWEEP_COLUMNS, analyze_many, expand
 from comgra_ndbg.sweep.table import filter_rows, parse_filter, sort_rows
 
 RATES = {"slow": 0.01, "good": 0.05, "hot": 2.0, "wild": 20.0}
+requires_extra = pytest.mark.skipif(pd is None or Client is None,
+                                    reason="needs the sweep extra (pip install 'comgra-ndbg[sweep]')")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +50,7 @@ def client(cluster: LocalCluster) -> Iterator[Client]:
         yield connected
 
 
+@requires_extra
 def test_the_table_holds_each_trials_diagnosis_loss_and_hyperparameters(sweep: Path, client: Client) -> None:
     frame = analyze_many(str(sweep / "*"), client=client, store=False)
     assert list(frame.columns) == list(SWEEP_COLUMNS) + ["lr", "seed"]
@@ -65,6 +73,7 @@ def test_the_table_holds_each_trials_diagnosis_loss_and_hyperparameters(sweep: P
     assert types["good"] == "healthy" and types["wild"] != "healthy"  # the sweep has both kinds to show
 
 
+@requires_extra
 def test_a_scheduler_address_runs_the_same_code(sweep: Path, cluster: LocalCluster, client: Client) -> None:
     by_address = analyze_many([sweep], scheduler=cluster.scheduler_address, store=False)
     by_client = analyze_many([sweep], client=client, store=False)
@@ -74,6 +83,26 @@ def test_a_scheduler_address_runs_the_same_code(sweep: Path, cluster: LocalClust
         analyze_many(sweep, client=client, scheduler=cluster.scheduler_address)
 
 
+@requires_extra
+def test_without_client_or_scheduler_a_local_cluster_of_processes_runs_and_is_closed(
+        sweep: Path, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    import distributed
+
+    made, kinds = [], []
+
+    def spy(*args, **kwargs) -> LocalCluster:
+        made.append(LocalCluster(*args, **kwargs))
+        kinds.append(sorted({type(w).__name__ for w in made[-1].workers.values()}))
+        return made[-1]
+
+    monkeypatch.setattr(distributed, "LocalCluster", spy)
+    table = analyze_many(str(sweep / "*"), workers=1, store=False)  # neither client nor scheduler
+    assert kinds == [["Nanny"]]  # one cluster, its one worker a separate process
+    assert made[0].status.name == "closed"
+    pd.testing.assert_frame_equal(table, analyze_many(str(sweep / "*"), client=client, store=False))
+
+
+@requires_extra
 def test_an_unreadable_trial_is_an_error_row_and_the_rest_is_analysed(sweep: Path, tmp_path: Path,
                                                                       client: Client) -> None:
     broken = tmp_path / "runs"
@@ -98,6 +127,7 @@ def test_expand_lists_each_trial_once_and_refuses_what_holds_nothing(sweep: Path
         expand(str(tmp_path / "nothing-*"))
 
 
+@requires_extra
 def test_stored_analyses_are_reused_and_written(sweep: Path, client: Client, tmp_path: Path) -> None:
     fresh = tmp_path / "runs"
     record_tiny_run(fresh, "one", lr=20.0, steps=40)
@@ -139,6 +169,7 @@ def test_rows_sort_and_filter_as_the_gui_does() -> None:
         parse_filter("lr")
 
 
+@requires_extra
 def test_a_missing_package_is_a_typed_error_with_the_install_line(sweep: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if dask.distributed were not installed
@@ -147,6 +178,7 @@ def test_a_missing_package_is_a_typed_error_with_the_install_line(sweep: Path,
     assert issubclass(MissingDependencyError, ImportError)
 
 
+@requires_extra
 def test_the_cli_prints_the_table_and_writes_csv(sweep: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep.csv"
@@ -162,6 +194,60 @@ def test_the_cli_prints_the_table_and_writes_csv(sweep: Path, tmp_path: Path,
     assert table["trial"].tolist() == sorted(RATES) and table["lr"].tolist() == [RATES[t] for t in sorted(RATES)]
     code = cli.main(["sweep", str(tmp_path / "none-*"), "--threads"])
     assert code == 2 and "comgra-ndbg sweep: no recording found" in capsys.readouterr().err
+
+
+@pytest.fixture
+def scheduler_process(tmp_path: Path) -> Iterator[str]:
+    """A ``dask scheduler`` and one ``dask worker`` started as separate processes, the way a real cluster is
+    (TCP, not the in-process transport of a LocalCluster without processes); yields the scheduler's address."""
+    import json
+    import subprocess
+    import time
+
+    dask = Path(sys.executable).with_name("dask")
+    if not dask.exists():
+        pytest.skip("the dask command line is not installed next to this Python")
+    file = tmp_path / "scheduler.json"
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    started = [subprocess.Popen([str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                 "--scheduler-file", str(file)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 120
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        address = json.loads(file.read_text())["address"]
+        started.append(subprocess.Popen([str(dask), "worker", address, "--nthreads", "1", "--nworkers", "1",
+                                         "--no-dashboard", "--death-timeout", "60"], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with Client(address, timeout=120) as waiting:
+            waiting.wait_for_workers(1, timeout=120)
+        yield address
+    finally:
+        for process in reversed(started):
+            process.terminate()
+            process.wait(timeout=60)
+
+
+@requires_extra
+@pytest.mark.slow  # a scheduler and a worker process of their own
+def test_the_cli_runs_on_a_scheduler_of_other_processes(sweep: Path, scheduler_process: str, client: Client,
+                                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert scheduler_process.startswith("tcp://127.0.0.1:")
+    with Client(scheduler_process) as remote:
+        worker_pids = set(remote.run(lambda: __import__("os").getpid()).values())
+    assert len(worker_pids) == 1 and os.getpid() not in worker_pids  # the analysis cannot run in this process
+    out = tmp_path / "remote.csv"
+    code = cli.main(["sweep", str(sweep / "*"), "--scheduler", scheduler_process, "--csv", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0 and "analysing: 100%" in captured.err and f"{len(RATES)} trials written" in captured.out
+    remote_table = pd.read_csv(out, keep_default_na=False)
+    local_table = analyze_many(str(sweep / "*"), client=client, store=False)
+    assert remote_table["trial"].tolist() == local_table["trial"].tolist()
+    assert remote_table["type"].tolist() == local_table["type"].tolist()
+    assert [str(v) for v in remote_table["onset"]] == ["" if pd.isna(v) else str(v) for v in local_table["onset"]]
 
 
 def test_the_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,8 @@ after every step. Four things break that, silently:
 - **partial wrapping**: the model is wrapped in ``DistributedDataParallel`` on some ranks only (the
   recorded ``ddp_wrapped`` flag), so those ranks never average their gradients with the others.
 - **divergence**: one rank's loss or gradient norm stands a decade (``factor``) or more away from the median
-  of the others over the last steps, or turns non-finite while the others stay finite.
+  of the ranks over the last steps (two ranks: from each other, both named), or turns non-finite while the
+  others stay finite.
 - **stall**: a rank whose recording stops steps before the others' (it hung, crashed or left the loop),
   when that rank's writer is no longer running or the gap exceeds ``stall_steps``.
 
@@ -204,6 +205,11 @@ def _relative(rows: np.ndarray) -> float:
 
 # ---- a rank whose loss or gradients go their own way ----------------------------------------------------------
 def _divergence(runs: Sequence[RankRun], attribute: str, check: str, thresholds: RankThresholds) -> list[RankFinding]:
+    """A rank whose series turns non-finite while every other stays finite, or stands ``factor`` or more from
+    the others over the last steps. The reference is the median of every rank (itself included), which
+    belongs to the majority from three ranks on, so only the odd rank is named; the median of the *other*
+    ranks would be dragged by the odd one and name the healthy ranks as well. Two ranks have no majority:
+    one finding names both."""
     series = [getattr(r, attribute) for r in runs]
     common = _common_steps([s[0] for s in series])
     if len(common) < thresholds.min_window:
@@ -212,34 +218,57 @@ def _divergence(runs: Sequence[RankRun], attribute: str, check: str, thresholds:
     what = "loss" if attribute == "loss" else "gradient norm"
     found = []
     for i, run in enumerate(runs):
-        others = np.delete(values, i, axis=0)
-        mine = values[i]
-        finite_others = np.isfinite(others).all(axis=0)
-        broken = ~np.isfinite(mine) & finite_others
+        broken = ~np.isfinite(values[i]) & np.isfinite(np.delete(values, i, axis=0)).all(axis=0)
         if broken.any():
             at = int(np.argmax(broken))
             found.append(RankFinding(check, (run.rank,), int(common[at]), "", float("inf"),
                                      f"the {what} of rank {run.rank} turned non-finite at step {int(common[at])} "
                                      f"while the other ranks' stayed finite",
-                                     (Evidence(f"kpi/{what}", (int(common[at]),), (float(mine[at]),)),)))
+                                     (Evidence(f"kpi/{what}", (int(common[at]),), (float(values[i, at]),)),)))
+    if found:
+        return found
+    width = max(thresholds.min_window, int(np.ceil(thresholds.window * len(common))))
+    if len(runs) == 2:
+        start, size = _far_from(values[1], values[0], width, thresholds.factor)
+        if start is None:
+            return []
+        high = 1 if size > 1 else 0
+        size = max(size, 1 / size)
+        return [RankFinding(check, (runs[0].rank, runs[1].rank), int(common[start]), "", size,
+                            f"the {what} of rank {runs[high].rank} stands {size:.3g}× rank {runs[1 - high].rank}'s "
+                            f"from step {int(common[start])} on (two ranks: either may be the odd one)",
+                            _divergence_evidence(what, common, values[high], values[1 - high][-1], width))]
+    reference = np.median(values, axis=0)
+    for i, run in enumerate(runs):
+        start, size = _far_from(values[i], reference, width, thresholds.factor)
+        if start is None:
             continue
-        width = max(thresholds.min_window, int(np.ceil(thresholds.window * len(common))))
-        reference = np.median(others, axis=0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.abs(mine) / np.abs(reference)
-        tail = ratio[-width:]
-        far = (tail > thresholds.factor) | (tail < 1 / thresholds.factor)
-        if not far.all() or not np.isfinite(tail).all():
-            continue
-        outside = (ratio > thresholds.factor) | (ratio < 1 / thresholds.factor)
-        start = len(ratio) - int(np.argmin(outside[::-1])) if not outside.all() else 0
-        size = float(np.median(tail))
         found.append(RankFinding(check, (run.rank,), int(common[start]), "", size,
-                                 f"the {what} of rank {run.rank} stands {size:.3g}× the median of the other ranks' "
+                                 f"the {what} of rank {run.rank} stands {size:.3g}× the median of the ranks "
                                  f"from step {int(common[start])} on",
-                                 (Evidence(f"kpi/{what}", tuple(int(s) for s in common[-width:][:3]),
-                                           tuple(float(v) for v in mine[-width:][:3]), float(reference[-1])),)))
+                                 _divergence_evidence(what, common, values[i], reference[-1], width)))
     return found
+
+
+def _far_from(mine: np.ndarray, reference: np.ndarray, width: int, factor: float) -> tuple[int | None, float]:
+    """Where ``mine`` starts to stand ``factor`` or more from ``reference`` for good (every one of the last
+    ``width`` steps, finite ratios only), as an index into the steps, and the median ratio there; (None, 1)
+    when it does not."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.abs(mine) / np.abs(reference)
+    tail = ratio[-width:]
+    far = (tail > factor) | (tail < 1 / factor)
+    if not far.all() or not np.isfinite(tail).all():
+        return None, 1.0
+    outside = (ratio > factor) | (ratio < 1 / factor)
+    start = len(ratio) - int(np.argmin(outside[::-1])) if not outside.all() else 0
+    return start, float(np.median(tail))
+
+
+def _divergence_evidence(what: str, common: np.ndarray, mine: np.ndarray, reference: float,
+                         width: int) -> tuple[Evidence, ...]:
+    return (Evidence(f"kpi/{what}", tuple(int(s) for s in common[-width:][:3]),
+                     tuple(float(v) for v in mine[-width:][:3]), float(reference)),)
 
 
 # ---- a rank that stopped ---------------------------------------------------------------------------------------

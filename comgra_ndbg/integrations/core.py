@@ -122,6 +122,7 @@ class FrameworkRecording:
         self._optimizer: torch.optim.Optimizer | None = None
         self.diagnosis: Diagnosis | None = None
         self._warned: set[str] = set()
+        self._recorded_at: dict[tuple[str, str | None], int] = {}  # (KPI, step type) -> the step of its last value
 
     @property
     def active(self) -> bool:
@@ -153,17 +154,23 @@ class FrameworkRecording:
 
     def record_metrics(self, metrics: Mapping[str, Any], *, step_type: str | None = None) -> int:
         """Record every real number of ``metrics`` as a KPI of the last step (``step_type``: its own type,
-        or e.g. :data:`VALIDATION`); returns how many were recorded. Nothing is recorded before the first
-        step."""
+        or e.g. :data:`VALIDATION`); returns how many were recorded. A KPI keeps one value per step and step
+        type, the first: frameworks publish a metric again unchanged (Lightning after a validation run), and a
+        second point at the same step would be a duplicate. Nothing is recorded before the first step."""
         if not self.active or self.dbg.steps == 0:
             return 0
         recorder = self.dbg.recorder
+        step = recorder.current_step if recorder.current_step is not None else recorder._last_step
         count = 0
         for name, value in metrics.items():
             if isinstance(name, str) and name:
                 kpi = self.kpi_prefix + name
-                count += self._guard(f"recording the metric {kpi!r}",
-                                     lambda: self._record(recorder, kpi, value, step_type)) is True
+                if self._recorded_at.get((kpi, step_type)) == step:
+                    continue
+                if self._guard(f"recording the metric {kpi!r}",
+                               lambda: self._record(recorder, kpi, value, step_type)) is True:
+                    self._recorded_at[(kpi, step_type)] = step
+                    count += 1
         return count
 
     @staticmethod
@@ -179,11 +186,21 @@ class FrameworkRecording:
         """Close the recording (removing every hook) and, with ``analyze_at_end``, analyse it; the diagnosis
         is also stored with the recording for the GUI and ``comgra-ndbg explain``. None when nothing was
         recorded or the analysis failed (warned)."""
+        return self.analyse() if self.close() else None
+
+    def close(self) -> bool:
+        """Close the recording (removing every hook); whether there was one open to close."""
         if not self.active:
-            return None
+            return False
+        self._guard("closing the recording", self.dbg.close)
+        return True
+
+    def analyse(self) -> Diagnosis | None:
+        """With ``analyze_at_end``, analyse the closed recording (of a distributed run: with the checks across
+        its ranks, once every rank has closed its own); None when nothing was recorded or the analysis failed
+        (warned)."""
         dbg = self.dbg
-        self._guard("closing the recording", dbg.close)
-        if not self.analyze_at_end or dbg.steps == 0 or dbg.path is None:
+        if not self.analyze_at_end or dbg is None or dbg.steps == 0 or dbg.path is None:
             return None
         found = self._guard("analysing the recording", lambda: analyze(dbg.path))
         self.diagnosis = None if found is _FAILED else found

@@ -12,14 +12,18 @@ evaluation's forward passes as NeuralDbg's evaluation runs of that step type (KP
 ``eval/<node>/{nonfinite,abs_mean,rms}`` and ``eval/passes``, at the same step; ``record_eval=False`` turns
 them off), and when
 training ends the analysis, whose top hypothesis goes to the ``transformers`` logger (a warning when a
-failure was found) and into ``TrainerState.log_history`` as ``comgra/*`` entries. Recording happens on the
-world-process-zero only.
+failure was found) and into ``TrainerState.log_history`` as ``comgra/*`` entries. Under several processes
+(``torchrun``, ``accelerate launch``) every rank records its own folder of one trial (named alike on every
+rank from the launcher's run id, with whether the Trainer wraps the model in ``DistributedDataParallel``);
+when training ends the ranks wait for each other's recordings to close and the world-process zero analyses
+them, the checks across ranks included.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from comgra_ndbg.errors import InvalidArgumentError
@@ -27,12 +31,28 @@ from comgra_ndbg.integrations.core import VALIDATION, FrameworkRecording, Record
 
 _transformers = require("transformers", extra="transformers", framework="Hugging Face transformers")
 
-__all__ = ["ComgraCallback", "KPI_PREFIX"]
+__all__ = ["ComgraCallback", "KPI_PREFIX", "wraps_in_ddp"]
 
 KPI_PREFIX = "trainer/"
 _EVAL_PREFIX = "eval_"
 
 _LOG = _transformers.utils.logging.get_logger("transformers.integrations.comgra")
+
+
+def wraps_in_ddp(args: Any) -> bool:
+    """Whether the Trainer with ``args`` wraps the model in ``DistributedDataParallel``: a distributed run
+    without FSDP or DeepSpeed, which shard the parameters (their ranks hold different shards, which the
+    checks across ranks must not take for a desync).
+
+    >>> from types import SimpleNamespace as Args
+    >>> distributed = Args(value="distributed")
+    >>> wraps_in_ddp(Args(parallel_mode=distributed, fsdp=None, deepspeed=None))
+    True
+    >>> wraps_in_ddp(Args(parallel_mode=distributed, fsdp=["full_shard"], deepspeed=None))
+    False
+    """
+    mode = str(getattr(getattr(args, "parallel_mode", None), "value", ""))
+    return mode == "distributed" and not getattr(args, "fsdp", None) and not getattr(args, "deepspeed", None)
 
 
 class ComgraCallback(RecordingAccess, _transformers.TrainerCallback):
@@ -57,8 +77,10 @@ class ComgraCallback(RecordingAccess, _transformers.TrainerCallback):
     # ---- Trainer events -----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
                        optimizer: Any = None, **kwargs: Any) -> None:
-        if not state.is_world_process_zero or model is None:
+        if model is None:
             return
+        if args.world_size > 1:  # every rank records its own folder; the Trainer wraps the model in DDP itself
+            self.recording.options["ddp_wrapped"] = wraps_in_ddp(args)
         self.recording.start(model, optimizer, default_path=Path(args.output_dir) / "comgra")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
@@ -73,7 +95,12 @@ class ComgraCallback(RecordingAccess, _transformers.TrainerCallback):
             self.recording.record_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step_type=VALIDATION)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        diagnosis = self.recording.finish()
+        self.recording.close()
+        if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank's recording is closed before process zero reads them all
+        if not state.is_world_process_zero:
+            return
+        diagnosis = self.recording.analyse()
         if diagnosis is None:
             return
         line = summary_line(diagnosis)

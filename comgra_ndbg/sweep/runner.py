@@ -9,6 +9,7 @@ runs the same code on that cluster.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from contextlib import ExitStack
@@ -49,7 +50,7 @@ def _start_client(stack: ExitStack, client: Any, scheduler: str | None, workers:
     count = workers if workers is not None else max(1, min(os.cpu_count() or 1, tasks))
     cluster = stack.enter_context(distributed.LocalCluster(n_workers=count, threads_per_worker=1,
                                                            processes=processes, dashboard_address=":0",
-                                                           silence_logs=40))
+                                                           silence_logs=logging.CRITICAL))
     return stack.enter_context(distributed.Client(cluster))
 
 
@@ -62,7 +63,9 @@ def analyze_many(paths_or_glob: PathsOrGlob, client: Any = None, scheduler: str 
 
     ``client``: a ``distributed.Client`` to use as is; ``scheduler``: the address of a running scheduler;
     neither: a ``LocalCluster`` of ``workers`` processes (default: one per CPU, at most one per trial;
-    ``processes=False`` runs them as threads). ``store`` keeps the stored-analysis behaviour of
+    ``processes=False`` runs them as threads), whose log is silenced below CRITICAL: a worker still sending
+    its heartbeat while the cluster closes logs a traceback that means nothing, and a failed task already
+    shows as its row's ``error``. ``store`` keeps the stored-analysis behaviour of
     ``comgra-ndbg explain`` (analyse what is missing or stale and store it); ``thresholds`` re-analyses
     every trial with them and stores nothing. ``progress`` draws a tqdm bar on ``stream`` (stderr).
     A trial that cannot be read or analysed gets its ``error`` column filled in; the others are unaffected.
