@@ -31,7 +31,7 @@ BUGGED, FIXED = (f"trial_{c}" for c in CONFIGURATIONS)
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("tutorial")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CompatibilityWarning)  # the tutorial passes Comgra's visual prefixes
+        warnings.simplefilter("ignore", CompatibilityWarning)  # the tutorial asks for singular values, as Comgra's does
         Demonstration(root, "tutorial", **SMALL).run_all_configurations()
     with served(create_app(root / "tutorial", interval_ms=400)) as address:
         yield address

@@ -19,8 +19,8 @@ import torch
 
 from comgra_ndbg.errors import InvalidArgumentError
 
-__all__ = ["MAX_STEP", "check_parameter_groups", "check_name", "check_text", "check_step", "check_int", "check_positive_number",
-           "check_group_path", "check_settings", "summarizable"]
+__all__ = ["MAX_STEP", "check_name", "check_text", "check_step", "check_int", "check_positive_number",
+           "check_group_path", "check_settings", "summarizable", "check_parameter_groups"]
 
 MAX_STEP = 2**63 - 1
 """The largest step number the file's int64 tables hold."""

@@ -161,10 +161,13 @@ class ComgraRecorder(Registrations):
             raise RecorderStateError(f"track_module({module_name!r}) inside a batch; track modules before "
                                      f"start_batch() or between finish_batch() and the next start_batch()")
         names = {sub: f"{module_name}.{path}" if path else module_name for path, sub in module.named_modules()}
-        known = [name for sub, name in names.items() if sub in self.module_to_name]
-        if known or module_name in self.module_to_name.values():
-            raise InvalidArgumentError(f"track_module({module_name!r}): {known[:1] or [module_name]} is already "
-                                       f"tracked; track each module once, under one name")
+        known = [self.module_to_name[sub] for sub in names if sub in self.module_to_name]
+        if known:
+            raise InvalidArgumentError(f"track_module({module_name!r}): this module (or one inside it) is already "
+                                       f"tracked as {known[0]!r}; track each module once, under one name")
+        if module_name in self.module_to_name.values():
+            raise InvalidArgumentError(f"track_module({module_name!r}): another module is already tracked under "
+                                       f"that name; give each module its own name")
         self.module_to_name.update(names)
         if not self.comgra_is_active:
             return
