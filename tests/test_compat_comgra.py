@@ -230,11 +230,8 @@ class Attention(nn.Module):
         return self.head(torch.relu(self.ff(mixed)))
 
 
-def drawn_boxes(root: Path, visually: list[str] | None) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
-    """Two steps of a Comgra run of ``Attention``; the boxes the explorer draws (path -> nodes) and, with
-    every box open, the frame each parameter node is drawn in."""
-    from comgra_ndbg.gui.state import ReaderCache
-
+def record_attention(root: Path, visually: list[str] | None) -> Path:
+    """Two steps of a Comgra run of ``Attention`` into ``root/group`` (returned), one trial ``t``."""
     root.mkdir()
     recorder = new_recorder(root, maker=DecisionMakerForRecordingsHardcoded({0}),
                             prefixes_for_grouping_module_parameters_visually=visually)
@@ -253,7 +250,15 @@ def drawn_boxes(root: Path, visually: list[str] | None) -> tuple[dict[str, tuple
         recorder.finish_iteration()
         recorder.finish_batch()
     recorder.finalize()
-    cache = ReaderCache(root / "group")
+    return root / "group"
+
+
+def drawn_boxes(root: Path, visually: list[str] | None) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """The boxes the explorer draws (path -> nodes) for :func:`record_attention` and, with every box open,
+    the frame each parameter node is drawn in."""
+    from comgra_ndbg.gui.state import ReaderCache
+
+    cache = ReaderCache(record_attention(root, visually))
     boxes, _ = cache.boxes("t", "train")
     view = cache.drawn("t", "train", ("*",)).view  # every box open
     frames = {item.name: (item.parent or "") for item in view.items if item.name.startswith("net.")}
