@@ -52,6 +52,7 @@ def test_the_bugged_tutorial_is_explained_at_subnet_out(tutorial: Path) -> None:
     assert "'output' stays at or above 0.5 where the targets go down to 0" in top.sentence
     assert "the loss keeps pushing it down" in top.sentence
     assert "remove it or move it off the output layer" in top.remedy
+    assert "sigmoid" in top.remedy and "cross_entropy" not in top.remedy  # the remedy of this case, not another's
     squash = top.chain.root.evidence[1]
     assert squash.series == "root_module.subnet_out__out/value/compressed:low" and squash.values[0] >= 50
 
@@ -86,6 +87,7 @@ def test_a_relu_on_a_regression_output_is_named_and_its_linear_twin_is_not(tmp_p
     top = analyze(tmp_path, trial="relu", store=False).top
     assert top is not None and (top.type, top.node) == ("output_range", "model.3")
     assert "'model.3' has no negative values at all" in top.sentence and "pushing 'model' down" in top.sentence
+    assert "remove it or move it off the output layer" in top.remedy and "real-valued targets" in top.remedy
     linear = analyze(tmp_path, trial="linear", store=False)
     assert not [e for e in linear.events if e.family == "output_range"] and linear.healthy
 

@@ -217,6 +217,68 @@ def test_parameter_prefixes_make_one_node(tmp_path: Path) -> None:
         assert {t.node for t in recording.tensors if t.name.startswith("cell.out")} == {"cell.out"}
 
 
+class Attention(nn.Module):
+    """Sibling modules whose names share a prefix that does not end at a dot (``attn_q``, ``attn_k``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn_q, self.attn_k = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+        self.ff, self.head = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = torch.softmax(self.attn_q(x) * self.attn_k(x), dim=1)
+        return self.head(torch.relu(self.ff(mixed)))
+
+
+def record_attention(root: Path, visually: list[str] | None) -> Path:
+    """Two steps of a Comgra run of ``Attention`` into ``root/group`` (returned), one trial ``t``."""
+    root.mkdir()
+    recorder = new_recorder(root, maker=DecisionMakerForRecordingsHardcoded({0}),
+                            prefixes_for_grouping_module_parameters_visually=visually)
+    comgra.my_recorder = recorder
+    model = Attention()
+    recorder.track_module("net", model)
+    for step in range(2):
+        recorder.start_batch(step, BATCH, "train")
+        recorder.start_iteration()
+        x = torch.randn(BATCH, WIDTH)
+        recorder.register_tensor("input", x, is_input=True)
+        loss = model(x).pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        loss.backward()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+    recorder.finalize()
+    return root / "group"
+
+
+def drawn_boxes(root: Path, visually: list[str] | None) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """The boxes the explorer draws (path -> nodes) for :func:`record_attention` and, with every box open,
+    the frame each parameter node is drawn in."""
+    from comgra_ndbg.gui.state import ReaderCache
+
+    cache = ReaderCache(record_attention(root, visually))
+    boxes, _ = cache.boxes("t", "train")
+    view = cache.drawn("t", "train", ("*",)).view  # every box open
+    frames = {item.name: (item.parent or "") for item in view.items if item.name.startswith("net.")}
+    return dict(boxes.members), frames
+
+
+def test_visual_prefixes_draw_their_parameters_in_one_box(tmp_path: Path) -> None:
+    """Comgra's visual grouping: the parameters each prefix is the first to match are drawn in one box of the
+    explorer, also where the prefix does not end at a dot; without prefixes the boxes follow the modules."""
+    members, frames = drawn_boxes(tmp_path / "grouped", ["net.attn_", "net"])
+    assert members == {"net.attn_": ("net.attn_k", "net.attn_q"), "net": ("net.ff", "net.head")}
+    assert frames == {"net.attn_k": "box:net.attn_", "net.attn_q": "box:net.attn_", "net.ff": "box:net",
+                      "net.head": "box:net"}
+    members, frames = drawn_boxes(tmp_path / "modules", None)
+    assert members == {"net": ("net.attn_k", "net.attn_q", "net.ff", "net.head")}
+    assert set(frames.values()) == {"box:net"}
+    with open_recording(tmp_path / "grouped" / "group") as recording:
+        assert recording.config["parameter_groups"] == ["net.attn_", "net"]
+
+
 def test_gradient_sets_the_first_is_the_steps_gradient(tmp_path: Path) -> None:
     recorder = new_recorder(tmp_path, maker=DecisionMakerForRecordingsHardcoded({0}))
     comgra.my_recorder = recorder
@@ -365,7 +427,7 @@ def test_inactive_returns_at_once_writes_nothing_and_names_modules(tmp_path: Pat
 def test_arguments_without_an_equivalent_warn_once(tmp_path: Path) -> None:
     with pytest.warns(CompatibilityWarning) as caught:
         recorder = ComgraRecorder(tmp_path, "group", "t", DecisionMakerForRecordingsHardcoded({0}),
-                                  prefixes_for_grouping_module_parameters_visually=["cell.read", "cell"],
+                                  prefixes_for_grouping_module_parameters_visually=["cell.read", "cell"],  # no warning
                                   max_num_mappings_to_save_at_once_during_serialization=10,
                                   type_of_serialization="json")
         comgra.my_recorder = recorder
@@ -381,8 +443,8 @@ def test_arguments_without_an_equivalent_warn_once(tmp_path: Path) -> None:
             recorder.finish_batch()
         recorder.finalize()
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 8 and len(set(messages)) == 8
-    for argument in ("prefixes_for_grouping_module_parameters_visually", "max_num_mappings", "type_of_serialization",
+    assert len(messages) == 7 and len(set(messages)) == 7
+    for argument in ("max_num_mappings", "type_of_serialization",
                      "calculate_svd", "record_all_tensors_per_batch_index_by_default", "index_of_batch_dimension",
                      "recording_type='kpis'", "timepoint"):
         assert sum(argument in m for m in messages) == 1, argument

@@ -145,8 +145,10 @@ def test_modules(tmp_path: Path) -> None:
     with pytest.raises(InvalidTensorError, match="torch.nn.Module"):
         rec.track_module("net", "not a module")
     rec.track_module("net", net)
-    with pytest.raises(InvalidArgumentError, match="already tracked"):
+    with pytest.raises(InvalidArgumentError, match="already tracked as 'net.0'"):
         rec.track_module("again", net[0])
+    with pytest.raises(InvalidArgumentError, match="another module is already tracked under that name"):
+        rec.track_module("net", nn.Linear(1, 1))
     with pytest.raises(UnknownModuleError, match="not given to track_module") as caught:
         rec.get_name_of_module(nn.Linear(1, 1))
     assert isinstance(caught.value, KeyError)  # Comgra's KeyError, typed
@@ -170,7 +172,8 @@ def test_constructor_arguments(tmp_path: Path) -> None:
         ComgraRecorder(tmp_path, "g", "t", maker, recorder_options={"snapshots": 1})
     with pytest.raises(InvalidArgumentError, match="exponential_backoff_factor"):
         DecisionMakerForRecordingsFrequencyPerType(10, exponential_backoff_factor=0.5)
-    with pytest.warns(CompatibilityWarning, match="visually"):
+    with warnings.catch_warnings():  # visual prefixes have an equivalent (boxes in the explorer): no warning
+        warnings.simplefilter("error", CompatibilityWarning)
         rec = ComgraRecorder(tmp_path, "g", "t", maker, prefixes_for_grouping_module_parameters_visually=["a."],
                              calculate_svd_and_other_expensive_operations_of_parameters=False)
     with pytest.raises(InvalidArgumentError, match="covered by none of the prefixes"):

@@ -14,6 +14,8 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 from test_gui_browser import click_stepper, select_node, statistic
 
+from test_compat_comgra import record_attention
+
 from comgra_ndbg.compat.comgra import CompatibilityWarning
 from comgra_ndbg.compat.comgra.tutorial import CONFIGURATIONS, Demonstration
 from comgra_ndbg.gui import ids
@@ -31,7 +33,7 @@ BUGGED, FIXED = (f"trial_{c}" for c in CONFIGURATIONS)
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("tutorial")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CompatibilityWarning)  # the tutorial passes Comgra's visual prefixes
+        warnings.simplefilter("ignore", CompatibilityWarning)  # the tutorial asks for singular values, as Comgra's does
         Demonstration(root, "tutorial", **SMALL).run_all_configurations()
     with served(create_app(root / "tutorial", interval_ms=400)) as address:
         yield address
@@ -130,3 +132,19 @@ def test_the_other_trial_keeps_the_selection_and_kpis_and_notes_render(browser: 
     wait_for(lambda: settled(browser), "callbacks to settle")
     assert console_problems(browser) == []
 
+
+
+def test_visual_prefixes_are_boxes_in_the_page(tmp_path: Any) -> None:
+    """prefixes_for_grouping_module_parameters_visually=["net.attn_", "net"]: Chromium shows the attention's
+    two parameter nodes in a box of their own beside the box of the other two, nested in no module box."""
+    group = record_attention(tmp_path / "root", ["net.attn_", "net"])
+    with served(create_app(group, interval_ms=400)) as address, chromium() as driver:
+        driver.get(address)
+        wait_for(lambda: "box:net.attn_" in graph_nodes(driver), "the box of the visual prefix 'net.attn_'")
+        parents = driver.execute_script(
+            "const cy = document.getElementById(arguments[0])._cyreg.cy;"
+            "return Object.fromEntries(cy.nodes().filter(n => n.id().startsWith('net.'))"
+            ".map(n => [n.id(), n.parent().length ? n.parent().id() : null]));", ids.GRAPH)
+        assert parents == {"net.attn_k": "box:net.attn_", "net.attn_q": "box:net.attn_", "net.ff": "box:net",
+                           "net.head": "box:net"}
+        assert console_problems(driver) == []

@@ -31,7 +31,7 @@ BUGGED, FIXED = CONFIGURATIONS
 def group(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tutorial")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CompatibilityWarning)  # the tutorial passes Comgra's visual prefixes
+        warnings.simplefilter("ignore", CompatibilityWarning)  # the tutorial asks for singular values, as Comgra's does
         Demonstration(root, "tutorial", **SMALL).run_all_configurations()
     return root / "tutorial"
 

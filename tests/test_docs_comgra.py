@@ -50,7 +50,7 @@ def test_every_warned_argument_is_marked_as_warning() -> None:
     warned = [re.match(r"\| (?:↳ )?(?:\(not in Comgra\) )?`([a-z_]+)", row).group(1)
               for row in table.splitlines() if row.startswith("| ") and "⚠ warns" in row]
     assert sorted(warned) == sorted([
-        "prefixes_for_grouping_module_parameters_visually", "max_num_mappings_to_save_at_once_during_serialization",
+        "max_num_mappings_to_save_at_once_during_serialization",
         "type_of_serialization", "calculate_svd_and_other_expensive_operations_of_parameters",
         "record_all_tensors_per_batch_index_by_default", "index_of_batch_dimension", "recording_type",
         "record_per_batch_index", "add_tensor_connection", "record_current_gradients", "timepoint"])

@@ -63,6 +63,32 @@ def _clip(series: RunSeries, onset: int) -> str:
             f"the 99th percentile of the gradient norm before step {onset}")
 
 
+def _range_remedy(node: str, root: Event) -> str:
+    """The ``output_range`` remedy for how ``node`` squashes (compressed, removed, pinned) and the route by
+    which the shortfall showed (the event's evidence, see :mod:`~comgra_ndbg.analysis.output_range`): a
+    softmax before a cross-entropy is not an activation to move but probabilities to replace by logits.
+
+    >>> from comgra_ndbg.analysis.events import Evidence
+    >>> evidence = (Evidence("probs/value", (), ()), Evidence("probs/value/pinned:low", (), ()),
+    ...             Evidence("route/probabilities/probs", (), ()))
+    >>> event = Event("output_range", "probs", "value", "normal", "out_of_reach", 0, 9, 1.0, 0.9, evidence)
+    >>> _range_remedy("probs", event)[:56]
+    "pass logits to F.cross_entropy: remove the softmax at 'p"
+    """
+    how = route = ""
+    if len(root.evidence) >= 3:
+        how = root.evidence[1].series.rsplit("/", 1)[-1].split(":")[0]
+        route = (root.evidence[2].series.split("/") + ["", ""])[1]
+    if route == "probabilities":
+        return (f"pass logits to F.cross_entropy: remove the softmax at '{node}' (the loss applies log-softmax "
+                f"itself), or give log-probabilities to F.nll_loss")
+    if how == "pinned":
+        return (f"match the output's activation to the targets at '{node}': remove it or move it off the output "
+                f"layer (no activation for real-valued targets), or scale the targets into its range")
+    return (f"match the output's activation to the targets at '{node}': remove it or move it off the output "
+            f"layer (the output layer's values go unchanged to a sigmoid or, for real-valued targets, to the loss)")
+
+
 def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     """The remedy sentence for a hypothesis read as ``reading`` from ``root`` (see the module docstring)."""
     node, onset = reading.node, root.onset
@@ -73,9 +99,7 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     kind = reading.type
     role = next((n.role for n in series.nodes if n.name == node), "")
     if kind == "output_range":
-        return (f"match the output's activation to the targets at '{node}': remove it or move it off the output "
-                f"layer (no activation for real-valued targets, a sigmoid only for targets in [0, 1]); for "
-                f"classes, pass the logits, not probabilities, to F.cross_entropy")
+        return _range_remedy(node, root)
     if kind in ("dead_units", "saturation") and role == "output":
         bound = "0 for every sample" if kind == "dead_units" else "pinned at a bound of its activation"
         return (f"the model's output '{node}' is {bound}: its last activation cannot reach the targets' range "

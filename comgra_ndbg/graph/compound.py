@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from comgra_ndbg.graph.groups import merge_boxes
 from comgra_ndbg.graph.layout import back_edges, implied_edges
 from comgra_ndbg.graph.model import (KIND_FORWARD, KIND_ITERATION, KIND_MANUAL, PARAMETER_ROLE, DependencyGraph,
                                      GraphError)
@@ -91,8 +92,10 @@ def _within(name: str, path: str) -> bool:
     return name == path or name.startswith(path + ".")
 
 
-def module_boxes(names: Iterable[str]) -> ModuleBoxes:
-    """The module boxes of ``names``: each dotted prefix shared by at least two names.
+def module_boxes(names: Iterable[str], groups: Mapping[str, Sequence[str]] | None = None) -> ModuleBoxes:
+    """The module boxes of ``names``: each dotted prefix shared by at least two names; with ``groups`` (a
+    box path -> its nodes, :func:`comgra_ndbg.graph.groups.parameter_groups`) those boxes too, each drawn
+    whole (:func:`comgra_ndbg.graph.groups.merge_boxes`).
 
     >>> boxes = module_boxes(["input", "model.enc.0", "model.enc.0.parameters", "model.enc.1", "model.head"])
     >>> boxes.paths
@@ -107,6 +110,9 @@ def module_boxes(names: Iterable[str]) -> ModuleBoxes:
         for k in range(1, len(parts) + 1):
             found.setdefault(".".join(parts[:k]), []).append(name)
     members = {p: tuple(m) for p, m in found.items() if len(m) >= 2}
+    if groups:
+        members, box_parent, node_parent = merge_boxes(names, members, groups)
+        return _nested(names, members, {**{box_id(p): q for p, q in box_parent.items()}, **node_parent})
     by_content: dict[tuple[str, ...], str] = {}
     for path in sorted(members, key=lambda p: (p.count("."), p)):
         by_content[members[path]] = path  # of equal boxes the inner (longer) one stays
@@ -122,18 +128,32 @@ def module_boxes(names: Iterable[str]) -> ModuleBoxes:
     paths = sorted(kept, key=lambda p: (p.count("."), p))
     parent: dict[str, str | None] = {box_id(p): innermost(p, own=False) for p in paths}
     parent.update({name: innermost(name, own=True) for name in names})
+    return _nested(names, {p: members[p] for p in paths}, parent)
+
+
+def _nested(names: tuple[str, ...], members: Mapping[str, tuple[str, ...]],
+            parent: dict[str, str | None]) -> ModuleBoxes:
+    """The boxes ``members`` (path -> nodes) nested by ``parent`` (of each box id and node name)."""
+    paths = sorted(members, key=lambda p: (p.count("."), p))
     depth: dict[str, int] = {}
     for path in paths:  # outer first, so a parent's depth is known
-        above = parent[box_id(path)]
-        depth[path] = 0 if above is None else depth[above] + 1
+        depth[path] = _depth(path, parent, depth)
     contents: dict[str | None, list[tuple[str, bool]]] = {}
     for path in paths:
         contents.setdefault(parent[box_id(path)], []).append((path, True))
     for name in names:
         contents.setdefault(parent[name], []).append((name, False))
-    return ModuleBoxes(names, tuple(sorted(paths, key=lambda p: (depth[p], p))), parent,
-                       {p: members[p] for p in paths}, depth,
+    return ModuleBoxes(names, tuple(sorted(paths, key=lambda p: (depth[p], p))), parent, dict(members), depth,
                        {k: tuple(sorted(v, key=lambda c: natural_key(c[0]))) for k, v in contents.items()})
+
+
+def _depth(path: str, parent: Mapping[str, str | None], depth: dict[str, int]) -> int:
+    above = parent[box_id(path)]
+    if above is None:
+        return 0
+    if above not in depth:  # a group's parent need not have fewer dots than the group
+        depth[above] = _depth(above, parent, depth)
+    return depth[above] + 1
 
 
 def _drawn(boxes: ModuleBoxes, collapsed: frozenset[str], path: str | None = None) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 from comgra_ndbg.analysis.events import Diagnosis, diagnosis_from_dict
 from comgra_ndbg.errors import CorruptRecordingError, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
 from comgra_ndbg.graph.compound import ModuleBoxes, VisibleGraph, default_collapsed, module_boxes, visible_graph
+from comgra_ndbg.graph.groups import parameter_groups
 from comgra_ndbg.graph.nested_layout import nested_layout
 from comgra_ndbg.gui.ranks import rank_key, split_rank_key
 from comgra_ndbg.store.reader import Recording, Snapshot, StoredGraph, list_trials, open_recording
@@ -309,12 +310,16 @@ class ReaderCache:
         return self.memo(trial, ("stored-graph", step_type), compute)
 
     def boxes(self, trial: str, step_type: str) -> tuple[ModuleBoxes, tuple[str, ...]] | None:
-        """The module boxes of a step type's graph and the boxes collapsed by default; None without a graph."""
+        """The module boxes of a step type's graph, with the boxes of the recording's ``parameter_groups``, and
+        the boxes collapsed by default; None without a graph."""
         def compute(recording: Recording) -> tuple[ModuleBoxes, tuple[str, ...]] | None:
             stored = self.stored_graph(trial, step_type)
             if stored is None:
                 return None
-            boxes = module_boxes(stored.graph.node_names)
+            prefixes = recording.config.get("parameter_groups")
+            groups = parameter_groups(stored.graph, [p for p in prefixes if isinstance(p, str)]
+                                      ) if isinstance(prefixes, list) else None
+            boxes = module_boxes(stored.graph.node_names, groups)
             return boxes, default_collapsed(boxes)
         return self.memo(trial, ("boxes", step_type), compute)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -45,8 +45,8 @@ from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.structure import StructureTracker
 from comgra_ndbg.recorder.tiers import Tiers, TierState, as_tiers
-from comgra_ndbg.recorder.validation import (check_group_path, check_hyperparameters, check_name, check_settings,
-                                             check_step)
+from comgra_ndbg.recorder.validation import (check_group_path, check_hyperparameters, check_name,
+                                             check_parameter_groups, check_settings, check_step)
 from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
@@ -69,7 +69,9 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
     or a ``Policy``. ``enabled=False`` turns every method into an immediate return. ``flight_recorder``
     keeps the last steps in RAM and writes them when a trigger fires. ``hyperparameters`` (a dict of
     numbers, strings, booleans) are stored with the recording (``Recording.hyperparameters``), so a sweep
-    (:func:`comgra_ndbg.sweep.analyze_many`) can set them beside each run's diagnosis. ``profile=True`` (or a
+    (:func:`comgra_ndbg.sweep.analyze_many`) can set them beside each run's diagnosis. ``parameter_groups``
+    are prefixes of parameter names: the explorer draws the parameter nodes each is the first to match in
+    one box (Comgra's ``prefixes_for_grouping_module_parameters_visually``). ``profile=True`` (or a
     ``ProfileConfig``) records each step's wall time and process memory, and per-layer time, memory and FLOPs
     of the modules given to :meth:`profile_module` at its own policy (``docs/profiling.md``).
 
@@ -125,6 +127,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         per_rank: bool = True,
         ddp_wrapped: bool | None = None,
         hyperparameters: dict[str, Any] | None = None,
+        parameter_groups: Sequence[str] = (),
         profile: Any = None,
         byte_budget: ByteBudget | int | None = DEFAULT_BYTE_BUDGET,
         detail: str | Tiers = "full",
@@ -167,7 +170,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
                       saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder),
                       byte_budget=repr(budget), detail=repr(tiers or "full"),
-                      hyperparameters=check_hyperparameters(hyperparameters))
+                      hyperparameters=check_hyperparameters(hyperparameters),
+                      parameter_groups=check_parameter_groups(parameter_groups))
         if self.rank_info is not None:
             config.update(self.rank_info.as_config())
         if ddp_wrapped is not None:

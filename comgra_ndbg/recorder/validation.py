@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ import torch
 from comgra_ndbg.errors import InvalidArgumentError
 
 __all__ = ["MAX_STEP", "check_name", "check_text", "check_step", "check_int", "check_positive_number",
-           "check_group_path", "check_settings", "summarizable"]
+           "check_group_path", "check_settings", "summarizable", "check_parameter_groups"]
 
 MAX_STEP = 2**63 - 1
 """The largest step number the file's int64 tables hold."""
@@ -152,3 +152,25 @@ def check_hyperparameters(hyperparameters: object) -> dict[str, object]:
             raise InvalidArgumentError(f"hyperparameter {name!r} is a {type(value).__name__}; use a number, str, "
                                        f"bool, None or a dict of those (e.g. str(value) for {value!r})")
     return flat
+
+
+def check_parameter_groups(prefixes: Sequence[str]) -> list[str]:
+    """The ``parameter_groups`` prefixes as stored in the recording's config: a list of non-empty str in
+    which a more specific prefix comes before a more general one (a parameter belongs to the first that
+    matches, so a later, more specific one would never get a parameter).
+
+    >>> check_parameter_groups(("model.attn_", "model"))
+    ['model.attn_', 'model']
+    """
+    if isinstance(prefixes, str) or not isinstance(prefixes, Sequence):
+        raise InvalidArgumentError(f"parameter_groups must be a list of name prefixes such as ['model.encoder'], "
+                                   f"got {prefixes!r}")
+    found = list(prefixes)
+    if not all(isinstance(p, str) and p for p in found):
+        raise InvalidArgumentError(f"parameter_groups must hold non-empty str, got {found!r}")
+    for i, later in enumerate(found):
+        for earlier in found[:i]:
+            if later.startswith(earlier):
+                raise InvalidArgumentError(f"parameter_groups: {earlier!r} comes before the more specific {later!r}, "
+                                           f"which then matches no parameter; list {later!r} first")
+    return found

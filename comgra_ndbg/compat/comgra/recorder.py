@@ -46,7 +46,7 @@ __all__ = ["ComgraRecorder"]
 ALL_SAMPLES = 2 ** 31 - 1
 """``num_samples`` for ``max_num_batch_size_to_record=None``: every sample of the batch."""
 
-_LAYER_OPTIONS = ("path", "trial", "enabled", "mode", "overwrite", "snapshots", "num_samples")
+_LAYER_OPTIONS = ("path", "trial", "enabled", "mode", "overwrite", "snapshots", "num_samples", "parameter_groups")
 
 
 class ComgraRecorder(Registrations):
@@ -111,22 +111,18 @@ class ComgraRecorder(Registrations):
             raise InvalidArgumentError(f"recorder_options may not set {taken}: ComgraRecorder sets them from Comgra's "
                                        f"arguments (snapshots come from decision_maker_for_recordings)")
         self._warner = checks.Warner()
-        self._warn_about_arguments(visually, max_num_mappings_to_save_at_once_during_serialization,
-                                   type_of_serialization, calculate_svd_and_other_expensive_operations_of_parameters)
+        self._warn_about_arguments(max_num_mappings_to_save_at_once_during_serialization, type_of_serialization,
+                                   calculate_svd_and_other_expensive_operations_of_parameters)
         self._state = StepState()
         summaries = ComgraSummaries(as_policy(options.pop("summaries", 1), name="summaries"), self._state)
         snapshots = ComgraSnapshots(decision_maker_for_recordings, self._state)
         self.recorder = Recorder(self.group_path, trial=trial_id, mode="w", overwrite=True, summaries=summaries,
                                  snapshots=snapshots, num_samples=max_num_batch_size_to_record or ALL_SAMPLES,
-                                 **options)
+                                 parameter_groups=[prefix for prefix in visually if prefix], **options)
         self._stage = "inactive"
         self._kpi_timepoints: dict[tuple[str, str | None], int] = {}
 
-    def _warn_about_arguments(self, visually: list[str], mappings: int, serialization: str, svd: bool) -> None:
-        if visually != [""]:
-            self._warner.once("visually", "prefixes_for_grouping_module_parameters_visually has no equivalent: the "
-                                          "graph's layered layout places parameter nodes by itself (the prefixes are "
-                                          "checked as Comgra checks them, and otherwise ignored)")
+    def _warn_about_arguments(self, mappings: int, serialization: str, svd: bool) -> None:
         if mappings != 10000:
             self._warner.once("mappings", "max_num_mappings_to_save_at_once_during_serialization has no equivalent: "
                                           "steps are written in blocks to HDF5; the value is ignored")
@@ -165,10 +161,13 @@ class ComgraRecorder(Registrations):
             raise RecorderStateError(f"track_module({module_name!r}) inside a batch; track modules before "
                                      f"start_batch() or between finish_batch() and the next start_batch()")
         names = {sub: f"{module_name}.{path}" if path else module_name for path, sub in module.named_modules()}
-        known = [name for sub, name in names.items() if sub in self.module_to_name]
-        if known or module_name in self.module_to_name.values():
-            raise InvalidArgumentError(f"track_module({module_name!r}): {known[:1] or [module_name]} is already "
-                                       f"tracked; track each module once, under one name")
+        known = [self.module_to_name[sub] for sub in names if sub in self.module_to_name]
+        if known:
+            raise InvalidArgumentError(f"track_module({module_name!r}): this module (or one inside it) is already "
+                                       f"tracked as {known[0]!r}; track each module once, under one name")
+        if module_name in self.module_to_name.values():
+            raise InvalidArgumentError(f"track_module({module_name!r}): another module is already tracked under "
+                                       f"that name; give each module its own name")
         self.module_to_name.update(names)
         if not self.comgra_is_active:
             return
