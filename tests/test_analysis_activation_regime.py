@@ -66,3 +66,19 @@ def test_healthy_noisy_activations_produce_nothing() -> None:
     rms = np.exp(rng.normal(0, 0.3, 400)) * np.linspace(1, 3, 400)
     dead = np.clip(rng.normal(0.2, 0.05, 400), 0, 1)
     assert activation_events(run(h=dict(rms=rms, dead=dead)), settle=50) == []
+
+
+def test_units_healthy_at_step_0_and_dead_after_the_first_updates_are_not_an_at_start_event() -> None:
+    """A learning rate wrong from the first step: step 0 (before any update) is healthy and the first updates
+    kill the units. The state is then an event at the step it was entered, measured against step 0, so the
+    optimizer's first updates can explain it instead of the architecture."""
+    dead = np.r_[0.125, 0.75, 0.75, 0.875, np.ones(96)]
+    events = activation_events(run(h=dict(rms=np.ones(100), dead=dead)), settle=50)
+    assert states(events) == [("h", "dead", 4, 99, False)]
+    assert events[0].evidence[0].baseline == 0.125
+
+
+def test_units_dead_at_step_0_stay_an_at_start_event_whatever_follows() -> None:
+    dead = np.r_[0.95, 0.75, np.ones(98)]
+    assert states(activation_events(run(h=dict(rms=np.ones(100), dead=dead)), settle=50)) == [
+        ("h", "dead", 0, 99, True)]

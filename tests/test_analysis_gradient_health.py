@@ -79,3 +79,12 @@ def test_a_ratio_that_jumps_because_only_its_reference_jumped_is_no_sudden_shift
     late = np.full(300, 0.1)
     [event] = gradient_events(series(np.full(300, 0.01) * out, late, out), settle=50)
     assert (event.node, event.to_state, event.onset, event.sudden) == ("late", "vanishing", 200, False)
+
+
+def test_a_ratio_healthy_at_step_0_and_off_after_the_first_updates_is_no_at_start_event() -> None:
+    """Step 0's gradients come from the untouched initialisation: when they are in band and only the first
+    updates drive them 6 decades apart, the architecture is not at fault."""
+    out = np.ones(100)
+    early = np.r_[1e-2, np.full(99, 1e-8)]
+    assert [e for e in gradient_events(series(early, np.full(100, 1e-2), out), Thresholds(), settle=50)
+            if e.at_start] == []

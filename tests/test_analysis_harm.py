@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from comgra_ndbg.analysis.events import Event, Evidence
-from comgra_ndbg.analysis.harm import harmful, loss_is_worse
+from comgra_ndbg.analysis.harm import harmful, loss_blew_up_from_start, loss_is_worse
 from comgra_ndbg.analysis.series import build_series
 
 STEPS = 300
@@ -73,3 +73,29 @@ def test_without_a_loss_harm_cannot_be_told_and_every_root_counts() -> None:
 
 def test_a_loss_at_0_from_the_first_step_that_stays_there_is_not_worse() -> None:
     assert loss_is_worse(series(np.zeros(STEPS)), ONSET) is False
+
+
+def start_update_jump(end: int = 8) -> Event:
+    """The optimizer's updates out of band from the first step (a learning rate wrong from the start)."""
+    return Event("optimizer_stability", "optimizer", "update", "stable", "unstable", 0, end, 2.3, 0.9,
+                 (Evidence("w/update/l2÷value/l2", (0,), (3.0,)),), at_start=True)
+
+
+def test_updates_out_of_band_from_the_start_that_blow_the_loss_up_are_harm_though_it_falls_later() -> None:
+    """The first window's median is the blown-up loss itself, so "learned since the start" would clear the
+    root; the untrained model's loss at step 0 is the reference instead."""
+    loss = np.r_[2.3, 4e6, 2e5, 2e5, 1.6e6, 1e5, np.linspace(1e4, 2.4, STEPS - 6)]
+    assert loss_blew_up_from_start(series(loss), 8)
+    assert harmful(start_update_jump(), [], series(loss))
+
+
+def test_large_first_updates_under_which_the_loss_falls_are_no_harm() -> None:
+    loss = np.r_[2.3, 2.5, 2.9, np.linspace(2.0, 0.1, STEPS - 3)]
+    assert not loss_blew_up_from_start(series(loss), 8)
+    assert not harmful(start_update_jump(), [], series(loss))
+
+
+def test_without_step_0_recorded_there_is_no_untrained_loss_to_compare_with() -> None:
+    loss = np.r_[2.3, 4e6, np.linspace(1e4, 2.4, STEPS - 2)]
+    late = build_series({}, roles={}, kpis={"loss": (np.arange(STEPS) + 5, loss)})
+    assert not loss_blew_up_from_start(late, 20)

@@ -166,6 +166,11 @@ def validate(truth: dict, rec: Recording) -> tuple[bool, str]:
         stays = bool((~np.isfinite(later)).any() or np.median(later) >= 10 * base)
         return killed and stays, (f"loss non-finite or ≥ 10× its median within 2 steps: {killed}, and over the "
                                   f"next 20 steps: {stays}")
+    if fault == "lr_start":
+        steps, loss = _losses(truth)
+        early = loss[steps < 10]
+        blown = bool((~np.isfinite(early)).any() or np.max(early) >= 10 * loss[0])
+        return blown, f"loss non-finite or ≥ 10× its first value ({loss[0]:.3g}) within 10 steps: {blown}"
     if fault == "lr_unstable":
         steps, loss = _losses(truth)
         base = median(steps, loss, *before)

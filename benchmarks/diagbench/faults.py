@@ -32,7 +32,8 @@ ADAM = ("mlp", "resmlp", "rnn", "transformer", "autoencoder", "twobranch")
 @dataclass(frozen=True)
 class Fault:
     """One catalogue entry. ``site`` is the kind of family site it hits (None: not a place in the model);
-    ``at_start`` faults exist from step 0 (origin ``architecture``, onset 0)."""
+    ``at_start`` faults exist from step 0 (onset 0; origin ``architecture``, or the optimizer for a learning
+    rate wrong from the first step)."""
 
     name: str
     type: str
@@ -131,7 +132,14 @@ RANGE_FAULTS = (
           ("mlp", "resmlp", "cnn"), site="range", at_start=True, configs=_SOFTMAX),
 )
 """Outputs that cannot reach their targets: present from step 0, named at the squashing module (origin node)."""
-FAULTS = FAULTS + RANGE_FAULTS
+START_LR_FAULTS = (
+    Fault("lr_start", "optimizer_divergence", "optimizer", "every param group's lr ×1000 from the first step (a "
+          "learning rate typed in the wrong unit: 100 for 0.1)", "loss non-finite or ≥ 10× its first value "
+          "within the first 10 steps", ALL, at_start=True),
+)
+"""A learning rate wrong from the first step: the first updates wreck an initialisation that was healthy at
+step 0, so what they cause (dead units, exploding gradients) must not be read as the architecture's fault."""
+FAULTS = FAULTS + RANGE_FAULTS + START_LR_FAULTS
 FAULT_BY_NAME = {f.name: f for f in FAULTS}
 assert all(f.type in TYPES and f.origin in ORIGINS for f in FAULTS)
 
@@ -165,6 +173,8 @@ def _multiply_output_gradient(module: nn.Module, factor: float) -> None:
 
 def at_build(fault: Fault, setup: Setup, sites: tuple[Site, ...]) -> None:
     """Faults of the initialisation, applied right after the model is built."""
+    if fault.name == "lr_start":
+        _scale_lr(setup, 1000.0)
     if fault.name == "dead_init":
         with torch.no_grad():
             for site in sites:

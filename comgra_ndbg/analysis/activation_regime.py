@@ -76,7 +76,9 @@ def fraction_events(series: RunSeries, node: NodeSeries, fraction: np.ndarray, s
 
     The state is entered after ``persist`` steps at or above ``enter``; it is left after ``persist`` steps
     below ``exit``. A state present in the median of the first ``start_steps`` steps is an ``at_start``
-    event at the first step; a later one must also have risen ``rise`` above its recent median.
+    event at the first step — unless step 0, before any update, was recorded below ``exit``: then the
+    first updates brought it (a learning rate wrong from the start), and it is an event at the step it
+    was entered, measured against step 0. A later one must also have risen ``rise`` above its recent median.
     """
     f = np.asarray(fraction[:stop], dtype=np.float64)
     if not np.isfinite(f).any() or np.nanmax(f) < enter:
@@ -84,11 +86,13 @@ def fraction_events(series: RunSeries, node: NodeSeries, fraction: np.ndarray, s
     steps = series.steps
     start_median = float(np.nanmedian(f[:t.start_steps])) if np.isfinite(f[:t.start_steps]).any() else np.nan
     base = rolling_median(f, t.window, t.min_history)
+    untrained = f[0] if len(steps) and steps[0] == 0 and np.isfinite(f[0]) and f[0] < exit else np.nan
+    base = np.where(np.isnan(base) & (np.arange(len(f)) < t.start_steps), untrained, base)
     out = []
     for i, _ in runs(np.nan_to_num(f, nan=-1.0) >= enter, t.persist):
         if out and steps[i] <= out[-1].end:
             continue
-        at_start = i < t.start_steps and start_median >= enter
+        at_start = bool(i < t.start_steps and start_median >= enter and np.isnan(untrained))
         if not at_start and not (np.isfinite(base[i]) and f[i] - base[i] >= rise):
             continue
         below = np.nan_to_num(f[i:], nan=1.0) < exit

@@ -118,8 +118,14 @@ def _shifts(x: np.ndarray, t: Thresholds) -> list[Shift]:
 
 
 def _start_events(series: RunSeries, node: NodeSeries, ratio: np.ndarray, t: Thresholds) -> list[Event]:
+    """A gradient ratio off by ``start_gradient_decades`` over the first steps: the architecture or the
+    initialisation — unless step 0, before any update, was recorded inside the band: then the first
+    updates moved it there, and the event is theirs (the optimizer's), not the network's."""
     head = ratio[:t.start_steps]
     if not np.isfinite(head).any():
+        return []
+    if (len(series.steps) and series.steps[0] == 0 and np.isfinite(ratio[0])
+            and abs(ratio[0]) < t.start_gradient_decades - t.exit_decades):
         return []
     level = float(np.nanmedian(head))
     if abs(level) < t.start_gradient_decades:

@@ -16,7 +16,9 @@ run started with — the second condition is the absolute floor that keeps a los
 harm. The floor holds when the loss sits at 0 (a task learned exactly, where the ratio of medians is
 undefined): a loss of 0 becoming 1e-8 is no harm either; a non-finite loss after the step always is. A soft
 state present from the first step is harm only when training does not work: no later stretch
-of ``window`` steps has a median loss ``harm_factor`` × below the first's.
+of ``window`` steps has a median loss ``harm_factor`` × below the first's — or, for update sizes out of
+band from the first step, when the loss rose ``divergence_factor`` × above the untrained model's (step 0)
+while they lasted: a first window that the wrong learning rate itself blew up is no reference for learning.
 
 >>> import numpy as np
 >>> loss = np.r_[np.linspace(2.0, 0.5, 100), np.full(50, 1.6)]
@@ -33,7 +35,8 @@ from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.analysis.series import RunSeries
 
-__all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "harmful", "HARD_STATES"]
+__all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "loss_blew_up_from_start",
+           "harmful", "HARD_STATES"]
 
 HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
                          "imbalanced", "out_of_reach"})
@@ -89,10 +92,23 @@ def harmful(root: Event, effects: Iterable[Event], series: RunSeries, t: Thresho
     if is_hard(root) or any(is_hard(e) for e in effects):
         return True
     if root.at_start:
+        if root.family == "optimizer_stability" and loss_blew_up_from_start(series, root.end, t):
+            return True
         learned = loss_improved_from_start(series, t)
         return True if learned is None else not learned
     worse = loss_is_worse(series, root.onset, t)
     return True if worse is None else worse
+
+
+def loss_blew_up_from_start(series: RunSeries, end: int, t: Thresholds = Thresholds()) -> bool:
+    """Whether the loss went non-finite, or ``divergence_factor`` × above its value at step 0 (the untrained
+    model, before any update), by step ``end``; False when step 0's loss was not recorded."""
+    steps = np.asarray(series.steps)
+    loss = np.asarray(series.loss, dtype=np.float64)
+    if not len(steps) or steps[0] != 0 or len(loss) != len(steps) or not np.isfinite(loss[0]) or loss[0] <= 0:
+        return False
+    head = loss[:int(np.searchsorted(steps, end, side="right"))]
+    return bool((np.isinf(head) | (head >= t.divergence_factor * loss[0])).any())
 
 
 def loss_improved_from_start(series: RunSeries, t: Thresholds = Thresholds()) -> bool | None:
