@@ -48,7 +48,8 @@ def act(cache: ReaderCache, trigger: str | None, value: Any, before: dict[str, A
         before = _shown({}, callbacks.update_view(cache, "url", "", None, None))
         if trigger is None:
             return before
-    out = callbacks.update_view(cache, trigger, value, before["store"], before["keys"])
+    store, keys = json.loads(json.dumps(before["store"])), json.loads(json.dumps(before["keys"]))  # as the page holds them
+    out = callbacks.update_view(cache, trigger, value, store, keys)
     if trigger in callbacks.SETTABLE:
         before = {**before, trigger: value}  # the browser shows what the user set
     return _shown(before, out)
@@ -104,6 +105,7 @@ def test_one_action_sends_only_what_it_changed(cache: ReaderCache) -> None:
     assert {"elements", "stylesheet", "graph_view", "timeline", "header", "stats", "url"} <= sent(first)
     step = act(cache, "stepper", ("step", -1), first)
     assert "elements" not in sent(step) and "stylesheet" not in sent(step)  # the graph is not sent again
+    assert {"graph_view", "colour_scale"}.isdisjoint(sent(step))  # nor its state: same selection, role colours
     assert step["timeline"].to_plotly_json()["operations"][0]["location"] == ["layout", "shapes"]  # a patch
     tap = act(cache, "graph", ("hidden", "node"), step)
     assert "elements" not in sent(tap) and tap["graph_view"]["selected"] == "hidden"

@@ -144,11 +144,14 @@ def _digest(value: Any) -> int:
 
 
 def _fresh(keys: dict[str, Any], name: str, key: Any) -> bool:
-    """Whether the view ``name`` must be computed for ``key`` (and remember it)."""
-    key = list(key) if isinstance(key, tuple) else key
-    if keys.get(name) == key:
+    """Whether the view ``name`` must be computed for ``key`` (and remember it).
+
+    The keys store keeps the key's digest: the browser hands the store back through JSON, which turns every
+    tuple into a list, so a key kept as it is would never compare equal again (and the store stays small)."""
+    digest = _digest(key)
+    if keys.get(name) == digest:
         return False
-    keys[name] = key
+    keys[name] = digest
     return True
 
 
@@ -167,7 +170,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
     current = Selection.from_dict(store["selection"]) if store.get("selection") else None
     centre = False
     if trigger == "url":
-        if value != keys.get("address") or current is None:
+        if _digest(value) != keys.get("address") or current is None:
             wanted, named = from_address(value)
             options = ViewOptions.from_dict(named)
             current, centre = None, bool(wanted.get("node"))  # a link to a node shows it; else the whole graph
@@ -213,7 +216,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
     selectors["store"]["options"] = options.to_dict()
     out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization)
     for name in SETTABLE:
-        if out[name] is not no_update and not _fresh(keys, "sent:" + name, _digest(out[name])) and \
+        if out[name] is not no_update and not _fresh(keys, "sent:" + name, out[name]) and \
                 name != acted and not (name == "node" and acted == "search"):
             out[name] = no_update
     if acted in SETTABLE and out[acted] is not no_update and out[acted] == value:
@@ -230,7 +233,7 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
     out: dict[str, Any] = {name: no_update for name in OUTPUTS}
     out.update({k: v for k, v in selectors.items() if k in OUTPUTS})
     for name in UNCHANGING:  # option lists the browser already shows are not sent (nor re-rendered) again
-        if name in selectors and not _fresh(keys, name, _digest(selectors[name])):
+        if name in selectors and not _fresh(keys, name, selectors[name]):
             out[name] = no_update
     out["store"] = selectors["store"]
     stamp = cache.analysis_stamp(selection.trial)
@@ -250,7 +253,7 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
         view = graph_view(cache, selection, options)
         out["elements"], out["graph_note"], out["search"] = view["elements"], view["note"], None
         names = [option["value"] for option in view["search"]]
-        if _fresh(keys, "node_names", _digest(names)):  # every node: unchanged by opening a box
+        if _fresh(keys, "node_names", names):  # every node: unchanged by opening a box
             out["node_names"] = names
     if _fresh(keys, "stylesheet", (options.theme, selection.trial, selection.generation)):
         out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection.trial)
