@@ -108,7 +108,11 @@ def test_one_action_sends_only_what_it_changed(cache: ReaderCache) -> None:
     assert {"graph_view", "colour_scale"}.isdisjoint(sent(step))  # nor its state: same selection, role colours
     assert step["timeline"].to_plotly_json()["operations"][0]["location"] == ["layout", "shapes"]  # a patch
     tap = act(cache, "graph", ("hidden", "node"), step)
-    assert "elements" not in sent(tap) and tap["graph_view"]["selected"] == "hidden"
+    assert "elements" not in sent(tap) and selection_of(tap).node == "hidden"
+    assert "graph_view" not in sent(tap)  # the browser highlighted the tapped node at the tap
+    picked = act(cache, "node", "loss", tap)  # chosen in the selector: the graph is told
+    assert picked["graph_view"]["selected"] == "loss"
+    tap = act(cache, "graph", ("hidden", "node"), picked)
     assert tap["url"] == "?trial=a&type=short&step=9&node=hidden&tensor=hidden&kind=value"
     again = act(cache, "graph", ("hidden", "node"), tap)
     assert {"timeline", "header", "stats", "graph_view", "url"}.isdisjoint(sent(again))
@@ -494,5 +498,7 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh, the analyses (watched and made by Analyze now), the trial selector's sort and
-    # filter, the zoomed timeline, and the browser-side ones (the search's options among them)
-    assert len(app.callback_map) == 15
+    # filter, the zoomed timeline, and seven browser-side ones (the graph's state, fit and centre, the hover line,
+    # the search's options, the zoom range, the theme, the exports); a tap's highlight and the step buttons need
+    # none: cytoscape's tap event and the slider's thumb serve them without a callback on every action
+    assert len(app.callback_map) == 13

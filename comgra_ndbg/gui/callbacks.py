@@ -190,9 +190,11 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
         centre = True
     elif trigger in ("search",):
         centre = True
-    fit = None
+    fit = tapped = None
     if trigger == "graph" and isinstance(value, (tuple, list)) and value[1] == "box":
         fit = str(value[0])  # a box opened: its frame fills the view
+    elif trigger == "graph" and isinstance(value, (tuple, list)) and value[1] == "node":
+        tapped = str(value[0])
     if trigger == "trial" and current is not None and value != current.trial:
         options = dataclasses.replace(options, focus="")
     store["options"] = options.to_dict()
@@ -214,7 +216,8 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
             selectors = _selectors(cache, {**selectors["store"]["wanted"], "step": int(steps[-1])}, options.to_dict())
             selection = Selection.from_dict(selectors["store"]["selection"])
     selectors["store"]["options"] = options.to_dict()
-    out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization)
+    out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization,
+                   tapped=tapped)
     for name in SETTABLE:
         if out[name] is not no_update and not _fresh(keys, "sent:" + name, out[name]) and \
                 name != acted and not (name == "node" and acted == "search"):
@@ -228,8 +231,8 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
 
 
 def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, selectors: dict[str, Any],
-             keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None
-             ) -> dict[str, Any]:
+             keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None,
+             tapped: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {name: no_update for name in OUTPUTS}
     out.update({k: v for k, v in selectors.items() if k in OUTPUTS})
     for name in UNCHANGING:  # option lists the browser already shows are not sent (nor re-rendered) again
@@ -258,8 +261,14 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
     if _fresh(keys, "stylesheet", (options.theme, selection.trial, selection.generation)):
         out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection.trial)
     state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
+    painted = _fresh(keys, "graph_paint", (repr({**state, "selected": None}), drawn_key))
     if _fresh(keys, "graph_state", (repr(state), drawn_key)) or centre:
-        out["graph_view"], out["colour_scale"] = state, scale
+        # A tapped node was highlighted by the browser at the tap: when only the selection moved, and to
+        # the tapped node, the browser already shows this state.
+        if painted or centre or state["selected"] != tapped:
+            out["graph_view"] = state
+    if _fresh(keys, "colour_scale", scale):
+        out["colour_scale"] = scale
     _tensors_outputs(cache, selection, options, keys, out)
     _tab_outputs(cache, selection, options, keys, out, stamp, visualization)
     out["keys"] = keys
