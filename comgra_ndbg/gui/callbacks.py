@@ -28,8 +28,8 @@ from comgra_ndbg.gui.cyto import graph_stylesheet
 from comgra_ndbg.gui.profile_tab import hot_layer_stylesheet, profile_tab
 from comgra_ndbg.gui.evidence import focus_of
 from comgra_ndbg.gui.outputs import OUTPUTS
-from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, stats_output,
-                                    tensor_panel, timeline_shapes, timeline_view)
+from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, tensor_panel,
+                                    timeline_shapes, timeline_view)
 from comgra_ndbg.gui.queries import evidence_statistic
 from comgra_ndbg.gui.ranks import rank_options, split_rank_key
 from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
@@ -291,8 +291,7 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
                  selection.iteration, selection.sample, options.values_mode, options.values_page, theme)
     if _fresh(keys, "panel", panel_key):
         panel = tensor_panel(cache, selection, options)
-        out.update(header=panel["header"], stats=stats_output(panel, keys), histogram=panel["histogram"],
-                   values=panel["values"])
+        out.update(header=panel["header"], stats=panel["stats"], histogram=panel["histogram"], values=panel["values"])
     timeline_key = (selection.trial, selection.generation, selection.node, selection.tensor, selection.kind,
                     selection.iteration, selection.stat, list(options.overlay_nodes), list(options.overlay_trials),
                     options.log_y, options.ema, options.focus, theme, stamp)
@@ -416,7 +415,14 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
     register_zoom(app, cache, locked)
-    app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
-                 prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
+
+    # The live refresh: one request per tick looks for new steps and for analyses stored from elsewhere (two
+    # callbacks on the tick cost the page two rounds of Dash's work every interval, in the way of actions).
+    def _refresh(_n: int, generations: dict[str, int] | None, store: dict[str, Any] | None,
+                 analyses: dict[str, Any] | None) -> tuple[Any, Any]:
+        return refresh_generations(cache, generations), tabs.analysis_state(cache, False, store, analyses)[0]
+    app.callback(Output(ids.GENERATION, "data"), Output(ids.ANALYSES, "data"), Input(ids.INTERVAL, "n_intervals"),
+                 State(ids.GENERATION, "data"), State(ids.SELECTION, "data"), State(ids.ANALYSES, "data"),
+                 prevent_initial_call=True)(locked(_refresh))
     tabs.register_analysis_callbacks(app, cache, locked)
     register_clientside(app)

@@ -108,7 +108,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     // the server's answer then names the same selection and leaves the graph as it is.
     if (cy.scratch('_comgraTap')) { return; }
     cy.scratch('_comgraTap', true);
-    cy.on('tap', 'node', (event) => { if (event.target.data('kind') === 'node') { highlight(cy, event.target.id()); } });
+    cy.on('tap', 'node', (event) => {
+      if (event.target.data('kind') === 'node') { highlight(cy, event.target.id()); }
+    });
   }
   function apply(view, elements, attempt) {
     const cy = cyOf();

@@ -69,7 +69,7 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 .plot .exports { position: absolute; right: 4px; top: 2px; z-index: 5; display: flex; gap: 4px; }
 .plot .exports button { font-size: 10px; padding: 0 5px; line-height: 16px; opacity: 0.75; }
 .plot .exports button:hover { opacity: 1; }
-.data-table { border-collapse: collapse; font-size: 12px; }
+.data-table, .data-table table { border-collapse: collapse; font-size: 12px; }
 .data-table th, .data-table td { border-bottom: 1px solid var(--border); padding: 2px 8px; text-align: left; }
 .data-table th { background: var(--table-head); font-weight: 600; }
 .data-table td:nth-child(n+2) { font-variant-numeric: tabular-nums; }
