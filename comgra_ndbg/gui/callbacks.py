@@ -130,7 +130,7 @@ def _options_after(options: ViewOptions, trigger: str, value: Any, trials: list[
 # ---- the view ------------------------------------------------------------------------------------------
 # Selector outputs the user cannot change in the browser: sent only when they differ from what was sent.
 UNCHANGING = ("trial_options", "rank_options", "step_type_options", "iteration_options", "tensor_options", "kind_options",
-              "sample_options", "step_max", "step_marks", "status")
+              "sample_options", "step_max", "step_marks", "step_label", "status")
 # Values the user sets in the browser: sent when they differ from what was sent, or when the user just set
 # that one (the view may have resolved the choice to another value).
 SETTABLE = ("trial", "rank", "step_type", "iteration", "node", "tensor", "kind", "sample", "stat", "step", "step_box", "tab",
