@@ -3,13 +3,14 @@ figure data, and which outputs one action sends."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import plotly.io
 import pytest
-from dash import html, no_update
+from dash import dcc, no_update
 from test_gui_support import FAULT_NODE, FAULT_STEP, make_faulty, make_recording
 
 import comgra_ndbg
@@ -35,7 +36,11 @@ def cache(group: Path) -> Iterator[ReaderCache]:
 
 
 def cells(component: Any) -> list[list[str]]:
-    """The text of a rendered table's body, row by row."""
+    """The text of a table's body, row by row: an HTML table's cells, or a Markdown table's (unescaped)."""
+    if isinstance(component, dcc.Markdown):
+        rows = component.children.split("\n")[2:]  # after the header and its rule
+        return [[re.sub(r"\\(.)", r"\1", cell.strip()) for cell in re.split(r"(?<!\\)\|", row)[1:-1]]
+                for row in rows]
     body = component.children[1]
     return [[td.children for td in tr.children] for tr in body.children]
 
@@ -48,7 +53,8 @@ def act(cache: ReaderCache, trigger: str | None, value: Any, before: dict[str, A
         before = _shown({}, callbacks.update_view(cache, "url", "", None, None))
         if trigger is None:
             return before
-    out = callbacks.update_view(cache, trigger, value, before["store"], before["keys"])
+    store, keys = json.loads(json.dumps(before["store"])), json.loads(json.dumps(before["keys"]))  # as the page has it
+    out = callbacks.update_view(cache, trigger, value, store, keys)
     if trigger in callbacks.SETTABLE:
         before = {**before, trigger: value}  # the browser shows what the user set
     return _shown(before, out)
@@ -104,9 +110,14 @@ def test_one_action_sends_only_what_it_changed(cache: ReaderCache) -> None:
     assert {"elements", "stylesheet", "graph_view", "timeline", "header", "stats", "url"} <= sent(first)
     step = act(cache, "stepper", ("step", -1), first)
     assert "elements" not in sent(step) and "stylesheet" not in sent(step)  # the graph is not sent again
+    assert {"graph_view", "colour_scale"}.isdisjoint(sent(step))  # nor its state: same selection, role colours
     assert step["timeline"].to_plotly_json()["operations"][0]["location"] == ["layout", "shapes"]  # a patch
     tap = act(cache, "graph", ("hidden", "node"), step)
-    assert "elements" not in sent(tap) and tap["graph_view"]["selected"] == "hidden"
+    assert "elements" not in sent(tap) and selection_of(tap).node == "hidden"
+    assert {"graph_view", "step_label"}.isdisjoint(sent(tap))  # the browser drew the tap's lineage; same step
+    picked = act(cache, "node", "loss", tap)  # chosen in the selector: the graph is told
+    assert picked["graph_view"]["selected"] == "loss"
+    tap = act(cache, "graph", ("hidden", "node"), picked)
     assert tap["url"] == "?trial=a&type=short&step=9&node=hidden&tensor=hidden&kind=value"
     again = act(cache, "graph", ("hidden", "node"), tap)
     assert {"timeline", "header", "stats", "graph_view", "url"}.isdisjoint(sent(again))
@@ -150,32 +161,15 @@ def test_colouring_by_a_statistic_colours_every_item_at_the_step(cache: ReaderCa
     assert moved["colours"] != state["colours"]
 
 
-def _patched(value: Any, patch: Any) -> Any:
-    """``value`` (a component's JSON) with a Dash ``Patch``'s assignments applied, as the browser applies them."""
-    value = json.loads(plotly.io.to_json(value))
-    for operation in patch.to_plotly_json()["operations"]:
-        assert operation["operation"] == "Assign"
-        *path, last = operation["location"]
-        target = value
-        for part in path:
-            target = target[part]
-        target[last] = operation["params"]["value"]
-    return value
-
-
-def test_a_step_change_patches_only_the_changed_statistics(cache: ReaderCache) -> None:
+def test_a_step_change_sends_the_statistics_as_one_component(cache: ReaderCache) -> None:
     tap = act(cache, "graph", ("hidden", "node"))
     step = act(cache, "stepper", ("step", -1), tap)
-    patch = step["stats"]
-    assert not isinstance(patch, html.Table) and patch.to_plotly_json()["operations"]  # cells, not a table
-    locations = [op["location"] for op in patch.to_plotly_json()["operations"]]
-    assert all(loc[:3] == ["props", "children", 1] and loc[-3] == 1 for loc in locations)  # a value cell's text
-    shown = callbacks.update_view(cache, "url", tap["url"], None, None)["stats"]  # each view drawn anew
-    fresh = callbacks.update_view(cache, "url", step["url"], None, None)["stats"]
-    assert isinstance(shown, html.Table) and isinstance(fresh, html.Table)
-    assert _patched(shown, patch) == json.loads(plotly.io.to_json(fresh))
-    before, after = dict(cells(shown)), dict(cells(fresh))
-    assert len(locations) == sum(before[name] != after[name] for name in after) and len(locations) < len(after)
+    sent_table = step["stats"]
+    assert isinstance(sent_table, dcc.Markdown) and isinstance(sent_table.children, str)  # no cell components
+    fresh = callbacks.update_view(cache, "url", step["url"], None, None)["stats"]  # the view drawn anew
+    assert cells(sent_table) == cells(fresh)
+    before, after = dict(cells(tap["stats"])), dict(cells(sent_table))
+    assert list(before) == list(after) and before["mean"] != after["mean"] and after["count"] == "48"
 
 
 def test_tensor_panel_shows_the_recorded_statistics_values_and_histogram(cache: ReaderCache, group: Path) -> None:
@@ -491,6 +485,8 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"children": "step 3 \\u00b7 2 of 6 short steps"' in layout  # the address' view, without a callback
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
-    # the view, the live refresh, the analyses (watched and made by Analyze now), the trial selector's sort and
-    # filter, the zoomed timeline, and the browser-side ones (the search's options among them)
-    assert len(app.callback_map) == 15
+    # the view, the live refresh (new steps and stored analyses, one request per tick), Analyze now, the trial
+    # selector's sort and filter, the zoomed timeline, and seven browser-side ones (the graph's state, fit and
+    # centre, the hover line, the search's options, the zoom range, the theme, the exports); a tap's highlight
+    # and the step buttons need none: cytoscape's tap event and the slider's thumb serve them
+    assert len(app.callback_map) == 12

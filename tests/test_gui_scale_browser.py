@@ -232,5 +232,11 @@ def test_a_1024_px_window_shows_everything_without_sideways_scrolling(url: str) 
         assert console_problems(driver) == []
 
 
+def test_the_plots_are_drawn_by_plotly_js_cartesian_bundle(browser: Any) -> None:
+    traces = browser.execute_script("return Object.keys(window.Plotly.PlotSchema.get().traces);")
+    assert {"scatter", "bar", "heatmap"} <= set(traces)  # every trace type the explorer draws
+    assert "scatter3d" not in traces  # the smaller bundle, not the full one
+
+
 def test_no_console_error_or_warning(browser: Any) -> None:
     assert console_problems(browser) == []

@@ -17,6 +17,7 @@ import flask
 from dash import Dash, no_update
 
 from comgra_ndbg.errors import ComgraError
+from comgra_ndbg.gui.bundle import serve_cartesian_plotly
 from comgra_ndbg.gui.callbacks import OUTPUTS, register_callbacks, update_view
 from comgra_ndbg.gui.custom import load_visualization
 from comgra_ndbg.gui.layout import build_layout
@@ -47,6 +48,8 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     app.layout = functools.partial(_page, cache, visualization, source=str(Path(path)), interval_ms=interval_ms)
     register_callbacks(app, cache, visualization)
     register_trial_callbacks(app, cache)
+    if visualization is None:  # a custom visualization may draw any trace type: it keeps the full plotly.js
+        serve_cartesian_plotly(app)
     return app
 
 

@@ -28,8 +28,8 @@ from comgra_ndbg.gui.cyto import graph_stylesheet
 from comgra_ndbg.gui.profile_tab import hot_layer_stylesheet, profile_tab
 from comgra_ndbg.gui.evidence import focus_of
 from comgra_ndbg.gui.outputs import OUTPUTS
-from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, stats_output,
-                                    tensor_panel, timeline_shapes, timeline_view)
+from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, kind_label, tensor_panel,
+                                    timeline_shapes, timeline_view)
 from comgra_ndbg.gui.queries import evidence_statistic
 from comgra_ndbg.gui.ranks import rank_options, split_rank_key
 from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
@@ -130,7 +130,7 @@ def _options_after(options: ViewOptions, trigger: str, value: Any, trials: list[
 # ---- the view ------------------------------------------------------------------------------------------
 # Selector outputs the user cannot change in the browser: sent only when they differ from what was sent.
 UNCHANGING = ("trial_options", "rank_options", "step_type_options", "iteration_options", "tensor_options", "kind_options",
-              "sample_options", "step_max", "step_marks", "status")
+              "sample_options", "step_max", "step_marks", "step_label", "status")
 # Values the user sets in the browser: sent when they differ from what was sent, or when the user just set
 # that one (the view may have resolved the choice to another value).
 SETTABLE = ("trial", "rank", "step_type", "iteration", "node", "tensor", "kind", "sample", "stat", "step", "step_box", "tab",
@@ -144,11 +144,14 @@ def _digest(value: Any) -> int:
 
 
 def _fresh(keys: dict[str, Any], name: str, key: Any) -> bool:
-    """Whether the view ``name`` must be computed for ``key`` (and remember it)."""
-    key = list(key) if isinstance(key, tuple) else key
-    if keys.get(name) == key:
+    """Whether the view ``name`` must be computed for ``key`` (and remember it).
+
+    The keys store keeps the key's digest: the browser hands the store back through JSON, which turns every
+    tuple into a list, so a key kept as it is would never compare equal again (and the store stays small)."""
+    digest = _digest(key)
+    if keys.get(name) == digest:
         return False
-    keys[name] = key
+    keys[name] = digest
     return True
 
 
@@ -167,7 +170,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
     current = Selection.from_dict(store["selection"]) if store.get("selection") else None
     centre = False
     if trigger == "url":
-        if value != keys.get("address") or current is None:
+        if _digest(value) != keys.get("address") or current is None:
             wanted, named = from_address(value)
             options = ViewOptions.from_dict(named)
             current, centre = None, bool(wanted.get("node"))  # a link to a node shows it; else the whole graph
@@ -187,9 +190,11 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
         centre = True
     elif trigger in ("search",):
         centre = True
-    fit = None
+    fit = tapped = None
     if trigger == "graph" and isinstance(value, (tuple, list)) and value[1] == "box":
         fit = str(value[0])  # a box opened: its frame fills the view
+    elif trigger == "graph" and isinstance(value, (tuple, list)) and value[1] == "node":
+        tapped = str(value[0])
     if trigger == "trial" and current is not None and value != current.trial:
         options = dataclasses.replace(options, focus="")
     store["options"] = options.to_dict()
@@ -211,9 +216,10 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
             selectors = _selectors(cache, {**selectors["store"]["wanted"], "step": int(steps[-1])}, options.to_dict())
             selection = Selection.from_dict(selectors["store"]["selection"])
     selectors["store"]["options"] = options.to_dict()
-    out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization)
+    out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization,
+                   tapped=tapped)
     for name in SETTABLE:
-        if out[name] is not no_update and not _fresh(keys, "sent:" + name, _digest(out[name])) and \
+        if out[name] is not no_update and not _fresh(keys, "sent:" + name, out[name]) and \
                 name != acted and not (name == "node" and acted == "search"):
             out[name] = no_update
     if acted in SETTABLE and out[acted] is not no_update and out[acted] == value:
@@ -225,12 +231,12 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
 
 
 def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, selectors: dict[str, Any],
-             keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None
-             ) -> dict[str, Any]:
+             keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None,
+             tapped: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {name: no_update for name in OUTPUTS}
     out.update({k: v for k, v in selectors.items() if k in OUTPUTS})
     for name in UNCHANGING:  # option lists the browser already shows are not sent (nor re-rendered) again
-        if name in selectors and not _fresh(keys, name, _digest(selectors[name])):
+        if name in selectors and not _fresh(keys, name, selectors[name]):
             out[name] = no_update
     out["store"] = selectors["store"]
     stamp = cache.analysis_stamp(selection.trial)
@@ -250,13 +256,19 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
         view = graph_view(cache, selection, options)
         out["elements"], out["graph_note"], out["search"] = view["elements"], view["note"], None
         names = [option["value"] for option in view["search"]]
-        if _fresh(keys, "node_names", _digest(names)):  # every node: unchanged by opening a box
+        if _fresh(keys, "node_names", names):  # every node: unchanged by opening a box
             out["node_names"] = names
     if _fresh(keys, "stylesheet", (options.theme, drawn_key)):  # a hot layer's ring moves with the boxes
         out["stylesheet"] = graph_stylesheet(options.theme) + hot_layer_stylesheet(cache, selection, options)
     state, scale = graph_state(cache, selection, options, centre=centre, fit=fit)
+    painted = _fresh(keys, "graph_paint", (repr({**state, "selected": None}), drawn_key))
     if _fresh(keys, "graph_state", (repr(state), drawn_key)) or centre:
-        out["graph_view"], out["colour_scale"] = state, scale
+        # A tapped node was highlighted by the browser at the tap: when only the selection moved, and to
+        # the tapped node, the browser already shows this state.
+        if painted or centre or state["selected"] != tapped:
+            out["graph_view"] = state
+    if _fresh(keys, "colour_scale", scale):
+        out["colour_scale"] = scale
     _tensors_outputs(cache, selection, options, keys, out)
     _tab_outputs(cache, selection, options, keys, out, stamp, visualization)
     out["keys"] = keys
@@ -279,8 +291,7 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
                  selection.iteration, selection.sample, options.values_mode, options.values_page, theme)
     if _fresh(keys, "panel", panel_key):
         panel = tensor_panel(cache, selection, options)
-        out.update(header=panel["header"], stats=stats_output(panel, keys), histogram=panel["histogram"],
-                   values=panel["values"])
+        out.update(header=panel["header"], stats=panel["stats"], histogram=panel["histogram"], values=panel["values"])
     timeline_key = (selection.trial, selection.generation, selection.node, selection.tensor, selection.kind,
                     selection.iteration, selection.stat, list(options.overlay_nodes), list(options.overlay_trials),
                     options.log_y, options.ema, options.focus, theme, stamp)
@@ -404,7 +415,14 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
     register_zoom(app, cache, locked)
-    app.callback(Output(ids.GENERATION, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.GENERATION, "data"),
-                 prevent_initial_call=True)(locked(lambda _n, previous: refresh_generations(cache, previous)))
+
+    # The live refresh: one request per tick looks for new steps and for analyses stored from elsewhere (two
+    # callbacks on the tick cost the page two rounds of Dash's work every interval, in the way of actions).
+    def _refresh(_n: int, generations: dict[str, int] | None, store: dict[str, Any] | None,
+                 analyses: dict[str, Any] | None) -> tuple[Any, Any]:
+        return refresh_generations(cache, generations), tabs.analysis_state(cache, False, store, analyses)[0]
+    app.callback(Output(ids.GENERATION, "data"), Output(ids.ANALYSES, "data"), Input(ids.INTERVAL, "n_intervals"),
+                 State(ids.GENERATION, "data"), State(ids.SELECTION, "data"), State(ids.ANALYSES, "data"),
+                 prevent_initial_call=True)(locked(_refresh))
     tabs.register_analysis_callbacks(app, cache, locked)
     register_clientside(app)

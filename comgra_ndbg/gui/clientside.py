@@ -24,9 +24,15 @@ SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (function () {
   const GRAPH = %(graph)s;
   const NODE_MATCHES = %(matches)d;
+  const THUMB = %(thumb)s;
   const none = () => window.dash_clientside.no_update;
   const cyOf = () => { const box = document.getElementById(GRAPH); return box && box._cyreg ? box._cyreg.cy : null; };
+  let lit = {cy: null, selected: undefined};  // the selection whose lineage the graph shows now
   function highlight(cy, selected) {
+    // Restyling 500 nodes and 3,000 edges costs a redraw: a tap is highlighted at once, and the server's
+    // answer naming the same selection then changes nothing.
+    if (lit.cy === cy && lit.selected === (selected || null)) { return; }
+    lit = {cy: cy, selected: selected || null};
     cy.batch(() => {
       cy.elements().removeClass('focus up down faded');
       const sel = selected ? cy.getElementById(selected) : null;
@@ -37,7 +43,11 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       }
     });
   }
+  let painted = {cy: null, colours: undefined};  // the colours the graph shows now, as JSON
   function colour(cy, colours) {
+    const shown = JSON.stringify(colours || null);
+    if (painted.cy === cy && painted.colours === shown) { return; }
+    painted = {cy: cy, colours: shown};
     cy.batch(() => {
       cy.nodes().forEach((n) => {
         const c = colours ? colours[n.id()] : undefined;
@@ -48,12 +58,16 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   let drawn = null;  // the elements last fitted into the view
   let moved = false;  // the user zoomed or panned since: a resize no longer refits
   let pending = null;  // the slider position the last step button asked for, and when
-  let known = {position: 0, last: 0};  // the slider's position and last position as the page shows them
   function stepBy(delta) {
     // Presses quicker than the page updates (a held key) start from the position the last one asked for;
-    // the slider's new position is the one request to the server.
-    const from = pending !== null && performance.now() - pending.at < 400 ? pending.position : known.position;
-    const target = Math.min(Math.max(from + delta, 0), known.last);
+    // the slider's new position is the one request to the server. The slider's thumb says where it is and
+    // how far it goes, so no callback has to keep track of that on every step.
+    const thumb = document.querySelector(THUMB);
+    if (!thumb) { return; }
+    const shown = Number(thumb.getAttribute('aria-valuenow')) || 0;
+    const last = Number(thumb.getAttribute('aria-valuemax')) || 0;
+    const from = pending !== null && performance.now() - pending.at < 400 ? pending.position : shown;
+    const target = Math.min(Math.max(from + delta, 0), last);
     pending = {position: target, at: performance.now()};
     if (target !== from) { window.dash_clientside.set_props(%(step)s, {value: target}); }
   }
@@ -89,14 +103,26 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
                                                                                   {passive: true}));
     }
   }
+  function listen(cy) {
+    // A tapped node's lineage is drawn at the tap, in cytoscape's own event, before the server is asked;
+    // the server's answer then names the same selection and leaves the graph as it is.
+    if (cy.scratch('_comgraTap')) { return; }
+    cy.scratch('_comgraTap', true);
+    cy.on('tap', 'node', (event) => {
+      if (event.target.data('kind') === 'node') { highlight(cy, event.target.id()); }
+    });
+  }
   function apply(view, elements, attempt) {
     const cy = cyOf();
     if (!cy || (view && view.selected && !cy.getElementById(view.selected).length && attempt < 20)) {
       window.requestAnimationFrame(() => apply(view, elements, (attempt || 0) + 1));
       return;
     }
+    listen(cy);
     if (elements !== drawn && cy.nodes().length) {
       drawn = elements;
+      lit = {cy: null, selected: undefined};  // new elements carry no classes or colours yet
+      painted = {cy: null, colours: undefined};
       fitSoon(cy, view && view.fit ? cy.getElementById(view.fit) : null);
     }
     colour(cy, view ? view.colours : null);
@@ -133,18 +159,14 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   }
   return {
     graphSync: function (view, elements) { apply(view, elements, 0); return Date.now(); },
-    tapHighlight: function (tapped) {
-      const cy = cyOf();
-      if (cy && tapped && tapped.kind === 'node') { highlight(cy, tapped.id); }
-      return none();
-    },
     tools: function (_fitClicks, _centreClicks, view) {
       const cy = cyOf();
       const trigger = window.dash_clientside.callback_context.triggered.map((t) => t.prop_id)[0] || '';
       if (!cy) { return none(); }
+      const selected = lit.cy === cy && lit.selected ? lit.selected : (view && view.selected);  // a tap's too
       if (trigger.startsWith(%(fit)s)) { moved = true; fit(cy); }
-      else if (view && view.selected && cy.getElementById(view.selected).length) {
-        cy.animate({center: {eles: cy.getElementById(view.selected)}, duration: 150});
+      else if (selected && cy.getElementById(selected).length) {
+        cy.animate({center: {eles: cy.getElementById(selected)}, duration: 150});
       }
       return Date.now();
     },
@@ -178,7 +200,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       if (low !== undefined && high !== undefined) { return [low, high]; }
       return Array.isArray(relayout['xaxis.range']) ? relayout['xaxis.range'] : none();
     },
-    stepKnown: function (position, last) { known = {position: position || 0, last: last || 0}; return none(); },
     theme: function (theme) { document.documentElement.dataset.theme = theme || 'light'; return theme; },
     save: function (clicks) {
       const triggered = window.dash_clientside.callback_context.triggered;
@@ -210,6 +231,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
 })()});
 """ % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT),
        "step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV), "matches": NODE_MATCHES,
+       "thumb": json.dumps(f"#{ids.STEP} [role='slider']"),
        "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}")}
 
 
@@ -220,14 +242,10 @@ def register_clientside(app: Dash) -> None:
 
     app.clientside_callback(fn("graphSync"), Output(ids.CLIENT + "-graph", "data"), Input(ids.GRAPH_VIEW, "data"),
                             Input(ids.GRAPH, "elements"))
-    app.clientside_callback(fn("tapHighlight"), Output(ids.CLIENT + "-tap", "data"), Input(ids.GRAPH, "tapNodeData"),
-                            prevent_initial_call=True)
     app.clientside_callback(fn("tools"), Output(ids.CLIENT + "-tools", "data"), Input(ids.GRAPH_FIT, "n_clicks"),
                             Input(ids.GRAPH_CENTRE, "n_clicks"), State(ids.GRAPH_VIEW, "data"),
                             prevent_initial_call=True)
     app.clientside_callback(fn("hover"), Output(ids.GRAPH_HOVER, "children"), Input(ids.GRAPH, "mouseoverNodeData"))
-    app.clientside_callback(fn("stepKnown"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP, "value"),
-                            Input(ids.STEP, "max"))
     app.clientside_callback(fn("nodeMatches"), Output(ids.GRAPH_SEARCH, "options"),
                             Input(ids.GRAPH_SEARCH, "search_value"), Input(ids.NODE_NAMES, "data"),
                             Input(ids.GRAPH_SEARCH, "value"))
@@ -239,4 +257,4 @@ def register_clientside(app: Dash) -> None:
                             prevent_initial_call=True)
 
 
-CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tap", "-tools", "-theme", "-save", "-step"))
+CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tools", "-theme", "-save"))

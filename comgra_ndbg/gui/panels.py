@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from dash import Patch, html
+from dash import html
 
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.cyto import graph_elements, heat_colours, item_marks, item_values
@@ -23,10 +23,10 @@ from comgra_ndbg.gui.selection import tensor_label
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.tabs import thresholds_of
 from comgra_ndbg.gui.timelines import EvidenceMarks, event_shapes, evidence_shapes, step_marker, timeline_figure
-from comgra_ndbg.gui.views import graph_of, message, table
+from comgra_ndbg.gui.views import graph_of, markdown_table, message, table
 
 __all__ = ["HEATMAP_LIMIT", "distribution_view", "graph_state", "graph_view", "kind_label", "no_snapshot_text",
-           "stats_output", "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
+           "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
 
 HEATMAP_LIMIT = 65_536  # cells above which element values are shown as a table
 
@@ -109,7 +109,7 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
               f"{info.dtype}")
     stats = statistics_at(cache, selection)
     rows = statistics_rows(stats) if stats is not None else None
-    stats_view = (table(("statistic", "value"), rows, table_id=ids.STATS_TABLE + "-table")
+    stats_view = (markdown_table(("statistic", "value"), rows, table_id=ids.STATS_TABLE + "-table")
                   if rows is not None else message(f"No statistics of {selection.tensor} ({selection.kind}) "
                                                     f"at step {selection.step}, {where}."))
     snapshot = cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
@@ -117,7 +117,7 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     values = element_values(snapshot, selection.sample) if snapshot is not None else None
     if values is None:
         text = no_snapshot_text(cache, selection)
-        return {"header": header, "stats": stats_view, "stats_rows": rows,
+        return {"header": header, "stats": stats_view,
                 "histogram": message_figure(text, theme=theme), "values": message(text)}
     title = f"{label} {kind_label(selection.kind)} · step {selection.step} · {where}"
     histogram = histogram_figure(values.values, title=title, theme=theme)
@@ -136,27 +136,8 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
                                  first_axis=values.first_axis)
         values_view = [table(("position", "value"), rows, table_id=ids.VALUES + "-table"),
                        message(f"page {min(page, pages)} of {pages} · {len(values.values)} stored values")]
-    return {"header": header, "stats": stats_view, "stats_rows": rows, "histogram": histogram,
+    return {"header": header, "stats": stats_view, "histogram": histogram,
             "values": values_view}
-
-
-def stats_output(panel: dict[str, Any], keys: dict[str, Any]) -> Any:
-    """The statistics table to send: the whole table, or — when the browser shows a table of the same
-    statistics (``keys`` remembers which, and their values) — a ``Patch`` of the value cells that changed.
-
-    A step change thus sends a few numbers instead of some 90 components, and the browser re-renders only
-    the cells whose text changed (the others keep their identity)."""
-    rows = panel.get("stats_rows")
-    names, values = ([n for n, _ in rows], [v for _, v in rows]) if rows is not None else (None, None)
-    previous = keys.get("stats_values")
-    shown, keys["stats_names"], keys["stats_values"] = keys.get("stats_names"), names, values
-    if names is None or names != shown or previous is None or len(previous) != len(values):
-        return panel["stats"]
-    patch = Patch()
-    for row, (old, new) in enumerate(zip(previous, values)):
-        if old != new:  # table > tbody > row > second cell > its text
-            patch["props"]["children"][1]["props"]["children"][row]["props"]["children"][1]["props"]["children"] = new
-    return patch
 
 
 def no_snapshot_text(cache: ReaderCache, selection: Selection) -> str:

@@ -262,18 +262,14 @@ def custom_tab(cache: ReaderCache, visualization: Visualization | None, selectio
 
 def register_analysis_callbacks(app: Dash, cache: ReaderCache,
                                 locked: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Wire Analyze now and the watch for analyses stored from elsewhere; ``locked`` serializes them on the
-    cache's lock."""
-    # One callback per trigger: the live interval only looks, the button analyses. (In one callback, a
-    # click arriving with an interval tick could be read as the tick.)
-    def _watch(_n_intervals: int, selection_data: dict[str, Any] | None, previous: dict[str, Any] | None) -> Any:
-        return analysis_state(cache, False, selection_data, previous)[0]
-
+    """Wire Analyze now; ``locked`` serializes it on the cache's lock. (The watch for analyses stored from
+    elsewhere, ``analysis_state(cache, False, ...)``, runs in the explorer's live refresh.)"""
+    # One callback per trigger: the live interval only looks (in the view's refresh, which also looks for new
+    # steps), the button analyses. (In one callback, a click arriving with an interval tick could be read as
+    # the tick.)
     def _analyze(_n_clicks: int, selection_data: dict[str, Any] | None, previous: dict[str, Any] | None
                  ) -> tuple[Any, Any]:
         return analysis_state(cache, True, selection_data, previous)
-    app.callback(Output(ids.ANALYSES, "data"), Input(ids.INTERVAL, "n_intervals"), State(ids.SELECTION, "data"),
-                 State(ids.ANALYSES, "data"), prevent_initial_call=True)(locked(_watch))
     app.callback(Output(ids.ANALYSES, "data", allow_duplicate=True), Output(ids.ANALYZE_STATUS, "children"),
                  Input(ids.ANALYZE, "n_clicks"), State(ids.SELECTION, "data"), State(ids.ANALYSES, "data"),
                  prevent_initial_call=True)(locked(_analyze))

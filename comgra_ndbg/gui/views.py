@@ -13,7 +13,10 @@ from dash import dcc, html
 
 from comgra_ndbg.gui import ids
 
-__all__ = ["GRAPH_CONFIG", "graph_of", "message", "module_table", "notes_table", "plot", "problems_view", "table"]
+__all__ = ["GRAPH_CONFIG", "graph_of", "markdown_table", "message", "module_table", "notes_table", "plot",
+           "problems_view", "table"]
+
+MARKDOWN_SPECIAL = "\\`*_{}[]<>()#+-.!|~"  # escaped in a Markdown table's cells, so they show as typed
 
 # No mode bar: it covers the titles of small plots; drag still zooms and a double click resets.
 GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False, "displayModeBar": False}
@@ -34,6 +37,26 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, table_id: str
         html.Thead(html.Tr([html.Th(h) for h in header])),
         html.Tbody([html.Tr([html.Td(cell) for cell in row]) for row in rows]),
     ], **props)
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, table_id: str,
+                   class_name: str = "data-table") -> dcc.Markdown:
+    r"""A plain table drawn by one component: Dash renders every cell of an HTML table as a component of its
+    own, and re-renders all of them (one store update each) whenever one value changes. A table that changes
+    with every step (the statistics) is sent as this one component, whose text is the whole table.
+
+    >>> print(markdown_table(("statistic", "value"), [("mean", "0.5"), ("min", "-1")], table_id="t").children)
+    | statistic | value |
+    | --- | --- |
+    | mean | 0\.5 |
+    | min | \-1 |
+    """
+    def cell(value: Any) -> str:
+        return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in str(value)).replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    return dcc.Markdown("\n".join(lines), id=table_id, className=class_name)
 
 
 def module_table(modules: Sequence[Any], classes: dict[str, str]) -> html.Table:
