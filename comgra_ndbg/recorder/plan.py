@@ -71,5 +71,6 @@ def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -
     (the call's arguments are compared by the caller)."""
     fn = tensor.grad_fn
     return ((plan.grad_fn_type is None if fn is None else type(fn) is plan.grad_fn_type)
-            and tensor.requires_grad is plan.requires_grad and tensor.dtype is plan.dtype and tensor.shape == plan.shape and batch_size == plan.batch_before
+            and tensor.requires_grad is plan.requires_grad and tensor.dtype is plan.dtype
+            and tensor.shape == plan.shape and batch_size == plan.batch_before
             and tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous() and not tensor.is_neg())
