@@ -1,5 +1,7 @@
-"""Registration plans (``recorder/plan.py``): a name registered again along its plan records exactly what the
-general path records, and any change of the call or of the tensor's kind takes the general path again."""
+"""The recorder's shortcuts on steps that repeat the last: registration plans (``recorder/plan.py``) record
+exactly what the general path records, and any change of the call or of the tensor's kind takes the general
+path again; parameter gradients noted by the hooks and read when the backward pass ends are the ones the
+optimizer uses."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from comgra_ndbg import Recorder, open_recording
+from comgra_ndbg import NeuralDbg, Recorder, open_recording
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError
 from comgra_ndbg.recorder.registration import TensorRegistration
 from comgra_ndbg.stats.reducer import summarize
@@ -82,3 +85,29 @@ def test_planned_names_still_refuse_a_duplicate_and_a_changed_role(tmp_path: Pat
         with rec.step(2):
             with pytest.raises(InvalidArgumentError, match="first registered with role 'intermediate'"):
                 rec.register_tensor("h", torch.ones(4, 3), role="output")
+
+
+@pytest.mark.parametrize("snapshots", [None, 1])
+def test_parameter_gradients_noted_in_hooks_are_the_accumulated_and_clipped_ones_the_optimizer_uses(
+        tmp_path: Path, snapshots: int | None) -> None:
+    """Two backward passes per step, then clipping: the step records the gradient ``optimizer.step()`` reads,
+    whether the hooks only note the parameters (summaries alone) or reduce at once (snapshot steps)."""
+    torch.manual_seed(0)
+    model, criterion = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    used = []
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, snapshots=snapshots):
+        for _ in range(3):
+            optimizer.zero_grad()
+            for _ in range(2):
+                criterion(model(torch.randn(16, 4, generator=g)), torch.randint(0, 3, (16,), generator=g)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            used.append(model[2].weight.grad.clone())
+            optimizer.step()
+    with open_recording(tmp_path, "t") as recording:
+        steps, abs_max = recording.summary("model.2.weight", "grad", "abs_max")
+        assert steps.tolist() == [0, 1, 2]
+        np.testing.assert_allclose(abs_max, [float(grad.abs().max()) for grad in used], rtol=1e-6)
+        _, mean = recording.summary("model.2.weight", "grad", "mean")
+        np.testing.assert_allclose(mean, [float(grad.mean()) for grad in used], rtol=1e-5, atol=1e-9)
