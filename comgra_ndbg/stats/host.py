@@ -12,8 +12,6 @@ float64, on its tensor (``exact``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
-from operator import attrgetter, is_
 
 import numpy as np
 import torch
@@ -27,7 +25,7 @@ from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.stats.fields import FIELD
 
 __all__ = ["MOMENT_COLUMNS", "CHECKED_COLUMNS", "NUMPY_DTYPE", "reduce_cpu", "kernel_summary", "reduce_cpu_fused",
-           "summarize_addressed", "lean", "all_lean", "batchable", "difference"]
+           "summarize_addressed", "lean", "batchable", "difference"]
 
 _FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
 MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
@@ -35,7 +33,6 @@ CHECKED_COLUMNS = MOMENT_COLUMNS + [FIELD["spread_sum_sq"], FIELD["spread_dev_sq
 _COUNT = FIELD["count"]
 NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_DTYPE, _IS_CPU = attrgetter("dtype"), attrgetter("is_cpu")
 
 
 def reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
@@ -106,22 +103,6 @@ def lean(tensor: torch.Tensor) -> bool:
     (a lazily negated view holds the other sign in memory)."""
     return (tensor.dtype in NUMPY_DTYPE and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_neg()
             and tensor.numel() > 0)
-
-
-def all_lean(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every tensor is ``lean`` and all share one dtype, in C-level passes over the list (no Python
-    call per tensor): the common case of ``Reducer.add_many``, a backward pass's gradients.
-
-    >>> all_lean([torch.ones(2), torch.zeros(3)]), all_lean([torch.ones(2), torch.ones(2).double()])
-    (True, False)
-    >>> all_lean([torch.ones(2), torch.ones(4)[::2]]), all_lean([])
-    (False, False)
-    """
-    if not tensors or tensors[0].dtype not in NUMPY_DTYPE:
-        return False
-    return (all(map(partial(is_, tensors[0].dtype), map(_DTYPE, tensors))) and all(map(_IS_CPU, tensors))
-            and all(map(torch.Tensor.is_contiguous, tensors)) and not any(map(torch.Tensor.is_neg, tensors))
-            and all(map(torch.Tensor.numel, tensors)))
 
 
 def batchable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:

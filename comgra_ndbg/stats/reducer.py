@@ -35,7 +35,6 @@ from comgra_ndbg.stats.host import NUMPY_DTYPE as _NUMPY_DTYPE
 from comgra_ndbg.stats.host import batchable as _batchable
 from comgra_ndbg.stats.host import difference
 from comgra_ndbg.stats.host import kernel_summary as _kernel_summary
-from comgra_ndbg.stats.host import all_lean as _all_lean
 from comgra_ndbg.stats.host import lean as _lean
 from comgra_ndbg.stats.host import reduce_cpu as _reduce_cpu
 from comgra_ndbg.stats.host import reduce_cpu_fused as _reduce_cpu_fused
@@ -51,7 +50,6 @@ _COUNT = FIELD["count"]
 _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
 _HOST_DEVICE = "cpu"  # summarised on the host; tests name another to run the device reductions on CPU tensors
 _IDENTITY = identity_row()
-_DATA_PTR, _NUMEL = torch.Tensor.data_ptr, torch.Tensor.numel
 
 
 @dataclass
@@ -189,15 +187,6 @@ class Reducer:
         count = len(tensors)
         first = self._claim(count)
         fast = kernels.AVAILABLE
-        if fast and starts is None and copies is None and _all_lean(tensors):  # one kernel call, no grouping
-            batches = None
-            if batched is not None and any(batched):
-                batches = np.array([t.shape[0] if b and t.dim() else 0 for t, b in zip(tensors, batched)],
-                                   dtype=np.int64)
-            _summarize_addressed(self._buffer[first:first + count], _NUMPY_DTYPE[tensors[0].dtype],
-                                 np.fromiter(map(_DATA_PTR, tensors), np.int64, count),
-                                 np.fromiter(map(_NUMEL, tensors), np.int64, count), tensors, None, None, None, batches)
-            return list(range(first, first + count))
         if fast and starts is None and copies is None:
             lean = [_lean(t) for t in tensors]
         else:
