@@ -47,15 +47,6 @@ class GradientBatch:
     def add(self, key: Hashable, grad: torch.Tensor, batched: bool) -> None:
         """Keep ``grad`` under ``key`` until the backward pass ends."""
         self._pending.append(_Pending(key, grad.detach() if grad.requires_grad else grad, batched, grad._version))
-        self.request_flush()
-
-    def extend(self, items: list[tuple[Hashable, torch.Tensor]]) -> None:
-        """Keep batch-less, detached gradients under their keys for the next ``flush`` (the owner's flush is
-        already under way or requested)."""
-        self._pending.extend([_Pending(key, grad, False, grad._version) for key, grad in items])
-
-    def request_flush(self) -> None:
-        """Have the owner flush when the running backward pass ends, or at once outside a backward pass."""
         if self._queued:
             return
         try:

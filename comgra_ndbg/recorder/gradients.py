@@ -127,16 +127,6 @@ class GradientRecording:
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._skipped(self.catalog.tensors[tid].name, "grad", error)
 
-    def _take_arrived_gradients(self) -> None:
-        """Move the parameter gradients whose hooks only noted them (``ParameterTracker.batching``) into the
-        pending batch; a gradient the reducer cannot read is taken alone, so only its own row is skipped."""
-        pairs = self._parameters.take_arrived()
-        try:
-            self._grad_batch.extend([(tid, summarizable(grad)) for tid, grad in pairs])
-        except Exception:  # noqa: BLE001 - one at a time: the one that fails is logged by _on_parameter_grad
-            for tid, grad in pairs:
-                self._on_parameter_grad(tid, grad)
-
     def refresh_parameter_gradients(self) -> None:
         """Take again the gradients of parameters tracked with ``gradients_in_hook`` whose ``.grad`` changed
         since a backward pass of this step handed it over — clipped (``clip_grad_norm_``), unscaled by a
@@ -145,8 +135,6 @@ class GradientRecording:
         if not self.enabled or not self._step_open or not (self._summarize or self._snapshot):
             return
         try:
-            if self._parameters.arrived:  # noted by a backward pass whose end the engine did not report
-                self._flush_gradients()
             for tid, grad in self._parameters.changed_gradients():
                 self._on_parameter_grad(tid, grad)
             if len(self._grad_batch):
@@ -156,8 +144,6 @@ class GradientRecording:
 
     def _flush_gradients(self) -> None:
         """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end)."""
-        if self._parameters.arrived:
-            self._take_arrived_gradients()
         if not self._step_open or not self._summarize:
             self._grad_batch.clear()
             return
@@ -199,7 +185,7 @@ class GradientRecording:
         self._guard("recording gradients", partial(self._collect_gradients, kind))
 
     def _collect_gradients(self, kind: str) -> None:
-        if len(self._grad_batch) or self._parameters.arrived:  # the engine's callback did not run (a failed pass)
+        if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
             self._flush_gradients()
         self._guard("discovering the dependency graph", self._discover_graph)
         self._grad_keys.update(((tid, 0), index) for tid, index in self._parameter_grads.items())

@@ -61,7 +61,6 @@ class ParameterSteps:
         tracker = self._parameters
         tracker.watch()
         tracker.forget_gradients()  # accumulated between steps: not this step's
-        tracker.batching = self._summarize and not self._snapshot  # snapshots are taken in the hooks
         series = self._parameter_series(schema.KIND_VALUE)
         self._tiered = self._tier_state is not None and self._summarize and self.record_updates
         if self._tiered:

@@ -12,9 +12,7 @@ value, and the update is summarised from the parameter and the copy without mate
 
 With ``on_gradient``, the hook hands each accumulated gradient to that callback at once instead of marking
 it fresh: for loops that clear ``.grad`` (``optimizer.zero_grad()`` at the top) before the recorder gets to
-read it, as ``NeuralDbg`` does. While ``batching`` is set, the hook only notes the parameter (calling
-``on_arrival`` at the first one after a take) and the owner takes every noted gradient at once
-(``take_arrived``) when the backward pass ends: one Python call per parameter instead of a chain of them.
+read it, as ``NeuralDbg`` does.
 """
 from __future__ import annotations
 
@@ -61,9 +59,6 @@ class ParameterTracker:
     _watching: bool = False
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
     _names: dict[str, torch.nn.Parameter] | None = None
-    batching: bool = False  # hand-over hooks note arrivals for ``take_arrived`` instead of calling back
-    on_arrival: Callable[[], None] | None = None  # called at the first arrival after a take
-    arrived: list[_Tracked] = field(default_factory=list)  # noted, not yet taken
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
               on_gradient: Callable[[int, torch.Tensor], None] | None = None,
@@ -107,7 +102,7 @@ class ParameterTracker:
         self._step_hooks = self._hooks_of(self.tracked)
 
     def _hooks_of(self, entries: list[_Tracked]) -> list[Any]:
-        return [t.parameter.register_post_accumulate_grad_hook(_hand_over(t, self)) if t.handed_over
+        return [t.parameter.register_post_accumulate_grad_hook(_hand_over(t, t.receiver)) if t.handed_over
                 else t.parameter.register_hook(_mark_fresh(t, self)) for t in entries if t.parameter.requires_grad]
 
     def unwatch(self) -> None:
@@ -230,19 +225,6 @@ class ParameterTracker:
             t.incoming = None
             t.handed = None
         self.per_pass = False
-        self.arrived = []
-
-    def take_arrived(self) -> list[tuple[int, torch.Tensor]]:
-        """(tensor id, ``.grad``) of the parameters noted while ``batching`` since the last take, each marked
-        handed over (``changed_gradients`` compares with it)."""
-        arrived, self.arrived = self.arrived, []
-        out = []
-        for t in arrived:
-            grad = t.parameter.grad
-            if grad is not None:
-                t.handed = (id(grad), grad._version)
-                out.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))
-        return out
 
     def changed_gradients(self) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
@@ -307,17 +289,12 @@ def _mark_fresh(entry: _Tracked, tracker: ParameterTracker) -> Any:
     return hook
 
 
-def _hand_over(entry: _Tracked, tracker: ParameterTracker) -> Any:
+def _hand_over(entry: _Tracked, on_gradient: Callable[[int, torch.Tensor], None]) -> Any:
     def hook(parameter: torch.Tensor) -> None:
-        if tracker.batching:
-            if not tracker.arrived and tracker.on_arrival is not None:
-                tracker.on_arrival()
-            tracker.arrived.append(entry)
-            return
         grad = parameter.grad
         if grad is not None:
             entry.handed = (id(grad), grad._version)
-            entry.receiver(entry.tensor_id, grad)
+            on_gradient(entry.tensor_id, grad)
 
     return hook
 

@@ -205,7 +205,6 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         if budget is not None:  # to the library's logger: a training script's own output stays its own
             _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
-        self._parameters.on_arrival = self._grad_batch.request_flush
         self._tier_state = None if tiers is None else TierState(tiers)
         if tiers is not None:
             _LOG.info("%s: %s", self.trial, tiers.describe())
@@ -486,7 +485,7 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
         self._reset_step_state()
 
     def _build_record(self, type_id: int) -> StepRecord:
-        if len(self._grad_batch) or self._parameters.arrived:
+        if len(self._grad_batch):
             self._flush_gradients()
         pending = (self._grad_keys or self._grad_snaps or self._deferred_grads or self._parameter_grads
                    or self._parameter_grad_snaps)
