@@ -1,7 +1,6 @@
 """The recorder's shortcuts on steps that repeat the last: registration plans (``recorder/plan.py``) record
 exactly what the general path records, and any change of the call or of the tensor's kind takes the general
-path again; parameter gradients noted by the hooks and read when the backward pass ends are the ones the
-optimizer uses."""
+path again; on planned steps, the parameters' gradients recorded are still the ones the optimizer uses."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -88,10 +87,10 @@ def test_planned_names_still_refuse_a_duplicate_and_a_changed_role(tmp_path: Pat
 
 
 @pytest.mark.parametrize("snapshots", [None, 1])
-def test_parameter_gradients_noted_in_hooks_are_the_accumulated_and_clipped_ones_the_optimizer_uses(
+def test_parameter_gradients_on_planned_steps_are_the_accumulated_and_clipped_ones_the_optimizer_uses(
         tmp_path: Path, snapshots: int | None) -> None:
     """Two backward passes per step, then clipping: the step records the gradient ``optimizer.step()`` reads,
-    whether the hooks only note the parameters (summaries alone) or reduce at once (snapshot steps)."""
+    on steps whose module outputs take their plans (summaries alone) and on snapshot steps (general path)."""
     torch.manual_seed(0)
     model, criterion = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
