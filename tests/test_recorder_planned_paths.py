@@ -86,6 +86,19 @@ def test_planned_names_still_refuse_a_duplicate_and_a_changed_role(tmp_path: Pat
                 rec.register_tensor("h", torch.ones(4, 3), role="output")
 
 
+def test_a_tensor_the_plan_cannot_read_under_a_planned_name_is_skipped_and_logged_not_raised(tmp_path: Path) -> None:
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        for step in range(2):
+            with rec.step(step):
+                rec.register_tensor("x", torch.ones(2, 3), role="input")
+        with rec.step(2), pytest.warns(Warning, match="nested"):
+            assert rec.register_tensor("x", nested, role="input") is nested
+    with open_recording(tmp_path, "t") as recording:
+        steps, _ = recording.summary("x", "value", "mean")
+        assert steps.tolist() == [0, 1]
+
+
 @pytest.mark.parametrize("snapshots", [None, 1])
 def test_parameter_gradients_on_planned_steps_are_the_accumulated_and_clipped_ones_the_optimizer_uses(
         tmp_path: Path, snapshots: int | None) -> None:

@@ -61,9 +61,8 @@ def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int 
     thresholds = None if bounds is None else saturation_thresholds(bounds, saturation_margin, dtype)
     batch = int(tensor.shape[0]) if batched and tensor.dim() else 0
     return RegistrationPlan(call, type(tensor.grad_fn) if tensor.grad_fn is not None else None,
-                            tensor.requires_grad, tensor.dtype,
-                            tensor.shape, batch_before, bool(batched), batch, thresholds, tensor_id, series_id,
-                            deferred)
+                            tensor.requires_grad, tensor.dtype, tensor.shape, batch_before, bool(batched), batch,
+                            thresholds, tensor_id, series_id, deferred)
 
 
 def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -> bool:
@@ -71,6 +70,6 @@ def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -
     (the call's arguments are compared by the caller)."""
     fn = tensor.grad_fn
     return ((plan.grad_fn_type is None if fn is None else type(fn) is plan.grad_fn_type)
-            and tensor.requires_grad is plan.requires_grad and tensor.dtype is plan.dtype
+            and tensor.requires_grad is plan.requires_grad and tensor.dtype is plan.dtype and not tensor.is_nested
             and tensor.shape == plan.shape and batch_size == plan.batch_before
             and tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous() and not tensor.is_neg())
