@@ -29,7 +29,13 @@ floor) / bare, each round's three runs side by side; "invariants" is the median 
 with invariants − summaries with ``invariants=False``) / bare. ``--bookkeeping`` runs only the variants these
 two figures need (bare, summaries with and without invariants, the floor), for a quicker measurement.
 
-Run: ``python benchmarks/neuraldbg_overhead.py [--steps 200] [--rounds 5] [--threads N] [--bookkeeping]``.
+``--calls`` prints, instead of times, the function calls NeuralDbg's code makes per recorded step (Python
+functions and builtins called from ``comgra_ndbg``, counted with ``sys.setprofile`` over 20 steps after 20
+warm-up steps): a measure of the bookkeeping that does not depend on the machine's load, where timings of a
+few per cent are lost in the noise of a shared machine.
+
+Run: ``python benchmarks/neuraldbg_overhead.py [--steps 200] [--rounds 5] [--threads N] [--bookkeeping]
+[--calls]``.
 """
 from __future__ import annotations
 
@@ -227,6 +233,34 @@ def invariant_seconds(make_model: Callable[[], nn.Module], data: list, folder: s
     return spent[0] / len(data), per_call * calls[0] / len(data)
 
 
+def calls_per_step(make_model: Callable[[], nn.Module], data: list, folder: str, trial: str) -> tuple[float, float]:
+    """Python functions and builtins called from ``comgra_ndbg`` per step of a NeuralDbg run with summaries
+    every step (the last 20 of ``data``'s batches, after the ones before them as warm-up)."""
+    torch.manual_seed(0)
+    model, criterion = make_model(), nn.CrossEntropyLoss()
+    optimizer = OPTIMIZERS["adam"](model.parameters())
+    counts = {"call": 0, "c_call": 0}
+
+    def count(frame: object, event: str, arg: object) -> None:
+        if event in counts and "comgra_ndbg" in frame.f_code.co_filename:
+            counts[event] += 1
+
+    def steps(batches: list) -> None:
+        for inputs, targets in batches:
+            optimizer.zero_grad()
+            criterion(model(inputs), targets).backward()
+            optimizer.step()
+
+    with NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer, summaries=1, snapshots=None):
+        steps(data[:-20])
+        sys.setprofile(count)
+        try:
+            steps(data[-20:])
+        finally:
+            sys.setprofile(None)
+    return counts["call"] / 20, counts["c_call"] / 20
+
+
 BOOKKEEPING_VARIANTS = ("bare", "summaries", "summaries, invariants off")
 
 
@@ -284,8 +318,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--bookkeeping", action="store_true",
                         help="only the variants of the bookkeeping and invariant figures")
+    parser.add_argument("--calls", action="store_true", help="function calls per recorded step instead of times")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.calls:
+        print("NeuralDbg, summaries every step: calls per step made from comgra_ndbg's code")
+        with tempfile.TemporaryDirectory() as folder:
+            for i, (m, (make_model, data)) in enumerate(models_under_test(40).items()):
+                python, builtin = calls_per_step(make_model, data, folder, f"calls-{i}")
+                print(f"{m}\n  {python:7.1f} Python functions + {builtin:7.1f} builtins = {python + builtin:7.1f}")
+        return
     models = models_under_test(args.steps)
     if args.bookkeeping:
         with tempfile.TemporaryDirectory() as folder:

@@ -231,6 +231,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         self._declared_edges = False  # the open step's edges come from structure passes, not from autograd
         self._pass_args: tuple[tuple, dict] | None = None
         self._counts: dict[str, int] = {}
+        self._module_nodes: dict[str, str] = {}  # module path -> its node name
+        self._call_names: dict[tuple[str, int], str] = {}  # (node name, k) -> the name of the module's k-th call
         self._outputs_seen = 0
         self._output_names: list[str] = []
         self._eager_names: list[str] = []  # module outputs of this pass registered eagerly (not compiled)

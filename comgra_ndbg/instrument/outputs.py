@@ -31,8 +31,16 @@ class OutputRegistration:
     def _on_output(self, path: str, output: Any) -> None:
         """Forward hook of a chosen module, eager: register its output now."""
         if isinstance(output, torch.Tensor):  # the usual module output: one tensor, no container to walk
-            leaves = [("", output)]
-            compiled = from_compiled_code(output)
+            if from_compiled_code(output):
+                self._hooks.stash.append((path, output, ()))
+                return
+            if saved_tensors_hooked():
+                self._hidden_pass = True
+            try:
+                self._register_output(path, output)
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("recording a module output", error)
+            return
         else:
             leaves = list(tensor_leaves(output))
             compiled = any(from_compiled_code(tensor) for _, tensor in leaves)
@@ -43,6 +51,29 @@ class OutputRegistration:
             self._hidden_pass = True
         self._safely("recording a module output", self._register_outputs, path, leaves,
                      "output" if path == "" else "intermediate")
+
+    def _register_output(self, path: str, tensor: torch.Tensor) -> None:
+        """``_register_outputs`` of an output that is one tensor, with its names from a table kept per
+        module call: a forward pass calls the same modules in the same order at every step."""
+        module = self._module_nodes.get(path)
+        if module is None:
+            module = self._module_nodes[path] = node_name(path)
+        counts = self._counts
+        calls = counts.get(module, 0)
+        counts[module] = calls + 1
+        name = module if calls == 0 else self._call_names.get((module, calls))
+        if name is None:
+            name = self._call_names[(module, calls)] = f"{module}#{calls}"
+        self.recorder.register_tensor(name, tensor, role="output" if path == "" else "intermediate", node=name,
+                                      module=module)
+        self._eager_names.append(name)
+        if path == "":
+            self._output_names.append(name)
+        else:
+            self._outputs_seen += 1
+        if not tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex()):
+            self._hidden_pass = True
+            self._note_hidden_call(path, [name])
 
     def _register_outputs(self, path: str, leaves: list[tuple[str, torch.Tensor]], role: str) -> None:
         module = node_name(path)

@@ -28,6 +28,9 @@ from comgra_ndbg.store import schema
 
 __all__ = ["GradientRecording", "SET_MEMORY"]
 
+LAYOUTS_KEPT = 64
+"""Distinct sets of gradient keys whose row layout is kept (``_gradient_layout``)."""
+
 SET_MEMORY = 64 * 2 ** 20
 """Bytes of registered tensors' gradients a gradient set keeps to add up later backward passes into them."""
 
@@ -199,10 +202,9 @@ class GradientRecording:
             self._report_failed(self._grads, kind, {index: tid for (tid, _), index in self._grad_keys.items()}
                                 | {index: tid for (tid, _), index in zip(gradients, parameter_rows)})
         if self._grad_keys:
-            keys = np.array([(tid, iteration, index) for (tid, iteration), index in self._grad_keys.items()],
-                            dtype=np.int64)
-            series = np.array([self.catalog.series_id(tid, kind) for tid in keys[:, 0].tolist()], dtype=np.int64)
-            self._rows.append(SummaryRows(series, keys[:, 1], rows[keys[:, 2]]))
+            series, iterations = self._gradient_layout(kind)
+            indices = np.fromiter(self._grad_keys.values(), dtype=np.int64, count=len(self._grad_keys))
+            self._rows.append(SummaryRows(series, iterations, rows[indices]))
         if parameter_rows:
             if len(gradients) == len(self._parameters.tracked):  # every parameter got one: the cached series
                 series = self._parameter_series(kind)
@@ -220,6 +222,22 @@ class GradientRecording:
         self._grad_keys = {}
         self._set_grads, self._set_grad_bytes = {}, 0
         self._collect_values()
+
+    def _gradient_layout(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """Series ids and iterations of the gradient rows of ``kind`` for the keys in ``_grad_keys``, in their
+        order: the same keys come back at every step, so the arrays are built once per key set (read-only,
+        shared by the steps' records)."""
+        key = (kind, tuple(self._grad_keys))
+        layout = self._gradient_layouts.get(key)
+        if layout is None:
+            series = np.array([self.catalog.series_id(tid, kind) for tid, _ in key[1]], dtype=np.int64)
+            iterations = np.array([iteration for _, iteration in key[1]], dtype=np.int64)
+            series.flags.writeable = iterations.flags.writeable = False
+            layout = (series, iterations)
+            if len(self._gradient_layouts) >= LAYOUTS_KEPT:  # a loop whose key sets never repeat
+                self._gradient_layouts.clear()
+            self._gradient_layouts[key] = layout
+        return layout
 
     def _collect_values(self) -> None:
         rows = self._values.collect()

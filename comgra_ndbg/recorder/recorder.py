@@ -36,6 +36,7 @@ from comgra_ndbg.recorder.gradients import GradientRecording
 from comgra_ndbg.recorder.kpis import KpiRecording
 from comgra_ndbg.recorder.parameter_steps import ParameterSteps
 from comgra_ndbg.recorder.parameters import ParameterTracker
+from comgra_ndbg.recorder.plan import RegistrationPlan
 from comgra_ndbg.recorder.policy import Decision, Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.problems import ProblemLog
 from comgra_ndbg.recorder.profiling import ProfileRecording
@@ -213,6 +214,8 @@ class Recorder(TensorRegistration, GradientRecording, RetroactiveDecision, Param
             _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
+        self._gradient_layouts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (kind, keys) -> (series, iterations)
+        self._plans: dict[str, RegistrationPlan] = {}  # name -> how its last registration was recorded (``plan``)
         self._reset_step_state()
 
     # ---- lifecycle -------------------------------------------------------------------------------------

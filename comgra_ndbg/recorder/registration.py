@@ -15,6 +15,7 @@ import torch
 from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.graph import TensorEdge
 from comgra_ndbg.recorder.grad_hook import on_gradient
+from comgra_ndbg.recorder.plan import RegistrationPlan, fits, make_plan
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.stats.bounds import saturation_bounds
@@ -53,6 +54,12 @@ class TensorRegistration:
             return tensor
         if not self._step_open:
             self._check_step_open(f"register_tensor({name!r})")
+        plan = self._plans.get(name) if type(name) is str and bounds is AUTO else None
+        if (plan is not None and self._summarize and not self._snapshot and name not in self._names
+                and plan.call == (role, node, batched, module) and isinstance(tensor, torch.Tensor)
+                and fits(plan, tensor, self._batch_size)):
+            self._register_planned(name, tensor, plan)
+            return tensor
         if not isinstance(tensor, torch.Tensor):
             raise InvalidTensorError(f"register_tensor({name!r}, ...) needs a torch.Tensor, got "
                                      f"{type(tensor).__name__}; convert it with torch.as_tensor(...) first")
@@ -78,8 +85,29 @@ class TensorRegistration:
             self._skipped(name, "value", error)
         return tensor
 
+    def _register_planned(self, name: str, tensor: torch.Tensor, plan: RegistrationPlan) -> None:
+        """``register_tensor`` on a summary step along ``plan``: what ``_record_tensor`` does for a host tensor,
+        without the decisions the plan holds."""
+        self._names.add(name)
+        self._step_names.add(name)
+        if plan.batch and self._batch_size is None:
+            self._batch_size = plan.batch
+        iteration = self._iteration
+        try:
+            row = self._values.add_planned(tensor, plan.batch, plan.thresholds)
+        except Exception as error:  # a recorder problem must not break the training run
+            self._skipped(name, "value", error)
+            return
+        self._value_keys.append((plan.series_id, iteration, row))
+        self._structure.add(name, iteration, tensor)
+        if plan.requires_grad:
+            self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, plan.tensor_id, iteration,
+                                                           plan.batched, plan.deferred)))
+
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
                        bounds: Any, module: str = "") -> None:
+        call = (role, node, batched, module) if bounds is AUTO else None
+        batch_before = self._batch_size
         known = self._known_tensors.get(name)
         if known is None or known[1] != (node or name):
             for text, what in ((node, "node names"), (module, "module paths")):
@@ -107,9 +135,17 @@ class TensorRegistration:
             else:
                 self._snaps.append((sid, iteration, self._take(tensor, bool(batched), bounds)))
         self._structure.add(name, iteration, tensor)
+        deferred = not _compiled_region(tensor)
         if tensor.requires_grad:
             self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
-                                                           not _compiled_region(tensor))))
+                                                           deferred)))
+        plan = None if call is None else make_plan(
+            call, tensor, batch_before=batch_before, batched=bool(batched), bounds=bounds,
+            saturation_margin=self._saturation_margin, tensor_id=tid, series_id=sid, deferred=deferred)
+        if plan is None:
+            self._plans.pop(name, None)
+        else:
+            self._plans[name] = plan
 
     def add_dependency(self, source: str, target: str, *, source_iteration: int | None = None,
                        target_iteration: int | None = None, discovered: bool = False) -> None:

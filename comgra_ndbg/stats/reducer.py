@@ -113,6 +113,19 @@ class Reducer:
         self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
         return row_index
 
+    def add_planned(self, tensor: torch.Tensor, batch: int, thresholds: np.ndarray | None) -> int:
+        """``add`` of a tensor the caller knows to be a non-empty contiguous float32/float64 host tensor, seen
+        as ``[batch, units]`` (``batch`` 0: batch-less), with its saturation thresholds already resolved
+        (``saturation_thresholds``; None: unbounded); returns its row index."""
+        row_index = self._claim(1)
+        row = self._buffer[row_index]
+        row[_COUNT] = tensor.numel()
+        host = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+        if kernels.summarize(host.reshape(batch or 1, -1), row, thresholds, batch > 0):
+            row[_MOMENT_COLUMNS] = np.nan
+            _exact_moments(tensor.detach(), row, batch=batch)
+        return row_index
+
     def _add_at(self, row_index: int, tensor: torch.Tensor, *, batched: bool = False,
                 bounds: tuple[float, float] | None = None, start: torch.Tensor | None = None,
                 copy_to: torch.Tensor | None = None) -> None:

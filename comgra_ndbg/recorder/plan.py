@@ -1,0 +1,75 @@
+"""Registration plans: what the first registration of a tensor name decided, reused while nothing changes.
+
+A training loop registers the same names with the same arguments and tensors of the same kind at every
+step. The general path of ``register_tensor`` validates the call, looks the name up in the catalog,
+resolves ``batched`` and ``bounds`` and picks the reducer's route, which costs several times the summary
+of a small activation. The first registration of a name on a step that summarises leaves a
+:class:`RegistrationPlan`; later ones take the planned route when the call's arguments are the same and
+the tensor matches the plan's signature: the same autograd node type (the saturation bounds and whether it
+comes out of a compiled region follow from it), whether it requires grad, dtype and shape, a contiguous
+host tensor, and the step's batch size as it was. Only calls with the default ``bounds`` are planned.
+Anything else takes the general path, which makes a new plan.
+
+>>> import torch
+>>> x = torch.tanh(torch.ones(4, 3, requires_grad=True))
+>>> plan = make_plan(("intermediate", None, None, ""), x, batch_before=None, batched=True,
+...                  bounds=(-1.0, 1.0), saturation_margin=0.005, tensor_id=3, series_id=7, deferred=True)
+>>> plan.batch, [round(t, 4) for t in plan.thresholds.tolist()], fits(plan, torch.tanh(torch.zeros(4, 3)), None)
+(4, [-0.99, 0.99], False)
+>>> fits(plan, torch.tanh(torch.zeros(4, 3, requires_grad=True)), None)
+True
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from comgra_ndbg.stats import kernels
+from comgra_ndbg.stats.bounds import saturation_thresholds
+from comgra_ndbg.stats.host import NUMPY_DTYPE, lean
+
+__all__ = ["RegistrationPlan", "make_plan", "fits"]
+
+
+class RegistrationPlan(NamedTuple):
+    """The decisions of one name's registration and the signature under which they hold."""
+
+    call: tuple[Any, ...]  # (role, node, batched, module) as register_tensor received them
+    grad_fn_type: type | None
+    requires_grad: bool
+    dtype: torch.dtype
+    shape: torch.Size
+    batch_before: int | None  # the step's batch size when the name was registered
+    batched: bool
+    batch: int  # rows of the [batch, units] view the kernels read (0: batch-less)
+    thresholds: np.ndarray | None  # the saturation thresholds of the resolved bounds, margin applied
+    tensor_id: int
+    series_id: int  # the value series
+    deferred: bool  # its gradient is summarised when the backward pass ends (not a compiled region's)
+
+
+def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int | None, batched: bool,
+              bounds: tuple[float, float] | None, saturation_margin: float, tensor_id: int, series_id: int,
+              deferred: bool) -> RegistrationPlan | None:
+    """The plan of a registration that summarised ``tensor`` with these decisions, or None when the tensor is
+    not one the planned route summarises (not a non-empty contiguous float32/float64 host tensor)."""
+    if not kernels.AVAILABLE or not lean(tensor) or tensor.layout is not torch.strided:
+        return None
+    dtype = NUMPY_DTYPE[tensor.dtype]
+    thresholds = None if bounds is None else saturation_thresholds(bounds, saturation_margin, dtype)
+    batch = int(tensor.shape[0]) if batched and tensor.dim() else 0
+    return RegistrationPlan(call, type(tensor.grad_fn) if tensor.grad_fn is not None else None,
+                            tensor.requires_grad, tensor.dtype, tensor.shape, batch_before, bool(batched), batch,
+                            thresholds, tensor_id, series_id, deferred)
+
+
+def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -> bool:
+    """Whether ``tensor``, registered while the step's batch size is ``batch_size``, takes ``plan``'s route
+    (the call's arguments are compared by the caller)."""
+    fn = tensor.grad_fn
+    return ((plan.grad_fn_type is None if fn is None else type(fn) is plan.grad_fn_type)
+            and tensor.requires_grad is plan.requires_grad and tensor.dtype is plan.dtype and not tensor.is_nested
+            and tensor.shape == plan.shape and batch_size == plan.batch_before
+            and tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous() and not tensor.is_neg())

@@ -1,0 +1,125 @@
+"""The recorder's shortcuts on steps that repeat the last: registration plans (``recorder/plan.py``) record
+exactly what the general path records, and any change of the call or of the tensor's kind takes the general
+path again; on planned steps, the parameters' gradients recorded are still the ones the optimizer uses."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from comgra_ndbg import NeuralDbg, Recorder, open_recording
+from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError
+from comgra_ndbg.recorder.registration import TensorRegistration
+from comgra_ndbg.stats.reducer import summarize
+from comgra_ndbg.stats.statistics import derive
+
+STATISTICS = ("mean", "std", "abs_max", "zero_fraction", "dead_fraction", "saturated_fraction")
+
+
+def count_general_path(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names that went through the general path (``_record_tensor``), in order."""
+    general = []
+    original = TensorRegistration._record_tensor
+
+    def counted(self, name, *args, **kwargs):
+        general.append(name)
+        return original(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(TensorRegistration, "_record_tensor", counted)
+    return general
+
+
+def expected(tensor: torch.Tensor, bounds: tuple[float, float] | None) -> dict[str, float]:
+    row = summarize(tensor.detach(), batched=True, bounds=bounds)
+    return {name: float(values[0]) for name, values in derive(row[None]).items() if name in STATISTICS}
+
+
+def test_planned_registrations_record_what_the_general_path_records_and_changes_fall_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    general = count_general_path(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(6, 5, generator=g, requires_grad=True)
+    # per step: batch size, the activation, whether the input requires grad
+    plan = [(8, torch.tanh, True), (8, torch.tanh, True), (5, torch.tanh, True), (5, torch.sigmoid, True),
+            (5, torch.sigmoid, False), (5, torch.sigmoid, False)]
+    values, grads = [], []
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        for step, (batch, activation, grad) in enumerate(plan):
+            with rec.step(step):
+                x = torch.randn(batch, 6, generator=g) * 3
+                rec.register_tensor("x", x, role="input")
+                h = activation(x @ (weight if grad else weight.detach()))
+                rec.register_tensor("h", h)
+                bounds = ((-1.0, 1.0) if activation is torch.tanh else (0.0, 1.0)) if grad else None  # from grad_fn
+                values.append((h.detach().clone(), bounds))
+                if grad:
+                    h.retain_grad()
+                    (h * torch.arange(5.0)).sum().backward()
+                    grads.append(h.grad.clone())
+                    rec.record_gradients()
+    # general path: step 0 (no plan), 2 (batch size), 3 (autograd node type), 4 (no gradient); planned: 1, 5
+    assert general == ["x", "h", "x", "h", "h", "h"]
+    with open_recording(tmp_path, "t") as recording:
+        for statistic in STATISTICS:
+            steps, recorded = recording.summary("h", "value", statistic)
+            assert steps.tolist() == list(range(6))
+            np.testing.assert_allclose(recorded, [expected(v, b)[statistic] for v, b in values], rtol=1e-6,
+                                       err_msg=statistic)  # saturation: NaN (unbounded) on the steps without grad
+        steps, recorded = recording.summary("h", "grad", "abs_max")
+        assert steps.tolist() == [0, 1, 2, 3]
+        np.testing.assert_allclose(recorded, [float(grad.abs().max()) for grad in grads], rtol=1e-6)
+
+
+def test_planned_names_still_refuse_a_duplicate_and_a_changed_role(tmp_path: Path) -> None:
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        with rec.step(0):
+            rec.register_tensor("h", torch.ones(4, 3))
+        with rec.step(1):
+            rec.register_tensor("h", torch.ones(4, 3))
+            with pytest.raises(DuplicateTensorError, match="already registered"):
+                rec.register_tensor("h", torch.ones(4, 3))
+        with rec.step(2):
+            with pytest.raises(InvalidArgumentError, match="first registered with role 'intermediate'"):
+                rec.register_tensor("h", torch.ones(4, 3), role="output")
+
+
+def test_a_tensor_the_plan_cannot_read_under_a_planned_name_is_skipped_and_logged_not_raised(tmp_path: Path) -> None:
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        for step in range(2):
+            with rec.step(step):
+                rec.register_tensor("x", torch.ones(2, 3), role="input")
+        with rec.step(2), pytest.warns(Warning, match="nested"):
+            assert rec.register_tensor("x", nested, role="input") is nested
+    with open_recording(tmp_path, "t") as recording:
+        steps, _ = recording.summary("x", "value", "mean")
+        assert steps.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("snapshots", [None, 1])
+def test_parameter_gradients_on_planned_steps_are_the_accumulated_and_clipped_ones_the_optimizer_uses(
+        tmp_path: Path, snapshots: int | None) -> None:
+    """Two backward passes per step, then clipping: the step records the gradient ``optimizer.step()`` reads,
+    on steps whose module outputs take their plans (summaries alone) and on snapshot steps (general path)."""
+    torch.manual_seed(0)
+    model, criterion = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    used = []
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, snapshots=snapshots):
+        for _ in range(3):
+            optimizer.zero_grad()
+            for _ in range(2):
+                criterion(model(torch.randn(16, 4, generator=g)), torch.randint(0, 3, (16,), generator=g)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            used.append(model[2].weight.grad.clone())
+            optimizer.step()
+    with open_recording(tmp_path, "t") as recording:
+        steps, abs_max = recording.summary("model.2.weight", "grad", "abs_max")
+        assert steps.tolist() == [0, 1, 2]
+        np.testing.assert_allclose(abs_max, [float(grad.abs().max()) for grad in used], rtol=1e-6)
+        _, mean = recording.summary("model.2.weight", "grad", "mean")
+        np.testing.assert_allclose(mean, [float(grad.mean()) for grad in used], rtol=1e-5, atol=1e-9)
