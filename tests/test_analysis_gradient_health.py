@@ -1,6 +1,8 @@
 """Gradient health on synthetic series: cross-layer ratio shifts, step-0 vanishing, legitimate decay."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
@@ -88,3 +90,27 @@ def test_a_ratio_healthy_at_step_0_and_off_after_the_first_updates_is_no_at_star
     early = np.r_[1e-2, np.full(99, 1e-8)]
     assert [e for e in gradient_events(series(early, np.full(100, 1e-2), out), Thresholds(), settle=50)
             if e.at_start] == []
+
+
+def typed(early: np.ndarray, out: np.ndarray, types: np.ndarray):
+    """A run whose steps come in ``types`` (aligned with the steps), as ``load_series`` reads them."""
+    return replace(series(early, np.full(len(out), 1e-2), out), step_types=types)
+
+
+def test_in_a_run_of_several_step_types_a_jump_is_measured_against_the_last_step_of_the_same_type() -> None:
+    """Comgra's tutorial: steps cycle through sequences of 1 to 12 iterations, and the gradient reaching an
+    early node is decades smaller after 12 than after 1, so it jumps whenever the type changes. A stretch of
+    long sequences that drifts 1.5 decades as the network learns is then no *sudden* shift of the node —
+    its own level matches the last step of its own type — while a real step change still is."""
+    n, types = 360, np.array([f"{k:02d}_iterations" for k in range(1, 13)] * 30)
+    length = np.array([int(t[:2]) for t in types])
+    out = np.ones(n)
+    early = 10.0 ** (-0.15 * length)  # 0.15 decades per iteration: 1.65 decades from the 1st type to the 12th
+    drift = early.copy()
+    drift[150:] *= 10.0 ** np.clip((np.arange(150, n) - 150) / 40, 0, 1.5)  # learning: long ones reach further
+    events = gradient_events(typed(drift, out, types), settle=50)
+    assert events and not any(e.sudden for e in events if e.node == "early")
+    broken = early.copy()
+    broken[200:] *= 1e-3  # something in the node cuts its gradient 1000x at step 200, whatever the type
+    found = [e for e in gradient_events(typed(broken, out, types), settle=50) if e.node == "early"]
+    assert [(e.to_state, e.onset, e.sudden) for e in found][:1] == [("vanishing", 200, True)]

@@ -82,21 +82,37 @@ def gradient_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
                                 tuple(float(10 ** v) for v in x[window]), float(10 ** s.baseline))
             events.append(Event(FAMILY, node.name, "grad", "healthy", state, int(series.steps[s.start]),
                                 int(series.steps[s.end]), s.peak, strength(s.peak, enter), (evidence,),
-                                sudden=_sudden(s, own, t.sudden_fraction * enter)))
+                                sudden=_sudden(s, x, own, t.sudden_fraction * enter, series.step_types)))
     return events
 
 
-def _sudden(shift: Shift, own: np.ndarray, least: float) -> bool:
+def _sudden(shift: Shift, ratio: np.ndarray, own: np.ndarray, least: float, types: np.ndarray | None) -> bool:
     """Whether the ratio's shift is a step change of the node itself: the ratio jumped by at least ``least``
     decades in one step, and so did the node's own gradient level ``own``. A ratio also jumps when only its
     reference does — the output's gradient of a noisy batch under gradient clipping, which caps every
-    parameter's gradient and not the output's — and that shows no change in the node."""
+    parameter's gradient and not the output's — and that shows no change in the node. In a run of several
+    step types (``types``), "one step" is the last earlier step of the same type: a sequence of ten
+    iterations carries a gradient decades smaller than one of a single iteration, so gradients jump from
+    one step to the next whenever the type changes, and that is no change of the node either."""
     if not shift.jump >= least:
         return False
-    earlier = np.flatnonzero(np.isfinite(own[:shift.start]))
-    if not len(earlier) or not np.isfinite(own[shift.start]):
+    before = _previous(shift.start, ratio, own, types)
+    if before is None or not np.isfinite(own[shift.start]):
         return False
-    return bool(shift.direction * (own[shift.start] - own[earlier[-1]]) >= least)
+    return bool(shift.direction * (ratio[shift.start] - ratio[before]) >= least
+                and shift.direction * (own[shift.start] - own[before]) >= least)
+
+
+def _previous(i: int, ratio: np.ndarray, own: np.ndarray, types: np.ndarray | None) -> int | None:
+    """The last index before ``i`` where both series are finite — of the same step type as ``i`` when the
+    run has several types among its finite steps — or None."""
+    earlier = np.isfinite(ratio[:i]) & np.isfinite(own[:i])
+    if types is not None and len(types) >= len(ratio):
+        kinds = types[:len(ratio)][np.isfinite(own)]
+        if len(set(kinds.tolist())) > 1:
+            earlier &= types[:i] == types[i]
+    found = np.flatnonzero(earlier)
+    return int(found[-1]) if len(found) else None
 
 
 def _entry(t: Thresholds, direction: int) -> float:

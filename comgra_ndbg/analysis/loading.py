@@ -14,7 +14,7 @@ from comgra_ndbg.stats.statistics import derive_one
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording
 
-__all__ = ["load_series", "node_info", "load_run_facts", "pass_push"]
+__all__ = ["load_series", "node_info", "load_run_facts", "pass_push", "step_types"]
 
 
 def load_series(recording: Recording) -> RunSeries:
@@ -41,7 +41,20 @@ def load_series(recording: Recording) -> RunSeries:
     series = build_series(rows, roles=roles, kpis=kpis, graph=graph, trial=recording.trial,
                           node_order=recording.nodes, info=node_info(recording),
                           loop=LoopFacts(log, tuple(inputs["input"]), tuple(inputs["target"])))
-    return replace(series, pass_push=pass_push(recording, series.steps, prediction_nodes(series)))
+    return replace(series, pass_push=pass_push(recording, series.steps, prediction_nodes(series)),
+                   step_types=step_types(recording, series.steps))
+
+
+def step_types(recording: Recording, steps: np.ndarray) -> np.ndarray:
+    """The type name of each of ``steps`` (``""`` for a step the recording gives no type)."""
+    out = np.full(len(steps), "", dtype=object)
+    for name in recording.step_types:
+        typed = np.asarray(recording.steps_of_type(name))
+        at = np.searchsorted(steps, typed)
+        keep = at < len(steps)
+        at = at[keep][steps[at[keep]] == typed[keep]]
+        out[at] = name
+    return out
 
 
 def pass_push(recording: Recording, steps: np.ndarray, nodes: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:

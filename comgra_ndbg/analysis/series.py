@@ -65,6 +65,7 @@ class RunSeries:
     # per prediction node: the lowest and the highest gradient mean ÷ rms of one forward pass of each step
     # (aligned with steps; NaN where a step ran one pass), which tells passes pulling opposite ways apart
     pass_push: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
+    step_types: np.ndarray | None = None  # each step's type name, aligned with steps (None: not loaded)
 
     def node_info(self, name: str) -> NodeInfo:
         """What the recording says about node ``name`` besides its series (empty when nothing)."""
