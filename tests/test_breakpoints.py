@@ -301,8 +301,10 @@ def test_the_pdb_action_opens_the_debugger_with_the_module_output_and_step_in_sc
     assert out.rstrip().endswith("training finished")
 
 
-def test_without_an_action_a_terminal_gets_the_debugger_and_a_batch_job_gets_breakpoint_hit(tmp_path: Path) -> None:
-    script = textwrap.dedent(f"""
+def breaking_script(folder: Path, trial: str, shown: str) -> str:
+    """A script that trains one step of a small model under NeuralDbg with a breakpoint that fires and no
+    action given, printing ``BreakpointHit`` and the expressions ``shown`` of the hit when one is raised."""
+    return textwrap.dedent(f"""
         import torch
         from torch import nn
         from comgra_ndbg import NeuralDbg
@@ -310,13 +312,17 @@ def test_without_an_action_a_terminal_gets_the_debugger_and_a_batch_job_gets_bre
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
         try:
-            with NeuralDbg(model, {str(tmp_path)!r}, trial="default", overwrite=True) as dbg:
+            with NeuralDbg(model, {str(folder)!r}, trial={trial!r}, overwrite=True) as dbg:
                 dbg.break_at("0", when="abs_max > 0")
                 model(torch.randn(3, 4)).sum().backward()
         except BreakpointHit as hit:
-            print("BreakpointHit", hit.path, hit.step, type(hit.module).__name__)
+            print("BreakpointHit", {shown})
         print("done")
     """)
+
+
+def test_without_an_action_a_terminal_gets_the_debugger_and_a_batch_job_gets_breakpoint_hit(tmp_path: Path) -> None:
+    script = breaking_script(tmp_path, "default", 'hit.path, hit.step, type(hit.module).__name__')
     piped = subprocess.run([sys.executable, "-c", script], stdin=subprocess.PIPE, capture_output=True, text=True,
                            timeout=120)
     assert piped.returncode == 0, piped.stderr
@@ -338,21 +344,7 @@ def test_without_an_action_a_terminal_gets_the_debugger_and_a_batch_job_gets_bre
 def test_in_a_jupyter_kernel_the_default_is_the_debugger_when_the_frontend_takes_input(tmp_path: Path) -> None:
     pytest.importorskip("ipykernel")
     manager = pytest.importorskip("jupyter_client.manager")
-    code = textwrap.dedent(f"""
-        import torch
-        from torch import nn
-        from comgra_ndbg import NeuralDbg
-        from comgra_ndbg.errors import BreakpointHit
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-        try:
-            with NeuralDbg(model, {str(tmp_path)!r}, trial="kernel", overwrite=True) as dbg:
-                dbg.break_at("0", when="abs_max > 0")
-                model(torch.randn(3, 4)).sum().backward()
-        except BreakpointHit as hit:
-            print("BreakpointHit", hit.path)
-        print("done")
-    """)
+    code = breaking_script(tmp_path, "kernel", "hit.path")
     root = str(Path(__file__).resolve().parents[1])
     kernel, client = manager.start_new_kernel(kernel_name="python3", cwd=root,
                                               env={**os.environ, "PYTHONPATH": root})
