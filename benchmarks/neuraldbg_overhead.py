@@ -128,12 +128,15 @@ def run(make_model: Callable[[], nn.Module], data: list, options: dict | None, f
     return statistics.median(wall[10:]), statistics.median(cpu[10:])
 
 
-def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, float]:
+def run_floor(make_model: Callable[[], nn.Module], data: list, optimizer_name: str = "adam", *,
+              parameters: bool = True) -> tuple[float, float]:
     """``run`` computing NeuralDbg's per-step statistics with direct kernel calls (see the module doc);
-    returns the median wall-clock and CPU seconds per step after 10 warm-up steps."""
+    returns the median wall-clock and CPU seconds per step after 10 warm-up steps. ``parameters=False``
+    leaves out the parameters' values and updates (their start-of-step copy included): the statistics of
+    activations and of every gradient alone, what a tiering that keeps those complete at every step pays."""
     torch.manual_seed(0)
     model, criterion = make_model(), nn.CrossEntropyLoss()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = OPTIMIZERS[optimizer_name](model.parameters())
     passes = ParameterPasses(model)
     row = np.zeros(NUM_FIELDS)
     outputs: list[torch.Tensor] = []
@@ -153,7 +156,8 @@ def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, f
     for inputs, targets in data:
         t0, c0 = time.perf_counter(), time.process_time()
         outputs.clear()
-        passes.values()
+        if parameters:
+            passes.values()
         summarize(inputs)
         summarize(targets)
         optimizer.zero_grad()
@@ -165,7 +169,8 @@ def run_floor(make_model: Callable[[], nn.Module], data: list) -> tuple[float, f
                 summarize(output.grad)
         passes.gradients()
         optimizer.step()
-        passes.updates()
+        if parameters:
+            passes.updates()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     for handle in handles:

@@ -10,7 +10,11 @@ Variants, run interleaved in rounds with the order rotated each round, one torch
   summaries every step, snapshots every 10th step;
 - full (the default): every parameter's value, gradient and update summarised at every step;
 - tiered / full without snapshots (``snapshots=None``): the summaries' share;
-- nothing recorded: a policy that skips every step (the hooks return at once).
+- nothing recorded: a policy that skips every step (the hooks return at once);
+- two floors (``neuraldbg_overhead.run_floor``: the same statistics from the compiled kernels called
+  directly in bare hooks, no bookkeeping, no storage): every statistic of the full default, and the
+  activations' and all gradients' statistics alone. The second is what any tiering that keeps activations
+  and gradients complete at every step costs at the least, however cheap its parameter sentinels.
 
 Each figure is the median over rounds of each round's median step time, as a ratio to bare (wall clock
 and CPU time of this process; the second is steadier on a shared machine), with the load average.
@@ -30,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.neuraldbg_overhead import TanhMLP, TinyTransformer, run, token_data
+from benchmarks.neuraldbg_overhead import TanhMLP, TinyTransformer, run, run_floor, token_data
 from benchmarks.overhead import make_data
+from comgra_ndbg.stats import kernels
 
 VARIANTS = {
     "bare": None,
@@ -40,6 +45,8 @@ VARIANTS = {
     "tiered, no snapshots": dict(detail="tiered", snapshots=None),
     "full, no snapshots": dict(snapshots=None),
     "nothing recorded": dict(summaries=None, snapshots=None),
+    "floor: everything": "floor",
+    "floor: act. + gradients": "floor without parameters",
 }
 TARGETS = [("tpr", "detection TPR", ">= 0.95"), ("fpr", "FPR over healthy runs", "<= 0.02"),
            ("type_accuracy", "fault-type accuracy", ">= 0.90"), ("origin_top1", "origin top-1", ">= 0.90"),
@@ -51,15 +58,20 @@ def measure(steps: int, rounds: int) -> dict[str, dict[str, list[tuple[float, fl
     workloads = {"MLP 8x256 tanh, SGD": (TanhMLP, make_data(steps), "sgd"),
                  "MLP 8x256 tanh, Adam": (TanhMLP, make_data(steps), "adam"),
                  "transformer 2x128, Adam": (TinyTransformer, token_data(steps), "adam")}
-    results = {w: {v: [] for v in VARIANTS} for w in workloads}
-    names = list(VARIANTS)
+    names = [v for v in VARIANTS if kernels.AVAILABLE or not isinstance(VARIANTS[v], str)]
+    results = {w: {v: [] for v in names} for w in workloads}
     with tempfile.TemporaryDirectory() as folder:
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for w, (workload, (make_model, data, optimizer)) in enumerate(workloads.items()):
                 for v in order:
                     trial = f"w{w}-v{names.index(v)}-r{r}"
-                    results[workload][v].append(run(make_model, data, VARIANTS[v], folder, trial, optimizer))
+                    options = VARIANTS[v]
+                    if isinstance(options, str):
+                        results[workload][v].append(run_floor(make_model, data, optimizer,
+                                                              parameters=options == "floor"))
+                    else:
+                        results[workload][v].append(run(make_model, data, options, folder, trial, optimizer))
     return results
 
 

@@ -29,12 +29,42 @@ from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
 from comgra_ndbg.instrument.steps import LOSS
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
-__all__ = ["LossCapture", "TARGET", "reached_outputs"]
+__all__ = ["LossCapture", "TARGET", "loss_value", "reached_outputs"]
 
 TARGET = "target"
 
 OutputKey = tuple[Any, int]
 """An output tensor's autograd identity: ``(grad_fn, output_nr)``."""
+
+
+def loss_value(loss: torch.Tensor) -> float | torch.Tensor:
+    """One pass's contribution to the ``loss`` KPI: the loss's mean in float32. A host scalar (the usual
+    loss) is read at once as a float, with no tensor operation; any other stays a 0-d tensor on its device
+    until the step's KPIs are copied together (no synchronisation in the middle of a step).
+
+    >>> loss_value(torch.tensor(0.1, dtype=torch.float64)) == float(torch.tensor(0.1).item())
+    True
+    >>> loss_value(torch.tensor([1.0, 2.0]))
+    tensor(1.5000)
+    """
+    if loss.dim() == 0 and loss.is_cpu and loss.is_floating_point():
+        return loss.detach().to(torch.float32).item() if loss.dtype is torch.float64 else loss.item()
+    return loss.detach().float().mean()
+
+
+def step_loss(losses: list[float | torch.Tensor]) -> float | torch.Tensor:
+    """The ``loss`` KPI of a step from its passes' ``loss_value``s: their float32 mean (one pass: its value).
+
+    >>> step_loss([1.0, 2.0]), step_loss([torch.tensor(1.0), torch.tensor(2.0)])
+    (1.5, tensor(1.5000))
+    """
+    if len(losses) == 1:
+        return losses[0]
+    device = next((v.device for v in losses if isinstance(v, torch.Tensor)), None)
+    if device is None:
+        return torch.tensor(losses, dtype=torch.float32).mean().item()
+    return torch.stack([v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float32, device=device)
+                        for v in losses]).mean()
 
 
 def reached_outputs(loss: torch.Tensor, outputs: dict[OutputKey, Any]) -> list[Any]:
@@ -94,7 +124,7 @@ class LossCapture:
 
     def _take_loss(self, loss: torch.Tensor, sources: list[tuple[str, int]]) -> None:
         rec = self.recorder
-        self._losses.append(loss.detach().float().mean())
+        self._losses.append(loss_value(loss))
         if not rec.is_recording:
             return
         [(name, _)] = output_names(LOSS, [("", loss)], self._counts)
@@ -113,6 +143,16 @@ class LossCapture:
         if loss.requires_grad:
             self._tensor_handles.append(on_gradient(loss, partial(self._on_grad, name, self._iteration, False)))
 
+    def _record_loss_kpi(self, rec: Any) -> None:
+        """The step's loss KPI: the mean of its passes' losses (one pass: its loss as it is), checked by
+        ``record_kpi`` the first time, then filed by its KPI id."""
+        value = step_loss(self._losses)
+        if self._loss_kpi is None:
+            rec.record_kpi(LOSS, value)
+            self._loss_kpi = rec.catalog.kpi_id(LOSS)
+        else:
+            rec._record_known_kpi(self._loss_kpi, value)
+
     # ---- loss=criterion_module -------------------------------------------------------------------------
     def _after_loss(self, module: nn.Module, args: tuple, output: Any) -> None:
         if (self._closed or self._hooks.collecting_now or not self._training_pass or not torch.is_grad_enabled()
@@ -123,7 +163,7 @@ class LossCapture:
     def _record_loss(self, args: tuple, output: torch.Tensor) -> None:
         """The loss value (KPI, every step) and, on recorded steps, the loss and target tensors."""
         rec = self.recorder
-        self._losses.append(output.detach().float().mean())
+        self._losses.append(loss_value(output))
         if not rec.is_recording:
             return
         target = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].requires_grad else None

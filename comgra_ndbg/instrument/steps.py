@@ -242,17 +242,6 @@ class StepDetection:
         finally:
             self._release_step()
 
-    def _record_loss_kpi(self, rec: Any) -> None:
-        """The step's loss KPI: the mean of its passes' losses (one pass: its loss as it is), checked by
-        ``record_kpi`` the first time, then filed by its KPI id."""
-        losses = self._losses
-        value = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
-        if self._loss_kpi is None:
-            rec.record_kpi(LOSS, value)
-            self._loss_kpi = rec.catalog.kpi_id(LOSS)
-        else:
-            rec._record_known_kpi(self._loss_kpi, value)
-
     def _discard_step(self) -> None:
         try:
             self._pass_open = False
