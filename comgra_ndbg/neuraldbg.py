@@ -82,8 +82,9 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
     for no bound) keeps large models' recordings small (``docs/recording.md``, "Byte budget").
     ``detail="full"`` (default) summarises everything at every step; ``detail="tiered"`` summarises parameter
     values and updates completely every 10th step and whenever a sentinel (norm, extremes, non-finite count,
-    taken every step) moves, activations and gradients at every step (``recorder/tiers.py``;
-    ``docs/recording.md``, "Statistic tiers", says why it is not the default).
+    taken every step) moves, activations and gradients at every step (``recorder/tiers.py``). Since the
+    summary kernels were vectorised its sentinels cost more than the complete rows they replace, so it is
+    slower than the default (``docs/recording.md``, "Statistic tiers").
 
     ``resume=True`` continues an existing trial (killed or finished; checkpoint-restart training): steps are
     numbered on from its last recorded step, or from ``first_step`` (the step the restarted run begins

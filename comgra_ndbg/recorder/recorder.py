@@ -81,7 +81,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
     (the default) summarises every value, gradient and update at every recorded step; ``"tiered"`` (or a
     ``Tiers``) takes sentinel rows of values and updates (norm, extremes,
     non-finite counts) between complete ones every ``full_every``-th step and at once, for every parameter,
-    when a sentinel moves.
+    when a sentinel moves; with the vectorised summary kernels that costs more time than ``"full"``.
 
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
