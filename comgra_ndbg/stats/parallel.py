@@ -10,6 +10,10 @@ its own slot, and the partial rows are merged per array afterwards. The team is 
 run on, so nothing new competes for the cores; where there is no such team, or the work is too small to
 be worth sharing, the calling thread runs ``kernels.moments_many`` alone.
 
+Each item is a contiguous piece summed by the same compiled ``kernels._moments`` as on one thread (numba
+caches this module's kernels with that function compiled into them: clear the cache, ``*.nbi`` and
+``*.nbc``, after editing ``kernels.py`` in a source checkout, or the threads keep running the old loop).
+
 The merged sums differ from a single-thread pass in the order partial sums are added and, as between any
 two compiled copies of a kernel, in the last bits of a block's float32 sum: within the dtype's rounding
 of the sum of magnitudes.
