@@ -241,3 +241,13 @@ def test_thresholds_tune_the_compression_needed() -> None:
     s = _series(rows, [("act", "out"), ("out", "loss")], roles, ONE)
     assert output_range_events(s) == []  # 10× < the default 20×
     assert [e.node for e in output_range_events(s, Thresholds(range_compression=5.0))] == ["act"]
+
+
+def test_a_gradient_that_is_zero_has_no_direction_and_warns_of_nothing() -> None:
+    roles = {"act": "intermediate", "out": "output", "loss": "loss"}
+    edges = [("act", "out"), ("out", "loss")]
+    zero = summary_rows(rms=np.zeros(60), mean=np.zeros(60))  # a detached output: 0 / 0 at every step
+    rows = {("act", "value"): RELU, ("out", "value"): RELU, ("out", "grad"): zero}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert output_range_events(_series(rows, edges, roles, ONE)) == []

@@ -8,6 +8,8 @@ spread of identical, nearly identical and non-finite samples.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -289,3 +291,12 @@ def test_without_two_samples_the_spread_is_unknown_never_zero(tensor: torch.Tens
     assert spread_of(row) == (0.0, 0.0, 0.0)
     stats = derive(row[None])
     assert np.isnan(stats["sample_spread"][0]) and np.isnan(stats["sample_spread_rms"][0])
+
+
+def test_squares_rounded_below_zero_give_an_rms_of_zero_without_a_warning() -> None:
+    row = identity_row()
+    row[FIELD["count"]], row[FIELD["sum"]], row[FIELD["sum_sq"]] = 4, 0.0, -1e-12  # the shifted sums' rounding
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        stats = derive(row[None])
+    assert stats["rms"].tolist() == [0.0] and stats["l2"].tolist() == [0.0]

@@ -167,7 +167,8 @@ def _gradient_reach(series: RunSeries, prediction: str, window: slice, t: Thresh
     if not node.has("grad"):
         return None
     grad = node.stats["grad"]
-    ratio = grad["mean"][window] / grad["rms"][window]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero gradient has no direction: dropped below
+        ratio = grad["mean"][window] / grad["rms"][window]
     ratio = ratio[np.isfinite(ratio)]
     if len(ratio) < t.min_history:
         return None

@@ -82,7 +82,7 @@ STATISTICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "min": lambda r: _extreme(r, "min"),
     "max": lambda r: _extreme(r, "max"),
     "l2": lambda r: np.where(_finite_count(r) > 0, np.sqrt(np.maximum(r[..., FIELD["sum_sq"]], 0.0)), np.nan),
-    "rms": lambda r: np.sqrt(_ratio(r[..., FIELD["sum_sq"]], _finite_count(r))),
+    "rms": lambda r: np.sqrt(np.maximum(_ratio(r[..., FIELD["sum_sq"]], _finite_count(r)), 0.0)),
     "dead_fraction": _unit_ratio("dead_units"),
     "saturated_fraction": lambda r: _ratio(r[..., FIELD["saturated"]], r[..., FIELD["bounded"]]),
     "saturated_unit_fraction": _unit_ratio("saturated_units"),
