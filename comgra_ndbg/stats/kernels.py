@@ -53,9 +53,9 @@ _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["sprea
 
 if AVAILABLE:
     @numba.njit(fastmath=True, nogil=True, cache=True)
-    def _block(a, start, copy_to, c, low, high, negative, sums):  # pragma: no cover - compiled
-        """One block of ``_shifted_sums``: its sums in the array's dtype, added to ``sums``; returns the
-        extremes' bit patterns so far. The arguments are slices, so the loop runs from 0 over a whole view,
+    def _block(a, start, copy_to, c, low, high, negative):  # pragma: no cover - compiled
+        """One block of ``_shifted_sums``: its sums in the array's dtype (Σd, Σd², Σ|x|, the non-zero count)
+        and the extremes' bit patterns so far, as a tuple (no array allocated per call). The arguments are slices, so the loop runs from 0 over a whole view,
         which LLVM vectorises; the same loop over ``range(begin, end)`` of the whole array was not (its
         indices might be negative, for all the compiler knows) and ran about seven times slower."""
         one = np.ones(1, a.dtype)[0]
@@ -81,15 +81,11 @@ if AVAILABLE:
             low = k if k < low else low
             high = k if k > high else high
             negative = u if u > negative else negative
-        sums[0] += s
-        sums[1] += q
-        sums[2] += b
-        sums[3] += nz
-        return low, high, negative
+        return s, q, b, nz, low, high, negative
 
     @numba.njit(fastmath=True, nogil=True, cache=True)
-    def _shifted_sums(a, start, copy_to, out):  # pragma: no cover - compiled
-        """Σ(x-c), Σ(x-c)², Σ|x|, the non-zero count and the extremes (from bit patterns) of
+    def _shifted_sums(a, start, copy_to):  # pragma: no cover - compiled
+        """``(Σ(x-c), Σ(x-c)², Σ|x|, the non-zero count, c, max, min)`` (extremes from bit patterns) of
         ``x = a - start`` (or of ``a`` when ``start`` is None), copying ``a`` into ``copy_to`` when given.
         The shift c is 0 unless the mean of ``_PROBES`` evenly spaced elements exceeds three times their
         spread; then it is the probe closest to that mean (an element, so integer data stays exact)."""
@@ -114,47 +110,49 @@ if AVAILABLE:
             first = a[0] - start[0]
         else:
             first = a[0]
-        sums = np.zeros(4)  # Σ(x-c), Σ(x-c)², Σ|x|, non-zero count: each block's dtype sums added in float64
+        total = 0.0  # each block's sums in the array's dtype, added up in float64
+        total_sq = 0.0
+        total_abs = 0.0
+        nonzero = 0.0
         low = _signed_bits(first)
         high = low
         negative = _unsigned_bits(first)
         for begin in range(0, n, BLOCK):
             end = min(begin + BLOCK, n)
             if start is not None and copy_to is not None:
-                low, high, negative = _block(a[begin:end], start[begin:end], copy_to[begin:end], c, low, high,
-                                             negative, sums)
+                s, q, b, nz, low, high, negative = _block(a[begin:end], start[begin:end], copy_to[begin:end], c,
+                                                          low, high, negative)
             elif start is not None:
-                low, high, negative = _block(a[begin:end], start[begin:end], None, c, low, high, negative, sums)
+                s, q, b, nz, low, high, negative = _block(a[begin:end], start[begin:end], None, c, low, high,
+                                                          negative)
             elif copy_to is not None:
-                low, high, negative = _block(a[begin:end], None, copy_to[begin:end], c, low, high, negative, sums)
+                s, q, b, nz, low, high, negative = _block(a[begin:end], None, copy_to[begin:end], c, low, high,
+                                                          negative)
             else:
-                low, high, negative = _block(a[begin:end], None, None, c, low, high, negative, sums)
-        total, total_sq, total_abs, nonzero = sums[0], sums[1], sums[2], sums[3]
-        out[0] = total
-        out[1] = total_sq
-        out[2] = total_abs
-        out[3] = nonzero
-        out[4] = c
+                s, q, b, nz, low, high, negative = _block(a[begin:end], None, None, c, low, high, negative)
+            total += s
+            total_sq += q
+            total_abs += b
+            nonzero += nz
         # Largest value: the largest signed pattern if any element is >= +0, else (all negative) the smallest.
-        out[5] = _from_bits(high) if high >= 0 else _from_bits(low)
+        largest = _from_bits(high) if high >= 0 else _from_bits(low)
         # Smallest value: the largest unsigned pattern if any element is negative (sign bit set), else the
         # smallest signed pattern.
-        out[6] = _from_bits(negative) if _signed_bits(_from_bits(negative)) < 0 else _from_bits(low)
+        smallest = _from_bits(negative) if _signed_bits(_from_bits(negative)) < 0 else _from_bits(low)
+        return total, total_sq, total_abs, nonzero, c, largest, smallest
 
     @numba.njit(nogil=True, cache=True)
     def _moments(a, start, copy_to, row):  # pragma: no cover - compiled
         """Fill the moment fields of ``row``; returns True when they need the exact recompute."""
-        out = np.empty(7)
-        _shifted_sums(a, start, copy_to, out)
+        s, q, total_abs, nonzero, c, largest, smallest = _shifted_sums(a, start, copy_to)
         n = a.size
-        s, q, c = out[0], out[1], out[4]
         row[_SUM] = s + n * c
         row[_SUM_SQ] = q + 2.0 * c * s + n * c * c  # Σx² = Σ(x-c)² + 2cΣ(x-c) + nc²
-        row[_SUM_ABS] = out[2]
-        row[_ZEROS] = n - out[3]
-        row[_MAX] = out[5]
-        row[_MIN] = out[6]
-        if not (np.isfinite(s) and np.isfinite(q) and np.isfinite(out[2]) and np.isfinite(c)):
+        row[_SUM_ABS] = total_abs
+        row[_ZEROS] = n - nonzero
+        row[_MAX] = largest
+        row[_MIN] = smallest
+        if not (np.isfinite(s) and np.isfinite(q) and np.isfinite(total_abs) and np.isfinite(c)):
             return True
         return n > 1 and q > 0 and q - s * s / n < 1e-2 * q
 
