@@ -108,7 +108,7 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 kbd { border: 1px solid var(--button-border); border-radius: 3px; padding: 0 3px; font-size: 11px; }
 """
 
-# Keyboard shortcuts: each presses the button a click would press.
+# Keyboard shortcuts: each does what a click on its button does.
 KEYS_SCRIPT = """
 document.addEventListener('keydown', function (event) {
   const target = event.target;
@@ -116,15 +116,20 @@ document.addEventListener('keydown', function (event) {
   if (target && (['INPUT', 'TEXTAREA', 'SELECT'].includes(target.tagName) || target.isContentEditable)) { return; }
   const press = (id) => { const b = document.getElementById(id); if (b) { b.click(); event.preventDefault(); } };
   const keys = %s;
-  if (event.key === 'ArrowLeft') { press(event.shiftKey ? keys.snapshotPrev : keys.stepPrev); }
-  else if (event.key === 'ArrowRight') { press(event.shiftKey ? keys.snapshotNext : keys.stepNext); }
+  // ← and → move the step slider at once (clientside.stepBy), as its buttons do, without a click on a button
+  // whose own update the page would first have to process
+  const step = (delta) => {
+    const comgra = (window.dash_clientside || {}).comgra;
+    if (comgra) { comgra.stepBy(delta); event.preventDefault(); }
+  };
+  if (event.key === 'ArrowLeft') { if (event.shiftKey) { press(keys.snapshotPrev); } else { step(-1); } }
+  else if (event.key === 'ArrowRight') { if (event.shiftKey) { press(keys.snapshotNext); } else { step(1); } }
   else if (event.key === 'ArrowUp') { press(keys.nodePrev); }
   else if (event.key === 'ArrowDown') { press(keys.nodeNext); }
   else if (event.key === 'f' || event.key === 'F') { press(keys.fit); }
   else if (event.key === 'c' || event.key === 'C') { press(keys.centre); }
 });
-""" % json.dumps({"stepPrev": ids.STEP_PREV, "stepNext": ids.STEP_NEXT,
-                  "snapshotPrev": ids.stepper_button_id(ids.SNAPSHOT_STEPPER, -1),
+""" % json.dumps({"snapshotPrev": ids.stepper_button_id(ids.SNAPSHOT_STEPPER, -1),
                   "snapshotNext": ids.stepper_button_id(ids.SNAPSHOT_STEPPER, 1),
                   "nodePrev": ids.stepper_button_id("node", -1), "nodeNext": ids.stepper_button_id("node", 1),
                   "fit": ids.GRAPH_FIT, "centre": ids.GRAPH_CENTRE})
