@@ -111,8 +111,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     // A tapped node's lineage is drawn at the tap, before the server's answer, which then names the same
     // selection and leaves the graph as it is. It is drawn in a task of its own, just after the tap's: the
     // tap's request leaves first (Dash sends it after a zero-delay timer set in the tap), so restyling
-    // 3,500 elements overlaps the server's work instead of delaying the request, and is still painted in
-    // the tap's frame.
+    // 3,500 elements and redrawing them overlap the server's work instead of delaying the request.
     if (cy.scratch('_comgraTap')) { return; }
     cy.scratch('_comgraTap', true);
     cy.on('tap', 'node', (event) => {

@@ -155,9 +155,13 @@ def index_string(title: str, prefix: str = "/") -> str:
     """Dash's page template with the stylesheet, the browser-side functions and the keyboard shortcuts
     inlined. plotly.js (its cartesian bundle, 1.5 MB: :mod:`comgra_ndbg.gui.bundle`), which Dash loads only
     once the page is drawn, is asked for at once (``prefix``: the app's ``requests_pathname_prefix``), so the
-    timeline is drawn sooner."""
+    timeline is drawn sooner. So are the page's layout and its callbacks, which Dash's renderer asks for only
+    once its 2 MB of scripts have run: the server builds the layout (the first view included) while the browser
+    runs them, and the renderer's own requests (same address, mode and credentials) are answered by these."""
     plotly = f"{prefix}_dash-component-suites/plotly/package_data/plotly.min.js"
     return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>"
-            f'<link rel="preload" as="script" href="{plotly}">' + "{%favicon%}{%css%}<style>" + CSS
+            f'<link rel="preload" as="script" href="{plotly}">'
+            + "".join(f'<link rel="preload" as="fetch" crossorigin="anonymous" href="{prefix}{name}">'
+                      for name in ("_dash-layout", "_dash-dependencies")) + "{%favicon%}{%css%}<style>" + CSS
             + "</style><script>" + THEME_SCRIPT + "</script></head><body>{%app_entry%}<footer>{%config%}{%scripts%}"
             "<script>" + SCRIPT + KEYS_SCRIPT + "</script>{%renderer%}</footer></body></html>")
