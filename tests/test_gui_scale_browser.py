@@ -231,6 +231,20 @@ def test_the_address_holds_the_view_and_reopens_it(browser: Any, url: str) -> No
     wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 200 "), "forward to the link")
 
 
+def test_a_link_with_overlaid_nodes_draws_them_and_keeps_them_chosen(browser: Any, url: str) -> None:
+    browser.get(url + f"?node=model.embed&overlay={DEEP}")
+    curves = ["bench · model.embed", f"bench · {DEEP}"]
+    wait_for(lambda: browser.execute_script(
+        "const p = document.querySelector('#timeline .js-plotly-plot');"
+        "return p && p.data && p.data.map(t => t.name);") == curves, "the linked node and its overlay")
+    chosen = browser.execute_script(  # what the overlay list holds, from Dash's store, once its options arrived
+        "const s = window.store.getState(); let c = s.layout;"
+        "for (const k of s.paths.strs[arguments[0]]) { c = c[k]; } return [c.props.value, c.props.options[0]];",
+        ids.OVERLAY_NODES)
+    assert chosen == [[DEEP], DEEP]
+    assert f"overlay={DEEP}" in address(browser)
+
+
 def test_the_dark_theme_darkens_page_graph_and_plots_and_is_kept_in_the_address(browser: Any) -> None:
     tabs = {t.text: t for t in browser.find_elements(By.CSS_SELECTOR, ".tab")}
     tabs["Tensors"].click()
