@@ -12,11 +12,11 @@ it, and split into the parts of its critical path, from marks the page takes as 
   until every part of the page the action changes shows it;
 - *paint*: the two animation frames after that.
 
-Over all the actions, the main thread's work is also split by what did it, from a Chromium trace
-(``devtools.timeline``): the script of each library (Dash's renderer and React, plotly.js, cytoscape,
-the page's own functions), style and layout, paint and compositing, garbage collection; and the time
-inside ``Plotly.react`` per plot, and inside the graph's browser-side update. Printed as the median ms
-per action.
+Also printed per action: the time inside ``Plotly.react`` per plot and inside the graph's browser-side
+update, and Chromium's own counters of main-thread script, layout and style time (``Performance.getMetrics``;
+they include the pauses between actions); and, over all the actions, the script self time of each library
+(Dash's renderer and React, plotly.js, cytoscape, Dash's core components, the page's own script, garbage
+collection) from a CPU profile of the page (``Profiler``), with ``--top N`` the N functions of most self time.
 
 Run: ``python benchmarks/gui_trace.py [--path /tmp/comgra-gui-bench] [--actions 30]`` (``uptime`` first).
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import random
 import statistics
@@ -129,13 +128,7 @@ def browser_with_trace() -> Any:
 
 
 def _script_part(url: str) -> str:
-    for needle, part in SCRIPTS:
-        if needle in url:
-            return part
-    return "page's own script" if url else "script (no url)"
-
-
-def _script_part(url: str) -> str:
+    """The library a script file belongs to, by its address."""
     for needle, part in SCRIPTS:
         if needle in url:
             return part
