@@ -103,20 +103,14 @@ def test_the_search_offers_the_names_that_contain_what_is_typed(browser: Any) ->
     wait_for(lambda: not offered(), "the list closed")
 
 
-def dropdown(driver: Any, dropdown_id: str) -> dict[str, Any]:
-    """A dropdown's value and every option it holds (it draws only those in view), from Dash's store."""
-    return driver.execute_script(
-        "const s = window.store.getState(); let c = s.layout;"
-        "for (const k of s.paths.strs[arguments[0]]) { c = c[k]; } return {value: c.props.value, options: c.props.options};",
-        dropdown_id)
-
-
 def test_the_overlay_list_offers_the_names_that_contain_what_is_typed_and_keeps_the_chosen_one(browser: Any) -> None:
     def offered() -> list[str]:
         return [o.text.strip() for o in browser.find_elements(By.CSS_SELECTOR, ".dash-dropdown-options [role='option']")]
 
-    def held() -> list[str]:
-        return dropdown(browser, ids.OVERLAY_NODES)["options"]
+    def held() -> list[str]:  # every option the dropdown holds (it draws only those in view), from Dash's store
+        return browser.execute_script(
+            "const s = window.store.getState(); let c = s.layout;"
+            "for (const k of s.paths.strs[arguments[0]]) { c = c[k]; } return c.props.options;", ids.OVERLAY_NODES)
 
     wait_for(lambda: browser.find_elements(By.ID, ids.OVERLAY_NODES), "the overlay list")[0].click()
     first = wait_for(offered, "the first names")
@@ -266,20 +260,6 @@ def test_the_dark_theme_darkens_page_graph_and_plots_and_is_kept_in_the_address(
     screenshot(browser, "dark.png")
     browser.find_element(By.CSS_SELECTOR, f"#{ids.THEME} input[value='light']").click()
     wait_for(lambda: "theme=dark" not in address(browser), "light again")
-
-
-def test_the_node_selector_holds_the_chosen_node_and_the_names_that_contain_what_is_typed(browser: Any) -> None:
-    shown = wait_for(lambda: (lambda d: d if d["options"] else None)(dropdown(browser, ids.NODE)), "its options")
-    assert shown["options"][0] == shown["value"] and len(shown["options"]) == NODE_MATCHES + 1  # not all 497
-    browser.find_element(By.ID, ids.NODE).click()  # the open list focuses the chosen option: type in its search
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "input.dash-dropdown-search"), "the search field")[0].click()
-    ActionChains(browser).send_keys(DEEP).perform()
-    wait_for(lambda: next((o for o in browser.find_elements(By.CSS_SELECTOR, "[role='option']")
-                           if o.text.strip() == DEEP), None), f"{DEEP} offered").click()
-    wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith(f"{DEEP} /"), "the chosen node's tensor")
-    assert text(browser, ids.NODE) == DEEP
-    wait_for(lambda: dropdown(browser, ids.NODE)["options"][0] == DEEP, "the chosen node first among the options")
-    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
 
 
 def test_a_1024_px_window_shows_everything_without_sideways_scrolling(url: str) -> None:

@@ -184,11 +184,12 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       return data.full + extra;
     },
     nodeMatches: function (typed, names, chosen) {
-      // The options of the graph's search, the node selector and the overlay's node list: the names that
-      // contain what is typed (the first ones when nothing is), after the chosen ones. A list of every node
-      // would make each dropdown index all substrings of 500 long names when the page loads, some 100 ms of
-      // the browser's time. The chosen names stay among the options (Dash's dropdown clears a value missing
-      // from its options when they change), and a value the server sets (a tapped node) brings them along.
+      // The options of the graph's search and of the overlay's node list: the names that contain what is
+      // typed (the first ones when nothing is), after the chosen ones. A list of every node would make each
+      // dropdown index all substrings of 500 long names when the page loads, some 100 ms of the browser's time.
+      // The chosen names stay among the options, so the dropdown never drops a value for being missing from
+      // them. (The node selector keeps every name: the server sets its value on every tap, and a value the
+      // dropdown's options lack when they change is cleared.)
       const kept = Array.isArray(chosen) ? chosen : (chosen ? [chosen] : []);
       const text = (typed || '').toLowerCase().trim();
       const found = [];
@@ -257,8 +258,6 @@ def register_clientside(app: Dash) -> None:
     app.clientside_callback(fn("nodeMatches"), Output(ids.GRAPH_SEARCH, "options"),
                             Input(ids.GRAPH_SEARCH, "search_value"), Input(ids.NODE_NAMES, "data"),
                             Input(ids.GRAPH_SEARCH, "value"))
-    app.clientside_callback(fn("nodeMatches"), Output(ids.NODE, "options"), Input(ids.NODE, "search_value"),
-                            Input(ids.NODE_CHOICES, "data"), Input(ids.NODE, "value"))
     app.clientside_callback(fn("nodeMatches"), Output(ids.OVERLAY_NODES, "options"),
                             Input(ids.OVERLAY_NODES, "search_value"), Input(ids.NODE_NAMES, "data"),
                             Input(ids.OVERLAY_NODES, "value"))

@@ -65,7 +65,6 @@ GRAPH = "graph"
 GRAPH_VIEW = "graph-view-store"  # what the client-side script applies: selected item, colours, centring
 GRAPH_SEARCH = "graph-search"
 NODE_NAMES = "node-names-store"  # every node's name; the search lists those matching what is typed
-NODE_CHOICES = "node-choices-store"  # the node selector's choices; it lists those matching what is typed
 GRAPH_FIT = "graph-fit"
 GRAPH_CENTRE = "graph-centre"
 GRAPH_EXPAND = "graph-expand-all"

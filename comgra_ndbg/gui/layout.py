@@ -180,7 +180,6 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
         dcc.Store(id=ids.GRAPH_VIEW, data=None),
         dcc.Store(id=ids.TIMELINE_RANGE, data=None),
         dcc.Store(id=ids.NODE_NAMES, data=[]),
-        dcc.Store(id=ids.NODE_CHOICES, data=[]),
         *[dcc.Store(id=store, data=None) for store in CLIENT_STORES],
         dcc.Store(id=ids.GENERATION, data=generations or {}),
         dcc.Store(id=ids.ANALYSES, data=analyses or {}),

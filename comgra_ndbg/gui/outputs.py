@@ -36,9 +36,8 @@ OUTPUTS: dict[str, tuple[Any, str]] = {
     "compare_mode": (ids.COMPARE_MODE, "value"), "compare_trial": (ids.COMPARE_TRIAL, "value"),
     "compare_step": (ids.COMPARE_STEP, "value"), "custom": (ids.CUSTOM, "children"),
     "profile": (ids.PROFILE, "children"),
-    "node_options": (ids.NODE_CHOICES, "data"),  # the browser lists those matching what is typed
     **{f"{name}_options": (ids.SELECTORS[name], "options") for name in
-       ("trial", "step_type", "iteration", "tensor", "kind", "sample", "rank")},
+       ("trial", "step_type", "iteration", "node", "tensor", "kind", "sample", "rank")},
     **{name: (ids.SELECTORS[name], "value") for name in ("trial", "step_type", "iteration", "node", "tensor", "kind",
                                                           "sample", "rank")},
 }
