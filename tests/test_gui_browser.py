@@ -125,6 +125,13 @@ def test_opening_a_recording_paints_the_graph_and_the_tensor(browser: Any) -> No
     assert console_problems(browser) == []
 
 
+def test_the_page_got_its_layout_and_callbacks_once_through_its_preloads(browser: Any) -> None:
+    fetched = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => [new URL(e.name).pathname, e.initiatorType])"
+        ".filter(([path]) => path === '/_dash-layout' || path === '/_dash-dependencies');")
+    assert sorted(fetched) == [["/_dash-dependencies", "link"], ["/_dash-layout", "link"]]
+
+
 def test_clicking_a_node_selects_it_and_stepping_changes_the_values(browser: Any) -> None:
     select_node(browser, "hidden")
     wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith("hidden / hidden · value · step 7"), "hidden")

@@ -486,7 +486,8 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh (new steps and stored analyses, one request per tick), Analyze now, the trial
-    # selector's sort and filter, the zoomed timeline, and seven browser-side ones (the graph's state, fit and
-    # centre, the hover line, the search's options, the zoom range, the theme, the exports); a tap's highlight
-    # and the step buttons need none: cytoscape's tap event and the slider's thumb serve them
-    assert len(app.callback_map) == 12
+    # selector's sort and filter, the zoomed timeline, and eight browser-side ones (the graph's state, fit and
+    # centre, the hover line, the search's and the overlay's node options, the zoom range, the theme, the
+    # exports); a tap's highlight and the step buttons need none: cytoscape's tap event and the slider's thumb
+    # serve them
+    assert len(app.callback_map) == 13

@@ -103,6 +103,36 @@ def test_the_search_offers_the_names_that_contain_what_is_typed(browser: Any) ->
     wait_for(lambda: not offered(), "the list closed")
 
 
+def test_the_overlay_list_offers_the_names_that_contain_what_is_typed_and_keeps_the_chosen_one(browser: Any) -> None:
+    def offered() -> list[str]:
+        return [o.text.strip() for o in browser.find_elements(By.CSS_SELECTOR, ".dash-dropdown-options [role='option']")]
+
+    def held() -> list[str]:  # every option the dropdown holds (it draws only those in view), from Dash's store
+        return browser.execute_script(
+            "const s = window.store.getState(); let c = s.layout;"
+            "for (const k of s.paths.strs[arguments[0]]) { c = c[k]; } return c.props.options;", ids.OVERLAY_NODES)
+
+    wait_for(lambda: browser.find_elements(By.ID, ids.OVERLAY_NODES), "the overlay list")[0].click()
+    first = wait_for(offered, "the first names")
+    assert first[0] == "input" and len(held()) == NODE_MATCHES  # not all 497
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    choose(browser, ids.OVERLAY_NODES, DEEP)
+    wait_for(lambda: browser.execute_script(
+        "const p = document.querySelector('#timeline .js-plotly-plot');"
+        "return p && p.data && p.data.map(t => t.name).includes(arguments[0]);", f"bench · {DEEP}"), "its curve")
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    browser.find_element(By.ID, ids.OVERLAY_NODES).click()
+    wait_for(lambda: (lambda names: names[:1] == [DEEP] and len(names) <= NODE_MATCHES + 1)(offered()),
+             "the chosen name first, then the first names")
+    assert held()[0] == DEEP and len(held()) == NODE_MATCHES + 1
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    browser.execute_script("document.querySelectorAll('#' + arguments[0] + ' .dash-dropdown-clear, #' + "
+                           "arguments[0] + ' [aria-label=\"Clear all\"]').forEach(b => b.click());", ids.OVERLAY_NODES)
+    wait_for(lambda: browser.execute_script(
+        "const p = document.querySelector('#timeline .js-plotly-plot'); return p && p.data && p.data.length === 1;"),
+        "one curve again")
+
+
 def test_search_selects_a_node_opens_the_boxes_around_it_and_centres_it(browser: Any) -> None:
     assert DEEP not in graph_nodes(browser)
     choose(browser, ids.GRAPH_SEARCH, DEEP)
@@ -199,6 +229,20 @@ def test_the_address_holds_the_view_and_reopens_it(browser: Any, url: str) -> No
     wait_for(lambda: browser.execute_script("return location.href;") == "about:blank", "back")
     browser.forward()
     wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 200 "), "forward to the link")
+
+
+def test_a_link_with_overlaid_nodes_draws_them_and_keeps_them_chosen(browser: Any, url: str) -> None:
+    browser.get(url + f"?node=model.embed&overlay={DEEP}")
+    curves = ["bench · model.embed", f"bench · {DEEP}"]
+    wait_for(lambda: browser.execute_script(
+        "const p = document.querySelector('#timeline .js-plotly-plot');"
+        "return p && p.data && p.data.map(t => t.name);") == curves, "the linked node and its overlay")
+    chosen = browser.execute_script(  # what the overlay list holds, from Dash's store, once its options arrived
+        "const s = window.store.getState(); let c = s.layout;"
+        "for (const k of s.paths.strs[arguments[0]]) { c = c[k]; } return [c.props.value, c.props.options[0]];",
+        ids.OVERLAY_NODES)
+    assert chosen == [[DEEP], DEEP]
+    assert f"overlay={DEEP}" in address(browser)
 
 
 def test_the_dark_theme_darkens_page_graph_and_plots_and_is_kept_in_the_address(browser: Any) -> None:

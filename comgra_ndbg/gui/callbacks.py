@@ -281,8 +281,7 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
         return
     theme, stamp = options.theme, cache.analysis_stamp(selection.trial)
     if _fresh(keys, "overlay_options", (selection.trial, selection.step_type, selection.generation)):
-        drawn = cache.drawn(selection.trial, selection.step_type)
-        out["overlay_nodes_options"] = list(drawn.order) if drawn is not None else []
+        # (the overlay's node names are offered by the browser as the user types, from the graph's names)
         out["overlay_trials_options"] = [key for key in cache.trial_keys() if key != selection.trial]
     out["overlay_nodes"], out["overlay_trials"] = list(options.overlay_nodes), list(options.overlay_trials)
     out["timeline_options"], out["ema"] = (["log"] if options.log_y else []), options.ema

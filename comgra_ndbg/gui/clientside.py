@@ -33,14 +33,18 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     // answer naming the same selection then changes nothing.
     if (lit.cy === cy && lit.selected === (selected || null)) { return; }
     lit = {cy: cy, selected: selected || null};
+    // Only the elements whose classes change are touched: a class removed and added again would still make
+    // cytoscape restyle the element, and a tap moves the highlight of a few of 3,500 elements, not of all.
+    const sel = selected ? cy.getElementById(selected) : cy.collection();
+    const lineage = sel.length ? {up: sel.predecessors(), down: sel.successors()} : null;
+    const wanted = {focus: sel, up: lineage ? lineage.up : cy.collection(), down: lineage ? lineage.down : cy.collection(),
+                    faded: lineage ? cy.elements().not(sel).not(lineage.up).not(lineage.down).not('node.frame')
+                                   : cy.collection()};
     cy.batch(() => {
-      cy.elements().removeClass('focus up down faded');
-      const sel = selected ? cy.getElementById(selected) : null;
-      if (sel && sel.length) {
-        const up = sel.predecessors(), down = sel.successors();
-        cy.elements().not(sel).not(up).not(down).not('node.frame').addClass('faded');
-        up.addClass('up'); down.addClass('down'); sel.addClass('focus');
-      }
+      Object.keys(wanted).forEach((name) => {
+        cy.elements('.' + name).not(wanted[name]).removeClass(name);
+        wanted[name].filter((e) => !e.hasClass(name)).addClass(name);
+      });
     });
   }
   let painted = {cy: null, colours: undefined};  // the colours the graph shows now, as JSON
@@ -105,7 +109,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   }
   function listen(cy) {
     // A tapped node's lineage is drawn at the tap, in cytoscape's own event, before the server is asked;
-    // the server's answer then names the same selection and leaves the graph as it is.
+    // the server's answer then names the same selection and leaves the graph as it is. (Drawing it in a task
+    // of its own, after the tap's request has left, was measured no faster: its redraw then falls on the
+    // frames that show the answer.)
     if (cy.scratch('_comgraTap')) { return; }
     cy.scratch('_comgraTap', true);
     cy.on('tap', 'node', (event) => {
@@ -158,6 +164,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     return lines.join('\\n') + '\\n';
   }
   return {
+    stepBy: stepBy,  // not a callback: the ← and → keys step through it (style.KEYS_SCRIPT)
     graphSync: function (view, elements) { apply(view, elements, 0); return Date.now(); },
     tools: function (_fitClicks, _centreClicks, view) {
       const cy = cyOf();
@@ -177,10 +184,12 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       return data.full + extra;
     },
     nodeMatches: function (typed, names, chosen) {
-      // The options of the graph's search: the names that contain what is typed (the first ones when nothing
-      // is), after the chosen one. A list of every node would make the dropdown index all substrings of 500
-      // long names when the page loads, some 100 ms of the browser's time. (The node selector and the overlay
-      // list keep every name: Dash's dropdown clears a value the server sets that is not among its options.)
+      // The options of the graph's search and of the overlay's node list: the names that contain what is
+      // typed (the first ones when nothing is), after the chosen ones. A list of every node would make each
+      // dropdown index all substrings of 500 long names when the page loads, some 100 ms of the browser's time.
+      // The chosen names stay among the options, so the dropdown never drops a value for being missing from
+      // them. (The node selector keeps every name: the server sets its value on every tap, and a value the
+      // dropdown's options lack when they change is cleared.)
       const kept = Array.isArray(chosen) ? chosen : (chosen ? [chosen] : []);
       const text = (typed || '').toLowerCase().trim();
       const found = [];
@@ -249,6 +258,9 @@ def register_clientside(app: Dash) -> None:
     app.clientside_callback(fn("nodeMatches"), Output(ids.GRAPH_SEARCH, "options"),
                             Input(ids.GRAPH_SEARCH, "search_value"), Input(ids.NODE_NAMES, "data"),
                             Input(ids.GRAPH_SEARCH, "value"))
+    app.clientside_callback(fn("nodeMatches"), Output(ids.OVERLAY_NODES, "options"),
+                            Input(ids.OVERLAY_NODES, "search_value"), Input(ids.NODE_NAMES, "data"),
+                            Input(ids.OVERLAY_NODES, "value"))
     app.clientside_callback(fn("zoomRange"), Output(ids.TIMELINE_RANGE, "data"), Input(ids.TIMELINE, "relayoutData"),
                             State(ids.TIMELINE_RANGE, "data"), prevent_initial_call=True)
     app.clientside_callback(fn("theme"), Output(ids.CLIENT + "-theme", "data"), Input(ids.THEME, "value"))

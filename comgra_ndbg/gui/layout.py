@@ -74,6 +74,7 @@ def _graph_panel() -> html.Div:
                                    stylesheet=graph_stylesheet("light"), className="graph-canvas",
                                    style={"width": "100%", "height": "560px"}, minZoom=0.05, maxZoom=4,
                                    userZoomingEnabled=True, userPanningEnabled=True, autoungrabify=True,
+                                   autounselectify=True,
                                    boxSelectionEnabled=False, autoRefreshLayout=False),
                     type="circle", delay_show=400, parent_style={"position": "relative"}),
         html.Div(id=ids.GRAPH_HOVER, className="hover"),

@@ -108,7 +108,7 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 kbd { border: 1px solid var(--button-border); border-radius: 3px; padding: 0 3px; font-size: 11px; }
 """
 
-# Keyboard shortcuts: each presses the button a click would press.
+# Keyboard shortcuts: each does what a click on its button does.
 KEYS_SCRIPT = """
 document.addEventListener('keydown', function (event) {
   const target = event.target;
@@ -116,15 +116,20 @@ document.addEventListener('keydown', function (event) {
   if (target && (['INPUT', 'TEXTAREA', 'SELECT'].includes(target.tagName) || target.isContentEditable)) { return; }
   const press = (id) => { const b = document.getElementById(id); if (b) { b.click(); event.preventDefault(); } };
   const keys = %s;
-  if (event.key === 'ArrowLeft') { press(event.shiftKey ? keys.snapshotPrev : keys.stepPrev); }
-  else if (event.key === 'ArrowRight') { press(event.shiftKey ? keys.snapshotNext : keys.stepNext); }
+  // ← and → move the step slider at once (clientside.stepBy), as its buttons do, without a click on a button
+  // whose own update the page would first have to process
+  const step = (delta) => {
+    const comgra = (window.dash_clientside || {}).comgra;
+    if (comgra) { comgra.stepBy(delta); event.preventDefault(); }
+  };
+  if (event.key === 'ArrowLeft') { if (event.shiftKey) { press(keys.snapshotPrev); } else { step(-1); } }
+  else if (event.key === 'ArrowRight') { if (event.shiftKey) { press(keys.snapshotNext); } else { step(1); } }
   else if (event.key === 'ArrowUp') { press(keys.nodePrev); }
   else if (event.key === 'ArrowDown') { press(keys.nodeNext); }
   else if (event.key === 'f' || event.key === 'F') { press(keys.fit); }
   else if (event.key === 'c' || event.key === 'C') { press(keys.centre); }
 });
-""" % json.dumps({"stepPrev": ids.STEP_PREV, "stepNext": ids.STEP_NEXT,
-                  "snapshotPrev": ids.stepper_button_id(ids.SNAPSHOT_STEPPER, -1),
+""" % json.dumps({"snapshotPrev": ids.stepper_button_id(ids.SNAPSHOT_STEPPER, -1),
                   "snapshotNext": ids.stepper_button_id(ids.SNAPSHOT_STEPPER, 1),
                   "nodePrev": ids.stepper_button_id("node", -1), "nodeNext": ids.stepper_button_id("node", 1),
                   "fit": ids.GRAPH_FIT, "centre": ids.GRAPH_CENTRE})
@@ -150,9 +155,13 @@ def index_string(title: str, prefix: str = "/") -> str:
     """Dash's page template with the stylesheet, the browser-side functions and the keyboard shortcuts
     inlined. plotly.js (its cartesian bundle, 1.5 MB: :mod:`comgra_ndbg.gui.bundle`), which Dash loads only
     once the page is drawn, is asked for at once (``prefix``: the app's ``requests_pathname_prefix``), so the
-    timeline is drawn sooner."""
+    timeline is drawn sooner. So are the page's layout and its callbacks, which Dash's renderer asks for only
+    once its 2 MB of scripts have run: the server builds the layout (the first view included) while the browser
+    runs them, and the renderer's own requests (same address, mode and credentials) are answered by these."""
     plotly = f"{prefix}_dash-component-suites/plotly/package_data/plotly.min.js"
     return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>"
-            f'<link rel="preload" as="script" href="{plotly}">' + "{%favicon%}{%css%}<style>" + CSS
+            f'<link rel="preload" as="script" href="{plotly}">'
+            + "".join(f'<link rel="preload" as="fetch" crossorigin="anonymous" href="{prefix}{name}">'
+                      for name in ("_dash-layout", "_dash-dependencies")) + "{%favicon%}{%css%}<style>" + CSS
             + "</style><script>" + THEME_SCRIPT + "</script></head><body>{%app_entry%}<footer>{%config%}{%scripts%}"
             "<script>" + SCRIPT + KEYS_SCRIPT + "</script>{%renderer%}</footer></body></html>")
