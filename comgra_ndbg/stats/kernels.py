@@ -55,9 +55,10 @@ if AVAILABLE:
     @numba.njit(fastmath=True, nogil=True, cache=True)
     def _block(a, start, copy_to, c, low, high, negative):  # pragma: no cover - compiled
         """One block of ``_shifted_sums``: its sums in the array's dtype (Σd, Σd², Σ|x|, the non-zero count)
-        and the extremes' bit patterns so far, as a tuple (no array allocated per call). The arguments are slices, so the loop runs from 0 over a whole view,
-        which LLVM vectorises; the same loop over ``range(begin, end)`` of the whole array was not (its
-        indices might be negative, for all the compiler knows) and ran about seven times slower."""
+        and the extremes' bit patterns so far, as a tuple (no array allocated per call). The arguments are
+        slices, so the loop runs from 0 over a whole view, which LLVM vectorises; the same loop over
+        ``range(begin, end)`` of the whole array was not (its indices might be negative, for all the
+        compiler knows) and ran about seven times slower."""
         one = np.ones(1, a.dtype)[0]
         zero = one - one
         s = zero
