@@ -261,6 +261,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         if optimizer is not None:
             self._handles.append(optimizer.register_step_post_hook(disable(self._after_optimizer_step)))
         self._evicted = evict_compiled_code(self._root) > 0  # code traced without the hooks just added
+        if self._evicted or unwrap_compiled(model) is not model:
+            self._hooks.pin()  # compiled code guards on the hooks: never take them out
         patches.attach(self)
         self.recorder.profile_module(ROOT, self._root)  # after the step hooks: a profiled pass sees its step open
 

@@ -14,6 +14,13 @@ the side effect happens at run time, in the compiled backward, with no graph bre
 Hooks do nothing unless :attr:`ModuleHooks.capture` is true; Dynamo guards on that attribute, so a
 compiled model holds at most two variants (capturing or not) and flipping it never recompiles more.
 
+A pass that records nothing still pays for hooks that return at once: any forward hook sends each module
+call through torch's slow path (about 5 µs a call, a tenth of a small MLP's step). So while the model runs
+eagerly, :meth:`ModuleHooks.detach` takes the hooks out of their modules for passes that need none and
+:meth:`ModuleHooks.attach` puts them back, each at its old place among the module's hooks (another hook of
+the module runs before or after ours as it did). Once compiled code is seen the hooks are :attr:`pinned`:
+traced code guards on a module's hooks, and toggling them would recompile it.
+
 A compiled region's backward is one autograd node, so the edges between its outputs are invisible there:
 ``structure.discover_structure`` runs the model once eagerly on the same inputs and returns the edges and
 saturation bounds, under the same tensor names (:func:`output_names`, :func:`input_names`).
@@ -241,10 +248,16 @@ class ModuleHooks:
         self._collected: list[tuple[str, Any, list[tuple[Any, int]]]] | None = None
         self._paths: dict[int, str] = {}
         self._handles = []
+        self._placed: list[tuple[nn.Module, int, Callable[..., Any]]] = []  # (module, hook id, hook)
+        self.attached = True  # the hooks are in their modules
+        self.pinned = False  # compiled code was seen: the hooks stay in their modules
         for path, module in modules:
             slot = next(_SLOTS)
             self._paths[slot] = path
-            self._handles.append(module.register_forward_hook(partial(self._hook, path, slot)))
+            hook = partial(self._hook, path, slot)
+            handle = module.register_forward_hook(hook)
+            self._handles.append(handle)
+            self._placed.append((module, handle.id, hook))
 
     def _hook(self, path: str, slot: int, module: nn.Module, args: Any, output: Any) -> Any:
         if not self.capture:
@@ -298,6 +311,32 @@ class ModuleHooks:
     def installed(self) -> int:
         return len(self._handles)
 
+    def detach(self) -> None:
+        """Take the hooks out of their modules (a pass that needs none runs at torch's speed); not once
+        :attr:`pinned` or removed."""
+        if not self.attached or self.pinned or not self._handles:
+            return
+        for module, hook_id, _ in self._placed:
+            module._forward_hooks.pop(hook_id, None)
+        self.attached = False
+
+    def attach(self) -> None:
+        """Put the hooks back into their modules, each where it was among the module's hooks (hook ids
+        grow with registration, so the hooks registered after ours move behind it again)."""
+        if self.attached or not self._handles:
+            return
+        for module, hook_id, hook in self._placed:
+            hooks = module._forward_hooks
+            hooks[hook_id] = hook
+            for later in [key for key in hooks if key > hook_id]:
+                hooks.move_to_end(later)
+        self.attached = True
+
+    def pin(self) -> None:
+        """Compiled code runs the model: attach the hooks for good (see the module docstring)."""
+        self.attach()
+        self.pinned = True
+
     def remove(self) -> None:
         """Remove every hook and tap receiver; compiled code that still holds a traced hook sees
         ``capture`` false (a guard), so it recompiles or takes the variant that does nothing."""
@@ -306,6 +345,7 @@ class ModuleHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._placed.clear()
         for slot in self._paths:
             _SINKS.pop(slot, None)
         self.stash.clear()

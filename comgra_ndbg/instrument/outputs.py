@@ -92,6 +92,7 @@ class OutputRegistration:
         """Register what a compiled forward pass stashed, detached, with the edges of an eager pass."""
         rec = self.recorder
         self._compiled_pass = True
+        self._hooks.pin()  # compiled code guards on the hooks: keep them from now on
         structure = self._structure_of(("compiled",) + tuple(path for path, _, _ in stashed))
         iteration = self._iteration
         # Eagerly registered outputs count too: with only some submodules compiled, the eager pass's edges

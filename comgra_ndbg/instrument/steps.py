@@ -72,6 +72,10 @@ class StepDetection:
         else:
             self._evaluation_passes += 1
             self._safely("starting an evaluation pass", self._eval_begin)
+        if self._hooks.capture:
+            self._hooks.attach()
+        else:
+            self._hooks.detach()  # a pass that records nothing runs the modules without hooks
         if self._inv:
             self._safely("checking loop invariants", self._inv_forward, self._training_pass, args, kwargs)
 
@@ -144,6 +148,8 @@ class StepDetection:
                         self._declare_eager_structure()
                 if not self._outputs_seen and self._hooks.installed > self._root_selected:
                     self._no_module_output(output)
+            elif not self._hooks.attached and any(from_compiled_code(t) for _, t in tensor_leaves(output)):
+                self._hooks.pin()  # compiled code guards on the hooks: keep them from now on
             self._note_outputs(output)
             self._watch_backward(output)
         finally:
