@@ -123,3 +123,36 @@ def test_parameter_gradients_on_planned_steps_are_the_accumulated_and_clipped_on
         np.testing.assert_allclose(abs_max, [float(grad.abs().max()) for grad in used], rtol=1e-6)
         _, mean = recording.summary("model.2.weight", "grad", "mean")
         np.testing.assert_allclose(mean, [float(grad.mean()) for grad in used], rtol=1e-5, atol=1e-9)
+
+
+def test_integer_half_precision_and_strided_tensors_take_converting_plans_with_the_general_path_s_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Class targets, token ids, a half-precision activation, a transposed view and a lazily negated one are
+    summarised from their work view on planned steps: the rows equal the general path's, field for field."""
+    general = count_general_path(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+
+    def tensors(step: int) -> dict[str, torch.Tensor]:
+        return {"target": torch.randint(0, 10, (8,), generator=g),
+                "tokens": torch.randint(0, 1000, (8, 5), generator=g, dtype=torch.int32),
+                "mask": torch.rand(8, 5, generator=g) > 0.5,
+                "half": (torch.randn(8, 6, generator=g) * 3).half(),
+                "heads": torch.randn(5, 8, 4, generator=g).transpose(0, 1),
+                "negated": torch.randn(8, 3, generator=g).conj_physical()._neg_view()}
+
+    registered = []
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        for step in range(3):
+            with rec.step(step):
+                batch = tensors(step)
+                registered.append(batch)
+                for name, tensor in batch.items():
+                    rec.register_tensor(name, tensor, role="target" if name == "target" else "input")
+    assert general == list(registered[0])  # step 0 made the plans; steps 1 and 2 took them
+    with open_recording(tmp_path, "t") as recording:
+        for name in registered[0]:
+            steps, rows = recording.summary_rows(name)
+            assert steps.tolist() == [0, 1, 2]
+            for step in (1, 2):
+                reference = summarize(registered[step][name], batched=True, bounds=None)
+                np.testing.assert_array_equal(rows[step], reference, err_msg=f"{name} at step {step}")

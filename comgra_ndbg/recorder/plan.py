@@ -6,9 +6,15 @@ resolves ``batched`` and ``bounds`` and picks the reducer's route, which costs s
 of a small activation. The first registration of a name on a step that summarises leaves a
 :class:`RegistrationPlan`; later ones take the planned route when the call's arguments are the same and
 the tensor matches the plan's signature: the same autograd node type (the saturation bounds and whether it
-comes out of a compiled region follow from it), whether it requires grad, dtype and shape, a contiguous
-host tensor, and the step's batch size as it was. Only calls with the default ``bounds`` are planned.
-Anything else takes the general path, which makes a new plan.
+comes out of a compiled region follow from it), whether it requires grad, dtype and shape, a host tensor,
+and the step's batch size as it was. Only calls with the default ``bounds`` are planned. Anything else takes
+the general path, which makes a new plan.
+
+The kernels read contiguous float32/float64 memory in place. A host tensor they cannot read so — integer
+class targets and token ids, half precision, a transposed or otherwise strided view (attention heads
+moved back), a lazily negated view — is planned as converting: it is summarised from its work view
+(``stats.exact.work_view``: float64 for integers, float32 for half precision, contiguous), the very array
+the general path hands the kernels, so both record the same row.
 
 >>> import torch
 >>> x = torch.tanh(torch.ones(4, 3, requires_grad=True))
@@ -18,6 +24,10 @@ Anything else takes the general path, which makes a new plan.
 (4, [-0.99, 0.99], False)
 >>> fits(plan, torch.tanh(torch.zeros(4, 3, requires_grad=True)), None)
 True
+>>> targets = make_plan(("target", None, None, ""), torch.arange(4), batch_before=4, batched=True, bounds=None,
+...                     saturation_margin=0.005, tensor_id=4, series_id=8, deferred=True)
+>>> targets.convert, fits(targets, torch.arange(4), 4), fits(plan, torch.tanh(torch.ones(3, 4)).t(), None)
+(True, True, False)
 """
 from __future__ import annotations
 
@@ -29,6 +39,9 @@ import torch
 from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.bounds import saturation_thresholds
 from comgra_ndbg.stats.host import NUMPY_DTYPE, lean
+
+_WORK_DTYPE = np.dtype(np.float64)  # what ``work_view`` turns integers and booleans into
+_HALF_DTYPE = np.dtype(np.float32)  # ... and half-precision floats
 
 __all__ = ["RegistrationPlan", "make_plan", "fits"]
 
@@ -48,21 +61,26 @@ class RegistrationPlan(NamedTuple):
     tensor_id: int
     series_id: int  # the value series
     deferred: bool  # its gradient is summarised when the backward pass ends (not a compiled region's)
+    convert: bool = False  # summarised from its work view, not in place (see the module docstring)
 
 
 def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int | None, batched: bool,
               bounds: tuple[float, float] | None, saturation_margin: float, tensor_id: int, series_id: int,
               deferred: bool) -> RegistrationPlan | None:
     """The plan of a registration that summarised ``tensor`` with these decisions, or None when the tensor is
-    not one the planned route summarises (not a non-empty contiguous float32/float64 host tensor)."""
-    if not kernels.AVAILABLE or not lean(tensor) or tensor.layout is not torch.strided:
+    not one the planned route summarises (not a non-empty strided real host tensor)."""
+    if (not kernels.AVAILABLE or not tensor.is_cpu or tensor.layout is not torch.strided or tensor.is_nested
+            or tensor.is_complex() or tensor.is_conj() or tensor.is_quantized or tensor.numel() == 0):
         return None
-    dtype = NUMPY_DTYPE[tensor.dtype]
+    convert = not lean(tensor)
+    dtype = NUMPY_DTYPE.get(tensor.dtype) if not convert else (
+        _HALF_DTYPE if tensor.is_floating_point() and tensor.dtype not in NUMPY_DTYPE else
+        NUMPY_DTYPE.get(tensor.dtype, _WORK_DTYPE))
     thresholds = None if bounds is None else saturation_thresholds(bounds, saturation_margin, dtype)
     batch = int(tensor.shape[0]) if batched and tensor.dim() else 0
     return RegistrationPlan(call, type(tensor.grad_fn) if tensor.grad_fn is not None else None,
                             tensor.requires_grad, tensor.dtype, tensor.shape, batch_before, bool(batched), batch,
-                            thresholds, tensor_id, series_id, deferred)
+                            thresholds, tensor_id, series_id, deferred, convert)
 
 
 def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -> bool:
@@ -72,4 +90,5 @@ def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -
     return ((plan.grad_fn_type is None if fn is None else type(fn) is plan.grad_fn_type)
             and tensor.requires_grad is plan.requires_grad and tensor.dtype is plan.dtype and not tensor.is_nested
             and tensor.shape == plan.shape and batch_size == plan.batch_before
-            and tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous() and not tensor.is_neg())
+            and tensor.is_cpu and tensor.layout is torch.strided
+            and (plan.convert or (tensor.is_contiguous() and not tensor.is_neg())))

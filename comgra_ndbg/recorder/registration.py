@@ -19,6 +19,7 @@ from comgra_ndbg.recorder.plan import RegistrationPlan, fits, make_plan
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.stats.bounds import saturation_bounds
+from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import TensorInfo
 
@@ -94,7 +95,8 @@ class TensorRegistration:
             self._batch_size = plan.batch
         iteration = self._iteration
         try:
-            row = self._values.add_planned(tensor, plan.batch, plan.thresholds)
+            row = self._values.add_planned(work_view(tensor.detach()).contiguous() if plan.convert else tensor,
+                                           plan.batch, plan.thresholds)
         except Exception as error:  # a recorder problem must not break the training run
             self._skipped(name, "value", error)
             return
