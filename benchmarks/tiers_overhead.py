@@ -11,6 +11,8 @@ Variants, run interleaved in rounds with the order rotated each round, one torch
 - full (the default): every parameter's value, gradient and update summarised at every step;
 - tiered / full without snapshots (``snapshots=None``): the summaries' share;
 - nothing recorded: a policy that skips every step (the hooks return at once);
+- hook entries alone (``hook_floor.run_hook_floor``): NeuralDbg's hook entry points with empty bodies, the
+  floor of a skipped step for any recorder that sees the step through hooks;
 - two floors (``neuraldbg_overhead.run_floor``: the same statistics from the compiled kernels called
   directly in bare hooks, no bookkeeping, no storage): every statistic of the full default, and the
   activations' and all gradients' statistics alone. The second is what any tiering that keeps activations
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.hook_floor import run_hook_floor
 from benchmarks.neuraldbg_overhead import TanhMLP, TinyTransformer, run, run_floor, token_data
 from benchmarks.overhead import make_data
 from comgra_ndbg.stats import kernels
@@ -45,6 +48,7 @@ VARIANTS = {
     "tiered, no snapshots": dict(detail="tiered", snapshots=None),
     "full, no snapshots": dict(snapshots=None),
     "nothing recorded": dict(summaries=None, snapshots=None),
+    "hook entries alone": "hooks",
     "floor: everything": "floor",
     "floor: act. + gradients": "floor without parameters",
 }
@@ -58,7 +62,7 @@ def measure(steps: int, rounds: int) -> dict[str, dict[str, list[tuple[float, fl
     workloads = {"MLP 8x256 tanh, SGD": (TanhMLP, make_data(steps), "sgd"),
                  "MLP 8x256 tanh, Adam": (TanhMLP, make_data(steps), "adam"),
                  "transformer 2x128, Adam": (TinyTransformer, token_data(steps), "adam")}
-    names = [v for v in VARIANTS if kernels.AVAILABLE or not isinstance(VARIANTS[v], str)]
+    names = [v for v in VARIANTS if kernels.AVAILABLE or not str(VARIANTS[v]).startswith("floor")]
     results = {w: {v: [] for v in names} for w in workloads}
     with tempfile.TemporaryDirectory() as folder:
         for r in range(rounds):
@@ -67,7 +71,9 @@ def measure(steps: int, rounds: int) -> dict[str, dict[str, list[tuple[float, fl
                 for v in order:
                     trial = f"w{w}-v{names.index(v)}-r{r}"
                     options = VARIANTS[v]
-                    if isinstance(options, str):
+                    if options == "hooks":
+                        results[workload][v].append(run_hook_floor(make_model, data, optimizer))
+                    elif isinstance(options, str):
                         results[workload][v].append(run_floor(make_model, data, optimizer,
                                                               parameters=options == "floor"))
                     else:

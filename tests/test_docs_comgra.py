@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from comgra_ndbg import open_recording
 from comgra_ndbg.compat.comgra import objects, tutorial

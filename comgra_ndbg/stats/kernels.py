@@ -30,7 +30,6 @@ from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 
 if AVAILABLE:  # else the numpy path in host.py takes over
     import numba
-    from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
 
