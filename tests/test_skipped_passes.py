@@ -131,3 +131,21 @@ def test_compiled_code_pins_the_hooks(tmp_path, compiled) -> None:
                 assert recording.summary(node)[0].tolist() == [0, 2, 4]
     finally:
         torch._dynamo.reset()
+
+
+def test_the_model_itself_as_a_chosen_module_is_recorded_on_recorded_steps_only(tmp_path) -> None:
+    """``modules=[""]`` hooks the model itself, whose own hooks also run NeuralDbg's step detection: taking
+    its output hook out and back keeps the step detection's hook after it."""
+    torch.manual_seed(0)
+    model, criterion = Net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, modules=[""], summaries=2,
+                   snapshots=None) as dbg:
+        for _ in range(5):
+            _step(model, criterion, optimizer, torch.randn(4, 6), torch.randint(0, 3, (4,)))
+        hooks = list(model._forward_hooks.values())
+        assert hooks[0].func == dbg._hooks._hook and len(hooks) == 2  # the output hook, then step detection
+    assert dbg.steps == 5
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.summary("model")[0].tolist() == [0, 2, 4]
+        assert recording.kpi("loss")[0].tolist() == [0, 1, 2, 3, 4]
