@@ -901,9 +901,26 @@ def test_a_merge_hands_each_array_to_hdf5_and_lets_go_of_it_so_the_merged_copy_i
     monkeypatch.setattr(writer_module, "write_segment", recording_write)
     _write_four_steps(tmp_path, flush_after=range(4))
     final = [entry for entry in seen if entry[0] == schema.FINAL_NAME]
-    assert final == [(schema.FINAL_NAME, True, 0, 0)]  # written, then emptied
+    assert final == [(schema.FINAL_NAME, True, 4, 0)]  # written, then emptied but for its step numbers
     flushed = [entry for entry in seen if entry[0].endswith("-L0.h5")]
     assert [(consume, steps) for _, consume, steps, _ in flushed] == [(False, 1)] * 4  # buffers are kept as they are
-    assert all(steps == 0 for _, consume, steps, _ in seen if consume)  # every merge let go of its copy
+    assert all(summaries == 0 for _, consume, _, summaries in seen if consume)  # every merge let go of its copy
     with h5py.File(tmp_path / "trial" / schema.FINAL_NAME, "r") as f:  # and every step made it into the file
         assert sorted(f[schema.STEPS_STEP][()].tolist()) == [0, 1, 2, 3]
+
+
+def test_the_last_write_at_close_lets_go_of_each_array_too(tmp_path, monkeypatch):
+    """A run that never flushed is written at ``close()`` straight into the final file, consuming its arrays
+    (a failure there is reported lost, not kept for a retry): one copy of the recording less at the peak."""
+    seen = []
+
+    def recording_write(path, content, attrs, **options):
+        write_segment(path, content, attrs, **options)
+        seen.append((Path(path).name, options.get("consume", False), len(content.step), len(content.summary_step)))
+
+    monkeypatch.setattr(writer_module, "write_segment", recording_write)
+    _write_four_steps(tmp_path, flush_after=())
+    assert seen == [(schema.FINAL_NAME, True, 4, 0)]
+    with h5py.File(tmp_path / "trial" / schema.FINAL_NAME, "r") as f:
+        assert sorted(f[schema.STEPS_STEP][()].tolist()) == [0, 1, 2, 3]
+        assert len(f[schema.SUMMARY_STEP][()]) == 4

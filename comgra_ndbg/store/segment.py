@@ -147,7 +147,9 @@ def write_segment(path: Path, content: SegmentContent, attrs: dict, *, consume: 
     leave a half-written file behind, or crash the process).
 
     ``consume=True`` empties each of ``content``'s arrays once HDF5 holds its copy, so a merge of a whole
-    recording peaks at about two copies of it (the file image and its bytes) instead of three."""
+    recording, or the last write at ``close()``, peaks at about two copies of it (the file image and its
+    bytes) instead of three; the step numbers stay, so that a write that fails still says which steps it
+    lost."""
     write_file(Path(path), _image(content, attrs, consume=consume))
 
 
@@ -166,7 +168,7 @@ def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> by
         for field_name in _ARRAYS:
             data = getattr(content, field_name)
             write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
-            if consume and isinstance(data, np.ndarray):
+            if consume and isinstance(data, np.ndarray) and field_name != "step":
                 setattr(content, field_name, data[:0].copy())
         f.flush()
         return f.id.get_file_image()

@@ -161,26 +161,28 @@ class RecordingWriter:
             self._sequence += 1
             self._unwritten.append((self._sequence, content))
 
-    def _write_unwritten(self, *, final: bool = False) -> Path | None:
+    def _write_unwritten(self, *, final: bool = False, consume: bool = False) -> Path | None:
         """Write every queued content, oldest first, each as a level-0 segment; with ``final`` (a single one
-        and nothing else on disk) as the consolidated file itself. Returns the last path written."""
+        and nothing else on disk) as the consolidated file itself. Returns the last path written. ``consume``
+        (at ``close()``, where a content that fails is reported lost rather than kept for a retry) lets go of
+        each array once HDF5 holds it: one copy of the buffered steps less at the peak."""
         path = None
         while self._unwritten:
             sequence, content = self._unwritten[0]
             last = final and len(self._unwritten) == 1
             path = self.directory / (schema.FINAL_NAME if last else segment_name(sequence, 0))
             write_segment(path, content, self._attrs(sequence, (sequence,), FINAL_LEVEL if last else 0,
-                                                     complete=last))
+                                                     complete=last), consume=consume)
             del self._unwritten[0]
             self._lock.beat(sequence)
             if not last:
                 self._merger.add(sequence, path)
         return path
 
-    def _write_buffered(self, catalog: Catalog, *, final: bool = False) -> Path | None:
+    def _write_buffered(self, catalog: Catalog, *, final: bool = False, consume: bool = False) -> Path | None:
         self._take_buffered(catalog)
         try:
-            path = self._write_unwritten(final=final)
+            path = self._write_unwritten(final=final, consume=consume)
         except Exception as error:  # noqa: BLE001 - reported; the rows stay for the next flush
             self._failed(error)
             return None
@@ -293,7 +295,7 @@ class RecordingWriter:
             # A run that never flushed writes its steps straight into the final file: one write, not a
             # segment and a copy of it.
             direct = not self._merger.drain() and not self._unwritten
-            written = self._write_buffered(catalog, final=direct)
+            written = self._write_buffered(catalog, final=direct, consume=True)  # a failure here is reported lost
             self._report_merge_error()
             if self._unwritten:
                 self._report_dropped(self._unwritten, "they could not be written when the recorder closed")
