@@ -33,6 +33,7 @@ from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, 
 from comgra_ndbg.gui.queries import evidence_statistic
 from comgra_ndbg.gui.ranks import rank_options, split_rank_key
 from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
+from comgra_ndbg.gui.stepping import step_window
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.timelines import step_marker
 from comgra_ndbg.gui.urlstate import from_address, to_address
@@ -45,8 +46,11 @@ TAB_BY_ID = dict(ids.TAB_NAMES)
 TAB_ID = {name: tab for tab, name in ids.TAB_NAMES.items()}
 # Component id -> the trigger name its value enters update_view as.
 SELECTION_INPUTS = {ids.TRIAL: "trial", ids.RANK: "rank", ids.STEP_TYPE: "step_type", ids.ITERATION: "iteration", ids.NODE: "node",
-                    ids.TENSOR: "tensor", ids.KIND: "kind", ids.SAMPLE: "sample", ids.STAT: "stat", ids.STEP: "step",
-                    ids.STEP_BOX: "step_box", ids.GRAPH_SEARCH: "search"}
+                    ids.TENSOR: "tensor", ids.KIND: "kind", ids.SAMPLE: "sample", ids.STAT: "stat",
+                    ids.GRAPH_SEARCH: "search"}
+# What the page's script passes on in the ask store (a step it could not show itself, a typed step, an address
+# it did not set: clientside.SCRIPT's ``ask``), as [trigger, value, time].
+ASKED = ("step", "step_box", "url")
 OPTION_INPUTS = {ids.COLOUR: "colour", ids.GRAPH_OPTIONS: "graph_options", ids.OVERLAY_NODES: "overlay_nodes",
                  ids.OVERLAY_TRIALS: "overlay_trials", ids.TIMELINE_OPTIONS: "timeline_options", ids.EMA: "ema",
                  ids.FOLLOW: "follow", ids.THEME: "theme", ids.TABS: "tab", ids.VALUES_MODE: "values_mode",
@@ -269,6 +273,8 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
             out["graph_view"] = state
     if _fresh(keys, "colour_scale", scale):
         out["colour_scale"] = scale
+    if _fresh(keys, "step_data", (address, selection.generation)):  # the address names the whole view
+        out["step_data"] = step_window(cache, selection, options)
     _tensors_outputs(cache, selection, options, keys, out)
     _tab_outputs(cache, selection, options, keys, out, stamp, visualization)
     out["keys"] = keys
@@ -370,8 +376,10 @@ def _trigger(triggered_id: Any, value: Any, inputs: dict[str, Any]) -> tuple[str
     if triggered_id == ids.GRAPH:
         data = value or {}
         return ("graph", (data["id"], data.get("kind", "node"))) if data.get("id") else (None, None)
-    if triggered_id == ids.URL:
-        return "url", value or ""
+    if triggered_id == ids.STEP_ASK:
+        if isinstance(value, (list, tuple)) and len(value) >= 2 and value[0] in ASKED:
+            return str(value[0]), (value[1] or "") if value[0] == "url" else value[1]
+        return None, None
     if triggered_id in (ids.GRAPH_EXPAND, ids.GRAPH_DEFAULT):
         return ("boxes", "expand" if triggered_id == ids.GRAPH_EXPAND else "default") if value else (None, None)
     if triggered_id == ids.GENERATION:
@@ -396,7 +404,7 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
     plain = {**SELECTION_INPUTS, **OPTION_INPUTS}
     inputs: dict[str, Any] = {f"i{n}": Input(component, "value") for n, component in enumerate(plain)}
     inputs.update(
-        url=Input(ids.URL, "search"), graph=Input(ids.GRAPH, "tapNodeData"),
+        ask=Input(ids.STEP_ASK, "data"), graph=Input(ids.GRAPH, "tapNodeData"),
         plots={f"p{n}": Input(plot, "clickData") for n, plot in enumerate(CLICKABLE_PLOTS)},
         steppers=Input({"type": ids.STEPPER_TYPE, "selector": ALL, "delta": ALL}, "n_clicks"),
         jumps=Input({"type": ids.DIAGNOSIS_JUMP_TYPE, "item": ALL, "node": ALL, "step": ALL, "kind": ALL}, "n_clicks"),

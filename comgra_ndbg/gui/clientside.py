@@ -16,15 +16,21 @@ from dash import ALL, ClientsideFunction, Dash, Input, Output, State
 
 from comgra_ndbg.gui import ids
 
-__all__ = ["NODE_MATCHES", "SCRIPT", "register_clientside"]
+__all__ = ["FORGET", "NODE_MATCHES", "SCRIPT", "register_clientside"]
 
 NODE_MATCHES = 60  # the names a node list shows at once; typing narrows them down
+
+# What the view callback remembers having sent for the step shown (callbacks._fresh's keys): forgotten when
+# the page shows another step itself, so the server's next answer sends them for the step then shown.
+FORGET = ("panel", "timeline_step", "address", "sent:step", "sent:step_box", "step_label", "graph_state", "graph_paint",
+          "colour_scale", "step_data")
 
 SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (function () {
   const GRAPH = %(graph)s;
   const NODE_MATCHES = %(matches)d;
   const THUMB = %(thumb)s;
+  const FORGET = %(forget)s;
   const none = () => window.dash_clientside.no_update;
   const cyOf = () => { const box = document.getElementById(GRAPH); return box && box._cyreg ? box._cyreg.cy : null; };
   let lit = {cy: null, selected: undefined};  // the selection whose lineage the graph shows now
@@ -59,6 +65,100 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       });
     });
   }
+  // ---- a step shown without the server (gui/stepping.py sends the views of the steps around the current one)
+  let held = null;  // the window of steps the server sent last, when the page can show its steps
+  let shown = {position: null, step: null, snapshot: true, stats: false};  // the step the page shows now
+  let known = null;  // the address of the view shown: set by the server's answer or by a step shown here
+  let addressAt = null;  // the address the browser's history is to show next
+  function showAddress(address) {
+    // The address of each view is a new entry of the browser's history, as a link to it would be. It is
+    // written after the view is painted: pushState takes a few milliseconds the paint need not wait for.
+    const first = addressAt === null;
+    addressAt = address;
+    if (first) {
+      window.requestAnimationFrame(() => setTimeout(() => {
+        if (addressAt !== null && addressAt !== window.location.search) {
+          window.history.pushState({}, '', window.location.pathname + addressAt);
+        }
+        addressAt = null;
+      }, 0));
+    }
+  }
+  window.addEventListener('popstate', () => {
+    // Back or forward: the view of the address the browser now shows.
+    const search = window.location.search;
+    addressAt = null;
+    if (known !== null && search !== known) {
+      known = search;
+      window.dash_clientside.set_props(%(ask)s, {data: asked('url', search)});
+    }
+  });
+  function adopt(data) {
+    held = data && data.local ? data : null;
+    shown = {position: data ? data.position : null, step: data ? data.step : null,
+             snapshot: !held || held.snapshot_shown, stats: !!(held && held.stats_shown)};
+  }
+  function localStep(position) {
+    // Show the step at slider position `position` from the window held and tell the server's stores, so its
+    // next answer starts from this step and sends again what it last sent for another one; false (and nothing
+    // changed) when the server must draw it: outside the window, a snapshot's histogram shown or to show.
+    const d = held;
+    const i = d ? position - d.first : -1;
+    if (!d || shown.snapshot || !shown.stats || i < 0 || i >= d.steps.length || d.stats[i] === null) { return false; }
+    const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');
+    const timeline = plot(%(timeline)s), histogram = plot(%(histogram)s);
+    if (!window.Plotly || !timeline || !timeline.layout || !histogram || !histogram.layout ||
+        !document.getElementById(%(table)s) || !document.getElementById(%(note)s)) { return false; }
+    const step = d.steps[i], set = window.dash_clientside.set_props, Patch = window.dash_clientside.Patch;
+    shown = {position: position, step: step, snapshot: false, stats: true};
+    known = d.address.replace(/([?&]step=)-?[0-9]+/, '$1' + step);
+    set(%(table)s, {children: d.stats[i]});
+    set(%(header)s, {children: d.header[0] + ' · step ' + step + ' ' + d.header[1]});
+    set(%(label)s, {children: 'step ' + step + ' · ' + (position + 1) + d.label_tail});
+    set(%(note)s, {children: d.note[i]});
+    const box = document.getElementById(%(box)s);  // dcc.Input sets its field itself too: no render needed
+    if (box && document.activeElement !== box) { box.value = step; }
+    showAddress(known);
+    set(%(selection)s, {data: new Patch().assign(['selection', 'step'], step).assign(['wanted', 'step'], step).build()});
+    set(%(keys)s, {data: FORGET.reduce((patch, name) => patch.delete([name]), new Patch()).build()});
+    if ((timeline.layout.shapes || []).length) { moveMarker(timeline, step); }
+    if ((histogram.layout.annotations || []).length) { retitle(histogram, d.note[i]); }
+    const cy = cyOf();
+    if (d.colours && cy) {
+      const colours = {};
+      d.items.forEach((item, k) => { colours[item] = d.colours[i][k]; });
+      colour(cy, colours);
+      set(%(scale)s, {children: new Patch().assign([0], d.scale[0] + 'at step ' + step + d.scale[1]).build()});
+    }
+    return true;
+  }
+  // plotly.js's relayout of one shape or one annotation's text redoes the plot's axes, some 10 ms a plot: the
+  // marker and the note are changed in place instead. The figure's layout and plotly.js's full layout are
+  // told the new values, so any later redraw (a zoom, a resize) draws them as shown; where the plot is not
+  // drawn as expected, relayout does it.
+  function moveMarker(gd, step) {
+    const full = gd._fullLayout, xa = full && full.xaxis;
+    const path = gd.querySelector('.shapelayer path[data-index="0"]');
+    const drawn = path ? /^M[^,L]+,([^L]+)L[^,]+,(.+)$/.exec(path.getAttribute('d') || '') : null;
+    if (!drawn || !xa || xa.type !== 'linear' || !(full.shapes || []).length) {
+      window.Plotly.relayout(gd, {'shapes[0].x0': step, 'shapes[0].x1': step});
+      return;
+    }
+    gd.layout.shapes[0].x0 = gd.layout.shapes[0].x1 = full.shapes[0].x0 = full.shapes[0].x1 = step;
+    const x = (xa._offset + xa.l2p(step)).toFixed(2);
+    path.setAttribute('d', 'M' + x + ',' + drawn[1] + 'L' + x + ',' + drawn[2]);
+  }
+  function retitle(gd, text) {
+    const full = gd._fullLayout, node = gd.querySelector('.annotation-text');
+    if (!node || node.children.length || !full || !(full.annotations || []).length) {
+      window.Plotly.relayout(gd, {'annotations[0].text': text});
+      return;
+    }
+    gd.layout.annotations[0].text = full.annotations[0].text = text;
+    node.textContent = text;
+    node.setAttribute('data-unformatted', text);
+  }
+  function asked(trigger, value) { return [trigger, value, Date.now()]; }
   let drawn = null;  // the elements last fitted into the view
   let moved = false;  // the user zoomed or panned since: a resize no longer refits
   let pending = null;  // the slider position the last step button asked for, and when
@@ -73,7 +173,10 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     const from = pending !== null && performance.now() - pending.at < 400 ? pending.position : shown;
     const target = Math.min(Math.max(from + delta, 0), last);
     pending = {position: target, at: performance.now()};
-    if (target !== from) { window.dash_clientside.set_props(%(step)s, {value: target}); }
+    if (target !== from) {
+      localStep(target);  // shown at once when the window holds it; else the slider's move asks the server (ask)
+      window.dash_clientside.set_props(%(step)s, {value: target});
+    }
   }
   document.addEventListener('click', (event) => {
     const button = event.target && event.target.closest ? event.target.closest(%(buttons)s) : null;
@@ -164,7 +267,36 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     return lines.join('\\n') + '\\n';
   }
   return {
+    debugState: () => ({held: held ? {first: held.first, n: held.steps.length, snap: held.snapshot_shown, st: held.stats_shown} : null, shown: shown, known: known}),
     stepBy: stepBy,  // not a callback: the ← and → keys step through it (style.KEYS_SCRIPT)
+    ask: function (position, typed) {
+      // What the server must answer of a slider move or a typed step: a step the page cannot show itself, or
+      // a step number other than the one shown. (The server's own answers setting these do not call this.)
+      const fired = (window.dash_clientside.callback_context.triggered || []).map((t) => t.prop_id);
+      if (fired.includes(%(box)s + '.value')) {
+        return typeof typed === 'number' && typed !== shown.step ? asked('step_box', typed) : none();
+      }
+      if (typeof position === 'number' && shown.position !== null && position !== shown.position &&
+          !localStep(position)) {
+        return asked('step', position);
+      }
+      return none();
+    },
+    held: function (data, address) {
+      // The server's answer: the window of steps it drew and the address of its view, which the browser's
+      // address then shows. On the page's first call, an address other than the one the page was made for
+      // (a page opened without its address reaching the server) is asked for.
+      adopt(data);
+      const search = window.location.search;
+      if (known === null && search !== (address || '')) {
+        known = search;
+        window.dash_clientside.set_props(%(ask)s, {data: asked('url', search)});
+      } else if (known === null || (address || '') !== known) {
+        known = address || '';
+        showAddress(known);
+      }
+      return Date.now();
+    },
     graphSync: function (view, elements) { apply(view, elements, 0); return Date.now(); },
     tools: function (_fitClicks, _centreClicks, view) {
       const cy = cyOf();
@@ -241,7 +373,12 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
 """ % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT),
        "step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV), "matches": NODE_MATCHES,
        "thumb": json.dumps(f"#{ids.STEP} [role='slider']"),
-       "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}")}
+       "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}"), "timeline": json.dumps(ids.TIMELINE),
+       "histogram": json.dumps(ids.HISTOGRAM), "table": json.dumps(ids.STATS_TABLE + "-table"),
+       "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER), "label": json.dumps(ids.STEP_LABEL),
+       "box": json.dumps(ids.STEP_BOX), "selection": json.dumps(ids.SELECTION),
+       "keys": json.dumps(ids.KEYS), "scale": json.dumps(ids.COLOUR_SCALE), "data": json.dumps(ids.STEP_DATA),
+       "address": json.dumps(ids.ADDRESS), "forget": json.dumps(FORGET), "ask": json.dumps(ids.STEP_ASK)}
 
 
 def register_clientside(app: Dash) -> None:
@@ -249,6 +386,10 @@ def register_clientside(app: Dash) -> None:
     def fn(name: str) -> ClientsideFunction:
         return ClientsideFunction(namespace="comgra", function_name=name)
 
+    app.clientside_callback(fn("ask"), Output(ids.STEP_ASK, "data"), Input(ids.STEP, "value"),
+                            Input(ids.STEP_BOX, "value"), prevent_initial_call=True)
+    app.clientside_callback(fn("held"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP_DATA, "data"),
+                            Input(ids.ADDRESS, "data"))
     app.clientside_callback(fn("graphSync"), Output(ids.CLIENT + "-graph", "data"), Input(ids.GRAPH_VIEW, "data"),
                             Input(ids.GRAPH, "elements"))
     app.clientside_callback(fn("tools"), Output(ids.CLIENT + "-tools", "data"), Input(ids.GRAPH_FIT, "n_clicks"),
@@ -269,4 +410,4 @@ def register_clientside(app: Dash) -> None:
                             prevent_initial_call=True)
 
 
-CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tools", "-theme", "-save"))
+CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tools", "-theme", "-save", "-step"))
