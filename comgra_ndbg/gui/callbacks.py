@@ -6,8 +6,11 @@ resolves the selection, and returns every output of the page — the selectors, 
 elements and browser-side state, the tensor panel, the timeline, the open tab — as ``no_update`` where
 nothing changed. What each view was last computed for is kept in a small store (``keys``), so a step
 change sends a few table rows, two small figures and a patch of the timeline's marks, never the graph's
-elements or 10,000 points again. Only :func:`register_callbacks` knows Dash's decorators and ``ctx``; it
-closes over the cache instead of using globals, and serializes the callbacks on the cache's lock.
+elements or 10,000 points again; with each view goes the window of nearby steps the page shows without
+asking (:mod:`comgra_ndbg.gui.stepping`), and the slider, step box and address reach the callback only
+through the page's script, when it cannot show the step itself. Only :func:`register_callbacks` knows
+Dash's decorators and ``ctx``; it closes over the cache instead of using globals, and serializes the
+callbacks on the cache's lock.
 """
 from __future__ import annotations
 

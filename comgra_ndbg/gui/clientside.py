@@ -1,6 +1,8 @@
 """What the browser does without asking the server: the graph's selection highlight and statistic colours,
-fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, the
-options of the node lists as the user types, reading a zoom of the timeline, and saving plots as PNG and CSV.
+fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, showing
+a nearby step from the window the server sent (:mod:`comgra_ndbg.gui.stepping`) and asking the server for
+any other, the browser's address and back / forward, the options of the node lists as the user types,
+reading a zoom of the timeline, and saving plots as PNG and CSV.
 
 The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, inlined in the page by
 :func:`comgra_ndbg.gui.style.index_string`) and are wired by :func:`register_clientside`. The graph's
@@ -67,6 +69,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   }
   // ---- a step shown without the server (gui/stepping.py sends the views of the steps around the current one)
   let held = null;  // the window of steps the server sent last, when the page can show its steps
+  let pending = null;  // the slider position the last step button asked for, and when
   let shown = {position: null, step: null, snapshot: true, stats: false};  // the step the page shows now
   let known = null;  // the address of the view shown: set by the server's answer or by a step shown here
   let addressAt = null;  // the address the browser's history is to show next
@@ -88,6 +91,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     // Back or forward: the view of the address the browser now shows.
     const search = window.location.search;
     addressAt = null;
+    pending = null;  // the next step starts from the step of that view, not from the last one asked for
     if (known !== null && search !== known) {
       known = search;
       window.dash_clientside.set_props(%(ask)s, {data: asked('url', search)});
@@ -110,19 +114,23 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     if (!window.Plotly || !timeline || !timeline.layout || !histogram || !histogram.layout ||
         !document.getElementById(%(table)s) || !document.getElementById(%(note)s)) { return false; }
     const step = d.steps[i], set = window.dash_clientside.set_props, Patch = window.dash_clientside.Patch;
+    const values = d.stats[i], note = d.notes[d.note[i]].replace('{step}', String(step));
+    const table = d.head + d.names.map((name, k) => values[k] === null ? '' : '\\n| ' + name + ' | ' + values[k] + ' |')
+      .join('');
     shown = {position: position, step: step, snapshot: false, stats: true};
     known = d.address.replace(/([?&]step=)-?[0-9]+/, '$1' + step);
-    set(%(table)s, {children: d.stats[i]});
+    set(%(table)s, {children: table});
     set(%(header)s, {children: d.header[0] + ' · step ' + step + ' ' + d.header[1]});
     set(%(label)s, {children: 'step ' + step + ' · ' + (position + 1) + d.label_tail});
-    set(%(note)s, {children: d.note[i]});
+    set(%(note)s, {children: note});
     const box = document.getElementById(%(box)s);  // dcc.Input sets its field itself too: no render needed
     if (box && document.activeElement !== box) { box.value = step; }
     showAddress(known);
-    set(%(selection)s, {data: new Patch().assign(['selection', 'step'], step).assign(['wanted', 'step'], step).build()});
+    set(%(selection)s, {data: new Patch().assign(['selection', 'step'], step).assign(['wanted', 'step'], step)
+      .build()});
     set(%(keys)s, {data: FORGET.reduce((patch, name) => patch.delete([name]), new Patch()).build()});
     if ((timeline.layout.shapes || []).length) { moveMarker(timeline, step); }
-    if ((histogram.layout.annotations || []).length) { retitle(histogram, d.note[i]); }
+    if ((histogram.layout.annotations || []).length) { retitle(histogram, note); }
     const cy = cyOf();
     if (d.colours && cy) {
       const colours = {};
@@ -161,10 +169,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   function asked(trigger, value) { return [trigger, value, Date.now()]; }
   let drawn = null;  // the elements last fitted into the view
   let moved = false;  // the user zoomed or panned since: a resize no longer refits
-  let pending = null;  // the slider position the last step button asked for, and when
   function stepBy(delta) {
     // Presses quicker than the page updates (a held key) start from the position the last one asked for;
-    // the slider's new position is the one request to the server. The slider's thumb says where it is and
+    // a step of the window held is shown at once, any other is the one request to the server. The slider's thumb says where it is and
     // how far it goes, so no callback has to keep track of that on every step.
     const thumb = document.querySelector(THUMB);
     if (!thumb) { return; }
@@ -267,7 +274,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     return lines.join('\\n') + '\\n';
   }
   return {
-    debugState: () => ({held: held ? {first: held.first, n: held.steps.length, snap: held.snapshot_shown, st: held.stats_shown} : null, shown: shown, known: known}),
     stepBy: stepBy,  // not a callback: the ← and → keys step through it (style.KEYS_SCRIPT)
     ask: function (position, typed) {
       // What the server must answer of a slider move or a typed step: a step the page cannot show itself, or
@@ -375,10 +381,10 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
        "thumb": json.dumps(f"#{ids.STEP} [role='slider']"),
        "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}"), "timeline": json.dumps(ids.TIMELINE),
        "histogram": json.dumps(ids.HISTOGRAM), "table": json.dumps(ids.STATS_TABLE + "-table"),
-       "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER), "label": json.dumps(ids.STEP_LABEL),
-       "box": json.dumps(ids.STEP_BOX), "selection": json.dumps(ids.SELECTION),
-       "keys": json.dumps(ids.KEYS), "scale": json.dumps(ids.COLOUR_SCALE), "data": json.dumps(ids.STEP_DATA),
-       "address": json.dumps(ids.ADDRESS), "forget": json.dumps(FORGET), "ask": json.dumps(ids.STEP_ASK)}
+       "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER),
+       "label": json.dumps(ids.STEP_LABEL), "box": json.dumps(ids.STEP_BOX), "selection": json.dumps(ids.SELECTION),
+       "keys": json.dumps(ids.KEYS), "scale": json.dumps(ids.COLOUR_SCALE), "forget": json.dumps(FORGET),
+       "ask": json.dumps(ids.STEP_ASK)}
 
 
 def register_clientside(app: Dash) -> None:

@@ -21,8 +21,8 @@ from comgra_ndbg.stats.statistics import STATISTICS, derive, derive_one, merge_g
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, Snapshot
 
-__all__ = ["ElementValues", "element_values", "node_events", "node_rows", "node_series", "primary_tensor", "series_values",
-           "statistics_at", "statistics_over", "timeline_curves", "trace_curves"]
+__all__ = ["ElementValues", "element_values", "node_events", "node_rows", "node_series", "primary_tensor",
+           "series_values", "statistics_at", "statistics_over", "timeline_curves", "trace_curves"]
 
 
 def series_values(cache: ReaderCache, trial: str, tensor: str, kind: str, iteration: int | None, stat: str

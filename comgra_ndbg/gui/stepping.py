@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from comgra_ndbg.gui.figures import statistics_rows
+from comgra_ndbg.gui.figures import format_number
 from comgra_ndbg.gui.panels import graph_state, no_snapshot_text, tensor_header
 from comgra_ndbg.gui.queries import statistics_at, statistics_over
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.urlstate import to_address
-from comgra_ndbg.gui.views import markdown_text
+from comgra_ndbg.gui.views import markdown_cell, markdown_text
+from comgra_ndbg.stats.statistics import STATISTICS
 
 __all__ = ["COLOUR_RADIUS", "RADIUS", "step_window"]
 
@@ -32,12 +33,18 @@ def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions) 
     """The current step's position and, where the browser can show nearby steps itself, their views.
 
     Always: ``position`` and ``step`` (what the page shows now) and ``local`` (whether the rest is there).
-    With ``local``: ``first`` (the position of ``steps[0]``), ``steps``, and per step ``stats`` (the
-    statistics table's Markdown text) and ``note`` (the histogram's "no snapshot" text), each None where
-    the server must draw that step (a snapshot, or no statistics); ``header`` and ``scale`` as the text
-    before and after the step number; ``label_tail`` for the step label; ``address`` of the current view;
-    ``snapshot_shown`` (the histogram shows a snapshot, not a note); and when the graph is coloured by a
-    statistic, ``items`` and ``colours`` (per step, one colour per item) — else ``colours`` is None.
+    With ``local``, for the recorded ``steps`` of the window (``first``: the slider position of the first):
+
+    - the statistics table: ``head`` (its header lines), ``names`` (its first column) and per step ``stats``,
+      the value of each name (None: not listed) — the table is ``head`` and a line ``| name | value |`` per
+      listed value, the text :func:`~comgra_ndbg.gui.views.markdown_table` makes;
+    - the histogram's note: ``notes`` (texts with the step as ``{step}``) and per step ``note``, an index;
+    - ``stats`` and ``note`` are None at a step the server must draw (a snapshot, or no statistics);
+    - ``header`` and ``scale``: the tensor header and the colour scale's first line, before and after the
+      step number; ``label_tail``: the step label after the position; ``address``: the current view's;
+    - ``snapshot_shown`` / ``stats_shown``: whether the page shows a snapshot's histogram / a table now;
+    - when the graph is coloured by a statistic, ``items`` and per step ``colours`` (one per item); else
+      ``colours`` is None.
     """
     steps = cache.steps_of_type(selection.trial, selection.step_type) if selection.step_type is not None else []
     if selection.step is None or not len(steps):
@@ -53,16 +60,21 @@ def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions) 
     first = max(position - radius, 0)
     window = [int(s) for s in steps[first:position + radius + 1]]
     snapshots = set(int(s) for s in cache.snapshot_steps(selection.trial, selection.tensor, selection.kind))
-    stats, notes = [], []
-    for step, values in zip(window, statistics_over(cache, selection, window)):
-        values = values if step not in snapshots else None
-        stats.append(markdown_text(("statistic", "value"), statistics_rows(values)) if values is not None else None)
-        notes.append(no_snapshot_text(cache, dataclasses.replace(selection, step=step)) if values is not None else None)
-    found.update(local=True, first=first, steps=window, stats=stats, note=notes, header=header,
-                 label_tail=f" of {len(steps)} {selection.step_type} steps", address=to_address(selection, options),
-                 snapshot_shown=cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
-                                                   selection.iteration) is not None, stats_shown=statistics_at(cache, selection) is not None,
-                 colours=None, scale=None)
+    values = [None if step in snapshots else v for step, v in zip(window, statistics_over(cache, selection, window))]
+    names = [name for name in STATISTICS if any(v is not None and name in v for v in values)]
+    notes: list[str] = []
+    found.update(
+        local=True, first=first, steps=window, head=markdown_text(("statistic", "value"), []),
+        names=[markdown_cell(name) for name in names],
+        stats=[None if v is None else [markdown_cell(format_number(v[n])) if n in v else None for n in names]
+               for v in values],
+        notes=notes,
+        note=[None if v is None else _note(cache, selection, step, notes) for step, v in zip(window, values)],
+        header=header, label_tail=f" of {len(steps)} {selection.step_type} steps",
+        address=to_address(selection, options), colours=None, scale=None,
+        snapshot_shown=cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
+                                      selection.iteration) is not None,
+        stats_shown=statistics_at(cache, selection) is not None)
     if options.colour != "role":
         state, scale = graph_state(cache, selection, options, centre=False)
         if state["colours"] and scale:
@@ -73,3 +85,13 @@ def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions) 
                                 for step in window]
             found["scale"] = re.split(rf"at step {selection.step}(?=:$)", scale[0])
     return found
+
+
+def _note(cache: ReaderCache, selection: Selection, step: int, notes: list[str]) -> int:
+    """The index in ``notes`` (added to when new) of the histogram's note at ``step``, the step as ``{step}``."""
+    text = no_snapshot_text(cache, dataclasses.replace(selection, step=step))
+    template = text.replace(f" step {step} ", " step {step} ", 1)
+    template = template if template.replace("{step}", str(step), 1) == text else text
+    if template not in notes:
+        notes.append(template)
+    return notes.index(template)

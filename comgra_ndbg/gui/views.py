@@ -13,8 +13,8 @@ from dash import dcc, html
 
 from comgra_ndbg.gui import ids
 
-__all__ = ["GRAPH_CONFIG", "graph_of", "markdown_table", "markdown_text", "message", "module_table", "notes_table", "plot",
-           "problems_view", "table"]
+__all__ = ["GRAPH_CONFIG", "graph_of", "markdown_cell", "markdown_table", "markdown_text", "message", "module_table",
+           "notes_table", "plot", "problems_view", "table"]
 
 MARKDOWN_SPECIAL = "\\`*_{}[]<>()#+-.!|~"  # escaped in a Markdown table's cells, so they show as typed
 MARKDOWN_ESCAPES = str.maketrans({**{c: "\\" + c for c in MARKDOWN_SPECIAL}, "\n": " "})
@@ -59,12 +59,19 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, tabl
 
 def markdown_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """The Markdown text of :func:`markdown_table` (what the page sets when it shows another step itself)."""
-    def cell(value: Any) -> str:
-        return str(value).translate(MARKDOWN_ESCAPES)
-
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(markdown_cell(h) for h in header) + " |",
+             "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(markdown_cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def markdown_cell(value: Any) -> str:
+    r"""A value as a cell of :func:`markdown_text`, shown as typed.
+
+    >>> markdown_cell("-1.5e-3 | x")
+    '\\-1\\.5e\\-3 \\| x'
+    """
+    return str(value).translate(MARKDOWN_ESCAPES)
 
 
 def module_table(modules: Sequence[Any], classes: dict[str, str]) -> html.Table:
