@@ -54,6 +54,10 @@ SELECTION_INPUTS = {ids.TRIAL: "trial", ids.RANK: "rank", ids.STEP_TYPE: "step_t
 # What the page's script passes on in the ask store (a step it could not show itself, a typed step, an address
 # it did not set: clientside.SCRIPT's ``ask``), as [trigger, value, time].
 ASKED = ("step", "step_box", "url")
+# Actions after which the next is likely a step: their answer carries the window of nearby steps. Others (a
+# tap, a selector) answer without it, as fast as before; the first step after them asks the server, whose
+# answer then brings the window.
+STEPPING = ("step", "step_box", "stepper", "timeline", "jump", "generations", "url")
 OPTION_INPUTS = {ids.COLOUR: "colour", ids.GRAPH_OPTIONS: "graph_options", ids.OVERLAY_NODES: "overlay_nodes",
                  ids.OVERLAY_TRIALS: "overlay_trials", ids.TIMELINE_OPTIONS: "timeline_options", ids.EMA: "ema",
                  ids.FOLLOW: "follow", ids.THEME: "theme", ids.TABS: "tab", ids.VALUES_MODE: "values_mode",
@@ -224,7 +228,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
             selection = Selection.from_dict(selectors["store"]["selection"])
     selectors["store"]["options"] = options.to_dict()
     out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization,
-                   tapped=tapped)
+                   tapped=tapped, stepping=acted in STEPPING)
     for name in SETTABLE:
         if out[name] is not no_update and not _fresh(keys, "sent:" + name, out[name]) and \
                 name != acted and not (name == "node" and acted == "search"):
@@ -239,7 +243,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
 
 def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, selectors: dict[str, Any],
              keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None,
-             tapped: str | None = None) -> dict[str, Any]:
+             tapped: str | None = None, stepping: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {name: no_update for name in OUTPUTS}
     out.update({k: v for k, v in selectors.items() if k in OUTPUTS})
     for name in UNCHANGING:  # option lists the browser already shows are not sent (nor re-rendered) again
@@ -276,8 +280,8 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
             out["graph_view"] = state
     if _fresh(keys, "colour_scale", scale):
         out["colour_scale"] = scale
-    if _fresh(keys, "step_data", (address, selection.generation)):  # the address names the whole view
-        out["step_data"] = step_window(cache, selection, options)
+    if _fresh(keys, "step_data", (address, selection.generation, stepping)):  # the address names the whole view
+        out["step_data"] = step_window(cache, selection, options, nearby=stepping)
     _tensors_outputs(cache, selection, options, keys, out)
     _tab_outputs(cache, selection, options, keys, out, stamp, visualization)
     out["keys"] = keys

@@ -29,8 +29,10 @@ RADIUS = 32  # recorded steps on each side of the current one whose views are se
 COLOUR_RADIUS = 8  # fewer when the graph is coloured by a statistic: each step then colours every drawn item
 
 
-def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
-    """The current step's position and, where the browser can show nearby steps itself, their views.
+def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions, *, nearby: bool = True
+                ) -> dict[str, Any]:
+    """The current step's position and, with ``nearby`` and where the browser can show nearby steps itself,
+    their views.
 
     Always: ``position`` and ``step`` (what the page shows now) and ``local`` (whether the rest is there).
     With ``local``, for the recorded ``steps`` of the window (``first``: the slider position of the first):
@@ -51,7 +53,7 @@ def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions) 
         return {"position": 0, "step": None, "local": False}
     position = int(np.searchsorted(steps, selection.step))
     found: dict[str, Any] = {"position": position, "step": selection.step, "local": False}
-    if options.tab != "tensors" or selection.tensor is None or selection.kind is None or selection.sample is not None:
+    if not nearby or options.tab != "tensors" or selection.tensor is None or selection.kind is None or selection.sample is not None:
         return found  # the other tabs and one sample's statistics (from its snapshots) are drawn by the server
     header = tensor_header(cache, selection).split(f" · step {selection.step} ", 1)
     if len(header) != 2:
