@@ -342,7 +342,12 @@ def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(bro
     ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
     wait_for(lambda: shown_step(browser)["label"].startswith("step 200 "), "step 200")
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
-    assert shown_step(browser)["views"] == 2  # the snapshot's histogram and values come from the server
+    assert "· step 200 ·" in browser.execute_script(  # the snapshot's histogram, sent along with the window
+        "return document.querySelector(arguments[0]).layout.title.text;", f"#{ids.HISTOGRAM} .js-plotly-plot")
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()  # and from the snapshot to a note again
+    wait_for(lambda: shown_step(browser)["note"].startswith("No snapshot at step 199 "), "step 199's note")
+    wait_for(lambda: shown_step(browser)["values"] == shown_step(browser)["note"], "the note in place of values")
+    assert shown_step(browser)["views"] == 1
     browser.get(url + f"?node={DEEP}&step=203")  # what the server draws at 203 is what the page showed there
     wait_for(lambda: shown_step(browser)["label"].startswith("step 203 ") and settled(browser), "step 203 drawn")
     wait_for(lambda: "No snapshot at step 203 " in shown_step(browser)["note"], "its note")

@@ -280,7 +280,7 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
             out["graph_view"] = state
     if _fresh(keys, "colour_scale", scale):
         out["colour_scale"] = scale
-    if _fresh(keys, "step_data", (address, selection.generation, stepping)):  # the address names the whole view
+    if _fresh(keys, "step_data", (address, selection.generation)):  # the address names the whole view
         out["step_data"] = step_window(cache, selection, options, nearby=stepping)
     _tensors_outputs(cache, selection, options, keys, out)
     _tab_outputs(cache, selection, options, keys, out, stamp, visualization)

@@ -105,24 +105,41 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   function localStep(position) {
     // Show the step at slider position `position` from the window held and tell the server's stores, so its
     // next answer starts from this step and sends again what it last sent for another one; false (and nothing
-    // changed) when the server must draw it: outside the window, a snapshot's histogram shown or to show.
+    // changed) when the server must draw it: outside the window, or a snapshot whose views were not sent.
     const d = held;
     const i = d ? position - d.first : -1;
-    if (!d || shown.snapshot || !shown.stats || i < 0 || i >= d.steps.length || d.stats[i] === null) { return false; }
+    if (!d || !shown.stats || i < 0 || i >= d.steps.length || d.stats[i] === null) { return false; }
     const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');
     const timeline = plot(%(timeline)s), histogram = plot(%(histogram)s);
     if (!window.Plotly || !timeline || !timeline.layout || !histogram || !histogram.layout ||
-        !document.getElementById(%(table)s) || !document.getElementById(%(note)s)) { return false; }
+        !document.getElementById(%(table)s) || !(shown.snapshot || document.getElementById(%(note)s))) {
+      return false;
+    }
     const step = d.steps[i], set = window.dash_clientside.set_props, Patch = window.dash_clientside.Patch;
-    const values = d.stats[i], note = d.notes[d.note[i]].replace('{step}', String(step));
+    const panel = d.panels[i], values = d.stats[i];
+    const note = panel ? null : d.notes[d.note[i]].replace('{step}', String(step));
     const table = d.head + d.names.map((name, k) => values[k] === null ? '' : '\\n| ' + name + ' | ' + values[k] + ' |')
       .join('');
-    shown = {position: position, step: step, snapshot: false, stats: true};
+    const wasSnapshot = shown.snapshot;
+    shown = {position: position, step: step, snapshot: !!panel, stats: true};
     known = d.address.replace(/([?&]step=)-?[0-9]+/, '$1' + step);
     set(%(table)s, {children: table});
     set(%(header)s, {children: d.header[0] + ' · step ' + step + ' ' + d.header[1]});
     set(%(label)s, {children: 'step ' + step + ' · ' + (position + 1) + d.label_tail});
-    set(%(note)s, {children: note});
+    if (panel) {  // a snapshot's histogram and element values, as the server draws them
+      window.Plotly.react(histogram, panel.histogram.data, panel.histogram.layout);
+      set(%(values)s, {children: panel.values});
+    } else if (wasSnapshot) {  // a note in place of the snapshot shown
+      const figure = JSON.parse(JSON.stringify(d.note_figure));
+      figure.layout.annotations[0].text = note;
+      window.Plotly.react(histogram, figure.data, figure.layout);
+      const said = JSON.parse(JSON.stringify(d.note_values));
+      said.props.children = note;
+      set(%(values)s, {children: said});
+    } else {
+      set(%(note)s, {children: note});
+      retitle(histogram, note);
+    }
     const box = document.getElementById(%(box)s);  // dcc.Input sets its field itself too: no render needed
     if (box && document.activeElement !== box) { box.value = step; }
     showAddress(known);
@@ -130,7 +147,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       .build()});
     set(%(keys)s, {data: FORGET.reduce((patch, name) => patch.delete([name]), new Patch()).build()});
     if ((timeline.layout.shapes || []).length) { moveMarker(timeline, step); }
-    if ((histogram.layout.annotations || []).length) { retitle(histogram, note); }
     const cy = cyOf();
     if (d.colours && cy) {
       const colours = {};
@@ -171,8 +187,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   let moved = false;  // the user zoomed or panned since: a resize no longer refits
   function stepBy(delta) {
     // Presses quicker than the page updates (a held key) start from the position the last one asked for;
-    // a step of the window held is shown at once, any other is the one request to the server. The slider's thumb says where it is and
-    // how far it goes, so no callback has to keep track of that on every step.
+    // a step of the window held is shown at once, any other is the one request to the server. The slider's
+    // thumb says where it is and how far it goes, so no callback has to keep track of that on every step.
     const thumb = document.querySelector(THUMB);
     if (!thumb) { return; }
     const shown = Number(thumb.getAttribute('aria-valuenow')) || 0;
@@ -381,7 +397,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
        "thumb": json.dumps(f"#{ids.STEP} [role='slider']"),
        "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}"), "timeline": json.dumps(ids.TIMELINE),
        "histogram": json.dumps(ids.HISTOGRAM), "table": json.dumps(ids.STATS_TABLE + "-table"),
-       "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER),
+       "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER), "values": json.dumps(ids.VALUES),
        "label": json.dumps(ids.STEP_LABEL), "box": json.dumps(ids.STEP_BOX), "selection": json.dumps(ids.SELECTION),
        "keys": json.dumps(ids.KEYS), "scale": json.dumps(ids.COLOUR_SCALE), "forget": json.dumps(FORGET),
        "ask": json.dumps(ids.STEP_ASK)}
