@@ -21,7 +21,8 @@ on a loaded machine every figure grows.
 Side by side: ``--against URL --rounds R`` measures, in one Chromium, this checkout's explorer and another
 one already serving the same recording at ``URL`` (e.g. ``comgra-ndbg gui PATH --port 8061`` run from a
 checkout of the code before a change), round after round, each round on both in alternating order, and
-prints each side's step changes and taps per round and over all rounds, with the load average per round.
+prints each side's step changes and taps per round and over all rounds, with the load average per round;
+``--url URL`` takes this checkout's explorer from a process of its own too, so both sides are served alike.
 """
 from __future__ import annotations
 
@@ -290,18 +291,21 @@ def main() -> int:
     parser.add_argument("--actions", type=int, default=60)
     parser.add_argument("--against", help="address of another explorer serving the same recording")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of --against")
+    parser.add_argument("--url", help="with --against: this checkout's explorer already serving at URL (as the "
+                                      "other, in a process of its own) instead of one started here")
     args = parser.parse_args()
     ensure_recording(args.path, args.steps)
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (2 cores)")
     rng = random.Random(0)
     if args.against:
-        server, url = serve(args.path)
+        server, url = (None, args.url) if args.url else serve(args.path)
         driver = browser()
         try:
             side_by_side(driver, {"other": args.against, "this": url}, args.rounds, args.actions, rng)
         finally:
             driver.quit()
-            server.shutdown()
+            if server is not None:
+                server.shutdown()
         return 0
     for label, found in server_side(args.path, 3 * args.actions, rng).items():
         times = sorted(found)
