@@ -495,4 +495,4 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     # centre, the hover line, the search's and the overlay's node options, the zoom range, the theme, the
     # exports) plus the one that shows a step in the browser or asks the view for it; a tap's highlight and the
     # step buttons need none: cytoscape's tap event and the slider's thumb serve them
-    assert len(app.callback_map) == 15
+    assert len(app.callback_map) == 14

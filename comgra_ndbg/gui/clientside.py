@@ -183,6 +183,37 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     node.setAttribute('data-unformatted', text);
   }
   function asked(trigger, value) { return [trigger, value, Date.now()]; }
+  // The server's answers: the window of steps it drew and the address of its view, read from Dash's store as
+  // each answer is applied (a callback on them would cost every answer one more round of Dash's scheduling
+  // before its paint). The browser's address then shows the view's; on the page's first look, an address
+  // other than the one the page was made for (a page opened without its address reaching the server) is
+  // asked for.
+  function prop(state, id, name) {
+    const path = state.paths && state.paths.strs ? state.paths.strs[id] : undefined;
+    let component = path ? state.layout : undefined;
+    for (const key of path || []) { component = component === undefined ? undefined : component[key]; }
+    return component && component.props ? component.props[name] : undefined;
+  }
+  let seen = {data: undefined, address: undefined};
+  function answered() {
+    const state = window.store.getState();
+    const data = prop(state, %(data)s, 'data'), address = prop(state, %(address)s, 'data');
+    if (data !== seen.data) { seen.data = data; adopt(data); }
+    if (address === seen.address || address === undefined) { return; }
+    seen.address = address;
+    const search = window.location.search;
+    if (known === null && search !== (address || '')) {
+      known = search;
+      window.dash_clientside.set_props(%(ask)s, {data: asked('url', search)});
+    } else if (known === null || (address || '') !== known) {
+      known = address || '';
+      showAddress(known);
+    }
+  }
+  (function watch() {
+    if (window.store && window.store.getState().paths) { window.store.subscribe(answered); answered(); }
+    else { setTimeout(watch, 20); }
+  })();
   let drawn = null;  // the elements last fitted into the view
   let moved = false;  // the user zoomed or panned since: a resize no longer refits
   function stepBy(delta) {
@@ -304,21 +335,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       }
       return none();
     },
-    held: function (data, address) {
-      // The server's answer: the window of steps it drew and the address of its view, which the browser's
-      // address then shows. On the page's first call, an address other than the one the page was made for
-      // (a page opened without its address reaching the server) is asked for.
-      adopt(data);
-      const search = window.location.search;
-      if (known === null && search !== (address || '')) {
-        known = search;
-        window.dash_clientside.set_props(%(ask)s, {data: asked('url', search)});
-      } else if (known === null || (address || '') !== known) {
-        known = address || '';
-        showAddress(known);
-      }
-      return Date.now();
-    },
     graphSync: function (view, elements) { apply(view, elements, 0); return Date.now(); },
     tools: function (_fitClicks, _centreClicks, view) {
       const cy = cyOf();
@@ -400,7 +416,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
        "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER), "values": json.dumps(ids.VALUES),
        "label": json.dumps(ids.STEP_LABEL), "box": json.dumps(ids.STEP_BOX), "selection": json.dumps(ids.SELECTION),
        "keys": json.dumps(ids.KEYS), "scale": json.dumps(ids.COLOUR_SCALE), "forget": json.dumps(FORGET),
-       "ask": json.dumps(ids.STEP_ASK)}
+       "ask": json.dumps(ids.STEP_ASK), "data": json.dumps(ids.STEP_DATA), "address": json.dumps(ids.ADDRESS)}
 
 
 def register_clientside(app: Dash) -> None:
@@ -410,8 +426,6 @@ def register_clientside(app: Dash) -> None:
 
     app.clientside_callback(fn("ask"), Output(ids.STEP_ASK, "data"), Input(ids.STEP, "value"),
                             Input(ids.STEP_BOX, "value"), prevent_initial_call=True)
-    app.clientside_callback(fn("held"), Output(ids.CLIENT + "-step", "data"), Input(ids.STEP_DATA, "data"),
-                            Input(ids.ADDRESS, "data"))
     app.clientside_callback(fn("graphSync"), Output(ids.CLIENT + "-graph", "data"), Input(ids.GRAPH_VIEW, "data"),
                             Input(ids.GRAPH, "elements"))
     app.clientside_callback(fn("tools"), Output(ids.CLIENT + "-tools", "data"), Input(ids.GRAPH_FIT, "n_clicks"),
@@ -432,4 +446,4 @@ def register_clientside(app: Dash) -> None:
                             prevent_initial_call=True)
 
 
-CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tools", "-theme", "-save", "-step"))
+CLIENT_STORES = tuple(ids.CLIENT + suffix for suffix in ("-graph", "-tools", "-theme", "-save"))
