@@ -14,7 +14,7 @@ from plotly.utils import PlotlyJSONEncoder
 from test_gui_support import FAULT_NODE, make_faulty
 
 from comgra_ndbg.gui import callbacks
-from comgra_ndbg.gui.clientside import FORGET
+from comgra_ndbg.gui.stepscript import FORGET
 from comgra_ndbg.gui.state import ReaderCache
 from comgra_ndbg.gui.stepping import COLOUR_RADIUS, RADIUS, SNAPSHOTS
 
