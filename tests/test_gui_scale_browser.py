@@ -308,10 +308,19 @@ def shown_step(driver: Any) -> dict[str, Any]:
         ids.HISTOGRAM, ids.TIMELINE, ids.STEP_LABEL, ids.TENSOR_HEADER, ids.STATS_TABLE, ids.STEP_BOX, ids.VALUES)
 
 
+def window_held(driver: Any) -> bool:
+    """Whether the page holds a window of nearby steps (Dash's store of the window says so)."""
+    return bool(driver.execute_script(
+        "const s = window.store.getState(); let c = s.layout;"
+        "for (const k of s.paths.strs[arguments[0]]) { c = c[k]; } return c.props.data && c.props.data.local;",
+        ids.STEP_DATA))
+
+
 def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(browser: Any, url: str) -> None:
     browser.get(url + f"?node={DEEP}&step=202")
     wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 202 "), "step 202 drawn by the server")
     wait_for(lambda: settled(browser) and "No snapshot at step 202 " in shown_step(browser)["note"], "its view")
+    wait_for(lambda: window_held(browser), "the window of nearby steps, asked for once the first view is drawn")
     drawn_by_server = {k: v for k, v in shown_step(browser).items() if k not in ("views", "address")}
     browser.execute_script(COUNT_VIEWS)
     browser.execute_script("document.activeElement && document.activeElement.blur();")
@@ -349,6 +358,7 @@ def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(bro
     wait_for(lambda: shown_step(browser)["values"] == shown_step(browser)["note"], "the note in place of values")
     assert shown_step(browser)["views"] == 1
     browser.get(url + f"?node={DEEP}&step=203")  # what the server draws at 203 is what the page showed there
+    wait_for(lambda: window_held(browser), "the window of the first view")
     wait_for(lambda: shown_step(browser)["label"].startswith("step 203 ") and settled(browser), "step 203 drawn")
     wait_for(lambda: "No snapshot at step 203 " in shown_step(browser)["note"], "its note")
     assert {k: v for k, v in shown_step(browser).items() if k not in ("views", "address")} == \

@@ -13,7 +13,7 @@ from dash import no_update
 from plotly.utils import PlotlyJSONEncoder
 from test_gui_support import FAULT_NODE, make_faulty
 
-from comgra_ndbg.gui import callbacks
+from comgra_ndbg.gui import callbacks, ids
 from comgra_ndbg.gui.stepscript import FORGET
 from comgra_ndbg.gui.state import ReaderCache
 from comgra_ndbg.gui.stepping import COLOUR_RADIUS, RADIUS, SNAPSHOTS
@@ -131,3 +131,12 @@ def test_an_answer_that_changes_nothing_keeps_the_window_the_page_holds(cache: R
     assert first["step_data"]["local"]
     idle = callbacks.update_view(cache, None, None, first["store"], first["keys"])  # e.g. a component's mount
     assert idle["step_data"] is no_update
+
+
+def test_the_first_page_comes_without_the_window_and_the_page_asks_for_it(cache: ReaderCache) -> None:
+    first = callbacks.update_view(cache, "url", LINK, None, None, nearby=False)
+    assert first["step_data"] == {"position": 9, "step": 9, "local": False}
+    asked = callbacks.update_view(cache, "window", None, first["store"], first["keys"])
+    assert asked["step_data"]["local"] and asked["step_data"]["step"] == 9
+    assert asked["header"] is no_update and asked["timeline"] is no_update  # nothing else is sent again
+    assert callbacks._trigger(ids.STEP_ASK, ["window", None, 1.0], {}) == ("window", None)

@@ -53,11 +53,11 @@ SELECTION_INPUTS = {ids.TRIAL: "trial", ids.RANK: "rank", ids.STEP_TYPE: "step_t
                     ids.GRAPH_SEARCH: "search"}
 # What the page's script passes on in the ask store (a step it could not show itself, a typed step, an address
 # it did not set: clientside.SCRIPT's ``ask``), as [trigger, value, time].
-ASKED = ("step", "step_box", "url")
+ASKED = ("step", "step_box", "url", "window")
 # Actions after which the next is likely a step: their answer carries the window of nearby steps. Others (a
 # tap, a selector) answer without it, as fast as before; the first step after them asks the server, whose
 # answer then brings the window.
-STEPPING = ("step", "step_box", "stepper", "timeline", "jump", "generations", "url")
+STEPPING = ("step", "step_box", "stepper", "timeline", "jump", "generations", "url", "window")
 OPTION_INPUTS = {ids.COLOUR: "colour", ids.GRAPH_OPTIONS: "graph_options", ids.OVERLAY_NODES: "overlay_nodes",
                  ids.OVERLAY_TRIALS: "overlay_trials", ids.TIMELINE_OPTIONS: "timeline_options", ids.EMA: "ema",
                  ids.FOLLOW: "follow", ids.THEME: "theme", ids.TABS: "tab", ids.VALUES_MODE: "values_mode",
@@ -167,8 +167,12 @@ def _fresh(keys: dict[str, Any], name: str, key: Any) -> bool:
 
 
 def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict[str, Any] | None,
-                keys: dict[str, Any] | None, *, visualization: Visualization | None = None) -> dict[str, Any]:
+                keys: dict[str, Any] | None, *, visualization: Visualization | None = None, nearby: bool = True
+                ) -> dict[str, Any]:
     """Apply one action and return every output of the page (``no_update`` for what did not change).
+
+    ``nearby=False`` leaves the window of nearby steps out even after a step (the page's first view: the
+    page asks for it once it is drawn, trigger ``"window"``).
 
     ``trigger`` is a selection trigger (see :func:`update_selection`), an option name (a key of
     :data:`OPTION_INPUTS`' values), ``"url"`` (the address, on load and on back / forward), ``"boxes"``,
@@ -176,6 +180,9 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
     """
     store, keys = dict(store or {}), dict(keys or {})
     acted = trigger  # what the user set (options and the address are applied below and become None)
+    if trigger == "window":  # the page asks for the window of its first view
+        keys = {k: v for k, v in keys.items() if k != "step_data"}
+        trigger = None
     options = ViewOptions.from_dict(store.get("options"))
     wanted = dict(store.get("wanted") or {})
     current = Selection.from_dict(store["selection"]) if store.get("selection") else None
@@ -228,7 +235,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
             selection = Selection.from_dict(selectors["store"]["selection"])
     selectors["store"]["options"] = options.to_dict()
     out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization,
-                   tapped=tapped, stepping=acted in STEPPING)
+                   tapped=tapped, stepping=nearby and acted in STEPPING)
     for name in SETTABLE:
         if out[name] is not no_update and not _fresh(keys, "sent:" + name, out[name]) and \
                 name != acted and not (name == "node" and acted == "search"):

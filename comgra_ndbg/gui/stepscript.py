@@ -155,10 +155,18 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     return component && component.props ? component.props[name] : undefined;
   }
   let seen = {data: undefined, address: undefined};
+  const asking = {window: false};
   function answered() {
     const state = window.store.getState();
     const data = prop(state, %(data)s, 'data'), address = prop(state, %(address)s, 'data');
-    if (data !== seen.data) { seen.data = data; adopt(data); }
+    if (data !== seen.data) {
+      seen.data = data;
+      adopt(data);
+      if (data && !data.local && !asking.window) {  // the page's first view came without its window: asked
+        asking.window = true;  // for once the view is drawn, so the first paint does not wait for it
+        setTimeout(() => window.dash_clientside.set_props(%(ask)s, {data: asked('window', null)}), 300);
+      }
+    }
     if (address === seen.address || address === undefined) { return; }
     seen.address = address;
     const search = window.location.search;
