@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from dash import ALL, Dash, Input, Output, Patch, State, ctx, no_update
+from dash.exceptions import PreventUpdate
 
 from comgra_ndbg.gui import ids, tabs
 from comgra_ndbg.gui.clientside import register_clientside
@@ -433,6 +434,8 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
     def _view(store: dict[str, Any] | None, keys: dict[str, Any] | None, **given: Any) -> dict[str, Any]:
         triggered_value = ctx.triggered[0]["value"] if ctx.triggered else None
         trigger, value = _trigger(ctx.triggered_id, triggered_value, given)
+        if trigger is None and ctx.triggered_id == ids.STEP_ASK:
+            raise PreventUpdate  # the ask store reporting its empty value as the page mounts: nothing asked
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
     register_zoom(app, cache, locked)

@@ -156,6 +156,12 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
   }
   let seen = {data: undefined, address: undefined};
   const asking = {window: false};
+  function askWindow() {
+    const timeline = document.querySelector('#' + %(timeline)s + ' .js-plotly-plot');
+    if (!(timeline && timeline._fullLayout)) { setTimeout(askWindow, 100); return; }
+    const ask = () => window.dash_clientside.set_props(%(ask)s, {data: asked('window', null)});
+    if (window.requestIdleCallback) { window.requestIdleCallback(ask, {timeout: 1000}); } else { setTimeout(ask, 200); }
+  }
   function answered() {
     const state = window.store.getState();
     const data = prop(state, %(data)s, 'data'), address = prop(state, %(address)s, 'data');
@@ -163,8 +169,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
       seen.data = data;
       adopt(data);
       if (data && !data.local && !asking.window) {  // the page's first view came without its window: asked
-        asking.window = true;  // for once the view is drawn, so the first paint does not wait for it
-        setTimeout(() => window.dash_clientside.set_props(%(ask)s, {data: asked('window', null)}), 300);
+        asking.window = true;  // for once the timeline is drawn and the page idle, so the first paint does not
+        askWindow();  // wait for it nor share the page's time with its answer
       }
     }
     if (address === seen.address || address === undefined) { return; }
