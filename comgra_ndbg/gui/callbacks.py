@@ -435,7 +435,7 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
         triggered_value = ctx.triggered[0]["value"] if ctx.triggered else None
         trigger, value = _trigger(ctx.triggered_id, triggered_value, given)
         if trigger is None and ctx.triggered_id == ids.STEP_ASK:
-            raise PreventUpdate  # the ask store reporting its empty value as the page mounts: nothing asked
+            raise PreventUpdate  # the ask store reporting an empty value: nothing asked
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
     register_zoom(app, cache, locked)

@@ -178,7 +178,7 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
         dcc.Store(id=ids.KEYS, data={}),
         dcc.Store(id=ids.ADDRESS, data=None),
         dcc.Store(id=ids.STEP_DATA, data=None),
-        dcc.Store(id=ids.STEP_ASK, data=None),
+        dcc.Store(id=ids.STEP_ASK, data=[]),  # not None: a store with no data reports one at mount, a request
         dcc.Store(id=ids.GRAPH_VIEW, data=None),
         dcc.Store(id=ids.TIMELINE_RANGE, data=None),
         dcc.Store(id=ids.NODE_NAMES, data=[]),
