@@ -120,7 +120,7 @@ def test_after_a_step_the_page_showed_the_next_answer_is_drawn_from_that_step(ca
 def test_a_tap_answers_without_the_window_and_the_next_step_brings_it(cache: ReaderCache) -> None:
     first = callbacks.update_view(cache, "url", LINK, None, None)
     tap = callbacks.update_view(cache, "graph", ("hidden0", "node"), first["store"], first["keys"])
-    assert tap["header"].startswith("hidden0 / ") and tap["step_data"] == {"position": 9, "step": 9, "local": False}
+    assert tap["header"].startswith("hidden0 / ") and tap["step_data"] is no_update  # the page drops its window
     step = callbacks.update_view(cache, "step", 10, tap["store"], tap["keys"])  # asked by the page
     assert step["step_data"]["local"] and step["step_data"]["step"] == 10
     assert step["step_data"]["header"][0].startswith("hidden0 / ")

@@ -288,7 +288,9 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
             out["graph_view"] = state
     if _fresh(keys, "colour_scale", scale):
         out["colour_scale"] = scale
-    if _fresh(keys, "step_data", (address, selection.generation)):  # the address names the whole view
+    # The address names the whole view. An answer to another action sends nothing: the page drops its window
+    # when the address changes other than in the step (one output fewer for Dash to apply on every tap).
+    if (stepping or "step_data" not in keys) and _fresh(keys, "step_data", (address, selection.generation)):
         out["step_data"] = step_window(cache, selection, options, nearby=stepping)
     _tensors_outputs(cache, selection, options, keys, out)
     _tab_outputs(cache, selection, options, keys, out, stamp, visualization)

@@ -175,6 +175,10 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     }
     if (address === seen.address || address === undefined) { return; }
     seen.address = address;
+    const withoutStep = (a) => (a || '').replace(/([?&])step=-?[0-9]+/, '$1');
+    if (held && data === seen.data && withoutStep(address) !== withoutStep(held.address)) {
+      adopt({position: shown.position, step: shown.step, local: false});  // another view: its window is not held
+    }
     const search = window.location.search;
     if (known === null && search !== (address || '')) {
       known = search;
