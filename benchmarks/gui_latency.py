@@ -17,6 +17,12 @@ paint (the DOM updated, then two animation frames):
 Also printed: the server-side time of the view callback for the same actions (called as a plain function).
 Run: ``python benchmarks/gui_latency.py [--path /tmp/comgra-gui-bench] [--actions 60]``; ``uptime`` first —
 on a loaded machine every figure grows.
+
+Side by side: ``--against URL --rounds R`` measures, in one Chromium, this checkout's explorer and another
+one already serving the same recording at ``URL`` (e.g. ``comgra-ndbg gui PATH --port 8061`` run from a
+checkout of the code before a change), round after round, each round on both in alternating order, and
+prints each side's step changes and taps per round and over all rounds, with the load average per round;
+``--url URL`` takes this checkout's explorer from a process of its own too, so both sides are served alike.
 """
 from __future__ import annotations
 
@@ -231,7 +237,7 @@ def report(label: str, found: list[tuple[float, int]]) -> float:
     p95 = times[int(0.95 * (len(times) - 1))]
     print(f"{label} ({len(times)}): median {statistics.median(times) * 1000:6.1f} ms, p95 {p95 * 1000:6.1f} ms, "
           f"max {times[-1] * 1000:6.1f} ms · requests per action: {statistics.median(requests):g} (median), "
-          f"{requests[-1]} (max) · target p95 ≤ {TARGET_ACTION_S * 1000:.0f} ms, measured / target "
+          f"{requests[-1]} (max), {sum(r > 0 for r in requests)} of {len(requests)} sent one · target p95 ≤ {TARGET_ACTION_S * 1000:.0f} ms, measured / target "
           f"{p95 / TARGET_ACTION_S:.2f}")
     return p95
 
@@ -259,15 +265,48 @@ def server_side(path: Path, count: int, rng: random.Random) -> dict[str, list[fl
     return times
 
 
+def side_by_side(driver: Any, urls: dict[str, str], rounds: int, actions: int, rng: random.Random) -> None:
+    """Step changes and taps on each of ``urls`` (label -> address), alternating, ``rounds`` times."""
+    found: dict[str, dict[str, list[tuple[float, int]]]] = {label: {"step": [], "tap": []} for label in urls}
+    for round_ in range(rounds):
+        order = list(urls) if round_ % 2 == 0 else list(urls)[::-1]
+        print(f"round {round_ + 1}: load average {os.getloadavg()[0]:.2f}")
+        for label in order:
+            driver.get(urls[label])
+            settle(driver)
+            steps, taps = step_changes(driver, actions, rng), node_taps(driver, actions, rng)
+            found[label]["step"] += steps
+            found[label]["tap"] += taps
+            report(f"  {label}: step change", steps)
+            report(f"  {label}: node tap", taps)
+    for label in urls:
+        report(f"{label}, all rounds: step change", found[label]["step"])
+        report(f"{label}, all rounds: node tap", found[label]["tap"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", type=Path, default=Path(tempfile.gettempdir()) / "comgra-gui-bench")
     parser.add_argument("--steps", type=int, default=gui_recording.STEPS)
     parser.add_argument("--actions", type=int, default=60)
+    parser.add_argument("--against", help="address of another explorer serving the same recording")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of --against")
+    parser.add_argument("--url", help="with --against: this checkout's explorer already serving at URL (as the "
+                                      "other, in a process of its own) instead of one started here")
     args = parser.parse_args()
     ensure_recording(args.path, args.steps)
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (2 cores)")
     rng = random.Random(0)
+    if args.against:
+        server, url = (None, args.url) if args.url else serve(args.path)
+        driver = browser()
+        try:
+            side_by_side(driver, {"other": args.against, "this": url}, args.rounds, args.actions, rng)
+        finally:
+            driver.quit()
+            if server is not None:
+                server.shutdown()
+        return 0
     for label, found in server_side(args.path, 3 * args.actions, rng).items():
         times = sorted(found)
         print(f"view callback, server side, {label} ({len(times)}): median {statistics.median(times) * 1000:.1f} "

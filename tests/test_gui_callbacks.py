@@ -285,9 +285,14 @@ def test_trigger_mapping_from_dash_ids() -> None:
     assert callbacks._trigger(ids.diagnosis_jump("e0", "hidden", 5, "grad"), 1, {}) == (
         "jump", ("hidden", 5, "grad", "e0"))
     assert callbacks._trigger(ids.diagnosis_jump("e0", "hidden", 5, "grad"), 0, {}) == (None, None)
-    assert callbacks._trigger(ids.STEP, 3, {}) == ("step", 3)
-    assert callbacks._trigger(ids.STEP_BOX, 40, {}) == ("step_box", 40)
-    assert callbacks._trigger(ids.URL, "?step=3", {}) == ("url", "?step=3")
+    # the slider, the step box and the address reach the view through the page's script (clientside ask)
+    assert callbacks._trigger(ids.STEP_ASK, ["step", 3, 1.0], {}) == ("step", 3)
+    assert callbacks._trigger(ids.STEP_ASK, ["step_box", 40, 1.0], {}) == ("step_box", 40)
+    assert callbacks._trigger(ids.STEP_ASK, ["url", "?step=3", 1.0], {}) == ("url", "?step=3")
+    assert callbacks._trigger(ids.STEP_ASK, ["url", None, 1.0], {}) == ("url", "")
+    assert callbacks._trigger(ids.STEP_ASK, ["tab", "x", 1.0], {}) == (None, None)
+    assert callbacks._trigger(ids.STEP_ASK, None, {}) == (None, None)
+    assert callbacks._trigger(ids.STEP, 3, {}) == (None, None)
     assert callbacks._trigger(ids.THEME, "dark", {}) == ("theme", "dark")
     assert callbacks._trigger(ids.GRAPH_EXPAND, 1, {}) == ("boxes", "expand")
     assert callbacks._trigger(None, None, {}) == (None, None)
@@ -488,6 +493,6 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     # the view, the live refresh (new steps and stored analyses, one request per tick), Analyze now, the trial
     # selector's sort and filter, the zoomed timeline, and eight browser-side ones (the graph's state, fit and
     # centre, the hover line, the search's and the overlay's node options, the zoom range, the theme, the
-    # exports); a tap's highlight and the step buttons need none: cytoscape's tap event and the slider's thumb
-    # serve them
-    assert len(app.callback_map) == 13
+    # exports) plus the one that shows a step in the browser or asks the view for it; a tap's highlight and the
+    # step buttons need none: cytoscape's tap event and the slider's thumb serve them
+    assert len(app.callback_map) == 14

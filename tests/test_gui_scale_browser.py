@@ -282,5 +282,88 @@ def test_the_plots_are_drawn_by_plotly_js_cartesian_bundle(browser: Any) -> None
     assert "scatter3d" not in traces  # the smaller bundle, not the full one
 
 
+COUNT_VIEWS = """
+window.__views = 0;
+if (!window.__counting) {
+  window.__counting = true;
+  const original = window.fetch;
+  window.fetch = function (...args) {
+    if (String(((args[1] || {}).body) || '').includes(arguments[0])) { window.__views += 1; }
+    return original.apply(this, args);
+  };
+}
+""".replace("arguments[0]", repr(ids.STEP_ASK))
+
+
+def shown_step(driver: Any) -> dict[str, Any]:
+    """What the page shows of the step: label, header, table, step box, marker, histogram note, address."""
+    return driver.execute_script(
+        "const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');"
+        "const t = (id) => (document.getElementById(id) || {}).textContent || '';"
+        "const h = plot(arguments[0]).layout, m = plot(arguments[1]).layout;"
+        "return {label: t(arguments[2]), header: t(arguments[3]), table: t(arguments[4]),"
+        " box: document.getElementById(arguments[5]).value, marker: (m.shapes || [{}])[0].x0,"
+        " note: ((h.annotations || [])[0] || {}).text || '', values: t(arguments[6]), address: location.search,"
+        " views: window.__views};",
+        ids.HISTOGRAM, ids.TIMELINE, ids.STEP_LABEL, ids.TENSOR_HEADER, ids.STATS_TABLE, ids.STEP_BOX, ids.VALUES)
+
+
+def window_held(driver: Any) -> bool:
+    """Whether the page holds a window of nearby steps (Dash's store of the window says so)."""
+    return bool(driver.execute_script(
+        "const s = window.store.getState(); let c = s.layout;"
+        "for (const k of s.paths.strs[arguments[0]]) { c = c[k]; } return c.props.data && c.props.data.local;",
+        ids.STEP_DATA))
+
+
+def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(browser: Any, url: str) -> None:
+    browser.get(url + f"?node={DEEP}&step=202")
+    wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 202 "), "step 202 drawn by the server")
+    wait_for(lambda: settled(browser) and "No snapshot at step 202 " in shown_step(browser)["note"], "its view")
+    wait_for(lambda: window_held(browser), "the window of nearby steps, asked for once the first view is drawn")
+    drawn_by_server = {k: v for k, v in shown_step(browser).items() if k not in ("views", "address")}
+    browser.execute_script(COUNT_VIEWS)
+    browser.execute_script("document.activeElement && document.activeElement.blur();")
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 203 "), "step 203")
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 204 "), "step 204")
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).send_keys(Keys.ARROW_LEFT).perform()
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 202 "), "back at step 202")
+    wait_for(lambda: "step=202" in address(browser), "the address")
+    again = shown_step(browser)
+    assert again.pop("views") == 0  # four steps, not one request
+    assert "step=202" in again.pop("address")  # (the link's address as typed, the page's in full)
+    assert again == drawn_by_server  # the page drew the step exactly as the server did
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 203 "), "step 203 again")
+    at_203 = shown_step(browser)
+    assert at_203["views"] == 0 and at_203["marker"] == 203 and at_203["box"] == "203"
+    assert "· step 203 (train)" in at_203["header"] and at_203["note"].startswith("No snapshot at step 203 ")
+    assert at_203["values"] == at_203["note"]
+    wait_for(lambda: "step=203" in address(browser), "the address of step 203")
+    browser.back()  # the previous view's address, and that view, drawn by the server
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 202 "), "back to step 202")
+    wait_for(lambda: shown_step(browser)["views"] == 1 and settled(browser), "one request for it")
+    assert shown_step(browser)["table"] == drawn_by_server["table"]
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()  # step 201 from the window, then the snapshot of 200
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 201 "), "step 201")
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 200 "), "step 200")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
+    assert "· step 200 ·" in browser.execute_script(  # the snapshot's histogram, sent along with the window
+        "return document.querySelector(arguments[0]).layout.title.text;", f"#{ids.HISTOGRAM} .js-plotly-plot")
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()  # and from the snapshot to a note again
+    wait_for(lambda: shown_step(browser)["note"].startswith("No snapshot at step 199 "), "step 199's note")
+    wait_for(lambda: shown_step(browser)["values"] == shown_step(browser)["note"], "the note in place of values")
+    assert shown_step(browser)["views"] == 1
+    browser.get(url + f"?node={DEEP}&step=203")  # what the server draws at 203 is what the page showed there
+    wait_for(lambda: window_held(browser), "the window of the first view")
+    wait_for(lambda: shown_step(browser)["label"].startswith("step 203 ") and settled(browser), "step 203 drawn")
+    wait_for(lambda: "No snapshot at step 203 " in shown_step(browser)["note"], "its note")
+    assert {k: v for k, v in shown_step(browser).items() if k not in ("views", "address")} == \
+        {k: v for k, v in at_203.items() if k not in ("views", "address")}
+
+
 def test_no_console_error_or_warning(browser: Any) -> None:
     assert console_problems(browser) == []

@@ -74,7 +74,7 @@ def _page(cache: ReaderCache, visualization: Any, *, source: str, interval_ms: i
                                        cache.unreadable.items()],
                               trial_controls=trial_controls(sort_columns(trial_table(cache)))
                               if len(cache.trials) > 1 else None)
-        outputs = update_view(cache, "url", search, None, None, visualization=visualization)
+        outputs = update_view(cache, "url", search, None, None, visualization=visualization, nearby=False)
         outputs["url"] = search  # as the browser has it, so the address component reports no change
         return fill(layout, outputs)
 

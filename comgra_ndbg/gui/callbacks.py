@@ -6,8 +6,11 @@ resolves the selection, and returns every output of the page — the selectors, 
 elements and browser-side state, the tensor panel, the timeline, the open tab — as ``no_update`` where
 nothing changed. What each view was last computed for is kept in a small store (``keys``), so a step
 change sends a few table rows, two small figures and a patch of the timeline's marks, never the graph's
-elements or 10,000 points again. Only :func:`register_callbacks` knows Dash's decorators and ``ctx``; it
-closes over the cache instead of using globals, and serializes the callbacks on the cache's lock.
+elements or 10,000 points again; with each view goes the window of nearby steps the page shows without
+asking (:mod:`comgra_ndbg.gui.stepping`), and the slider, step box and address reach the callback only
+through the page's script, when it cannot show the step itself. Only :func:`register_callbacks` knows
+Dash's decorators and ``ctx``; it closes over the cache instead of using globals, and serializes the
+callbacks on the cache's lock.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from dash import ALL, Dash, Input, Output, Patch, State, ctx, no_update
+from dash.exceptions import PreventUpdate
 
 from comgra_ndbg.gui import ids, tabs
 from comgra_ndbg.gui.clientside import register_clientside
@@ -33,6 +37,7 @@ from comgra_ndbg.gui.panels import (distribution_view, graph_state, graph_view, 
 from comgra_ndbg.gui.queries import evidence_statistic
 from comgra_ndbg.gui.ranks import rank_options, split_rank_key
 from comgra_ndbg.gui.selection import resolve, wanted_from_trigger
+from comgra_ndbg.gui.stepping import step_window
 from comgra_ndbg.gui.state import AGGREGATE, ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.timelines import step_marker
 from comgra_ndbg.gui.urlstate import from_address, to_address
@@ -45,8 +50,15 @@ TAB_BY_ID = dict(ids.TAB_NAMES)
 TAB_ID = {name: tab for tab, name in ids.TAB_NAMES.items()}
 # Component id -> the trigger name its value enters update_view as.
 SELECTION_INPUTS = {ids.TRIAL: "trial", ids.RANK: "rank", ids.STEP_TYPE: "step_type", ids.ITERATION: "iteration", ids.NODE: "node",
-                    ids.TENSOR: "tensor", ids.KIND: "kind", ids.SAMPLE: "sample", ids.STAT: "stat", ids.STEP: "step",
-                    ids.STEP_BOX: "step_box", ids.GRAPH_SEARCH: "search"}
+                    ids.TENSOR: "tensor", ids.KIND: "kind", ids.SAMPLE: "sample", ids.STAT: "stat",
+                    ids.GRAPH_SEARCH: "search"}
+# What the page's script passes on in the ask store (a step it could not show itself, a typed step, an address
+# it did not set: clientside.SCRIPT's ``ask``), as [trigger, value, time].
+ASKED = ("step", "step_box", "url", "window")
+# Actions after which the next is likely a step: their answer carries the window of nearby steps. Others (a
+# tap, a selector) answer without it, as fast as before; the first step after them asks the server, whose
+# answer then brings the window.
+STEPPING = ("step", "step_box", "stepper", "timeline", "jump", "generations", "url", "window")
 OPTION_INPUTS = {ids.COLOUR: "colour", ids.GRAPH_OPTIONS: "graph_options", ids.OVERLAY_NODES: "overlay_nodes",
                  ids.OVERLAY_TRIALS: "overlay_trials", ids.TIMELINE_OPTIONS: "timeline_options", ids.EMA: "ema",
                  ids.FOLLOW: "follow", ids.THEME: "theme", ids.TABS: "tab", ids.VALUES_MODE: "values_mode",
@@ -156,8 +168,12 @@ def _fresh(keys: dict[str, Any], name: str, key: Any) -> bool:
 
 
 def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict[str, Any] | None,
-                keys: dict[str, Any] | None, *, visualization: Visualization | None = None) -> dict[str, Any]:
+                keys: dict[str, Any] | None, *, visualization: Visualization | None = None, nearby: bool = True
+                ) -> dict[str, Any]:
     """Apply one action and return every output of the page (``no_update`` for what did not change).
+
+    ``nearby=False`` leaves the window of nearby steps out even after a step (the page's first view: the
+    page asks for it once it is drawn, trigger ``"window"``).
 
     ``trigger`` is a selection trigger (see :func:`update_selection`), an option name (a key of
     :data:`OPTION_INPUTS`' values), ``"url"`` (the address, on load and on back / forward), ``"boxes"``,
@@ -165,6 +181,9 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
     """
     store, keys = dict(store or {}), dict(keys or {})
     acted = trigger  # what the user set (options and the address are applied below and become None)
+    if trigger == "window":  # the page asks for the window of its first view
+        keys = {k: v for k, v in keys.items() if k != "step_data"}
+        trigger = None
     options = ViewOptions.from_dict(store.get("options"))
     wanted = dict(store.get("wanted") or {})
     current = Selection.from_dict(store["selection"]) if store.get("selection") else None
@@ -217,7 +236,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
             selection = Selection.from_dict(selectors["store"]["selection"])
     selectors["store"]["options"] = options.to_dict()
     out = _outputs(cache, selection, options, selectors, keys, centre=centre, fit=fit, visualization=visualization,
-                   tapped=tapped)
+                   tapped=tapped, stepping=nearby and acted in STEPPING)
     for name in SETTABLE:
         if out[name] is not no_update and not _fresh(keys, "sent:" + name, out[name]) and \
                 name != acted and not (name == "node" and acted == "search"):
@@ -232,7 +251,7 @@ def update_view(cache: ReaderCache, trigger: str | None, value: Any, store: dict
 
 def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, selectors: dict[str, Any],
              keys: dict[str, Any], *, centre: bool, fit: str | None, visualization: Visualization | None,
-             tapped: str | None = None) -> dict[str, Any]:
+             tapped: str | None = None, stepping: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {name: no_update for name in OUTPUTS}
     out.update({k: v for k, v in selectors.items() if k in OUTPUTS})
     for name in UNCHANGING:  # option lists the browser already shows are not sent (nor re-rendered) again
@@ -269,6 +288,10 @@ def _outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, sel
             out["graph_view"] = state
     if _fresh(keys, "colour_scale", scale):
         out["colour_scale"] = scale
+    # The address names the whole view. An answer to another action sends nothing: the page drops its window
+    # when the address changes other than in the step (one output fewer for Dash to apply on every tap).
+    if (stepping or "step_data" not in keys) and _fresh(keys, "step_data", (address, selection.generation)):
+        out["step_data"] = step_window(cache, selection, options, nearby=stepping)
     _tensors_outputs(cache, selection, options, keys, out)
     _tab_outputs(cache, selection, options, keys, out, stamp, visualization)
     out["keys"] = keys
@@ -370,8 +393,10 @@ def _trigger(triggered_id: Any, value: Any, inputs: dict[str, Any]) -> tuple[str
     if triggered_id == ids.GRAPH:
         data = value or {}
         return ("graph", (data["id"], data.get("kind", "node"))) if data.get("id") else (None, None)
-    if triggered_id == ids.URL:
-        return "url", value or ""
+    if triggered_id == ids.STEP_ASK:
+        if isinstance(value, (list, tuple)) and len(value) >= 2 and value[0] in ASKED:
+            return str(value[0]), (value[1] or "") if value[0] == "url" else value[1]
+        return None, None
     if triggered_id in (ids.GRAPH_EXPAND, ids.GRAPH_DEFAULT):
         return ("boxes", "expand" if triggered_id == ids.GRAPH_EXPAND else "default") if value else (None, None)
     if triggered_id == ids.GENERATION:
@@ -396,7 +421,7 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
     plain = {**SELECTION_INPUTS, **OPTION_INPUTS}
     inputs: dict[str, Any] = {f"i{n}": Input(component, "value") for n, component in enumerate(plain)}
     inputs.update(
-        url=Input(ids.URL, "search"), graph=Input(ids.GRAPH, "tapNodeData"),
+        ask=Input(ids.STEP_ASK, "data"), graph=Input(ids.GRAPH, "tapNodeData"),
         plots={f"p{n}": Input(plot, "clickData") for n, plot in enumerate(CLICKABLE_PLOTS)},
         steppers=Input({"type": ids.STEPPER_TYPE, "selector": ALL, "delta": ALL}, "n_clicks"),
         jumps=Input({"type": ids.DIAGNOSIS_JUMP_TYPE, "item": ALL, "node": ALL, "step": ALL, "kind": ALL}, "n_clicks"),
@@ -411,6 +436,8 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
     def _view(store: dict[str, Any] | None, keys: dict[str, Any] | None, **given: Any) -> dict[str, Any]:
         triggered_value = ctx.triggered[0]["value"] if ctx.triggered else None
         trigger, value = _trigger(ctx.triggered_id, triggered_value, given)
+        if trigger is None and ctx.triggered_id == ids.STEP_ASK:
+            raise PreventUpdate  # the ask store reporting an empty value: nothing asked
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
     register_zoom(app, cache, locked)

@@ -1,9 +1,10 @@
 """What the browser does without asking the server: the graph's selection highlight and statistic colours,
-fit and centre, the hover line, the theme, moving the step slider by the ◀ ▶ buttons and arrow keys, the
-options of the node lists as the user types, reading a zoom of the timeline, and saving plots as PNG and CSV.
+fit and centre, the hover line, the theme, the options of the node lists as the user types, reading a zoom
+of the timeline, and saving plots as PNG and CSV; with :mod:`comgra_ndbg.gui.stepscript`, stepping.
 
-The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, inlined in the page by
-:func:`comgra_ndbg.gui.style.index_string`) and are wired by :func:`register_clientside`. The graph's
+The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, which ends with the stepping
+script, inlined in the page by :func:`comgra_ndbg.gui.style.index_string`) and are wired by
+:func:`register_clientside`. The graph's
 state comes from the server as one small store (:data:`ids.GRAPH_VIEW`: the selected item, the colours,
 whether to centre), applied to cytoscape with classes and a ``heat`` data field, so stepping or tapping
 never resends the graph's elements or stylesheet.
@@ -15,6 +16,7 @@ import json
 from dash import ALL, ClientsideFunction, Dash, Input, Output, State
 
 from comgra_ndbg.gui import ids
+from comgra_ndbg.gui.stepscript import STEP_SCRIPT, register_stepping
 
 __all__ = ["NODE_MATCHES", "SCRIPT", "register_clientside"]
 
@@ -24,7 +26,6 @@ SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (function () {
   const GRAPH = %(graph)s;
   const NODE_MATCHES = %(matches)d;
-  const THUMB = %(thumb)s;
   const none = () => window.dash_clientside.no_update;
   const cyOf = () => { const box = document.getElementById(GRAPH); return box && box._cyreg ? box._cyreg.cy : null; };
   let lit = {cy: null, selected: undefined};  // the selection whose lineage the graph shows now
@@ -61,24 +62,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   }
   let drawn = null;  // the elements last fitted into the view
   let moved = false;  // the user zoomed or panned since: a resize no longer refits
-  let pending = null;  // the slider position the last step button asked for, and when
-  function stepBy(delta) {
-    // Presses quicker than the page updates (a held key) start from the position the last one asked for;
-    // the slider's new position is the one request to the server. The slider's thumb says where it is and
-    // how far it goes, so no callback has to keep track of that on every step.
-    const thumb = document.querySelector(THUMB);
-    if (!thumb) { return; }
-    const shown = Number(thumb.getAttribute('aria-valuenow')) || 0;
-    const last = Number(thumb.getAttribute('aria-valuemax')) || 0;
-    const from = pending !== null && performance.now() - pending.at < 400 ? pending.position : shown;
-    const target = Math.min(Math.max(from + delta, 0), last);
-    pending = {position: target, at: performance.now()};
-    if (target !== from) { window.dash_clientside.set_props(%(step)s, {value: target}); }
-  }
-  document.addEventListener('click', (event) => {
-    const button = event.target && event.target.closest ? event.target.closest(%(buttons)s) : null;
-    if (button) { stepBy(button.id === %(prev)s ? -1 : 1); }
-  }, true);
   function fit(cy) {
     cy.fit(cy.elements(), 24);
     if (cy.zoom() > 1.6) { cy.zoom(1.6); cy.center(); }
@@ -164,7 +147,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     return lines.join('\\n') + '\\n';
   }
   return {
-    stepBy: stepBy,  // not a callback: the ← and → keys step through it (style.KEYS_SCRIPT)
+    recolour: function (colours) { const cy = cyOf(); if (cy) { colour(cy, colours); } },  // stepscript's
     graphSync: function (view, elements) { apply(view, elements, 0); return Date.now(); },
     tools: function (_fitClicks, _centreClicks, view) {
       const cy = cyOf();
@@ -238,10 +221,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     },
   };
 })()});
-""" % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT),
-       "step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV), "matches": NODE_MATCHES,
-       "thumb": json.dumps(f"#{ids.STEP} [role='slider']"),
-       "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}")}
+""" % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT), "matches": NODE_MATCHES} + STEP_SCRIPT
 
 
 def register_clientside(app: Dash) -> None:
@@ -249,6 +229,7 @@ def register_clientside(app: Dash) -> None:
     def fn(name: str) -> ClientsideFunction:
         return ClientsideFunction(namespace="comgra", function_name=name)
 
+    register_stepping(app)
     app.clientside_callback(fn("graphSync"), Output(ids.CLIENT + "-graph", "data"), Input(ids.GRAPH_VIEW, "data"),
                             Input(ids.GRAPH, "elements"))
     app.clientside_callback(fn("tools"), Output(ids.CLIENT + "-tools", "data"), Input(ids.GRAPH_FIT, "n_clicks"),

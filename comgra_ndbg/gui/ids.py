@@ -52,7 +52,9 @@ def stepper_button_id(selector: str, delta: int) -> str:
 
 
 # ---- state -----------------------------------------------------------------------------------------------
-URL = "url"  # dcc.Location: the view state as the query string
+ADDRESS = "address-store"  # the address of the view the server drew; the page's script shows it in the URL
+STEP_DATA = "step-data-store"  # the views of the steps around the current one (gui/stepping.py)
+STEP_ASK = "step-ask-store"  # a step, typed step or address the page could not show itself: the server's input
 SELECTION = "selection-store"  # {"wanted": {...}, "selection": {...}}
 KEYS = "keys-store"  # what each view was last computed for, so unchanged views are not sent again
 GENERATION = "generation-store"  # {trial: generation}, bumped when a live recording grew
@@ -99,6 +101,7 @@ HISTOGRAM = "histogram"
 VALUES_MODE = "values-mode"
 VALUES_PAGE = "values-page"
 VALUES = "values"
+VALUES_NOTE = "values-note"  # the note in place of element values at a step without a snapshot
 TIMELINE = "timeline"
 TIMELINE_BOX = "timeline-box"
 TIMELINE_RANGE = "timeline-range"  # the steps the user zoomed the timeline to, [low, high], or None: all of them

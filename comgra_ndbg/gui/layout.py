@@ -174,9 +174,11 @@ def build_layout(trials: list[str], *, title: str, source: str, interval_ms: int
         dcc.Tab(label="Custom", value=ids.TAB_CUSTOM, children=html.Div(id=ids.CUSTOM), disabled=not has_custom),
     ]
     stores: list[Any] = [
-        dcc.Location(id=ids.URL, refresh=False),
         dcc.Store(id=ids.SELECTION, data=None),
         dcc.Store(id=ids.KEYS, data={}),
+        dcc.Store(id=ids.ADDRESS, data=None),
+        dcc.Store(id=ids.STEP_DATA, data=None),
+        dcc.Store(id=ids.STEP_ASK, data=[]),  # not None: a store with no data reports one at mount, a request
         dcc.Store(id=ids.GRAPH_VIEW, data=None),
         dcc.Store(id=ids.TIMELINE_RANGE, data=None),
         dcc.Store(id=ids.NODE_NAMES, data=[]),

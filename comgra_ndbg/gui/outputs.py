@@ -14,7 +14,8 @@ __all__ = ["OUTPUTS"]
 
 # Output name -> (component id, property) of every output of the view callback.
 OUTPUTS: dict[str, tuple[Any, str]] = {
-    "store": (ids.SELECTION, "data"), "keys": (ids.KEYS, "data"), "url": (ids.URL, "search"),
+    "store": (ids.SELECTION, "data"), "keys": (ids.KEYS, "data"), "url": (ids.ADDRESS, "data"),
+    "step_data": (ids.STEP_DATA, "data"),
     "status": (ids.STATUS, "children"), "step_max": (ids.STEP, "max"), "step_marks": (ids.STEP, "marks"),
     "step": (ids.STEP, "value"), "step_label": (ids.STEP_LABEL, "children"), "step_box": (ids.STEP_BOX, "value"),
     "stat": (ids.STAT, "value"), "tab": (ids.TABS, "value"), "theme": (ids.THEME, "value"),

@@ -26,7 +26,7 @@ from comgra_ndbg.gui.timelines import EvidenceMarks, event_shapes, evidence_shap
 from comgra_ndbg.gui.views import graph_of, markdown_table, message, table
 
 __all__ = ["HEATMAP_LIMIT", "distribution_view", "graph_state", "graph_view", "kind_label", "no_snapshot_text",
-           "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
+           "tensor_header", "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
 
 HEATMAP_LIMIT = 65_536  # cells above which element values are shown as a table
 
@@ -101,12 +101,9 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     if selection.tensor is None or selection.kind is None or selection.step is None:
         text = "Nothing recorded to show: no tensor or no recorded step in this trial."
         return {"header": text, "stats": message(text), "histogram": message_figure(text, theme=theme), "values": ""}
-    info = next(t for t in cache.recording(selection.trial).tensors if t.name == selection.tensor)
     where = "whole batch" if selection.sample is None else f"sample {selection.sample}"
-    label = tensor_label(selection.tensor, selection.node or info.node)
-    header = (f"{selection.node} / {label} · {kind_label(selection.kind)} · step {selection.step} "
-              f"({selection.step_type}) · iteration {selection.iteration} · {where} · shape {info.shape} "
-              f"{info.dtype}")
+    header = tensor_header(cache, selection)
+    label = tensor_label(selection.tensor, selection.node or _tensor_info(cache, selection).node)
     stats = statistics_at(cache, selection)
     rows = statistics_rows(stats) if stats is not None else None
     stats_view = (markdown_table(("statistic", "value"), rows, table_id=ids.STATS_TABLE + "-table")
@@ -118,7 +115,7 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     if values is None:
         text = no_snapshot_text(cache, selection)
         return {"header": header, "stats": stats_view,
-                "histogram": message_figure(text, theme=theme), "values": message(text)}
+                "histogram": message_figure(text, theme=theme), "values": message(text, element_id=ids.VALUES_NOTE)}
     title = f"{label} {kind_label(selection.kind)} · step {selection.step} · {where}"
     histogram = histogram_figure(values.values, title=title, theme=theme)
     if options.values_mode != "table" and values.dense.size <= HEATMAP_LIMIT:
@@ -138,6 +135,20 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
                        message(f"page {min(page, pages)} of {pages} · {len(values.values)} stored values")]
     return {"header": header, "stats": stats_view, "histogram": histogram,
             "values": values_view}
+
+
+def _tensor_info(cache: ReaderCache, selection: Selection) -> Any:
+    return next(t for t in cache.recording(selection.trial).tensors if t.name == selection.tensor)
+
+
+def tensor_header(cache: ReaderCache, selection: Selection) -> str:
+    """The line above the tensor panel: node, tensor, kind, step, iteration, sample, shape."""
+    info = _tensor_info(cache, selection)
+    where = "whole batch" if selection.sample is None else f"sample {selection.sample}"
+    label = tensor_label(selection.tensor or "", selection.node or info.node)
+    return (f"{selection.node} / {label} · {kind_label(selection.kind or '')} · step {selection.step} "
+            f"({selection.step_type}) · iteration {selection.iteration} · {where} · shape {info.shape} "
+            f"{info.dtype}")
 
 
 def no_snapshot_text(cache: ReaderCache, selection: Selection) -> str:

@@ -7,6 +7,7 @@ as the analysis does.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +21,8 @@ from comgra_ndbg.stats.statistics import STATISTICS, derive, derive_one, merge_g
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.reader import Recording, Snapshot
 
-__all__ = ["ElementValues", "element_values", "node_events", "node_rows", "node_series", "primary_tensor", "series_values",
-           "statistics_at", "timeline_curves", "trace_curves"]
+__all__ = ["ElementValues", "element_values", "node_events", "node_rows", "node_series", "primary_tensor",
+           "series_values", "statistics_at", "statistics_over", "timeline_curves", "trace_curves"]
 
 
 def series_values(cache: ReaderCache, trial: str, tensor: str, kind: str, iteration: int | None, stat: str
@@ -152,19 +153,30 @@ def statistics_at(cache: ReaderCache, selection: Selection) -> dict[str, float] 
     if selection.tensor is None or selection.kind is None or selection.step is None:
         return None
     if selection.sample is None:
-        steps, rows = cache.series_rows(selection.trial, selection.tensor, selection.kind, selection.iteration)
-        position = int(np.searchsorted(steps, selection.step))
-        if position >= len(steps) or steps[position] != selection.step:
-            return None
-        sentinel = bool(is_sentinel(rows[position]))
-        return {name: float(value) for name, value in derive(rows[position]).items()
-                if not (sentinel and np.isnan(value))}  # a sentinel row's absent statistics are not listed
+        return statistics_over(cache, selection, [selection.step])[0]
     snapshot = cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
                               selection.iteration)
     row = _sample_row(snapshot, selection.sample)
     if snapshot is None or row is None:
         return None
     return {name: float(values[row]) for name, values in snapshot.sample_stats.items()}
+
+
+def statistics_over(cache: ReaderCache, selection: Selection, steps: Sequence[int]) -> list[dict[str, float] | None]:
+    """:func:`statistics_at` of the whole batch at each of ``steps`` (None where not summarized), with the
+    statistics of all of them derived at once."""
+    assert selection.tensor is not None and selection.kind is not None
+    summarized, rows = cache.series_rows(selection.trial, selection.tensor, selection.kind, selection.iteration)
+    wanted = np.asarray(steps, dtype=np.int64)
+    if not len(summarized) or not len(wanted):
+        return [None] * len(wanted)
+    at = np.minimum(np.searchsorted(summarized, wanted), len(summarized) - 1)
+    found = summarized[at] == wanted
+    chosen = rows[at]
+    derived, sentinel = derive(chosen), is_sentinel(chosen)
+    return [{name: float(values[i]) for name, values in derived.items()
+             if not (sentinel[i] and np.isnan(values[i]))}  # a sentinel row's absent statistics are not listed
+            if found[i] else None for i in range(len(wanted))]
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,8 @@ class ViewOptions:
         for key in ("overlay_nodes", "overlay_trials"):
             if key in data:
                 data[key] = tuple(data[key])
+        if "ema" in data:  # the browser writes 0.0 back as 0: the same view, so the same keys
+            data["ema"] = float(data["ema"])
         return cls(**data)
 
 

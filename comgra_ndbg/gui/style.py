@@ -116,11 +116,11 @@ document.addEventListener('keydown', function (event) {
   if (target && (['INPUT', 'TEXTAREA', 'SELECT'].includes(target.tagName) || target.isContentEditable)) { return; }
   const press = (id) => { const b = document.getElementById(id); if (b) { b.click(); event.preventDefault(); } };
   const keys = %s;
-  // ← and → move the step slider at once (clientside.stepBy), as its buttons do, without a click on a button
+  // ← and → move the step slider at once (stepscript's stepBy), as its buttons do, without a click on a button
   // whose own update the page would first have to process
   const step = (delta) => {
-    const comgra = (window.dash_clientside || {}).comgra;
-    if (comgra) { comgra.stepBy(delta); event.preventDefault(); }
+    const stepping = (window.dash_clientside || {}).comgraStep;
+    if (stepping) { stepping.stepBy(delta); event.preventDefault(); }
   };
   if (event.key === 'ArrowLeft') { if (event.shiftKey) { press(keys.snapshotPrev); } else { step(-1); } }
   else if (event.key === 'ArrowRight') { if (event.shiftKey) { press(keys.snapshotNext); } else { step(1); } }

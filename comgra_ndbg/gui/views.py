@@ -13,18 +13,21 @@ from dash import dcc, html
 
 from comgra_ndbg.gui import ids
 
-__all__ = ["GRAPH_CONFIG", "graph_of", "markdown_table", "message", "module_table", "notes_table", "plot",
-           "problems_view", "table"]
+__all__ = ["GRAPH_CONFIG", "graph_of", "markdown_cell", "markdown_table", "markdown_text", "message", "module_table",
+           "notes_table", "plot", "problems_view", "table"]
 
 MARKDOWN_SPECIAL = "\\`*_{}[]<>()#+-.!|~"  # escaped in a Markdown table's cells, so they show as typed
+MARKDOWN_ESCAPES = str.maketrans({**{c: "\\" + c for c in MARKDOWN_SPECIAL}, "\n": " "})
 
 # No mode bar: it covers the titles of small plots; drag still zooms and a double click resets.
 GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False, "displayModeBar": False}
 
 
-def message(text: str, *, error: bool = False) -> html.Div:
-    """A one-line note in place of a view that has nothing to show, saying why."""
-    return html.Div(text, className="message error" if error else "message")
+def message(text: str, *, error: bool = False, element_id: str | None = None) -> html.Div:
+    """A one-line note in place of a view that has nothing to show, saying why (with an id when the page
+    changes its text in place)."""
+    props: dict[str, Any] = {"id": element_id} if element_id is not None else {}
+    return html.Div(text, className="message error" if error else "message", **props)
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, table_id: str | None = None,
@@ -51,12 +54,24 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, tabl
     | mean | 0\.5 |
     | min | \-1 |
     """
-    def cell(value: Any) -> str:
-        return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in str(value)).replace("\n", " ")
+    return dcc.Markdown(markdown_text(header, rows), id=table_id, className=class_name)
 
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
-    return dcc.Markdown("\n".join(lines), id=table_id, className=class_name)
+
+def markdown_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The Markdown text of :func:`markdown_table` (what the page sets when it shows another step itself)."""
+    lines = ["| " + " | ".join(markdown_cell(h) for h in header) + " |",
+             "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(markdown_cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown_cell(value: Any) -> str:
+    r"""A value as a cell of :func:`markdown_text`, shown as typed.
+
+    >>> markdown_cell("-1.5e-3 | x")
+    '\\-1\\.5e\\-3 \\| x'
+    """
+    return str(value).translate(MARKDOWN_ESCAPES)
 
 
 def module_table(modules: Sequence[Any], classes: dict[str, str]) -> html.Table:
