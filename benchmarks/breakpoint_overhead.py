@@ -33,7 +33,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.neuraldbg_overhead import TanhMLP  # noqa: E402
+from benchmarks.neuraldbg_overhead import TanhMLP, timed_loop  # noqa: E402
 from benchmarks.overhead import make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
 from comgra_ndbg.instrument.conditions import parse_condition  # noqa: E402
@@ -63,20 +63,12 @@ def run(setup: Setup | str, data: list, folder: str, trial: str) -> tuple[float,
         dbg = NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer, snapshots=None)
         if setup is not None:
             setup(dbg)
-    wall, cpu = [], []
-    for inputs, targets in data:
-        t0, c0 = time.perf_counter(), time.process_time()
-        optimizer.zero_grad()
-        loss = criterion(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+    times = timed_loop(model, criterion, optimizer, data)
     if dbg is not None:
         hits = sum(point.hits for point in dbg.breakpoints)
         dbg.close()
         assert hits == 0, f"a breakpoint that should never fire fired {hits} times"
-    return statistics.median(wall[10:]), statistics.median(cpu[10:])
+    return times
 
 
 def check_seconds(when: object, calls: int = 2000) -> float:

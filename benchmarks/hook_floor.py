@@ -11,8 +11,6 @@ and learning-rate KPIs, the loop invariants).
 """
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +18,7 @@ import torch
 from torch import nn
 from torch.optim import optimizer as optimizer_module
 
-from benchmarks.neuraldbg_overhead import OPTIMIZERS
+from benchmarks.neuraldbg_overhead import OPTIMIZERS, timed_loop
 
 __all__ = ["run_hook_floor"]
 
@@ -59,18 +57,9 @@ def run_hook_floor(make_model: Callable[[], nn.Module], data: list, optimizer_na
         return original(*args, **kwargs)
 
     torch.autograd.backward = backward
-    wall, cpu = [], []
     try:
-        for inputs, targets in data:
-            t0, c0 = time.perf_counter(), time.process_time()
-            optimizer.zero_grad()
-            loss = criterion(model(inputs), targets)
-            loss.backward()
-            optimizer.step()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
+        return timed_loop(model, criterion, optimizer, data)
     finally:
         torch.autograd.backward = original
         for handle in handles:
             handle.remove()
-    return statistics.median(wall[10:]), statistics.median(cpu[10:])

@@ -114,6 +114,16 @@ def run(make_model: Callable[[], nn.Module], data: list, options: dict | None, f
     optimizer = OPTIMIZERS[optimizer_name](model.parameters())
     dbg = None if options is None else NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer,
                                                  **options)
+    times = timed_loop(model, criterion, optimizer, data)
+    if dbg is not None:
+        dbg.close()
+    return times
+
+
+def timed_loop(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer, data: list
+               ) -> tuple[float, float]:
+    """The plain training loop over ``data``; the median wall-clock and CPU seconds per step after 10 warm-up
+    steps (the loop every workload here is timed with)."""
     wall, cpu = [], []
     for inputs, targets in data:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -123,8 +133,6 @@ def run(make_model: Callable[[], nn.Module], data: list, options: dict | None, f
         optimizer.step()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    if dbg is not None:
-        dbg.close()
     return statistics.median(wall[10:]), statistics.median(cpu[10:])
 
 
