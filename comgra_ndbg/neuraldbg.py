@@ -54,6 +54,7 @@ from comgra_ndbg.instrument.checkpoint import Burst, HiddenCall, RecomputedGradi
 from comgra_ndbg.instrument.compile_cache import evict_compiled_code
 from comgra_ndbg.instrument.evaluation import EVAL, EvalRecording
 from comgra_ndbg.instrument.invariants import LoopInvariants
+from comgra_ndbg.instrument.light_steps import LightSteps
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
@@ -67,8 +68,8 @@ PARAMETER_SUFFIX = ".parameters"
 """Parameters of module ``model.p`` form node ``model.p.parameters`` (``parameters`` cannot be a child's name)."""
 
 
-class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradients, LoopInvariants, Breakpoints,
-                Halting, EvalRecording):
+class NeuralDbg(StepDetection, LightSteps, OutputRegistration, LossCapture, RecomputedGradients, LoopInvariants,
+                Breakpoints, Halting, EvalRecording):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: ``runs`` in the working directory, the new trial's absolute path
@@ -253,6 +254,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
         self._grad_mark: tuple = ((), ())  # steps.gradient_fingerprint after the last backward pass
         self._warned: set[str] = set()
         self._init_invariants(invariants)
+        self._last_recorded = False  # the last full step computed summaries or snapshots
+        self._init_light_steps(optimizer)
         disable = torch.compiler.disable
         self._handles.append(model.register_forward_pre_hook(disable(self._before_forward), with_kwargs=True))
         self._handles.append(model.register_forward_hook(disable(self._after_forward), with_kwargs=True))
@@ -282,6 +285,8 @@ class NeuralDbg(StepDetection, OutputRegistration, LossCapture, RecomputedGradie
             return
         try:
             self._safely("recording an evaluation run", self._eval_file)
+            if self._light:
+                self._safely("finishing a light step", self._end_light_step)
             if self.recorder.current_step is not None:
                 self._safely("finishing the last step", self._end_step)
             if self._next_step == self._first_step:

@@ -113,6 +113,10 @@ class LossCapture:
 
     def _on_backward_call(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """``patches``' callback: take each root computed from this step's forward passes as a loss."""
+        if self._light:
+            if self._criterion is None and not self._closed:
+                self._safely("recording the loss", self._light_backward, roots)
+            return
         if self._inv and not self._closed:
             self._safely("checking loop invariants", self._inv_backward_call)
         if self._closed or not self._loss_sources or self.recorder.current_step is None:
@@ -155,6 +159,10 @@ class LossCapture:
 
     # ---- loss=criterion_module -------------------------------------------------------------------------
     def _after_loss(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._light:
+            if self._training_pass and not self._closed and isinstance(output, torch.Tensor):
+                self._safely("recording the loss", self._light_loss, output)
+            return
         if (self._closed or self._hooks.collecting_now or not self._training_pass or not torch.is_grad_enabled()
                 or not isinstance(output, torch.Tensor) or self.recorder.current_step is None):
             return

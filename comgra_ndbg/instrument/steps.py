@@ -57,7 +57,7 @@ class StepDetection:
     """Step and iteration boundaries of ``NeuralDbg`` (see the module docstring); not used on its own."""
 
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._closed or self._hooks.collecting_now:
+        if (self._light_ready and self._light_pass()) or self._closed or self._hooks.collecting_now:
             return
         self._hooks.capture = self._eval_capture = False  # also after a pass that raised before its end
         self._training_pass = (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -68,7 +68,7 @@ class StepDetection:
             self._safely("ending the last step", self._end_finished_step)
             self._run_pending()  # the user's step hooks, and a halt (outside the recorder's fault isolation)
             self._before_step()
-            self._safely("starting a forward pass", self._begin_pass, args, kwargs)
+            self._safely("starting a forward pass", self._start_pass, args, kwargs)
         else:
             self._evaluation_passes += 1
             self._safely("starting an evaluation pass", self._eval_begin)
@@ -127,6 +127,10 @@ class StepDetection:
         return gradient_fingerprint(list(map(_GRAD, self._parameters)))
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._light and not self._eval_capture:
+            if self._criterion is None:
+                self._safely("finishing a forward pass", self._light_output, output)
+            return
         if self._closed or self._hooks.collecting_now:
             return
         if self._eval_capture:
@@ -188,8 +192,12 @@ class StepDetection:
         self._grad_mark = self._grad_fingerprint()
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if not self._closed and self.recorder.current_step is not None and not self._pass_open:
+        if self._light:
+            if not self._closed:
+                self._safely("finishing a light step", self._end_light_step)
+        elif not self._closed and self.recorder.current_step is not None and not self._pass_open:
             self._safely("finishing the step", self._finish_step)
+            self._light_ready = self._light_possible and not self._last_recorded
             self._run_pending()
 
     # ---- every optimizer's step (patches' global hooks) ---------------------------------------------------
@@ -204,6 +212,10 @@ class StepDetection:
         return cached[1]
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._light:
+            if self._inv and not self._closed:
+                self._safely("recording the learning rate", self._light_before_step, optimizer)
+            return
         if self._closed or not self._owns(optimizer):
             return
         if self._eval_with_grad:  # passes with gradients in eval() mode, then an update: training, not evaluation
@@ -214,7 +226,10 @@ class StepDetection:
             self.recorder.refresh_parameter_gradients()
 
     def _after_optimizer_step_anywhere(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self._closed and self.recorder.current_step is not None:
+        if self._light:
+            if optimizer is not self._light_optimizer:
+                self._light_foreign_step(optimizer)
+        elif not self._closed and self.recorder.current_step is not None:
             if self._owns(optimizer):
                 self._own_steps += 1
             else:
@@ -243,6 +258,7 @@ class StepDetection:
             if self._losses:
                 self._record_loss_kpi(rec)
             step = rec.current_step
+            self._last_recorded = rec.is_recording
             rec.finish_step()
             self._step_finished(step)
         finally:

@@ -198,6 +198,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._steps_since_flush = 0
         self._noted: set[str] = set()
         self._token = 0
+        self._skipped: list[tuple[int, str, list]] = []  # steps of skip_step not handed to the writer yet
         self._hooks: list[Any] = []
         self._budget = None if budget is None else SnapshotBudget(budget)
         self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed,
@@ -226,6 +227,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         every hook the recorder added. Idempotent. The file is ``<path>/<trial>/recording.h5``."""
         if not self.enabled or self._closed:
             return
+        self._guard("writing skipped steps", self._write_skipped)
         if self._step_open:
             if self._step_type is None:
                 self._guard("deciding the open step", partial(self.decide_step, self._last_step_type))
@@ -244,6 +246,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         readable by other processes."""
         if not self.enabled or self._closed:
             return
+        self._write_skipped()
         self._flush(wait=True)
 
     def _flush(self, *, wait: bool) -> None:
@@ -283,4 +286,6 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
     @property
     def last_kpis(self) -> tuple[int, dict[str, float]] | None:
         """The last finished step and its own KPIs, also when the policies summarised nothing of it, or None."""
+        if self.enabled and self._skipped:
+            self._write_skipped()
         return getattr(self, "_last_kpis", None) if self.enabled else None

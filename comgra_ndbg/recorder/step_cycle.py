@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["StepCycle"]
 
 _SKIP = Decision(False, "", "never")
+SKIPPED_BATCH = 64
+"""Steps ``skip_step`` keeps before handing their KPIs to the writer at once."""
 
 
 class StepCycle:
@@ -108,6 +110,8 @@ class StepCycle:
         if not self.enabled:
             return
         self._check_open_recorder("start_step")
+        if self._skipped:
+            self._write_skipped()
         if self._step_open:
             raise RecorderStateError(f"start_step({step}) while step {self._step} is still open; call finish_step() "
                                      f"at the end of each step")
@@ -151,6 +155,51 @@ class StepCycle:
             self._guard("recording parameters", self._start_parameters)
         else:
             self._parameters.unwatch()  # a skipped step's backward pass pays nothing for them
+
+    def would_skip(self, step: int, step_type: str) -> bool:
+        """Whether ``start_step(step, step_type)`` would record nothing at all: no summary or snapshot by the
+        policies, no forced or flight-recorder step, no profiler, not a step continued over. A pure query;
+        a caller that gets True may hand the whole step to :meth:`skip_step` instead."""
+        return (self.enabled and not self._closed and not self._step_open and self.flight_recorder is None
+                and self._profiler is None and (self.resume_after is None or step > self.resume_after)
+                and not self.summary_policy.decide(step, step_type).record
+                and not self.snapshot_policy.decide(step, step_type).record
+                and not self._dispatcher.is_forced(step))
+
+    def skip_step(self, step: int, step_type: str, kpis: list[tuple[int, float | torch.Tensor]]) -> None:
+        """A whole step that records nothing (:meth:`would_skip` said so), in one call: its number is taken
+        and its KPIs (``(catalog.kpi_id, value)`` pairs) are written, as ``start_step``, ``record_kpi`` and
+        ``finish_step`` would, at a fraction of their cost: the steps are kept and handed to the writer
+        :data:`SKIPPED_BATCH` at a time, or sooner when anything else is written (a step, a note, a KPI
+        outside a step, a flush, the close)."""
+        if step in self._seen_steps or self._step_open:
+            raise RecorderStateError(f"skip_step({step}): the step was started before or step {self._step} is "
+                                     f"open; skip_step takes a new step number between steps")
+        self._seen_steps.add(step)
+        self._last_step, self._last_step_type = step, step_type
+        self._skipped.append((step, step_type, kpis))
+        if len(self._skipped) >= SKIPPED_BATCH:
+            self._write_skipped()
+
+    def _write_skipped(self) -> None:
+        """Hand the steps kept by :meth:`skip_step` to the writer (their KPIs), oldest first."""
+        skipped, self._skipped = self._skipped, []
+        if not skipped or not self.enabled or self._closed:
+            return
+        names, add, type_of = self.catalog.kpi_names, self._writer.add_kpi, self.catalog.step_type_id
+        for step, step_type, kpis in skipped:
+            values = {}
+            if kpis:
+                type_id = type_of(step_type)
+                for kpi, value in kpis:
+                    number = float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+                    add(step, kpi, number, type_id)
+                    values[names[kpi]] = number
+            self._last_kpis = (step, values)
+        if self._flush_due():
+            self._flush(wait=False)
+        else:
+            self._writer.poll()
 
     def start_iteration(self) -> int:
         """Begin the next iteration (forward pass) of a multi-iteration step; returns its index.

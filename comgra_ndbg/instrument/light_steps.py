@@ -1,0 +1,194 @@
+"""Light steps: a training step the recording skips runs through NeuralDbg's hooks almost untouched.
+
+A step that records nothing still enters every hook NeuralDbg installs. Done in full, such a step opens and
+closes a Recorder step, watches the backward pass for its end, fingerprints the gradients and checks the
+loop invariants: about a twentieth of a small model's step. A *light* step instead only counts its forward
+passes, keeps each pass's loss value and the learning rates the optimizer steps with, and ends at the
+``optimizer=``'s step post-hook, where its ``loss`` and ``lr/<group>`` KPIs go to the Recorder in one call
+(``Recorder.skip_step``, which hands them to the writer many steps at a time); every other hook returns at
+once.
+
+A step goes light only when nothing could want more of it:
+
+- the Recorder would record nothing at it (no summary, snapshot, forced or flight-recorder step, no
+  profiler; ``Recorder.would_skip``), and no breakpoint, step hook or pending user code is set;
+- its end is known exactly: an ``optimizer=`` was given and the step before ended at its step post-hook;
+- it is not among the first :data:`LIGHT_AFTER` steps, and the step before it was not recorded.
+
+So the loop invariants are checked at every step of the first :data:`LIGHT_AFTER` steps, where loop mistakes
+show, and then at every recorded step *and the one after it*, a pair of consecutive steps that the checks
+comparing one step with the next (an uncleared gradient, a parameter that got no gradient) need. What the
+checks carried from step to step is reset after light steps (``_inv_after_gap``): a comparison never spans
+steps it did not see. A light step also ends at the next training pass after another optimizer holding the
+model's parameters stepped, as a full step would; an update by hand without an optimizer in the middle of a
+step is not seen as its end there (a full step sees it from the parameters' versions).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from comgra_ndbg.instrument.hooks import tensor_leaves
+from comgra_ndbg.instrument.loss import loss_value, reached_outputs, step_loss
+
+__all__ = ["LIGHT_AFTER", "LightSteps"]
+
+LIGHT_AFTER = 32
+"""Steps checked in full from the first before a step may go light (loop mistakes show in the first steps;
+the longest run an invariant counts is ``loop_rules.UNUSED_STEPS``)."""
+
+_LOSS = "loss"
+
+
+class LightSteps:
+    """Light steps of ``NeuralDbg`` (see the module docstring); not used on its own."""
+
+    def _init_light_steps(self, optimizer: torch.optim.Optimizer | None) -> None:
+        self._light = False  # a light step is open
+        self._light_ready = False  # the next training pass may open a light step (or one is open)
+        self._light_possible = optimizer is not None and not self._steps_by_pass
+        self._light_optimizer = optimizer
+        self._light_step = -1
+        self._light_stale = False  # another optimizer holding the model's parameters stepped in the light step
+        self._light_outputs: dict[tuple[Any, int], int] = {}  # the passes' output (grad_fn, nr), for the loss
+        self._light_lrs: list[tuple[int, dict]] | None = None  # learning-rate KPIs, found again after a full step
+        self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
+        self._light_steps = 0  # light steps so far
+        self._inv_gap = False  # light steps ran since the invariants last looked at a step
+
+    def _may_go_light(self) -> bool:
+        """Whether the step about to open can be light (see the module docstring)."""
+        callbacks = self._callbacks
+        return (self._next_step - self._first_step >= LIGHT_AFTER and not self._hooks.collecting_now
+                and not self._pending and not self._layer_handles and not callbacks["before_step"]
+                and not callbacks["after_step"] and not callbacks["after_layer"]
+                and self.recorder.would_skip(self._next_step, self.step_type))
+
+    def _light_pass(self) -> bool:
+        """The model's forward pre-hook while light steps may run: True when this pass is a training pass of
+        a light step (the one open, or a new one); False for an evaluation pass, for a step that must be
+        recorded or checked, and after ending the open light step because another optimizer holding the
+        model's parameters stepped. The full path takes every pass this returns False for."""
+        if not (torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and self._root.training):
+            return False
+        if self._light:
+            if not self._light_stale:
+                self._training_pass = True
+                return True
+            self._safely("ending a light step", self._end_light_step)
+            self._light = self._light_ready = False
+            return False
+        try:
+            if self._eval_run_passes:  # the evaluation passes since the last step, as the full path files them
+                self._eval_file()
+            if not self._may_go_light():
+                return False
+        except Exception as error:  # the full path then records the step as before
+            self.recorder._warn("starting a light step", error)
+            return False
+        self._light = self._training_pass = True
+        self._light_step = self._next_step
+        self._next_step += 1
+        self._light_stale = False
+        self._hooks.capture = self._eval_capture = False
+        self._hooks.detach()
+        if self._inv:
+            self._inv_eval_run = 0  # evaluation passes in train() mode are counted between training passes
+        return True
+
+    def _start_pass(self, args: tuple, kwargs: dict) -> None:
+        """A training pass on the full path: a step it opens is not light, and after light steps the
+        invariants' step-to-step memory starts again."""
+        if self.recorder.current_step is None:
+            self._light_ready = False
+            self._light_lrs = None
+            if self._inv_gap:
+                self._inv_gap = False
+                self._inv_after_gap()
+        self._begin_pass(args, kwargs)
+
+    def _light_loss(self, output: torch.Tensor) -> None:
+        """The criterion's forward hook in a light step: the pass's loss value."""
+        if torch.is_grad_enabled():
+            self._losses.append(loss_value(output))
+
+    def _light_output(self, output: Any) -> None:
+        """The model's forward hook in a light step: without ``loss=``, remember the output's autograd identity
+        (the loss is the backward root computed from it)."""
+        if self._criterion is None and self._training_pass:
+            for _, tensor in tensor_leaves(output):
+                if tensor.grad_fn is not None:
+                    self._light_outputs[(tensor.grad_fn, tensor.output_nr)] = 0
+
+    def _light_backward(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """A backward call in a light step: without ``loss=``, each root computed from the step's outputs is a
+        loss whose value the step's KPI takes."""
+        if self._criterion is None and self._light_outputs:
+            for _, loss in roots:
+                if reached_outputs(loss, self._light_outputs):
+                    self._losses.append(loss_value(loss))
+
+    def _end_light_step(self) -> None:
+        """The light step is over: its KPIs go to the Recorder in one call, and the next step may be light."""
+        self._light = False
+        kpis: list[tuple[int, float | torch.Tensor]] = []
+        if self._losses:
+            if self._loss_kpi is None:
+                self._loss_kpi = self.recorder.catalog.kpi_id(_LOSS)
+            kpis.append((self._loss_kpi, step_loss(self._losses)))
+            self._losses = []
+        if self._light_kpis:
+            kpis += self._light_kpis
+            self._light_kpis = []
+        if self._light_outputs:
+            self._light_outputs = {}
+        self.recorder.skip_step(self._light_step, self.step_type, kpis)
+        self._light_steps += 1
+        self._inv_gap = self._inv
+        self._finished = self._light_step
+
+    # ---- the loop invariants around light steps -----------------------------------------------------------
+    def _inv_after_gap(self) -> None:
+        """The first full step after light steps: what the invariants carried from one step to the next (the
+        gradient each optimizer step consumed, runs of steps counted) describes a step long past, so they
+        start again as at the first step."""
+        count = len(self._inv_names)
+        self._inv_consumed = [None] * count
+        self._inv_stale = [False] * count
+        self._inv_after = [None] * count
+        self._inv_unused = [0] * count
+        self._inv_unused_counting = False
+        self._inv_no_step = self._inv_no_update = self._inv_foreign_run = 0
+        self._inv_no_step_onset = self._inv_no_update_onset = self._inv_foreign_onset = -1
+        self._inv_eval_grad_passes = self._inv_train_passes = self._inv_eval_run = 0
+
+    def _inv_light_lrs(self, optimizer: torch.optim.Optimizer) -> list[tuple[int, dict]]:
+        """``(KPI id, param group)`` of each of ``optimizer``'s groups whose learning rate (a number) a full
+        step recorded as ``lr/<group>``: light steps record it too (the ``optimizer=``'s kept until the next
+        full step)."""
+        cached = self._inv_optimizers.get(optimizer)
+        if cached is None:
+            return []
+        groups = optimizer.param_groups
+        return [(kpi, groups[g]) for g, _, _, _, kpi in cached[3]
+                if kpi is not None and g < len(groups) and isinstance(groups[g].get("lr"), (int, float))]
+
+    def _light_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Any optimizer's step pre-hook in a light step: the learning rates of one that holds the model's
+        parameters, read where a full step reads them."""
+        if optimizer is self._light_optimizer:
+            if self._light_lrs is None:
+                self._light_lrs = self._inv_light_lrs(optimizer)
+            lrs = self._light_lrs
+        elif self._owns(optimizer):
+            lrs = self._inv_light_lrs(optimizer)
+        else:
+            return
+        self._light_kpis += [(kpi, group["lr"]) for kpi, group in lrs]
+
+    def _light_foreign_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Any optimizer's step post-hook in a light step: one other than ``optimizer=`` that holds the
+        model's parameters ends the light step at the next training pass."""
+        if optimizer is not self._light_optimizer and self._owns(optimizer):
+            self._light_stale = True

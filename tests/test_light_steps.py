@@ -1,0 +1,281 @@
+"""Light steps: a step the recording skips runs almost untouched, and the recording is the same as before.
+
+Each loop below runs twice on the same data: once as it runs now (light steps after the first
+``LIGHT_AFTER`` steps) and once with light steps switched off (``LIGHT_AFTER`` out of reach), and the two
+recordings must hold the same steps, KPIs, statistics and log. The loop invariants are checked in full only
+on some steps of a sparse recording; the tests show what they still catch there and that they raise no false
+alarm across the steps they did not see.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from comgra_ndbg import NeuralDbg, open_recording
+from comgra_ndbg.errors import RecorderStateError
+from comgra_ndbg.instrument import light_steps
+from comgra_ndbg.recorder import Recorder
+
+STEPS = 80
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+        self.act = nn.Tanh()
+        self.drop = nn.Dropout(0.1)
+        self.out = nn.Linear(8, 3)
+        self.skip_out = False  # leave the last layer out of the forward pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.drop(self.act(self.fc(x)))
+        return hidden[:, :3] if self.skip_out else self.out(hidden)
+
+
+def _data(steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(steps)]
+
+
+def _plain(model, tmp_path, trial, **options):
+    """loss= and optimizer=, a learning rate that changes at every step."""
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    with NeuralDbg(model, tmp_path, trial=trial, loss=criterion, optimizer=optimizer, **options) as dbg:
+        for x, y in _data():
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+            schedule.step()
+    return dbg
+
+
+def _accumulated(model, tmp_path, trial, **options):
+    """No loss= (the loss is the tensor backward() is called on), two passes per step."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data = _data()
+    with NeuralDbg(model, tmp_path, trial=trial, optimizer=optimizer, **options) as dbg:
+        for i in range(0, len(data), 2):
+            optimizer.zero_grad()
+            for x, y in data[i:i + 2]:
+                (F.cross_entropy(model(x), y) / 2).backward()
+            optimizer.step()
+    return dbg
+
+
+def _evaluated(model, tmp_path, trial, **options):
+    """An evaluation pass in eval() mode without gradients after every step."""
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    probe = torch.randn(5, 6)
+    with NeuralDbg(model, tmp_path, trial=trial, loss=criterion, optimizer=optimizer, **options) as dbg:
+        for x, y in _data():
+            model.train()
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+            model.eval()
+            with torch.no_grad():
+                model(probe)
+    return dbg
+
+
+def _two_optimizers(model, tmp_path, trial, **options):
+    """optimizer= holds the first layer; another optimizer, stepped first, the last one."""
+    criterion = nn.CrossEntropyLoss()
+    first = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+    last = torch.optim.SGD(model.out.parameters(), lr=0.1)
+    with NeuralDbg(model, tmp_path, trial=trial, loss=criterion, optimizer=first, **options) as dbg:
+        for x, y in _data():
+            first.zero_grad()
+            last.zero_grad()
+            criterion(model(x), y).backward()
+            last.step()
+            first.step()
+    return dbg
+
+
+def _unfinished(model, tmp_path, trial, **options):
+    """The loop's last step ends without an optimizer step: close() ends it."""
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = _data()
+    with NeuralDbg(model, tmp_path, trial=trial, loss=criterion, optimizer=optimizer, **options) as dbg:
+        for i, (x, y) in enumerate(data):
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            if i < len(data) - 1:
+                optimizer.step()
+    return dbg
+
+
+LOOPS = {"plain": _plain, "accumulated": _accumulated, "evaluated": _evaluated,
+         "two optimizers": _two_optimizers, "unfinished": _unfinished}
+
+
+def _fingerprint(path, trial: str) -> dict:
+    """What a recording holds: steps and their types, every KPI, every summary row, the log."""
+    with open_recording(path, trial) as r:
+        found = {"steps": r.steps.tolist(), "types": {t: r.steps_of_type(t).tolist() for t in r.step_types},
+                 "kpis": {name: tuple(np.asarray(a).tolist() for a in r.kpi(name)) for name in r.kpi_names},
+                 "log": [(e.step, e.category, e.subject, e.message) for e in r.log()]}
+        for tensor in (t.name for t in r.tensors):
+            for kind in r.kinds(tensor):
+                steps, rows = r.summary_rows(tensor, kind)
+                found[(tensor, kind)] = (steps.tolist(), np.round(rows, 6).tolist())
+    return found
+
+
+def _both(loop, tmp_path, monkeypatch, **options) -> tuple[NeuralDbg, dict, dict, dict]:
+    """The loop with light steps and without; returns the first's NeuralDbg, both recordings' fingerprints and
+    the parameters each run trained (the same initial model)."""
+    found, params, dbgs = {}, {}, {}
+    for light in (True, False):
+        monkeypatch.setattr(light_steps, "LIGHT_AFTER", 32 if light else 10 ** 9)
+        torch.manual_seed(0)
+        model = Net()
+        dbgs[light] = loop(model, tmp_path, f"light-{light}", **options)
+        found[light] = _fingerprint(tmp_path, f"light-{light}")
+        params[light] = [p.detach().clone() for p in model.parameters()]
+    assert dbgs[False]._light_steps == 0
+    return dbgs[True], found[True], found[False], params
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_a_recording_with_light_steps_is_the_recording_without(name, tmp_path, monkeypatch) -> None:
+    dbg, light, full, params = _both(LOOPS[name], tmp_path, monkeypatch, summaries=10, snapshots=25)
+    assert dbg._light_steps > 0
+    assert light.keys() == full.keys()
+    for key in full:
+        assert light[key] == full[key], key
+    assert all(torch.equal(a, b) for a, b in zip(params[True], params[False]))
+    steps = STEPS // 2 if name == "accumulated" else STEPS
+    loss_steps, losses = light["kpis"]["loss"]
+    assert loss_steps == list(range(steps)) and np.isfinite(losses).all()  # a loss at every step
+    if name == "plain":
+        lr_steps, lrs = light["kpis"]["lr/0"]
+        assert lr_steps == list(range(STEPS))
+        assert lrs == pytest.approx([0.1 / (1 + step) for step in range(STEPS)])
+    assert light["types"]["train"] == sorted(set(range(0, steps, 10)) | set(range(0, steps, 25)))
+
+
+def test_light_steps_train_exactly_as_bare(tmp_path) -> None:
+    torch.manual_seed(0)
+    bare = Net()
+    torch.manual_seed(0)
+    watched = Net()
+    criterion = nn.CrossEntropyLoss()
+    rng_state = torch.get_rng_state()
+    for model, record in ((bare, False), (watched, True)):
+        torch.set_rng_state(rng_state)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        dbg = NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=None,
+                        snapshots=None) if record else None
+        for x, y in _data():
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        if dbg is not None:
+            assert dbg._light_steps == STEPS - light_steps.LIGHT_AFTER
+            dbg.close()
+    assert all(torch.equal(a, b) for a, b in zip(bare.parameters(), watched.parameters()))
+
+
+def _invariant_log(tmp_path, trial: str) -> list:
+    with open_recording(tmp_path, trial) as r:
+        return [(e.subject, e.step, e.message) for e in r.log("invariant")]
+
+
+def test_a_zero_grad_dropped_after_the_first_steps_is_caught_at_the_next_recorded_pair(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, criterion = Net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=10,
+                   snapshots=None) as dbg:
+        for step, (x, y) in enumerate(_data()):
+            if step < 55:
+                optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+    assert dbg._light_steps > 0
+    log = _invariant_log(tmp_path, "t")
+    assert [subject for subject, _, _ in log] == ["optimizer"]
+    subject, onset, message = log[0]
+    assert 55 <= onset <= 61 and "zero_grad() is not called" in message
+
+
+def test_healthy_sparse_runs_raise_no_invariant_across_light_steps(tmp_path) -> None:
+    """A parameter that gets its gradient only on some steps, evaluation passes in train() mode between
+    training steps: the checks after light steps start again and do not count the steps they skipped."""
+    torch.manual_seed(0)
+    model, criterion = Net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=10,
+                   snapshots=None) as dbg:
+        for step, (x, y) in enumerate(_data(120)):
+            optimizer.zero_grad()
+            model.skip_out = step % 8 == 3  # the last layer sits out now and then (no gradient at all)
+            criterion(model(x), y).backward()
+            optimizer.step()
+            with torch.no_grad():
+                model(x)  # one evaluation pass per step in train() mode: legal (a run of them is not)
+    assert dbg._light_steps > 50
+    assert _invariant_log(tmp_path, "t") == []
+
+
+def test_a_parameter_unused_from_the_start_is_caught_in_the_first_steps(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, criterion = Net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model.skip_out = True
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=None,
+                   snapshots=None) as dbg:
+        for x, y in _data():
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+    assert dbg._light_steps > 0
+    log = _invariant_log(tmp_path, "t")
+    assert len(log) == 1 and log[0][1] == 0 and "got no gradient" in log[0][2]
+
+
+def test_step_hooks_and_breakpoints_keep_every_step_full(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, criterion = Net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen = []
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=None,
+                   snapshots=None) as dbg:
+        dbg.on("before_step", seen.append)
+        for x, y in _data():
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+    assert dbg._light_steps == 0 and seen == list(range(STEPS))
+
+
+def test_a_recorder_skips_whole_steps_in_one_call(tmp_path) -> None:
+    rec = Recorder(tmp_path, "t", summaries=5, snapshots=None)
+    loss = rec.catalog.kpi_id("loss")
+    assert rec.would_skip(1, "train") and not rec.would_skip(5, "train")
+    rec.skip_step(1, "train", [(loss, 0.5)])
+    rec.skip_step(2, "train", [(loss, torch.tensor(0.25))])
+    rec.add_note("after step 2")
+    assert rec.last_kpis == (2, {"loss": 0.25})
+    with pytest.raises(RecorderStateError, match="skip_step"):
+        rec.skip_step(2, "train", [])
+    rec.start_step(3, "train")
+    with pytest.raises(RecorderStateError, match="skip_step"):
+        rec.skip_step(4, "train", [])
+    rec.finish_step()
+    rec.skip_step(4, "train", [(loss, 1.0)])
+    rec.close()
+    with open_recording(tmp_path, "t") as r:
+        steps, values = r.kpi("loss")
+        assert steps.tolist() == [1, 2, 4] and values.tolist() == [0.5, 0.25, 1.0]
+        assert [(n.step, n.text) for n in r.notes] == [(2, "after step 2")]
