@@ -60,7 +60,7 @@ class KpiRecording:
         if self._step_open:
             self._kpis.append((kpi, value) if own_type is None else (kpi, value, own_type))
         else:
-            if self._skipped:
+            if self._skipped_steps:
                 self._write_skipped()
             type_id = self.catalog.step_type_id(self._last_step_type) if own_type is None else own_type
             number = float(value.item()) if isinstance(value, torch.Tensor) else float(value)
@@ -78,7 +78,7 @@ class KpiRecording:
         if not self.enabled:
             return
         self._check_open_recorder("add_note")
-        if self._skipped:
+        if self._skipped_steps:
             self._write_skipped()
         check_text("a note", text)
         self._writer.add_note(-1 if self._last_step is None else self._last_step, text)

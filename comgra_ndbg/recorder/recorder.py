@@ -198,7 +198,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._steps_since_flush = 0
         self._noted: set[str] = set()
         self._token = 0
-        self._skipped: list[tuple[int, str, list]] = []  # steps of skip_step not handed to the writer yet
+        self._skipped_steps: list[tuple[int, str, list]] = []  # steps of skip_step not handed to the writer yet
         self._hooks: list[Any] = []
         self._budget = None if budget is None else SnapshotBudget(budget)
         self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed,
@@ -286,6 +286,6 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
     @property
     def last_kpis(self) -> tuple[int, dict[str, float]] | None:
         """The last finished step and its own KPIs, also when the policies summarised nothing of it, or None."""
-        if self.enabled and self._skipped:
+        if self.enabled and self._skipped_steps:
             self._write_skipped()
         return getattr(self, "_last_kpis", None) if self.enabled else None

@@ -110,7 +110,7 @@ class StepCycle:
         if not self.enabled:
             return
         self._check_open_recorder("start_step")
-        if self._skipped:
+        if self._skipped_steps:
             self._write_skipped()
         if self._step_open:
             raise RecorderStateError(f"start_step({step}) while step {self._step} is still open; call finish_step() "
@@ -177,13 +177,13 @@ class StepCycle:
                                      f"open; skip_step takes a new step number between steps")
         self._seen_steps.add(step)
         self._last_step, self._last_step_type = step, step_type
-        self._skipped.append((step, step_type, kpis))
-        if len(self._skipped) >= SKIPPED_BATCH:
+        self._skipped_steps.append((step, step_type, kpis))
+        if len(self._skipped_steps) >= SKIPPED_BATCH:
             self._write_skipped()
 
     def _write_skipped(self) -> None:
         """Hand the steps kept by :meth:`skip_step` to the writer (their KPIs), oldest first."""
-        skipped, self._skipped = self._skipped, []
+        skipped, self._skipped_steps = self._skipped_steps, []
         if not skipped or not self.enabled or self._closed:
             return
         names, add, type_of = self.catalog.kpi_names, self._writer.add_kpi, self.catalog.step_type_id
