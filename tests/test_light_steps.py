@@ -279,3 +279,22 @@ def test_a_recorder_skips_whole_steps_in_one_call(tmp_path) -> None:
         steps, values = r.kpi("loss")
         assert steps.tolist() == [1, 2, 4] and values.tolist() == [0.5, 0.25, 1.0]
         assert [(n.step, n.text) for n in r.notes] == [(2, "after step 2")]
+
+
+def test_a_loop_that_stops_stepping_its_optimizer_goes_back_to_full_steps_and_is_caught(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, criterion = Net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=None,
+                   snapshots=None) as dbg:
+        for step, (x, y) in enumerate(_data()):
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            if step < 60:
+                optimizer.step()
+    assert dbg._light_steps == 60 - light_steps.LIGHT_AFTER + 1  # steps 32..60; 60 ended by its next pass
+    assert dbg.steps == STEPS  # one step per pass, as on the full path
+    log = _invariant_log(tmp_path, "t")
+    assert len(log) == 1 and 60 <= log[0][1] <= 61 and "optimizer.step()" in log[0][2]
+    with open_recording(tmp_path, "t") as r:
+        assert r.kpi("loss")[0].tolist() == list(range(STEPS))

@@ -20,8 +20,10 @@ show, and then at every recorded step *and the one after it*, a pair of consecut
 comparing one step with the next (an uncleared gradient, a parameter that got no gradient) need. What the
 checks carried from step to step is reset after light steps (``_inv_after_gap``): a comparison never spans
 steps it did not see. A light step also ends at the next training pass after another optimizer holding the
-model's parameters stepped, as a full step would; an update by hand without an optimizer in the middle of a
-step is not seen as its end there (a full step sees it from the parameters' versions).
+model's parameters stepped, as a full step would, and at a training pass beyond as many as the last full
+step ran, so a loop that stops stepping its optimizer goes back to full steps, whose invariants report it;
+an update by hand without an optimizer in the middle of a step is not seen as its end there (a full step
+sees it from the parameters' versions).
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ class LightSteps:
         self._light_optimizer = optimizer
         self._light_step = -1
         self._light_stale = False  # another optimizer holding the model's parameters stepped in the light step
+        self._light_passes = 0  # training passes of the open light step
+        self._light_passes_max = 1  # ... at most: those of the last full step
         self._light_outputs: dict[tuple[Any, int], int] = {}  # the passes' output (grad_fn, nr), for the loss
         self._light_lrs: list[tuple[int, dict]] | None = None  # learning-rate KPIs, found again after a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
@@ -69,11 +73,13 @@ class LightSteps:
         """The model's forward pre-hook while light steps may run: True when this pass is a training pass of
         a light step (the one open, or a new one); False for an evaluation pass, for a step that must be
         recorded or checked, and after ending the open light step because another optimizer holding the
-        model's parameters stepped. The full path takes every pass this returns False for."""
+        model's parameters stepped or because it ran more passes than the last full step (a loop that
+        stopped stepping its optimizer). The full path takes every pass this returns False for."""
         if not (torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and self._root.training):
             return False
         if self._light:
-            if not self._light_stale:
+            self._light_passes += 1
+            if not self._light_stale and self._light_passes <= self._light_passes_max:
                 self._training_pass = True
                 return True
             self._safely("ending a light step", self._end_light_step)
@@ -91,6 +97,7 @@ class LightSteps:
         self._light_step = self._next_step
         self._next_step += 1
         self._light_stale = False
+        self._light_passes = 1
         self._hooks.capture = self._eval_capture = False
         self._hooks.detach()
         if self._inv:

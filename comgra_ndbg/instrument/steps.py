@@ -198,6 +198,7 @@ class StepDetection:
         elif not self._closed and self.recorder.current_step is not None and not self._pass_open:
             self._safely("finishing the step", self._finish_step)
             self._light_ready = self._light_possible and not self._last_recorded
+            self._light_passes_max = self._iteration + 1
             self._run_pending()
 
     # ---- every optimizer's step (patches' global hooks) ---------------------------------------------------
