@@ -106,23 +106,23 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 
 
 def run(make_model: Callable[[], nn.Module], data: list, options: dict | None, folder: str,
-        trial: str, optimizer_name: str = "adam") -> tuple[float, float]:
+        trial: str, optimizer_name: str = "adam", warmup: int = 10) -> tuple[float, float]:
     """Train over ``data`` with the plain training loop (``optimizer_name``: a key of ``OPTIMIZERS``); returns
-    the median wall-clock and CPU seconds per step after 10 warm-up steps."""
+    the median wall-clock and CPU seconds per step after ``warmup`` steps."""
     torch.manual_seed(0)
     model, criterion = make_model(), nn.CrossEntropyLoss()
     optimizer = OPTIMIZERS[optimizer_name](model.parameters())
     dbg = None if options is None else NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer,
                                                  **options)
-    times = timed_loop(model, criterion, optimizer, data)
+    times = timed_loop(model, criterion, optimizer, data, warmup)
     if dbg is not None:
         dbg.close()
     return times
 
 
-def timed_loop(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer, data: list
-               ) -> tuple[float, float]:
-    """The plain training loop over ``data``; the median wall-clock and CPU seconds per step after 10 warm-up
+def timed_loop(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer, data: list,
+               warmup: int = 10) -> tuple[float, float]:
+    """The plain training loop over ``data``; the median wall-clock and CPU seconds per step after ``warmup``
     steps (the loop every workload here is timed with)."""
     wall, cpu = [], []
     for inputs, targets in data:
@@ -133,7 +133,7 @@ def timed_loop(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Op
         optimizer.step()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return statistics.median(wall[10:]), statistics.median(cpu[10:])
+    return statistics.median(wall[warmup:]), statistics.median(cpu[warmup:])
 
 
 def run_floor(make_model: Callable[[], nn.Module], data: list, optimizer_name: str = "adam", *,
