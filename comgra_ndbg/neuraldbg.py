@@ -254,7 +254,6 @@ class NeuralDbg(StepDetection, LightSteps, OutputRegistration, LossCapture, Reco
         self._grad_mark: tuple = ((), ())  # steps.gradient_fingerprint after the last backward pass
         self._warned: set[str] = set()
         self._init_invariants(invariants)
-        self._last_recorded = False  # the last full step computed summaries or snapshots
         self._init_light_steps(optimizer)
         disable = torch.compiler.disable
         self._handles.append(model.register_forward_pre_hook(disable(self._before_forward), with_kwargs=True))

@@ -114,8 +114,55 @@ def _unfinished(model, tmp_path, trial, **options):
     return dbg
 
 
+def _plain_without_optimizer(model, tmp_path, trial, **options):
+    """NeuralDbg(model) without optimizer=: a step ends at the next pass after the optimizer stepped."""
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    with NeuralDbg(model, tmp_path, trial=trial, **options) as dbg:
+        for x, y in _data():
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+            schedule.step()
+    return dbg
+
+
+def _two_optimizers_without_optimizer(model, tmp_path, trial, **options):
+    """Two optimizers holding the model's parameters, neither named: both step in each step."""
+    first = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+    last = torch.optim.Adam(model.out.parameters(), lr=1e-2)
+    with NeuralDbg(model, tmp_path, trial=trial, **options) as dbg:
+        for x, y in _data():
+            first.zero_grad()
+            last.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            first.step()
+            last.step()
+    return dbg
+
+
+def _gan(model, tmp_path, trial, **options):
+    """A GAN's generator under NeuralDbg: the discriminator's optimizer steps in every step too."""
+    critic = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    g_optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    d_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    with NeuralDbg(model, tmp_path, trial=trial, **options) as dbg:
+        for x, _ in _data():
+            fake = model(x)
+            d_optimizer.zero_grad()
+            (critic(fake.detach()).mean() - critic(x[:, :3]).mean()).backward()
+            d_optimizer.step()
+            g_optimizer.zero_grad()
+            (-critic(fake).mean()).backward()
+            g_optimizer.step()
+    return dbg
+
+
 LOOPS = {"plain": _plain, "accumulated": _accumulated, "evaluated": _evaluated,
-         "two optimizers": _two_optimizers, "unfinished": _unfinished}
+         "two optimizers": _two_optimizers, "unfinished": _unfinished,
+         "plain, no optimizer=": _plain_without_optimizer,
+         "two optimizers, no optimizer=": _two_optimizers_without_optimizer, "gan": _gan}
 
 
 def _fingerprint(path, trial: str) -> dict:
@@ -149,15 +196,19 @@ def _both(loop, tmp_path, monkeypatch, **options) -> tuple[NeuralDbg, dict, dict
 @pytest.mark.parametrize("name", LOOPS)
 def test_a_recording_with_light_steps_is_the_recording_without(name, tmp_path, monkeypatch) -> None:
     dbg, light, full, params = _both(LOOPS[name], tmp_path, monkeypatch, summaries=10, snapshots=25)
-    assert dbg._light_steps > 0
+    if name == "gan":  # the discriminator's steps keep every step full: the full path tells them apart
+        assert dbg._light_steps == 0
+    else:
+        assert dbg._light_steps > 0
     assert light.keys() == full.keys()
     for key in full:
         assert light[key] == full[key], key
     assert all(torch.equal(a, b) for a, b in zip(params[True], params[False]))
     steps = STEPS // 2 if name == "accumulated" else STEPS
-    loss_steps, losses = light["kpis"]["loss"]
-    assert loss_steps == list(range(steps)) and np.isfinite(losses).all()  # a loss at every step
-    if name == "plain":
+    if name != "gan":  # its loss: two backward calls through the generator
+        loss_steps, losses = light["kpis"]["loss"]
+        assert loss_steps == list(range(steps)) and np.isfinite(losses).all()  # a loss at every step
+    if name.startswith("plain"):
         lr_steps, lrs = light["kpis"]["lr/0"]
         assert lr_steps == list(range(STEPS))
         assert lrs == pytest.approx([0.1 / (1 + step) for step in range(STEPS)])
@@ -281,12 +332,13 @@ def test_a_recorder_skips_whole_steps_in_one_call(tmp_path) -> None:
         assert [(n.step, n.text) for n in r.notes] == [(2, "after step 2")]
 
 
-def test_a_loop_that_stops_stepping_its_optimizer_goes_back_to_full_steps_and_is_caught(tmp_path) -> None:
+@pytest.mark.parametrize("named", [True, False], ids=["optimizer=", "no optimizer="])
+def test_a_loop_that_stops_stepping_its_optimizer_goes_back_to_full_steps_and_is_caught(named, tmp_path) -> None:
     torch.manual_seed(0)
     model, criterion = Net(), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, summaries=None,
-                   snapshots=None) as dbg:
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer if named else None,
+                   summaries=None, snapshots=None) as dbg:
         for step, (x, y) in enumerate(_data()):
             optimizer.zero_grad()
             criterion(model(x), y).backward()

@@ -3,27 +3,28 @@
 A step that records nothing still enters every hook NeuralDbg installs. Done in full, such a step opens and
 closes a Recorder step, watches the backward pass for its end, fingerprints the gradients and checks the
 loop invariants: about a twentieth of a small model's step. A *light* step instead only counts its forward
-passes, keeps each pass's loss value and the learning rates the optimizer steps with, and ends at the
-``optimizer=``'s step post-hook, where its ``loss`` and ``lr/<group>`` KPIs go to the Recorder in one call
-(``Recorder.skip_step``, which hands them to the writer many steps at a time); every other hook returns at
-once.
+passes, keeps each pass's loss value and the learning rates the optimizer steps with, and ends where its
+optimizer's step says it does: at the ``optimizer=``'s step post-hook, or without ``optimizer=`` at the
+next training pass after an optimizer holding the model's parameters stepped (as a full step ends then).
+Its ``loss`` and ``lr/<group>`` KPIs go to the Recorder in one call (``Recorder.skip_step``, which hands
+them to the writer many steps at a time); every other hook returns at once.
 
 A step goes light only when nothing could want more of it:
 
 - the Recorder would record nothing at it (no summary, snapshot, forced or flight-recorder step, no
   profiler; ``Recorder.would_skip``), and no breakpoint, step hook or pending user code is set;
-- its end is known exactly: an ``optimizer=`` was given and the step before ended at its step post-hook;
-- it is not among the first :data:`LIGHT_AFTER` steps, and the step before it was not recorded.
+- the step before ended with an optimizer step of the model's own (no other model's optimizer stepped in
+  it, as a GAN's does: the full path tells such steps apart) and recorded nothing;
+- it is not among the first :data:`LIGHT_AFTER` steps.
 
 So the loop invariants are checked at every step of the first :data:`LIGHT_AFTER` steps, where loop mistakes
 show, and then at every recorded step *and the one after it*, a pair of consecutive steps that the checks
 comparing one step with the next (an uncleared gradient, a parameter that got no gradient) need. What the
 checks carried from step to step is reset after light steps (``_inv_after_gap``): a comparison never spans
-steps it did not see. A light step also ends at the next training pass after another optimizer holding the
-model's parameters stepped, as a full step would, and at a training pass beyond as many as the last full
-step ran, so a loop that stops stepping its optimizer goes back to full steps, whose invariants report it;
-an update by hand without an optimizer in the middle of a step is not seen as its end there (a full step
-sees it from the parameters' versions).
+steps it did not see. A light step that runs more training passes than the last full step did (a loop that
+stopped stepping its optimizer), or sees another model's optimizer step, hands the next pass to the full
+path, whose invariants report what went wrong; an update by hand without an optimizer in the middle of a
+step is not seen as its end (a full step sees it from the parameters' versions).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ LIGHT_AFTER = 32
 the longest run an invariant counts is ``loop_rules.UNUSED_STEPS``)."""
 
 _LOSS = "loss"
+_OPEN, _OVER, _FULL = 0, 1, 2  # a light step goes on; ended, as steps end; ended, the next step is full
 
 
 class LightSteps:
@@ -49,14 +51,15 @@ class LightSteps:
     def _init_light_steps(self, optimizer: torch.optim.Optimizer | None) -> None:
         self._light = False  # a light step is open
         self._light_ready = False  # the next training pass may open a light step (or one is open)
-        self._light_possible = optimizer is not None and not self._steps_by_pass
+        self._light_possible = not self._steps_by_pass
+        self._light_after_full = False  # the last full step recorded nothing and no other model's optimizer stepped
         self._light_optimizer = optimizer
         self._light_step = -1
-        self._light_stale = False  # another optimizer holding the model's parameters stepped in the light step
+        self._light_end = _OPEN  # what the optimizers that stepped in the light step say about its end
         self._light_passes = 0  # training passes of the open light step
         self._light_passes_max = 1  # ... at most: those of the last full step
         self._light_outputs: dict[tuple[Any, int], int] = {}  # the passes' output (grad_fn, nr), for the loss
-        self._light_lrs: list[tuple[int, dict]] | None = None  # learning-rate KPIs, found again after a full step
+        self._light_lrs: tuple[Any, list[tuple[int, dict]]] | None = None  # (optimizer, its lr KPIs) till a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
         self._light_steps = 0  # light steps so far
         self._inv_gap = False  # light steps ran since the invariants last looked at a step
@@ -79,12 +82,14 @@ class LightSteps:
             return False
         if self._light:
             self._light_passes += 1
-            if not self._light_stale and self._light_passes <= self._light_passes_max:
+            if self._light_end == _OPEN and self._light_passes <= self._light_passes_max:
                 self._training_pass = True
                 return True
+            again = self._light_end == _OVER  # over as steps end: the next one may be light too
             self._safely("ending a light step", self._end_light_step)
-            self._light = self._light_ready = False
-            return False
+            if not again:
+                self._light_ready = False
+                return False
         try:
             if self._eval_run_passes:  # the evaluation passes since the last step, as the full path files them
                 self._eval_file()
@@ -96,7 +101,7 @@ class LightSteps:
         self._light = self._training_pass = True
         self._light_step = self._next_step
         self._next_step += 1
-        self._light_stale = False
+        self._light_end = _OPEN
         self._light_passes = 1
         self._hooks.capture = self._eval_capture = False
         self._hooks.detach()
@@ -184,18 +189,19 @@ class LightSteps:
     def _light_before_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Any optimizer's step pre-hook in a light step: the learning rates of one that holds the model's
         parameters, read where a full step reads them."""
-        if optimizer is self._light_optimizer:
-            if self._light_lrs is None:
-                self._light_lrs = self._inv_light_lrs(optimizer)
-            lrs = self._light_lrs
-        elif self._owns(optimizer):
-            lrs = self._inv_light_lrs(optimizer)
-        else:
-            return
-        self._light_kpis += [(kpi, group["lr"]) for kpi, group in lrs]
+        cached = self._light_lrs
+        if cached is None or cached[0] is not optimizer:
+            if optimizer is not self._light_optimizer and not self._owns(optimizer):
+                return
+            cached = self._light_lrs = (optimizer, self._inv_light_lrs(optimizer))
+        self._light_kpis += [(kpi, group["lr"]) for kpi, group in cached[1]]
 
     def _light_foreign_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Any optimizer's step post-hook in a light step: one other than ``optimizer=`` that holds the
-        model's parameters ends the light step at the next training pass."""
-        if optimizer is not self._light_optimizer and self._owns(optimizer):
-            self._light_stale = True
+        """The step post-hook of an optimizer other than ``optimizer=`` in a light step: one holding the
+        model's parameters ends the step at the next training pass (which may open another light step);
+        one holding none of them (another model's, as in a GAN) sends the next pass to the full path, which
+        tells such steps apart."""
+        if not self._owns(optimizer):
+            self._light_end = _FULL
+        elif self._light_end == _OPEN:
+            self._light_end = _OVER

@@ -67,6 +67,8 @@ class StepDetection:
                 self._safely("recording an evaluation run", self._eval_file)
             self._safely("ending the last step", self._end_finished_step)
             self._run_pending()  # the user's step hooks, and a halt (outside the recorder's fault isolation)
+            if self._light_ready and self._light_pass():  # the step that just ended lets this one be light
+                return
             self._before_step()
             self._safely("starting a forward pass", self._start_pass, args, kwargs)
         else:
@@ -86,7 +88,9 @@ class StepDetection:
             rec.finish_iteration()
             self._pass_open = False
         if rec.current_step is not None and self._optimizer_stepped():
+            own = self._own_steps
             self._end_step()
+            self._light_ready = self._light_possible and own > 0 and self._light_after_full
 
     def _begin_pass(self, args: tuple, kwargs: dict) -> None:
         rec = self.recorder
@@ -197,8 +201,7 @@ class StepDetection:
                 self._safely("finishing a light step", self._end_light_step)
         elif not self._closed and self.recorder.current_step is not None and not self._pass_open:
             self._safely("finishing the step", self._finish_step)
-            self._light_ready = self._light_possible and not self._last_recorded
-            self._light_passes_max = self._iteration + 1
+            self._light_ready = self._light_possible and self._light_after_full
             self._run_pending()
 
     # ---- every optimizer's step (patches' global hooks) ---------------------------------------------------
@@ -229,7 +232,7 @@ class StepDetection:
     def _after_optimizer_step_anywhere(self, optimizer: torch.optim.Optimizer) -> None:
         if self._light:
             if optimizer is not self._light_optimizer:
-                self._light_foreign_step(optimizer)
+                self._safely("looking at an optimizer step", self._light_foreign_step, optimizer)
         elif not self._closed and self.recorder.current_step is not None:
             if self._owns(optimizer):
                 self._own_steps += 1
@@ -259,7 +262,8 @@ class StepDetection:
             if self._losses:
                 self._record_loss_kpi(rec)
             step = rec.current_step
-            self._last_recorded = rec.is_recording
+            self._light_after_full = not rec.is_recording and not self._foreign_steps
+            self._light_passes_max = self._iteration + 1
             rec.finish_step()
             self._step_finished(step)
         finally:
