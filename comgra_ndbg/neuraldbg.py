@@ -283,9 +283,9 @@ class NeuralDbg(StepDetection, LightSteps, OutputRegistration, LossCapture, Reco
         if not self.enabled:
             return
         try:
-            self._safely("recording an evaluation run", self._eval_file)
-            if self._light:
+            if self._light:  # first: an evaluation run is filed at the step it follows, this one
                 self._safely("finishing a light step", self._end_light_step)
+            self._safely("recording an evaluation run", self._eval_file)
             if self.recorder.current_step is not None:
                 self._safely("finishing the last step", self._end_step)
             if self._next_step == self._first_step:

@@ -350,3 +350,51 @@ def test_a_loop_that_stops_stepping_its_optimizer_goes_back_to_full_steps_and_is
     assert len(log) == 1 and 60 <= log[0][1] <= 61 and "optimizer.step()" in log[0][2]
     with open_recording(tmp_path, "t") as r:
         assert r.kpi("loss")[0].tolist() == list(range(STEPS))
+
+
+def _random_loop(seed: int):
+    """A healthy loop of a shape drawn from ``seed``: optimizer= and loss= given or not, one to three passes
+    per step (changing from step to step), now and then two forward passes under one backward call, an
+    evaluation pass after some steps, a sparse policy."""
+    import random
+
+    rng = random.Random(seed)
+    named, criterion_given = rng.random() < 0.5, rng.random() < 0.5
+    summaries = rng.choice([7, 10, None, sorted(rng.sample(range(90), 6))])
+    snapshots = rng.choice([None, 25])
+    shapes = [(rng.choice([1, 1, 2, 3]), rng.random() < 0.2, rng.random() < 0.3) for _ in range(90)]
+
+    def loop(model, tmp_path, trial, **options):
+        criterion = nn.CrossEntropyLoss()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        data = _data(3 * len(shapes))
+        with NeuralDbg(model, tmp_path, trial=trial, optimizer=optimizer if named else None,
+                       loss=criterion if criterion_given else None, summaries=summaries, snapshots=snapshots,
+                       **options) as dbg:
+            for step, (passes, paired, evaluate) in enumerate(shapes):
+                optimizer.zero_grad()
+                batches = data[3 * step:3 * step + passes]
+                if paired and passes > 1:
+                    (criterion(model(batches[0][0]), batches[0][1])
+                     + criterion(model(batches[1][0]), batches[1][1])).backward()
+                else:
+                    for x, y in batches:
+                        criterion(model(x), y).backward()
+                optimizer.step()
+                if evaluate:
+                    with torch.no_grad():
+                        model(batches[0][0])
+        return dbg
+
+    return loop
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_healthy_loops_record_the_same_with_and_without_light_steps(seed, tmp_path, monkeypatch) -> None:
+    dbg, light, full, params = _both(_random_loop(seed), tmp_path, monkeypatch)
+    assert dbg._light_steps > 0
+    assert light.keys() == full.keys()
+    for key in full:
+        assert light[key] == full[key], key
+    assert all(torch.equal(a, b) for a, b in zip(params[True], params[False]))
+    assert light["log"] == [] and light["kpis"]["loss"][0] == list(range(90))

@@ -21,10 +21,11 @@ So the loop invariants are checked at every step of the first :data:`LIGHT_AFTER
 show, and then at every recorded step *and the one after it*, a pair of consecutive steps that the checks
 comparing one step with the next (an uncleared gradient, a parameter that got no gradient) need. What the
 checks carried from step to step is reset after light steps (``_inv_after_gap``): a comparison never spans
-steps it did not see. A light step that runs more training passes than the last full step did (a loop that
-stopped stepping its optimizer), or sees another model's optimizer step, hands the next pass to the full
-path, whose invariants report what went wrong; an update by hand without an optimizer in the middle of a
-step is not seen as its end (a full step sees it from the parameters' versions).
+steps it did not see. A light step whose gradients were cleared after a backward pass without an optimizer
+step (where a full step ends too: a loop that stopped stepping its optimizer), that runs more than twice as
+many training passes as the last full step, or that sees another model's optimizer step hands the next pass
+to the full path, whose invariants report what went wrong; an update by hand without an optimizer in the
+middle of a step is not seen as its end (a full step sees it from the parameters' versions).
 """
 from __future__ import annotations
 
@@ -57,7 +58,9 @@ class LightSteps:
         self._light_step = -1
         self._light_end = _OPEN  # what the optimizers that stepped in the light step say about its end
         self._light_passes = 0  # training passes of the open light step
-        self._light_passes_max = 1  # ... at most: those of the last full step
+        self._light_passes_max = 3  # ... at most: twice those of the last full step, and one
+        self._light_backwards = False  # a backward call ran in the open light step
+        self._light_probe: torch.Tensor | None = None  # a parameter that held a gradient after the last full step
         self._light_outputs: dict[tuple[Any, int], int] = {}  # the passes' output (grad_fn, nr), for the loss
         self._light_lrs: tuple[Any, list[tuple[int, dict]]] | None = None  # (optimizer, its lr KPIs) till a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
@@ -75,14 +78,17 @@ class LightSteps:
     def _light_pass(self) -> bool:
         """The model's forward pre-hook while light steps may run: True when this pass is a training pass of
         a light step (the one open, or a new one); False for an evaluation pass, for a step that must be
-        recorded or checked, and after ending the open light step because another optimizer holding the
-        model's parameters stepped or because it ran more passes than the last full step (a loop that
-        stopped stepping its optimizer). The full path takes every pass this returns False for."""
+        recorded or checked, and after ending the open light step where a full step would end (an
+        optimizer holding the model's parameters stepped; the gradients were cleared after a backward call)
+        or where the loop looks unlike its full steps (more than twice their passes, another model's
+        optimizer stepping). The full path takes every pass this returns False for."""
         if not (torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and self._root.training):
             return False
         if self._light:
             self._light_passes += 1
-            if self._light_end == _OPEN and self._light_passes <= self._light_passes_max:
+            if (self._light_end == _OPEN and self._light_passes <= self._light_passes_max
+                    and not (self._light_backwards and self._light_probe is not None
+                             and self._light_probe.grad is None)):
                 self._training_pass = True
                 return True
             again = self._light_end == _OVER  # over as steps end: the next one may be light too
@@ -103,6 +109,7 @@ class LightSteps:
         self._next_step += 1
         self._light_end = _OPEN
         self._light_passes = 1
+        self._light_backwards = False
         self._hooks.capture = self._eval_capture = False
         self._hooks.detach()
         if self._inv:

@@ -114,6 +114,7 @@ class LossCapture:
     def _on_backward_call(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """``patches``' callback: take each root computed from this step's forward passes as a loss."""
         if self._light:
+            self._light_backwards = True
             if self._criterion is None and not self._closed:
                 self._safely("recording the loss", self._light_backward, roots)
             return

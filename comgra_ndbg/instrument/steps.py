@@ -194,6 +194,9 @@ class StepDetection:
         self._callback_queued = False
         self._backward_seen = True
         self._grad_mark = self._grad_fingerprint()
+        probe = self._light_probe
+        if probe is None or probe.grad is None:  # light steps see a clearing of the gradients on this one
+            self._light_probe = next((p for p in self._parameters if p.grad is not None), None)
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if self._light:
@@ -263,7 +266,7 @@ class StepDetection:
                 self._record_loss_kpi(rec)
             step = rec.current_step
             self._light_after_full = not rec.is_recording and not self._foreign_steps
-            self._light_passes_max = self._iteration + 1
+            self._light_passes_max = 2 * (self._iteration + 1) + 1
             rec.finish_step()
             self._step_finished(step)
         finally:
