@@ -111,15 +111,20 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
     });
     // dash-cytoscape resizes the canvas 50 ms after every press on it ('tapstart'), which clears and redraws
     // the whole graph and reports a new extent to Dash, on the frames that show a tap's answer: only a
-    // canvas whose box changed size is resized. (Window resizes reach cytoscape's renderer directly.)
+    // canvas whose box changed size is resized (window resizes reach cytoscape's renderer directly). Of the
+    // rest, what a press needs is kept: the canvas's place on the page is read again at the next pointer
+    // event, so clicks land where they point after the page above the graph changed height.
     const resize = cy.resize.bind(cy);
     let size = null;
     cy.resize = function () {
-      const box = cy.container();
+      const box = cy.container(), renderer = cy.renderer();
       const now = box ? box.clientWidth + 'x' + box.clientHeight : null;
-      if (now !== null && now === size) { return cy; }
-      size = now;
-      return resize();
+      if (now === null || now !== size || !renderer) {
+        size = now;
+        return resize();
+      }
+      renderer.invalidateContainerClientCoordsCache();
+      return cy;
     };
     // The hover line is written here rather than by a callback on dash-cytoscape's mouseoverNodeData: a
     // callback costs a round of Dash's work, which a click right after the pointer arrives has to wait for.
