@@ -491,8 +491,8 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh (new steps and stored analyses, one request per tick), Analyze now, the trial
-    # selector's sort and filter, the zoomed timeline, and eight browser-side ones (the graph's state, fit and
-    # centre, the hover line, the search's and the overlay's node options, the zoom range, the theme, the
-    # exports) plus the one that shows a step in the browser or asks the view for it; a tap's highlight and the
-    # step buttons need none: cytoscape's tap event and the slider's thumb serve them
-    assert len(app.callback_map) == 14
+    # selector's sort and filter, the zoomed timeline, and seven browser-side ones (the graph's state, fit and
+    # centre, the search's and the overlay's node options, the zoom range, the theme, the exports) plus the one
+    # that shows a step in the browser or asks the view for it; a tap's highlight, the hover line and the step
+    # buttons need none: cytoscape's tap and mouseover events and the slider's thumb serve them
+    assert len(app.callback_map) == 13
