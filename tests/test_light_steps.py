@@ -8,6 +8,8 @@ alarm across the steps they did not see.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from comgra_ndbg import NeuralDbg, open_recording
-from comgra_ndbg.errors import RecorderStateError
+from comgra_ndbg.errors import RecorderStateError, RecordingNotFoundError
 from comgra_ndbg.instrument import light_steps
 from comgra_ndbg.recorder import Recorder
 
@@ -398,3 +400,25 @@ def test_random_healthy_loops_record_the_same_with_and_without_light_steps(seed,
         assert light[key] == full[key], key
     assert all(torch.equal(a, b) for a, b in zip(params[True], params[False]))
     assert light["log"] == [] and light["kpis"]["loss"][0] == list(range(90))
+
+
+def test_skipped_steps_reach_the_disk_with_the_periodic_flush(tmp_path) -> None:
+    """A live reader sees a skipped step's KPIs once the flush interval passed, not only every 64 steps."""
+    rec = Recorder(tmp_path, "t", summaries=None, snapshots=None, flush_every_seconds=0.05)
+    loss = rec.catalog.kpi_id("loss")
+    rec.skip_step(0, "train", [(loss, 0.5)])
+    time.sleep(0.1)
+    rec.skip_step(1, "train", [(loss, 0.25)])
+    deadline = time.monotonic() + 10
+    steps: list = []
+    while time.monotonic() < deadline:
+        try:
+            with open_recording(tmp_path, "t") as r:
+                steps = r.kpi("loss")[0].tolist()
+        except RecordingNotFoundError:  # the first segment is being written on the writer's thread
+            steps = []
+        if steps == [0, 1]:
+            break
+        time.sleep(0.05)
+    assert steps == [0, 1]
+    rec.close()

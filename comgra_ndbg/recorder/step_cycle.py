@@ -171,14 +171,16 @@ class StepCycle:
         and its KPIs (``(catalog.kpi_id, value)`` pairs) are written, as ``start_step``, ``record_kpi`` and
         ``finish_step`` would, at a fraction of their cost: the steps are kept and handed to the writer
         :data:`SKIPPED_BATCH` at a time, or sooner when anything else is written (a step, a note, a KPI
-        outside a step, a flush, the close)."""
+        outside a step, a flush, the close) and when the periodic flush is due, so that a live reader sees
+        them as soon as it would see a recorded step."""
         if step in self._seen_steps or self._step_open:
             raise RecorderStateError(f"skip_step({step}): the step was started before or step {self._step} is "
                                      f"open; skip_step takes a new step number between steps")
         self._seen_steps.add(step)
         self._last_step, self._last_step_type = step, step_type
         self._skipped_steps.append((step, step_type, kpis))
-        if len(self._skipped_steps) >= SKIPPED_BATCH:
+        if (len(self._skipped_steps) >= SKIPPED_BATCH
+                or time.monotonic() - self._last_flush >= self.flush_every_seconds):
             self._write_skipped()
 
     def _write_skipped(self) -> None:
