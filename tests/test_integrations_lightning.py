@@ -301,3 +301,26 @@ def test_bad_arguments_and_a_missing_framework_raise_typed_errors(monkeypatch) -
     monkeypatch.delitem(sys.modules, "comgra_ndbg.integrations.lightning")
     with pytest.raises(MissingDependencyError, match=r"pip install 'comgra-ndbg\[lightning\]'"):
         importlib.import_module("comgra_ndbg.integrations.lightning")
+
+
+def test_light_steps_record_a_lightning_run_as_full_steps_do(tmp_path, monkeypatch) -> None:
+    """A sparse recording of ``Trainer.fit`` (gradient accumulation, validation every epoch): with light steps
+    (the steps after the first 32 that record nothing) the recording holds the same steps, KPIs and summary
+    rows as with every step taken in full."""
+    from comgra_ndbg.instrument import light_steps
+
+    found, light = {}, {}
+    for on in (True, False):
+        monkeypatch.setattr(light_steps, "LIGHT_AFTER", 32 if on else 10 ** 9)
+        torch.manual_seed(0)
+        callback = ComgraCallback(tmp_path / f"runs-{on}", trial="lit", summaries=10, snapshots=None)
+        _fit(TinyModule(), tmp_path / f"root-{on}", [callback], epochs=30, loggers=False)
+        light[on] = callback.recording.dbg._light_steps
+        with open_recording(tmp_path / f"runs-{on}", "lit") as r:
+            found[on] = ({name: [a.tolist() for a in r.kpi(name)] for name in r.kpi_names}, r.steps.tolist(),
+                         {(t.name, kind): [a.tolist() for a in r.summary_rows(t.name, kind)]
+                          for t in r.tensors for kind in r.kinds(t.name)})
+    assert light[True] > 40 and light[False] == 0
+    assert found[True] == found[False]
+    kpis, steps, _ = found[True]
+    assert kpis["loss"][0] == list(range(90)) and steps[:3] == [0, 10, 20]

@@ -165,3 +165,25 @@ def test_bad_arguments_and_a_missing_framework_raise_typed_errors(monkeypatch) -
     monkeypatch.delitem(sys.modules, "comgra_ndbg.integrations.transformers")
     with pytest.raises(MissingDependencyError, match=r"pip install 'comgra-ndbg\[transformers\]'"):
         importlib.import_module("comgra_ndbg.integrations.transformers")
+
+
+def test_light_steps_record_a_trainer_run_as_full_steps_do(tmp_path, monkeypatch) -> None:
+    """A sparse recording of ``Trainer.train`` (gradient accumulation, evaluation every 3 steps): with light
+    steps (the steps after the first 32 that record nothing) the recording holds the same steps, KPIs and
+    summary rows as with every step taken in full."""
+    from comgra_ndbg.instrument import light_steps
+
+    found, light = {}, {}
+    for on in (True, False):
+        monkeypatch.setattr(light_steps, "LIGHT_AFTER", 32 if on else 10 ** 9)
+        callback = ComgraCallback(tmp_path / f"runs-{on}", trial="hf", summaries=10, snapshots=None)
+        _train(tmp_path / f"root-{on}", [callback], steps=80)
+        light[on] = callback.recording.dbg._light_steps
+        with open_recording(tmp_path / f"runs-{on}", "hf") as r:
+            found[on] = ({name: [a.tolist() for a in r.kpi(name)] for name in r.kpi_names  # not the clock's
+                          if not name.endswith(("_runtime", "_per_second"))}, r.steps.tolist(),
+                         {(t.name, kind): [a.tolist() for a in r.summary_rows(t.name, kind)]
+                          for t in r.tensors for kind in r.kinds(t.name)})
+    assert light[True] > 20 and light[False] == 0
+    assert found[True] == found[False]
+    assert found[True][0]["loss"][0] == list(range(80))
