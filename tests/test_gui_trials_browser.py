@@ -3,7 +3,6 @@ and see its failure signature in the Diagnosis tab, with no console error or war
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
