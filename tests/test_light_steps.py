@@ -9,6 +9,7 @@ alarm across the steps they did not see.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -43,12 +44,14 @@ def _data(steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(steps)]
 
 
-def _plain(model, tmp_path, trial, **options):
-    """loss= and optimizer=, a learning rate that changes at every step."""
+def _plain(model, tmp_path, trial, *, named: bool = True, **options):
+    """loss=, a learning rate that changes at every step; optimizer= given or not (``named``: without it a step
+    ends at the next pass after the optimizer stepped)."""
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
-    with NeuralDbg(model, tmp_path, trial=trial, loss=criterion, optimizer=optimizer, **options) as dbg:
+    with NeuralDbg(model, tmp_path, trial=trial, loss=criterion, optimizer=optimizer if named else None,
+                   **options) as dbg:
         for x, y in _data():
             optimizer.zero_grad()
             criterion(model(x), y).backward()
@@ -116,20 +119,6 @@ def _unfinished(model, tmp_path, trial, **options):
     return dbg
 
 
-def _plain_without_optimizer(model, tmp_path, trial, **options):
-    """NeuralDbg(model) without optimizer=: a step ends at the next pass after the optimizer stepped."""
-    criterion = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
-    with NeuralDbg(model, tmp_path, trial=trial, **options) as dbg:
-        for x, y in _data():
-            optimizer.zero_grad()
-            criterion(model(x), y).backward()
-            optimizer.step()
-            schedule.step()
-    return dbg
-
-
 def _two_optimizers_without_optimizer(model, tmp_path, trial, **options):
     """Two optimizers holding the model's parameters, neither named: both step in each step."""
     first = torch.optim.SGD(model.fc.parameters(), lr=0.1)
@@ -163,7 +152,7 @@ def _gan(model, tmp_path, trial, **options):
 
 LOOPS = {"plain": _plain, "accumulated": _accumulated, "evaluated": _evaluated,
          "two optimizers": _two_optimizers, "unfinished": _unfinished,
-         "plain, no optimizer=": _plain_without_optimizer,
+         "plain, no optimizer=": partial(_plain, named=False),
          "two optimizers, no optimizer=": _two_optimizers_without_optimizer, "gan": _gan}
 
 

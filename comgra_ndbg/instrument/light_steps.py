@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from comgra_ndbg.instrument.hooks import tensor_leaves
-from comgra_ndbg.instrument.loss import loss_value, reached_outputs, step_loss
+from comgra_ndbg.instrument.loss import loss_value, step_loss
 
 __all__ = ["LIGHT_AFTER", "LightSteps"]
 
@@ -61,7 +60,6 @@ class LightSteps:
         self._light_passes_max = 3  # ... at most: twice those of the last full step, and one
         self._light_backwards = False  # a backward call ran in the open light step
         self._light_probe: torch.Tensor | None = None  # a parameter that held a gradient after the last full step
-        self._light_outputs: dict[tuple[Any, int], int] = {}  # the passes' output (grad_fn, nr), for the loss
         self._light_lrs: tuple[Any, list[tuple[int, dict]]] | None = None  # (optimizer, its lr KPIs) till a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
         self._light_steps = 0  # light steps so far
@@ -132,22 +130,6 @@ class LightSteps:
         if torch.is_grad_enabled():
             self._losses.append(loss_value(output))
 
-    def _light_output(self, output: Any) -> None:
-        """The model's forward hook in a light step: without ``loss=``, remember the output's autograd identity
-        (the loss is the backward root computed from it)."""
-        if self._criterion is None and self._training_pass:
-            for _, tensor in tensor_leaves(output):
-                if tensor.grad_fn is not None:
-                    self._light_outputs[(tensor.grad_fn, tensor.output_nr)] = 0
-
-    def _light_backward(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """A backward call in a light step: without ``loss=``, each root computed from the step's outputs is a
-        loss whose value the step's KPI takes."""
-        if self._criterion is None and self._light_outputs:
-            for _, loss in roots:
-                if reached_outputs(loss, self._light_outputs):
-                    self._losses.append(loss_value(loss))
-
     def _end_light_step(self) -> None:
         """The light step is over: its KPIs go to the Recorder in one call, and the next step may be light."""
         self._light = False
@@ -160,8 +142,8 @@ class LightSteps:
         if self._light_kpis:
             kpis += self._light_kpis
             self._light_kpis = []
-        if self._light_outputs:
-            self._light_outputs = {}
+        if self._loss_sources:
+            self._loss_sources = {}
         self.recorder.skip_step(self._light_step, self.step_type, kpis)
         self._light_steps += 1
         self._inv_gap = self._inv

@@ -133,7 +133,7 @@ class StepDetection:
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self._light and not self._eval_capture:
             if self._criterion is None:
-                self._safely("finishing a forward pass", self._light_output, output)
+                self._safely("finishing a forward pass", self._note_outputs, output)
             return
         if self._closed or self._hooks.collecting_now:
             return
