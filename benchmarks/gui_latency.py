@@ -90,7 +90,10 @@ if (!window.__counted) {
   window.__counted = true;
   const original = window.fetch;
   window.fetch = function (...args) {
-    if (String(args[0]).includes('_dash-update-component')) { window.__requests = (window.__requests || 0) + 1; }
+    const url = String(args[0]);
+    if (url.includes('_dash-update-component') || url.includes('_comgra/')) {
+      window.__requests = (window.__requests || 0) + 1;
+    }
     return original.apply(this, args);
   };
 }

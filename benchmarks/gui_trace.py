@@ -46,9 +46,11 @@ if (!window.__marked) {
   const original = window.fetch;
   window.fetch = function (...args) {
     const url = String(args[0]);
-    if (!url.includes('_dash-update-component')) { return original.apply(this, args); }
+    const direct = url.includes('_comgra/tap');  // the tap route: it answers the view's outputs too
+    if (!url.includes('_dash-update-component') && !direct) { return original.apply(this, args); }
     const body = (args[1] || {}).body || '';
-    const entry = {sent: performance.now(), bytesOut: body.length, outputs: (JSON.parse(body).output || '')};
+    const entry = {sent: performance.now(), bytesOut: body.length,
+                   outputs: direct ? 'tap route: selection-store' : (JSON.parse(body).output || '')};
     window.__marks.requests.push(entry);
     return original.apply(this, args).then((response) => {
       entry.answered = performance.now();
@@ -57,7 +59,7 @@ if (!window.__marked) {
         entry.read = performance.now(); entry.bytesIn = t.length;
         const value = JSON.parse(t);
         entry.parsed = performance.now();
-        entry.changed = Object.keys((value || {}).response || {}).join(' ');
+        entry.changed = Object.keys((direct ? (value || {}).outputs : (value || {}).response) || {}).join(' ');
         return value;
       });
       return response;

@@ -1,6 +1,8 @@
 """What the page does itself when a node of the graph is pressed, in headless Chromium on a network of real size
-(:mod:`benchmarks.gui_recording`, 497 graph nodes, 40 steps): the tap's highlight is restyled at once and
-drawn one frame later, after the tap's request has left; a press does not resize (clear and redraw) a canvas
+(:mod:`benchmarks.gui_recording`, 497 graph nodes, 40 steps): the press sends the tap to the tap route, the
+release highlights the lineage and shows the route's answer with no round of Dash's callbacks; an answer
+overtaken by another change of the view is asked for again, one the route cannot give comes through the
+view callback, a press dragged off the node shows nothing; a press does not resize (clear and redraw) a canvas
 whose size did not change, while a canvas that did change size is still resized, and the canvas's place on
 the page is read again either way; the hover line is written in the pointer event itself.
 """
@@ -13,6 +15,7 @@ import pytest
 from browser_support import (By, chromium, click_node, console_problems, cy, rendered_at_rest, served, settled,
                              text, wait_for)
 from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.keys import Keys
 
 from benchmarks import gui_recording
 from comgra_ndbg.gui import ids
@@ -20,27 +23,34 @@ from comgra_ndbg.gui.app import create_app
 
 pytestmark = pytest.mark.slow
 
-# In the page: the renderer's count of full redraws when a tap is handled (after the page's own tap handler),
-# one and two animation frames later, and when the tap's request to the server is sent.
+# In the page: when the tap's press and the tap itself are handled, each request to the tap route and to the
+# view callback (a view request's outputs include the selection store), and the renderer's count of redraws
+# at the press and at the request. With ``hold`` the tap route's answers are kept back until ``__hold`` is
+# cleared; with ``fail`` the route answers an error.
 WATCH_TAP = """
 const cy = document.getElementById(arguments[0])._cyreg.cy;
 const r = cy.renderer();
-window.__tap = {};
+window.__tap = {route: [], view: []};
+window.__hold = arguments[1] === 'hold';
+window.__fail = arguments[1] === 'fail';
 if (!window.__tapWatched) {
   window.__tapWatched = true;
-  cy.on('tap', 'node', () => {
-    const seen = window.__tap;
-    seen.atTap = r.redrawCount || 0;
-    seen.skipping = r.skipFrame === true;
-    requestAnimationFrame(() => {
-      seen.afterOneFrame = r.redrawCount || 0;
-      requestAnimationFrame(() => { seen.afterTwoFrames = r.redrawCount || 0; });
-    });
-  });
+  document.addEventListener('mousedown', () => {
+    if (window.__tap.pressAt === undefined) { window.__tap.pressAt = performance.now(); window.__tap.pressDrawn = r.redrawCount || 0; }
+  }, true);
+  cy.on('tap', 'node', () => { window.__tap.tapAt = performance.now(); });
   const original = window.fetch;
   window.fetch = function (...args) {
-    if (String(args[0]).includes('_dash-update-component') && window.__tap.atRequest === undefined) {
-      window.__tap.atRequest = r.redrawCount || 0;
+    const url = String(args[0]), body = String((args[1] || {}).body || '');
+    if (url.includes('_comgra/tap')) {
+      window.__tap.route.push({at: performance.now(), drawn: r.redrawCount || 0});
+      if (window.__fail) { return Promise.resolve(new Response('{}', {status: 500})); }
+      const answer = original.apply(this, args);
+      if (!window.__hold) { return answer; }
+      return new Promise((resolve) => { const wait = () => (window.__hold ? setTimeout(wait, 10) : resolve(answer)); wait(); });
+    }
+    if (url.includes('_dash-update-component') && body.startsWith('{"output":"..selection-store.data')) {
+      window.__tap.view.push({at: performance.now(), body: body.slice(0, 4000)});
     }
     return original.apply(this, args);
   };
@@ -66,23 +76,72 @@ def drawn_nodes(driver: Any) -> list[str]:
                       " return p.x > 30 && p.y > 30 && p.x < w - 30 && p.y < h - 30; }).map(n => n.id());")
 
 
-def test_a_tap_is_restyled_at_once_and_redrawn_after_its_request_left(browser: Any) -> None:
-    requests_first = 0
-    nodes = drawn_nodes(browser)[:4]
-    for node in nodes:
-        browser.execute_script(WATCH_TAP, ids.GRAPH)
+def shows(driver: Any, node: str) -> bool:
+    return text(driver, ids.TENSOR_HEADER).startswith(node + " /") and settled(driver)
+
+
+def test_a_press_sends_the_tap_and_the_release_shows_it_with_no_callback_round(browser: Any) -> None:
+    for node in drawn_nodes(browser)[:4]:
+        browser.execute_script(WATCH_TAP, ids.GRAPH, "")
         click_node(browser, node)
-        wait_for(lambda: text(browser, ids.TENSOR_HEADER).startswith(node + " /") and settled(browser),
-                 f"the panels of {node}")
+        wait_for(lambda: shows(browser, node), f"the panels of {node}")
         seen = browser.execute_script("return window.__tap;")
-        assert "focus" in cy(browser, "return cy.getElementById(arguments[1]).classes();", node)
-        assert seen["skipping"], seen  # the page's handler asked cytoscape to leave the next frame undrawn
-        assert seen["afterOneFrame"] == seen["atTap"], seen  # so the frame after the tap drew nothing
-        assert seen["afterTwoFrames"] > seen["atTap"], seen  # and the one after it drew the highlight
-        requests_first += seen["atRequest"] == seen["atTap"]
-    # The request leaves before that redraw when Dash's timer runs in the frame skipped, as it does unless the
-    # machine is so loaded that the browser lets a second frame pass first.
-    assert requests_first >= len(nodes) - 1, f"the request left first in {requests_first} of {len(nodes)} taps"
+        assert "focus" in cy(browser, "return cy.getElementById(arguments[1]).classes();", node)  # highlighted
+        views = [v for v in seen["view"] if v["at"] >= seen["pressAt"]]
+        assert len(seen["route"]) == 1 and views == [], seen  # one request, not the view callback's
+        assert seen["pressAt"] <= seen["route"][0]["at"] < seen["tapAt"], seen  # it left at the press
+        assert seen["route"][0]["drawn"] == seen["pressDrawn"], seen  # before any redraw
+
+
+def test_a_view_changed_while_a_tap_is_answered_is_asked_again_from_the_view_shown(browser: Any) -> None:
+    node = next(n for n in drawn_nodes(browser) if not shows(browser, n))
+    browser.execute_script(WATCH_TAP, ids.GRAPH, "hold")
+    before = text(browser, ids.STEP_LABEL)
+    try:
+        click_node(browser, node)
+        browser.execute_script("document.activeElement && document.activeElement.blur();")
+        first = before.split()[3] == "1"  # "step 0 · 1 of 40 train steps"
+        ActionChains(browser).send_keys(Keys.ARROW_RIGHT if first else Keys.ARROW_LEFT).perform()  # while held
+        wait_for(lambda: text(browser, ids.STEP_LABEL) != before and settled(browser), "the step changed")
+        stepped = text(browser, ids.STEP_LABEL)
+        assert not text(browser, ids.TENSOR_HEADER).startswith(node + " /")
+    finally:
+        browser.execute_script("window.__hold = false;")
+    wait_for(lambda: shows(browser, node), f"the panels of {node}")
+    step = stepped.split()[1]
+    assert text(browser, ids.STEP_LABEL) == stepped  # the tap's answer did not take the step back
+    assert f"· step {step} " in text(browser, ids.TENSOR_HEADER)
+    assert len(browser.execute_script("return window.__tap.route;")) == 2  # asked again, from the step shown
+
+
+def test_a_tap_the_route_cannot_answer_is_shown_through_the_view_callback(browser: Any) -> None:
+    node = next(n for n in drawn_nodes(browser) if not shows(browser, n))
+    browser.execute_script(WATCH_TAP, ids.GRAPH, "fail")
+    try:
+        click_node(browser, node)
+        wait_for(lambda: shows(browser, node), f"the panels of {node}")
+    finally:
+        browser.execute_script("window.__fail = false;")
+    seen = browser.execute_script("return window.__tap;")
+    views = [v for v in seen["view"] if v["at"] >= seen["pressAt"]]
+    assert len(views) == 1 and '"graph",' in views[0]["body"], seen
+
+
+def test_a_press_dragged_off_the_node_shows_nothing(browser: Any) -> None:
+    shown = text(browser, ids.TENSOR_HEADER)
+    node = next(n for n in drawn_nodes(browser) if not shows(browser, n))
+    browser.execute_script(WATCH_TAP, ids.GRAPH, "")
+    x, y = rendered_at_rest(browser, node, "const p = e.renderedPosition(); return [p.x, p.y];")
+    kept = cy(browser, "return [cy.getElementById(arguments[1]).position(), cy.pan(), cy.zoom()];", node)
+    canvas = browser.find_element(By.ID, ids.GRAPH)
+    half_width, half_height = canvas.size["width"] / 2, canvas.size["height"] / 2
+    ActionChains(browser).move_to_element_with_offset(canvas, int(x - half_width), int(y - half_height)) \
+        .click_and_hold().move_by_offset(60, 40).release().perform()
+    wait_for(lambda: browser.execute_script("return window.__tap.route.length;") == 1, "the press's request")
+    browser.execute_script("return new Promise((done) => setTimeout(done, 500));")
+    assert text(browser, ids.TENSOR_HEADER) == shown  # the answer to the press was not shown
+    cy(browser, "cy.getElementById(arguments[1]).position(arguments[2][0]); cy.viewport({pan: arguments[2][1], "
+                "zoom: arguments[2][2]});", node, kept)  # the node dragged (or the view panned) back
 
 
 RESIZES = """

@@ -28,6 +28,7 @@ from dash.exceptions import PreventUpdate
 from comgra_ndbg.gui import ids, tabs
 from comgra_ndbg.gui.clientside import register_clientside
 from comgra_ndbg.gui.custom import Visualization
+from comgra_ndbg.gui.direct import TAP_KINDS, register_direct
 from comgra_ndbg.gui.cyto import graph_stylesheet
 from comgra_ndbg.gui.profile_tab import hot_layer_stylesheet, profile_tab
 from comgra_ndbg.gui.evidence import focus_of
@@ -53,8 +54,9 @@ SELECTION_INPUTS = {ids.TRIAL: "trial", ids.RANK: "rank", ids.STEP_TYPE: "step_t
                     ids.TENSOR: "tensor", ids.KIND: "kind", ids.SAMPLE: "sample", ids.STAT: "stat",
                     ids.GRAPH_SEARCH: "search"}
 # What the page's script passes on in the ask store (a step it could not show itself, a typed step, an address
-# it did not set: clientside.SCRIPT's ``ask``), as [trigger, value, time].
-ASKED = ("step", "step_box", "url", "window")
+# it did not set: clientside.SCRIPT's ``ask``; a tap the tap route could not answer: tapscript), as
+# [trigger, value, time].
+ASKED = ("step", "step_box", "url", "window", "graph")
 # Actions after which the next is likely a step: their answer carries the window of nearby steps. Others (a
 # tap, a selector) answer without it, as fast as before; the first step after them asks the server, whose
 # answer then brings the window.
@@ -390,11 +392,12 @@ def _trigger(triggered_id: Any, value: Any, inputs: dict[str, Any]) -> tuple[str
     if triggered_id in CLICKABLE_PLOTS:
         points = (value or {}).get("points") or []
         return ("timeline", points[0].get("x")) if points else (None, None)
-    if triggered_id == ids.GRAPH:
-        data = value or {}
-        return ("graph", (data["id"], data.get("kind", "node"))) if data.get("id") else (None, None)
     if triggered_id == ids.STEP_ASK:
         if isinstance(value, (list, tuple)) and len(value) >= 2 and value[0] in ASKED:
+            if value[0] == "graph":
+                item = value[1]
+                valid = isinstance(item, (list, tuple)) and len(item) == 2 and item[1] in TAP_KINDS and item[0]
+                return ("graph", (str(item[0]), str(item[1]))) if valid else (None, None)
             return str(value[0]), (value[1] or "") if value[0] == "url" else value[1]
         return None, None
     if triggered_id in (ids.GRAPH_EXPAND, ids.GRAPH_DEFAULT):
@@ -421,7 +424,7 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
     plain = {**SELECTION_INPUTS, **OPTION_INPUTS}
     inputs: dict[str, Any] = {f"i{n}": Input(component, "value") for n, component in enumerate(plain)}
     inputs.update(
-        ask=Input(ids.STEP_ASK, "data"), graph=Input(ids.GRAPH, "tapNodeData"),
+        ask=Input(ids.STEP_ASK, "data"),
         plots={f"p{n}": Input(plot, "clickData") for n, plot in enumerate(CLICKABLE_PLOTS)},
         steppers=Input({"type": ids.STEPPER_TYPE, "selector": ALL, "delta": ALL}, "n_clicks"),
         jumps=Input({"type": ids.DIAGNOSIS_JUMP_TYPE, "item": ALL, "node": ALL, "step": ALL, "kind": ALL}, "n_clicks"),
@@ -441,6 +444,8 @@ def register_callbacks(app: Dash, cache: ReaderCache, visualization: Visualizati
         return update_view(cache, trigger, value, store, keys, visualization=visualization)
 
     register_zoom(app, cache, locked)
+    # A tap on the graph is sent by the page's script to a route of its own (not an input of this callback).
+    register_direct(app, cache, visualization, locked, set(plain))
 
     # The live refresh: one request per tick looks for new steps and for analyses stored from elsewhere (two
     # callbacks on the tick cost the page two rounds of Dash's work every interval, in the way of actions).

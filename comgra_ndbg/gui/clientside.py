@@ -3,7 +3,7 @@ fit and centre, the hover line, the theme, the options of the node lists as the 
 of the timeline, and saving plots as PNG and CSV; with :mod:`comgra_ndbg.gui.stepscript`, stepping.
 
 The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, which ends with the stepping
-script, inlined in the page by :func:`comgra_ndbg.gui.style.index_string`) and are wired by
+and tap scripts, inlined in the page by :func:`comgra_ndbg.gui.style.index_string`) and are wired by
 :func:`register_clientside`. The graph's
 state comes from the server as one small store (:data:`ids.GRAPH_VIEW`: the selected item, the colours,
 whether to centre), applied to cytoscape with classes and a ``heat`` data field, so stepping or tapping
@@ -17,6 +17,7 @@ from dash import ALL, ClientsideFunction, Dash, Input, Output, State
 
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.stepscript import STEP_SCRIPT, register_stepping
+from comgra_ndbg.gui.tapscript import TAP_SCRIPT
 
 __all__ = ["NODE_MATCHES", "SCRIPT", "register_clientside"]
 
@@ -98,16 +99,16 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   function listen(cy) {
     if (cy.scratch('_comgraTap')) { return; }
     cy.scratch('_comgraTap', true);
-    // A tapped node's lineage is restyled at the tap, in cytoscape's own event, and the server's answer then
-    // names the same selection and leaves the graph as it is. Its redraw (some 10 ms for 500 nodes and 3,000
-    // edges) waits one frame (cytoscape's renderer skips the next): Dash sends the tap's request from a timer
-    // the browser runs only after that frame, so the request leaves first and the redraw overlaps the
-    // server's work instead of delaying the request.
+    // The view of a pressed node (or module box) is asked for as the button goes down and shown when it comes
+    // up on the same element (tapscript): the request leaves before the tap's highlight is even drawn. A
+    // tapped node's lineage is restyled at the tap, in cytoscape's own event, and the server's answer then
+    // names the same selection and leaves the graph as it is.
+    const taps = () => window.dash_clientside.comgraTap;
+    cy.on('tapstart', 'node', (event) => { taps().press(event.target.id(), event.target.data('kind') || 'node'); });
     cy.on('tap', 'node', (event) => {
-      if (event.target.data('kind') !== 'node') { return; }
-      const renderer = cy.renderer();
-      if (renderer) { renderer.skipFrame = true; }
-      highlight(cy, event.target.id());
+      const kind = event.target.data('kind') || 'node';
+      if (kind === 'node') { highlight(cy, event.target.id()); }
+      taps().tap(event.target.id(), kind);
     });
     // dash-cytoscape resizes the canvas 50 ms after every press on it ('tapstart'), which clears and redraws
     // the whole graph and reports a new extent to Dash, on the frames that show a tap's answer: only a
@@ -248,7 +249,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   };
 })()});
 """ % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT), "matches": NODE_MATCHES,
-       "hover": json.dumps(ids.GRAPH_HOVER)} + STEP_SCRIPT
+       "hover": json.dumps(ids.GRAPH_HOVER)} + STEP_SCRIPT + TAP_SCRIPT
 
 
 def register_clientside(app: Dash) -> None:
