@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_support import (By, chromium, click_node, console_problems, cy, rendered_at_rest, served, settled,
+from browser_support import (By, chromium, click_at, click_node, console_problems, cy, rendered_at_rest, served, settled,
                              text, wait_for)
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
@@ -26,13 +26,15 @@ pytestmark = pytest.mark.slow
 # In the page: when the tap's press and the tap itself are handled, each request to the tap route and to the
 # view callback (a view request's outputs include the selection store), and the renderer's count of redraws
 # at the press and at the request. With ``hold`` the tap route's answers are kept back until ``__hold`` is
-# cleared; with ``fail`` the route answers an error.
+# cleared, with ``holdView`` the view callback's until ``__holdView`` is; with ``fail`` the route answers an
+# error.
 WATCH_TAP = """
 const cy = document.getElementById(arguments[0])._cyreg.cy;
 const r = cy.renderer();
 window.__tap = {route: [], view: []};
 window.__hold = arguments[1] === 'hold';
 window.__fail = arguments[1] === 'fail';
+window.__holdView = arguments[1] === 'holdView';
 if (!window.__tapWatched) {
   window.__tapWatched = true;
   document.addEventListener('mousedown', () => {
@@ -51,6 +53,9 @@ if (!window.__tapWatched) {
     }
     if (url.includes('_dash-update-component') && body.startsWith('{"output":"..selection-store.data')) {
       window.__tap.view.push({at: performance.now(), body: body.slice(0, 4000)});
+      const answer = original.apply(this, args);
+      if (!window.__holdView) { return answer; }
+      return new Promise((resolve) => { const wait = () => (window.__holdView ? setTimeout(wait, 10) : resolve(answer)); wait(); });
     }
     return original.apply(this, args);
   };
@@ -112,6 +117,30 @@ def test_a_view_changed_while_a_tap_is_answered_is_asked_again_from_the_view_sho
     assert text(browser, ids.STEP_LABEL) == stepped  # the tap's answer did not take the step back
     assert f"· step {step} " in text(browser, ids.TENSOR_HEADER)
     assert len(browser.execute_script("return window.__tap.route;")) == 2  # asked again, from the step shown
+
+
+def test_a_tap_answered_while_the_view_callback_is_under_way_waits_for_it_and_is_asked_again(browser: Any
+                                                                                            ) -> None:
+    first, node = [n for n in drawn_nodes(browser) if not shows(browser, n)][:2]
+    click_node(browser, first)  # after a tap the page holds no window of steps: the next step asks the server
+    wait_for(lambda: shows(browser, first), f"the panels of {first}")
+    before = text(browser, ids.STEP_LABEL)
+    x, y = rendered_at_rest(browser, node, "const p = e.renderedPosition(); return [p.x, p.y];")  # a step keeps it
+    browser.execute_script(WATCH_TAP, ids.GRAPH, "holdView")
+    try:
+        browser.execute_script("document.activeElement && document.activeElement.blur();")
+        ActionChains(browser).send_keys(Keys.ARROW_RIGHT if before.split()[3] == "1" else Keys.ARROW_LEFT).perform()
+        wait_for(lambda: browser.execute_script("return window.__tap.view.length;") == 1, "the step's request")
+        click_at(browser, x, y)  # not click_node: it waits for the view callback, which is held
+        wait_for(lambda: browser.execute_script("return window.__tap.route.length;") == 1, "the tap's request")
+        browser.execute_script("return new Promise((done) => setTimeout(done, 400));")
+        assert text(browser, ids.TENSOR_HEADER).startswith(first + " /")  # the tap's answer waits
+    finally:
+        browser.execute_script("window.__holdView = false;")
+    wait_for(lambda: shows(browser, node) and text(browser, ids.STEP_LABEL) != before, f"{node} at the new step")
+    step = text(browser, ids.STEP_LABEL).split()[1]
+    assert f"· step {step} " in text(browser, ids.TENSOR_HEADER)
+    assert len(browser.execute_script("return window.__tap.route;")) == 2  # asked again after the step's answer
 
 
 def test_a_tap_the_route_cannot_answer_is_shown_through_the_view_callback(browser: Any) -> None:

@@ -28,6 +28,7 @@ __all__ = ["TAP_SCRIPT"]
 TAP_SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraTap: (function () {
   const RETRIES = 2;
+  const VIEW = %(selection)s + '.data';  // an output of the view callback alone
   let flight = null;  // the last item pressed or tapped: {item, store, keys, answer (a promise), tapped}
   const dash = () => window.store && window.store.getState ? window.store : null;
   function prop(state, id, name) {
@@ -43,10 +44,12 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraTap: (
     return prefix + %(route)s;
   }
   function busy(state) {
-    // A callback of Dash's under way: its answer, computed from the view before this tap, would land after it.
+    // The view callback under way: its answer, computed from the view before this tap, would land after it.
+    // (Other callbacks, a long analysis say, do not write the view's stores: a tap need not wait for them.)
     const callbacks = state.callbacks || {};
     return Object.keys(callbacks).some((name) => name !== 'stored' && name !== 'completed' &&
-                                                 Array.isArray(callbacks[name]) && callbacks[name].length > 0);
+      Array.isArray(callbacks[name]) && callbacks[name].some((entry) =>
+        String((entry && entry.callback && entry.callback.output) || '').includes(VIEW)));
   }
   function ask(item) {
     const state = dash().getState();
