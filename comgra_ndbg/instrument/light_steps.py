@@ -29,6 +29,7 @@ middle of a step is not seen as its end (a full step sees it from the parameters
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -58,8 +59,11 @@ class LightSteps:
         self._light_end = _OPEN  # what the optimizers that stepped in the light step say about its end
         self._light_passes = 0  # training passes of the open light step
         self._light_passes_max = 3  # ... at most: twice those of the last full step, and one
-        self._light_backwards = False  # a backward call ran in the open light step
+        self._light_backwards = False  # a backward call returned in the open light step
         self._light_probe: torch.Tensor | None = None  # a parameter that held a gradient after the last full step
+        self._light_grads: tuple[weakref.ref, int] | None = None  # its gradient, version after the last backward
+        self._light_version = 0  # the parameters' version when the light step opened (``_light_version_now``)
+        self._light_hand = False  # the loop changed parameters by hand between the passes of a step
         self._light_lrs: tuple[Any, list[tuple[int, dict]]] | None = None  # (optimizer, its lr KPIs) till a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
         self._light_steps = 0  # light steps so far
@@ -85,8 +89,7 @@ class LightSteps:
         if self._light:
             self._light_passes += 1
             if (self._light_end == _OPEN and self._light_passes <= self._light_passes_max
-                    and not (self._light_backwards and self._light_probe is not None
-                             and self._light_probe.grad is None)):
+                    and not self._light_changed()):
                 self._training_pass = True
                 return True
             again = self._light_end == _OVER  # over as steps end: the next one may be light too
@@ -108,11 +111,51 @@ class LightSteps:
         self._light_end = _OPEN
         self._light_passes = 1
         self._light_backwards = False
+        self._light_grads = None
+        self._light_version = self._light_version_now()
         self._hooks.capture = self._eval_capture = False
         self._hooks.detach()
         if self._inv:
             self._inv_eval_run = 0  # evaluation passes in train() mode are counted between training passes
         return True
+
+    def _light_version_now(self) -> int:
+        """The version a light step compares from pass to pass: the probe parameter's (one attribute read),
+        or the sum over every parameter once the loop was seen changing parameters by hand in the middle of
+        a step (or no parameter held a gradient yet)."""
+        probe = self._light_probe
+        if self._light_hand or probe is None:
+            return self._parameter_version()
+        return probe._version
+
+    def _light_changed(self) -> bool:
+        """Whether the open light step is over where a full step ends without an optimizer step of the
+        model's: its parameters changed by hand (from then on every light step compares all of them), or the
+        gradients changed after the last backward call returned (cleared, zeroed in place)."""
+        if self._light_version_now() != self._light_version:
+            self._light_hand = True
+            return True
+        if not self._light_backwards:
+            return False
+        mark = self._light_grads
+        if mark is None:  # the probe held no gradient after the backward call: every gradient was fingerprinted
+            return self._grad_fingerprint() != self._grad_mark
+        grad = self._light_probe.grad
+        return grad is None or mark[0]() is not grad or grad._version != mark[1]
+
+    def _after_backward_call(self) -> None:
+        """``patches``' call after each backward call returned: in a light step, the probe's gradient as the
+        backward pass left it (a full step fingerprints every gradient there)."""
+        if not self._light:
+            return
+        self._light_backwards = True
+        probe = self._light_probe
+        grad = None if probe is None else probe.grad
+        if grad is None:
+            self._light_grads = None
+            self._grad_mark = self._grad_fingerprint()
+        else:
+            self._light_grads = (weakref.ref(grad), grad._version)
 
     def _start_pass(self, args: tuple, kwargs: dict) -> None:
         """A training pass on the full path: a step it opens is not light, and after light steps the

@@ -6,8 +6,8 @@ optimizer steps (a GAN's generator update runs the discriminator without being i
 one ``NeuralDbg`` is open, this module replaces
 
 - ``torch.autograd.backward`` (which ``Tensor.backward`` calls) by a wrapper that hands the roots of each
-  outermost backward call to every open listener, then calls the original: one Python call per
-  ``backward()``; a backward call made from inside a backward pass (a reentrant checkpoint's recompute)
+  outermost backward call to every open listener, then calls the original, then tells the listeners that
+  have ``_after_backward_call()`` that it returned: two Python calls per ``backward()``; a backward call made from inside a backward pass (a reentrant checkpoint's recompute)
   is not a loss and is passed on untouched;
 - ``torch.amp.GradScaler.scale`` by a wrapper that remembers, weakly, which loss each scaled tensor came
   from, so that ``scaler.scale(loss).backward()`` reports ``loss`` and not ``loss × scale``;
@@ -91,6 +91,9 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def backward(*args: Any, **kwargs: Any) -> Any:
         if _listeners and torch._C._current_graph_task_id() == -1:  # outermost: not a recompute inside backward
             _dispatch(args[0] if args else kwargs.get("tensors"))
+            result = original(*args, **kwargs)
+            _notify_after_backward()
+            return result
         return original(*args, **kwargs)
 
     return backward
@@ -117,6 +120,18 @@ def _dispatch(tensors: Any) -> None:
     roots = [(root, _unscaled.get(root, root)) for root in items if isinstance(root, torch.Tensor)]
     if roots:
         _notify("_on_backward_call", "taking the loss of a backward call", roots)
+
+
+def _notify_after_backward() -> None:
+    """An outermost backward call returned (the gradients are accumulated): tell the listeners that ask."""
+    for listener in list(_listeners):
+        after = getattr(listener, "_after_backward_call", None)
+        if after is not None:
+            try:
+                after()
+            except Exception as error:  # a recorder problem must never break the user's training loop
+                warnings.warn(f"comgra_ndbg: looking at a backward call failed ({type(error).__name__}: {error}); "
+                              f"training continues and this part is not recorded", RecorderWarning, stacklevel=3)
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -89,6 +89,8 @@ class StepDetection:
             self._pass_open = False
         if rec.current_step is not None and self._optimizer_stepped():
             own = self._own_steps
+            if not own and not self._light_hand and self._parameter_version() != self._parameter_mark:
+                self._light_hand = True  # parameters changed by hand mid-step: light steps compare them all
             self._end_step()
             self._light_ready = self._light_possible and own > 0 and self._light_after_full
 

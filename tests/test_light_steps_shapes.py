@@ -1,0 +1,321 @@
+"""Light steps on the loop shapes users write beyond the plain one: the recording is the one made without them.
+
+Each loop below runs three times from the same initial model, data and random state: bare, under NeuralDbg
+as it runs now (light steps after the first ``LIGHT_AFTER`` steps) and under NeuralDbg with light steps
+switched off. The two recordings must hold the same steps, step types, KPIs, summary rows and log, and the
+three runs must train bit-identical parameters. The shapes: updates by hand (with no optimizer, and next to
+an optimizer: weight clipping, an EMA copy, SAM's perturbation between two passes), gradients zeroed in place,
+accumulation over micro-batches, optimizer steps skipped now and then, a closure optimizer (L-BFGS), two
+backward calls per step, a metric pass without gradients in the middle of a step, a scheduler stepping per
+batch; each with and without ``optimizer=`` where the loop has one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_light_steps import Net, _fingerprint
+from torch import nn
+
+from comgra_ndbg import NeuralDbg
+from comgra_ndbg.instrument import light_steps
+
+STEPS = 100
+LR = 0.05
+
+Watch = Callable[..., Any]
+"""``watch(optimizer=..., loss=...)``: the context manager a loop trains under (NeuralDbg, or nothing)."""
+
+
+def _batches(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(count)]
+
+
+def _hand_sgd(model: nn.Module) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= LR * p.grad
+
+
+def hand_update(model, watch: Watch, named: bool) -> None:
+    """No optimizer at all: the update and the clearing of the gradients written by hand."""
+    with watch():
+        for x, y in _batches(STEPS):
+            F.cross_entropy(model(x), y).backward()
+            _hand_sgd(model)
+            model.zero_grad()
+
+
+def hand_update_zeroed(model, watch: Watch, named: bool) -> None:
+    """An optimizer only clears the gradients, in place (``set_to_none=False``); the update is by hand."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x), y).backward()
+            _hand_sgd(model)
+
+
+def clipped(model, watch: Watch, named: bool) -> None:
+    """WGAN's critic: the optimizer steps, then the weights are clipped by hand."""
+    optimizer = torch.optim.RMSprop(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.clamp_(-0.3, 0.3)
+
+
+def ema(model, watch: Watch, named: bool) -> None:
+    """An exponential moving average of the weights kept in a copy after each step, and a parameter reset
+    by hand between steps now and then."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    average = [p.detach().clone() for p in model.parameters()]
+    with watch(optimizer=optimizer if named else None):
+        for step, (x, y) in enumerate(_batches(STEPS)):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            with torch.no_grad():
+                for kept, p in zip(average, model.parameters()):
+                    kept.lerp_(p, 0.1)
+                if step % 25 == 24:
+                    model.out.bias.zero_()
+
+
+def sam(model, watch: Watch, named: bool) -> None:
+    """Sharpness-aware minimisation: a pass, the weights moved uphill by hand, a second pass, the weights put
+    back, then the optimizer step (the full path sees two steps: the hand update between the passes ends one)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                moves = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in model.parameters()]
+                for p, move in zip(model.parameters(), moves):
+                    p += move
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                for p, move in zip(model.parameters(), moves):
+                    p -= move
+            optimizer.step()
+
+
+def sam_zeroed(model, watch: Watch, named: bool) -> None:
+    """The same with the gradients cleared in place between the two passes."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                moves = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in model.parameters()]
+                for p, move in zip(model.parameters(), moves):
+                    p += move
+            optimizer.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                for p, move in zip(model.parameters(), moves):
+                    p -= move
+            optimizer.step()
+
+
+def _inner_step(model, watch: Watch, named: bool, parameters: Callable[[nn.Module], Any], start: int = 0) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    batches = _batches(2 * STEPS)
+    with watch(optimizer=optimizer if named else None):
+        for i in range(0, len(batches), 2):
+            optimizer.zero_grad()
+            F.cross_entropy(model(batches[i][0]), batches[i][1]).backward()
+            if i >= 2 * start:
+                with torch.no_grad():
+                    for p in parameters(model):
+                        p -= LR * p.grad
+            F.cross_entropy(model(batches[i + 1][0]), batches[i + 1][1]).backward()
+            optimizer.step()
+
+
+def inner_step(model, watch: Watch, named: bool) -> None:
+    """A step by hand between two passes whose gradients accumulate (no clearing between them), then the
+    optimizer's step: the full path sees two steps."""
+    _inner_step(model, watch, named, nn.Module.parameters)
+
+
+def inner_step_last_layer(model, watch: Watch, named: bool) -> None:
+    """The same, the step by hand moving the last layer only."""
+    _inner_step(model, watch, named, lambda m: m.out.parameters())
+
+
+def inner_step_late(model, watch: Watch, named: bool) -> None:
+    """The step by hand between the passes begins only after the first light steps (at step 50)."""
+    _inner_step(model, watch, named, nn.Module.parameters, start=50)
+
+
+def zeroed_in_place(model, watch: Watch, named: bool) -> None:
+    """``zero_grad(set_to_none=False)`` in a plain loop."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+
+def accumulated(model, watch: Watch, named: bool) -> None:
+    """Four micro-batches per optimizer step, the gradients cleared only at the step."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with watch(optimizer=optimizer if named else None):
+        for i, (x, y) in enumerate(_batches(4 * STEPS)):
+            (F.cross_entropy(model(x), y) / 4).backward()
+            if i % 4 == 3:
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+def _skipping(model, watch: Watch, named: bool, set_to_none: bool) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for step, (x, y) in enumerate(_batches(STEPS)):
+            optimizer.zero_grad(set_to_none=set_to_none)
+            F.cross_entropy(model(x), y).backward()
+            if step % 7 != 3:  # a GradScaler skips the step when the gradients hold inf
+                optimizer.step()
+
+
+def skipping(model, watch: Watch, named: bool) -> None:
+    """The optimizer step skipped now and then (as a GradScaler does on inf)."""
+    _skipping(model, watch, named, True)
+
+
+def skipping_zeroed(model, watch: Watch, named: bool) -> None:
+    """The same, the gradients cleared in place."""
+    _skipping(model, watch, named, False)
+
+
+def lbfgs(model, watch: Watch, named: bool) -> None:
+    """A closure optimizer: L-BFGS evaluates the closure (a forward and a backward pass) several times per
+    step and moves the weights between evaluations."""
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS // 2):
+            def closure() -> torch.Tensor:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+
+
+def two_backwards(model, watch: Watch, named: bool) -> None:
+    """Two losses of one forward pass, each with its own ``backward()``."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    criterion = nn.CrossEntropyLoss()
+    with watch(optimizer=optimizer if named else None, loss=criterion if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad()
+            out = model(x)
+            criterion(out, y).backward(retain_graph=True)
+            (0.1 * out.pow(2).mean()).backward()
+            optimizer.step()
+
+
+def metric_mid_step(model, watch: Watch, named: bool) -> None:
+    """A pass without gradients for a metric between the backward call and the optimizer step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                model(x).argmax(1).eq(y).float().mean()
+            optimizer.step()
+
+
+def scheduled(model, watch: Watch, named: bool) -> None:
+    """A one-cycle schedule stepping per batch."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=STEPS)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            schedule.step()
+
+
+SHAPES = {f.__name__: f for f in (hand_update, hand_update_zeroed, clipped, ema, sam, sam_zeroed, inner_step,
+                                  inner_step_last_layer, inner_step_late, zeroed_in_place,
+                                  accumulated, skipping, skipping_zeroed, lbfgs, two_backwards, metric_mid_step,
+                                  scheduled)}
+CASES = [(name, named) for name in SHAPES for named in (True, False) if name != "hand_update" or not named]
+
+
+def _run(shape, named: bool, tmp_path, trial: str | None) -> tuple[Any, list[torch.Tensor]]:
+    """One run of ``shape`` from the same start: bare (``trial`` None) or under NeuralDbg."""
+    torch.manual_seed(0)
+    model = Net()
+    dbgs: list[NeuralDbg] = []
+
+    def watch(optimizer=None, loss=None):
+        if trial is None:
+            return nullcontext()
+        dbgs.append(NeuralDbg(model, tmp_path, trial=trial, optimizer=optimizer, loss=loss, summaries=10,
+                              snapshots=None))
+        return dbgs[-1]
+
+    shape(model, watch, named)
+    return (dbgs[0] if dbgs else None), [p.detach().clone() for p in model.parameters()]
+
+
+def _compare(name: str, named: bool, tmp_path, monkeypatch) -> tuple[NeuralDbg, dict, dict]:
+    """Run the shape bare, with light steps and without; assert the same parameters; return the first
+    NeuralDbg and both recordings' fingerprints."""
+    shape = SHAPES[name]
+    _, bare = _run(shape, named, tmp_path, None)
+    found, dbgs = {}, {}
+    for light in (True, False):
+        monkeypatch.setattr(light_steps, "LIGHT_AFTER", 32 if light else 10 ** 9)
+        dbgs[light], params = _run(shape, named, tmp_path, f"light-{light}")
+        found[light] = _fingerprint(tmp_path, f"light-{light}")
+        assert all(torch.equal(a, b) for a, b in zip(bare, params)), f"{name}: training changed (light={light})"
+    assert dbgs[False]._light_steps == 0
+    return dbgs[True], found[True], found[False]
+
+
+@pytest.mark.parametrize(("name", "named"), CASES,
+                         ids=[f"{n}-{'optimizer=' if named else 'no optimizer='}" for n, named in CASES])
+def test_each_loop_shape_records_the_same_with_light_steps(name, named, tmp_path, monkeypatch) -> None:
+    dbg, light, full = _compare(name, named, tmp_path, monkeypatch)
+    assert light.keys() == full.keys()
+    different = [key for key in full if light[key] != full[key]]
+    assert not different, (dbg._light_steps, different[:3], [(light[k], full[k]) for k in different[:1]])
+    if name.startswith("hand_update"):  # no optimizer of the model's ever steps: no step may go light
+        assert dbg._light_steps == 0
+    else:
+        assert dbg._light_steps >= 30, dbg._light_steps
+    loss_steps, losses = light["kpis"]["loss"]
+    assert loss_steps == list(range(dbg.steps)) and len(losses) == dbg.steps  # a loss at every step
+    assert light["types"]["train"] == list(range(0, dbg.steps, 10))
+    assert light["log"] == []
+
+
+def test_a_step_by_hand_between_passes_splits_the_light_step_where_the_full_path_does(tmp_path, monkeypatch) -> None:
+    """The full path ends a step where the parameters changed by hand: two steps per iteration of the loop
+    below from step 50 on; light steps see it on their probe parameter and compare every parameter after."""
+    dbg, light, full = _compare("inner_step_late", True, tmp_path, monkeypatch)
+    assert dbg.steps == 50 + 2 * (STEPS - 50)
+    assert light["steps"] == full["steps"] and light["kpis"] == full["kpis"]
+    assert dbg._light_hand
+    assert not _run(SHAPES["accumulated"], True, tmp_path, "plain")[0]._light_hand
