@@ -3,7 +3,7 @@
 NeuralDbg sees a training step through hooks, and a step its policies skip still enters Python at each of
 them: the model's forward pre-hook and forward hook, a pre-hook on the output's autograd node (which queues
 a callback for the end of the backward pass), the criterion's forward hook, the patched
-``torch.autograd.backward``, the global optimizer step pre- and post-hooks and the ``optimizer=``'s own
+``torch.autograd.backward`` (before and after the backward pass), the global optimizer step pre- and post-hooks and the ``optimizer=``'s own
 post-hook, each behind ``torch.compiler.disable`` as NeuralDbg installs them. :func:`run_hook_floor` trains
 with exactly those entries doing nothing, so a skipped step's ratio to bare splits into what entering the
 hooks costs (any recorder built on them pays it) and what NeuralDbg does in them (step detection, the loss
@@ -67,7 +67,9 @@ def run_hook_floor(make_model: Callable[[], nn.Module], data: list, optimizer_na
 
     def backward(*args: Any, **kwargs: Any) -> Any:
         _nothing(args)
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        _nothing()
+        return result
 
     torch.autograd.backward = backward
     try:

@@ -31,8 +31,8 @@ def test_the_hook_floor_enters_each_entry_point_once_per_step_and_removes_them(m
     original = torch.autograd.backward
     wall, cpu = hook_floor.run_hook_floor(make, make_data(12), "sgd")
     # per step: the forward pre-hook, the criterion's hook, the end-of-backward callback, the patched
-    # backward, the global step pre- and post-hooks and the optimizer's own post-hook
-    assert len(calls) == 12 * 7
+    # backward (before and after the pass), the global step pre- and post-hooks and the optimizer's own post-hook
+    assert len(calls) == 12 * 8
     assert wall > 0 and cpu > 0
     assert torch.autograd.backward is original
     model = models[0]

@@ -22,7 +22,8 @@ from test_light_steps import Net, _fingerprint
 from torch import nn
 
 from comgra_ndbg import NeuralDbg
-from comgra_ndbg.instrument import light_steps
+from comgra_ndbg.instrument import light_steps, patches
+from comgra_ndbg.errors import RecorderWarning
 
 STEPS = 100
 LR = 0.05
@@ -319,3 +320,28 @@ def test_a_step_by_hand_between_passes_splits_the_light_step_where_the_full_path
     assert light["steps"] == full["steps"] and light["kpis"] == full["kpis"]
     assert dbg._light_hand
     assert not _run(SHAPES["accumulated"], True, tmp_path, "plain")[0]._light_hand
+
+
+def test_a_listener_failing_after_a_backward_call_never_reaches_the_training_loop() -> None:
+    class Failing:
+        def _on_backward_call(self, roots) -> None:
+            self.roots = len(roots)
+
+        def _after_backward_call(self) -> None:
+            raise RuntimeError("broken listener")
+
+        def _before_optimizer_step(self, optimizer) -> None:
+            return None
+
+        def _after_optimizer_step_anywhere(self, optimizer) -> None:
+            return None
+
+    listener, x = Failing(), torch.ones(3, requires_grad=True)
+    patches.attach(listener)
+    try:
+        with pytest.warns(RecorderWarning, match="looking at a backward call failed .*broken listener"):
+            (x * 2).sum().backward()
+    finally:
+        patches.detach(listener)
+    assert listener.roots == 1 and x.grad.tolist() == [2.0, 2.0, 2.0]
+    assert not patches.installed()

@@ -21,11 +21,23 @@ So the loop invariants are checked at every step of the first :data:`LIGHT_AFTER
 show, and then at every recorded step *and the one after it*, a pair of consecutive steps that the checks
 comparing one step with the next (an uncleared gradient, a parameter that got no gradient) need. What the
 checks carried from step to step is reset after light steps (``_inv_after_gap``): a comparison never spans
-steps it did not see. A light step whose gradients were cleared after a backward pass without an optimizer
-step (where a full step ends too: a loop that stopped stepping its optimizer), that runs more than twice as
-many training passes as the last full step, or that sees another model's optimizer step hands the next pass
-to the full path, whose invariants report what went wrong; an update by hand without an optimizer in the
-middle of a step is not seen as its end (a full step sees it from the parameters' versions).
+steps it did not see.
+
+A full step also ends, with no optimizer step of the model's, where a training pass finds the parameters
+changed or the gradients changed after the last backward pass. A light step follows it on one *probe*
+parameter (one that held a gradient after the last full step): at each of its later training passes it
+compares the probe's version with the one at its start (an update by hand: SAM's perturbation, an inner
+step) and the probe's gradient, tensor and version, with what the last backward call left
+(``patches`` calls ``_after_backward_call`` when it returns: gradients cleared, also in place with
+``zero_grad(set_to_none=False)``, as around an optimizer step a ``GradScaler`` skipped). Once the loop has
+changed parameters by hand in the middle of a step, seen by the full path or by the probe, every light step
+compares the sum of all parameters' versions instead (``_light_hand``); a loop that never does pays a
+few attribute reads per light step and backward call, none per parameter. Such a light step ends and hands
+the next pass to the full path, as does one that runs more than twice as many training passes as the last
+full step or sees another model's optimizer step; the full path's invariants report what went wrong. Not
+followed: a change by hand, between two passes of one step, to parameters other than the probe that starts
+after the first :data:`LIGHT_AFTER` steps and clears no gradient (the full path would split the step there).
+A loop with no optimizer of the model's (updates by hand only) never runs light steps.
 """
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ optimizer steps (a GAN's generator update runs the discriminator without being i
 one ``NeuralDbg`` is open, this module replaces
 
 - ``torch.autograd.backward`` (which ``Tensor.backward`` calls) by a wrapper that hands the roots of each
-  outermost backward call to every open listener, then calls the original, then tells the listeners that
-  have ``_after_backward_call()`` that it returned: two Python calls per ``backward()``; a backward call made from inside a backward pass (a reentrant checkpoint's recompute)
-  is not a loss and is passed on untouched;
+  outermost backward call to every open listener, calls the original, then tells the listeners that have
+  ``_after_backward_call()`` that it returned: two Python calls per ``backward()``; a backward call made
+  from inside a backward pass (a reentrant checkpoint's recompute) is not a loss and is passed on untouched;
 - ``torch.amp.GradScaler.scale`` by a wrapper that remembers, weakly, which loss each scaled tensor came
   from, so that ``scaler.scale(loss).backward()`` reports ``loss`` and not ``loss × scale``;
 
