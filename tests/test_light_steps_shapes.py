@@ -184,6 +184,21 @@ def accumulated(model, watch: Watch, named: bool) -> None:
                 optimizer.zero_grad()
 
 
+def accumulated_unevenly(model, watch: Watch, named: bool) -> None:
+    """Micro-batches per optimizer step that vary (a token budget per step): one at most steps, six now and
+    then, more than twice the passes of the full step before."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    counts = [6 if step % 9 == 5 else 1 for step in range(STEPS)]
+    batches = iter(_batches(sum(counts)))
+    with watch(optimizer=optimizer if named else None):
+        for count in counts:
+            for _ in range(count):
+                x, y = next(batches)
+                (F.cross_entropy(model(x), y) / count).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
 def _skipping(model, watch: Watch, named: bool, set_to_none: bool) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     with watch(optimizer=optimizer if named else None):
@@ -258,7 +273,7 @@ def scheduled(model, watch: Watch, named: bool) -> None:
 
 SHAPES = {f.__name__: f for f in (hand_update, hand_update_zeroed, clipped, ema, sam, sam_zeroed, inner_step,
                                   inner_step_last_layer, inner_step_late, zeroed_in_place,
-                                  accumulated, skipping, skipping_zeroed, lbfgs, two_backwards, metric_mid_step,
+                                  accumulated, accumulated_unevenly, skipping, skipping_zeroed, lbfgs, two_backwards, metric_mid_step,
                                   scheduled)}
 CASES = [(name, named) for name in SHAPES for named in (True, False) if name != "hand_update" or not named]
 
@@ -280,10 +295,10 @@ def _run(shape, named: bool, tmp_path, trial: str | None) -> tuple[Any, list[tor
     return (dbgs[0] if dbgs else None), [p.detach().clone() for p in model.parameters()]
 
 
-def _compare(name: str, named: bool, tmp_path, monkeypatch) -> tuple[NeuralDbg, dict, dict]:
-    """Run the shape bare, with light steps and without; assert the same parameters; return the first
-    NeuralDbg and both recordings' fingerprints."""
-    shape = SHAPES[name]
+def _compare(name: str | Callable, named: bool, tmp_path, monkeypatch) -> tuple[NeuralDbg, dict, dict]:
+    """Run the shape (named in ``SHAPES``, or a loop of the same signature) bare, with light steps and
+    without; assert the same parameters; return the first NeuralDbg and both recordings' fingerprints."""
+    shape = SHAPES[name] if isinstance(name, str) else name
     _, bare = _run(shape, named, tmp_path, None)
     found, dbgs = {}, {}
     for light in (True, False):
@@ -320,6 +335,30 @@ def test_a_step_by_hand_between_passes_splits_the_light_step_where_the_full_path
     assert light["steps"] == full["steps"] and light["kpis"] == full["kpis"]
     assert dbg._light_hand
     assert not _run(SHAPES["accumulated"], True, tmp_path, "plain")[0]._light_hand
+
+
+def _stuck(model, watch: Watch, named: bool) -> None:
+    """From step 55 on the loop neither steps its optimizer nor clears the gradients: every later pass
+    belongs to step 55, which a light step hands to the full path at its fourth pass."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for step, (x, y) in enumerate(_batches(STEPS)):
+            if step < 55:
+                optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            if step < 55:
+                optimizer.step()
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["optimizer=", "no optimizer="])
+def test_a_loop_that_stops_stepping_and_clearing_keeps_one_open_step_as_the_full_path_does(
+        named, tmp_path, monkeypatch) -> None:
+    dbg, light, full = _compare(_stuck, named, tmp_path, monkeypatch)
+    assert dbg.steps == 56 and dbg._light_steps == 55 - 32 - 4  # 32..54 but 40, 50 (recorded) and 41, 51
+    assert light == full
+    loss_steps, losses = light["kpis"]["loss"]
+    assert loss_steps == list(range(56)) and len(losses) == 56
+    assert light["types"]["train"] == [0, 10, 20, 30, 40, 50]
 
 
 def test_a_listener_failing_after_a_backward_call_never_reaches_the_training_loop() -> None:

@@ -33,8 +33,10 @@ step) and the probe's gradient, tensor and version, with what the last backward 
 changed parameters by hand in the middle of a step, seen by the full path or by the probe, every light step
 compares the sum of all parameters' versions instead (``_light_hand``); a loop that never does pays a
 few attribute reads per light step and backward call, none per parameter. Such a light step ends and hands
-the next pass to the full path, as does one that runs more than twice as many training passes as the last
-full step or sees another model's optimizer step; the full path's invariants report what went wrong. Not
+the next pass to the full path, as does one that sees another model's optimizer step; the full path's
+invariants report what went wrong. A light step that runs more than twice as many training passes as the
+last full step (uneven accumulation, a loop that stopped stepping and clearing) is not ended: the full path
+goes on with it under its number (``_light_to_full``), so it ends where a full step would. Not
 followed: a change by hand, between two passes of one step, to parameters other than the probe that starts
 after the first :data:`LIGHT_AFTER` steps and clears no gradient (the full path would split the step there).
 A loop with no optimizer of the model's (updates by hand only) never runs light steps.
@@ -76,6 +78,7 @@ class LightSteps:
         self._light_grads: tuple[weakref.ref, int] | None = None  # its gradient, version after the last backward
         self._light_version = 0  # the parameters' version when the light step opened (``_light_version_now``)
         self._light_hand = False  # the loop changed parameters by hand between the passes of a step
+        self._light_carried = False  # the full path goes on with the open light step (``_light_to_full``)
         self._light_lrs: tuple[Any, list[tuple[int, dict]]] | None = None  # (optimizer, its lr KPIs) till a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
         self._light_steps = 0  # light steps so far
@@ -92,18 +95,26 @@ class LightSteps:
     def _light_pass(self) -> bool:
         """The model's forward pre-hook while light steps may run: True when this pass is a training pass of
         a light step (the one open, or a new one); False for an evaluation pass, for a step that must be
-        recorded or checked, and after ending the open light step where a full step would end (an
-        optimizer holding the model's parameters stepped; the gradients were cleared after a backward call)
-        or where the loop looks unlike its full steps (more than twice their passes, another model's
-        optimizer stepping). The full path takes every pass this returns False for."""
+        recorded or checked, after ending the open light step where a full step would end (an optimizer
+        holding the model's parameters stepped; parameters changed by hand; the gradients changed after a
+        backward call) or where another model's optimizer stepped, and for the pass at which the full path
+        goes on with the open light step (more than twice the passes of the last full step). The full path
+        takes every pass this returns False for."""
         if not (torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and self._root.training):
             return False
         if self._light:
             self._light_passes += 1
-            if (self._light_end == _OPEN and self._light_passes <= self._light_passes_max
-                    and not self._light_changed()):
-                self._training_pass = True
-                return True
+            try:
+                changed = self._light_end != _OPEN or self._light_changed()
+            except Exception as error:  # ended: the full path takes the next step
+                self.recorder._warn("following a light step", error)
+                changed = True
+            if not changed:
+                if self._light_passes <= self._light_passes_max:
+                    self._training_pass = True
+                    return True
+                self._light_to_full()  # the full path goes on with this step, under its number
+                return False
             again = self._light_end == _OVER  # over as steps end: the next one may be light too
             self._safely("ending a light step", self._end_light_step)
             if not again:
@@ -169,16 +180,36 @@ class LightSteps:
         else:
             self._light_grads = (weakref.ref(grad), grad._version)
 
+    def _light_to_full(self) -> None:
+        """The open light step runs more than twice the training passes of the last full step (uneven
+        accumulation, or a loop that stopped stepping its optimizer and clearing the gradients): the full
+        path opens a step with the light step's number at this pass and goes on with it, the losses of the
+        passes so far and their backward calls included, so the step ends where a full step would and the
+        invariants look at the rest of it."""
+        self._light = self._light_ready = False
+        self._next_step = self._light_step
+        self._light_carried = True
+        self._inv_gap = self._inv  # the invariants did not see the passes so far
+
     def _start_pass(self, args: tuple, kwargs: dict) -> None:
         """A training pass on the full path: a step it opens is not light, and after light steps the
         invariants' step-to-step memory starts again."""
+        carried = False
         if self.recorder.current_step is None:
             self._light_ready = False
             self._light_lrs = None
+            carried, self._light_carried = self._light_carried, False
             if self._inv_gap:
                 self._inv_gap = False
                 self._inv_after_gap()
         self._begin_pass(args, kwargs)
+        if carried:
+            if self._light_backwards:  # as the full step would have seen the backward calls so far
+                self._backward_seen = True
+                self._grad_mark = self._grad_fingerprint()
+            for kpi, value in self._light_kpis:
+                self.recorder._record_known_kpi(kpi, value)
+            self._light_kpis = []
 
     def _light_loss(self, output: torch.Tensor) -> None:
         """The criterion's forward hook in a light step: the pass's loss value."""
