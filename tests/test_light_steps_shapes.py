@@ -4,10 +4,12 @@ Each loop below runs three times from the same initial model, data and random st
 as it runs now (light steps after the first ``LIGHT_AFTER`` steps) and under NeuralDbg with light steps
 switched off. The two recordings must hold the same steps, step types, KPIs, summary rows and log, and the
 three runs must train bit-identical parameters. The shapes: updates by hand (with no optimizer, and next to
-an optimizer: weight clipping, an EMA copy, SAM's perturbation between two passes), gradients zeroed in place,
-accumulation over micro-batches, optimizer steps skipped now and then, a closure optimizer (L-BFGS), two
-backward calls per step, a metric pass without gradients in the middle of a step, a scheduler stepping per
-batch; each with and without ``optimizer=`` where the loop has one.
+an optimizer: weight clipping, an EMA copy, SAM's perturbation and an inner step between two passes),
+gradients zeroed in place, accumulation over even and uneven numbers of micro-batches, optimizer steps
+skipped now and then (by a condition, by a real ``GradScaler`` on inf), two tasks' gradients combined by hand,
+a closure optimizer (L-BFGS), two backward calls per step, a metric pass without gradients (in train() and
+in eval() mode) in the middle of a step, a scheduler stepping per batch; each with and without
+``optimizer=`` where the loop has one.
 """
 from __future__ import annotations
 
@@ -219,6 +221,62 @@ def skipping_zeroed(model, watch: Watch, named: bool) -> None:
     _skipping(model, watch, named, False)
 
 
+def _scaled(model, watch: Watch, named: bool, set_to_none: bool) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=5)
+    with watch(optimizer=optimizer if named else None):
+        for step, (x, y) in enumerate(_batches(STEPS)):
+            optimizer.zero_grad(set_to_none=set_to_none)
+            loss = F.cross_entropy(model(x), y)
+            if step % 7 == 3:  # an overflow: the scaler skips this step and lowers its scale
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+
+def grad_scaler(model, watch: Watch, named: bool) -> None:
+    """A real ``GradScaler``: the loss scaled, the gradients unscaled before the step, which it skips on
+    inf."""
+    _scaled(model, watch, named, True)
+
+
+def grad_scaler_zeroed(model, watch: Watch, named: bool) -> None:
+    """The same, the gradients cleared in place."""
+    _scaled(model, watch, named, False)
+
+
+def two_tasks(model, watch: Watch, named: bool) -> None:
+    """Two tasks' gradients taken one after the other, cleared between them, combined by hand (gradient
+    surgery, as PCGrad does): the full path sees two steps, the gradients cleared after the first backward."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    batches = _batches(2 * STEPS)
+    with watch(optimizer=optimizer if named else None):
+        for i in range(0, len(batches), 2):
+            grads = []
+            for x, y in batches[i:i + 2]:
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+            for p, first, second in zip(model.parameters(), *grads):
+                p.grad = (first + second) / 2
+            optimizer.step()
+
+
+def eval_metric_mid_step(model, watch: Watch, named: bool) -> None:
+    """A metric pass in eval() mode between the backward call and the optimizer step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with watch(optimizer=optimizer if named else None):
+        for x, y in _batches(STEPS):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            model.train()
+            optimizer.step()
+
+
 def lbfgs(model, watch: Watch, named: bool) -> None:
     """A closure optimizer: L-BFGS evaluates the closure (a forward and a backward pass) several times per
     step and moves the weights between evaluations."""
@@ -271,10 +329,10 @@ def scheduled(model, watch: Watch, named: bool) -> None:
             schedule.step()
 
 
-SHAPES = {f.__name__: f for f in (hand_update, hand_update_zeroed, clipped, ema, sam, sam_zeroed, inner_step,
-                                  inner_step_last_layer, inner_step_late, zeroed_in_place,
-                                  accumulated, accumulated_unevenly, skipping, skipping_zeroed, lbfgs, two_backwards, metric_mid_step,
-                                  scheduled)}
+SHAPES = {f.__name__: f for f in (
+    hand_update, hand_update_zeroed, clipped, ema, sam, sam_zeroed, inner_step, inner_step_last_layer,
+    inner_step_late, zeroed_in_place, accumulated, accumulated_unevenly, skipping, skipping_zeroed, grad_scaler,
+    grad_scaler_zeroed, two_tasks, lbfgs, two_backwards, metric_mid_step, eval_metric_mid_step, scheduled)}
 CASES = [(name, named) for name in SHAPES for named in (True, False) if name != "hand_update" or not named]
 
 
