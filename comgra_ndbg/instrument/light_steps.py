@@ -13,8 +13,8 @@ A step goes light only when nothing could want more of it:
 
 - the Recorder would record nothing at it (no summary, snapshot, forced or flight-recorder step, no
   profiler; ``Recorder.would_skip``), and no breakpoint, step hook or pending user code is set;
-- the step before ended with an optimizer step of the model's own (no other model's optimizer stepped in
-  it, as a GAN's does: the full path tells such steps apart) and recorded nothing;
+- the step before ended with an optimizer step of the model's own or an update by hand (no other model's
+  optimizer stepped in it, as a GAN's does: the full path tells such steps apart) and recorded nothing;
 - it is not among the first :data:`LIGHT_AFTER` steps.
 
 So the loop invariants are checked at every step of the first :data:`LIGHT_AFTER` steps, where loop mistakes
@@ -27,19 +27,18 @@ A full step also ends, with no optimizer step of the model's, where a training p
 changed or the gradients changed after the last backward pass. A light step follows it on one *probe*
 parameter (one that held a gradient after the last full step): at each of its later training passes it
 compares the probe's version with the one at its start (an update by hand: SAM's perturbation, an inner
-step) and the probe's gradient, tensor and version, with what the last backward call left
+step, a loop with no optimizer; the step ends there and the next may be light) and the probe's gradient, tensor and version, with what the last backward call left
 (``patches`` calls ``_after_backward_call`` when it returns: gradients cleared, also in place with
 ``zero_grad(set_to_none=False)``, as around an optimizer step a ``GradScaler`` skipped). Once the loop has
 changed parameters by hand in the middle of a step, seen by the full path or by the probe, every light step
 compares the sum of all parameters' versions instead (``_light_hand``); a loop that never does pays a
 few attribute reads per light step and backward call, none per parameter. Such a light step ends and hands
-the next pass to the full path, as does one that sees another model's optimizer step; the full path's
-invariants report what went wrong. A light step that runs more than twice as many training passes as the
+the next pass to the full path where the gradients changed, as does one that sees another model's
+optimizer step; the full path's invariants report what went wrong. A light step that runs more than twice as many training passes as the
 last full step (uneven accumulation, a loop that stopped stepping and clearing) is not ended: the full path
 goes on with it under its number (``_light_to_full``), so it ends where a full step would. Not
 followed: a change by hand, between two passes of one step, to parameters other than the probe that starts
 after the first :data:`LIGHT_AFTER` steps and clears no gradient (the full path would split the step there).
-A loop with no optimizer of the model's (updates by hand only) never runs light steps.
 """
 from __future__ import annotations
 
@@ -157,6 +156,7 @@ class LightSteps:
         gradients changed after the last backward call returned (cleared, zeroed in place)."""
         if self._light_version_now() != self._light_version:
             self._light_hand = True
+            self._light_end = _OVER  # ended by an update by hand: the next step may be light, as on the full path
             return True
         if not self._light_backwards:
             return False

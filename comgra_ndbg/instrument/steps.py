@@ -89,10 +89,11 @@ class StepDetection:
             self._pass_open = False
         if rec.current_step is not None and self._optimizer_stepped():
             own = self._own_steps
-            if not own and not self._light_hand and self._parameter_version() != self._parameter_mark:
-                self._light_hand = True  # parameters changed by hand mid-step: light steps compare them all
+            hand = not own and self._parameter_version() != self._parameter_mark  # an update by hand ended it
+            if hand:
+                self._light_hand = True  # light steps compare every parameter's version from now on
             self._end_step()
-            self._light_ready = self._light_possible and own > 0 and self._light_after_full
+            self._light_ready = self._light_possible and (own > 0 or hand) and self._light_after_full
 
     def _begin_pass(self, args: tuple, kwargs: dict) -> None:
         rec = self.recorder
