@@ -24,21 +24,21 @@ checks carried from step to step is reset after light steps (``_inv_after_gap``)
 steps it did not see.
 
 A full step also ends, with no optimizer step of the model's, where a training pass finds the parameters
-changed or the gradients changed after the last backward pass. A light step follows it on one *probe*
+changed or the gradients changed since the last backward call. A light step follows it on one *probe*
 parameter (one that held a gradient after the last full step): at each of its later training passes it
-compares the probe's version with the one at its start (an update by hand: SAM's perturbation, an inner
-step, a loop with no optimizer; the step ends there and the next may be light) and the probe's gradient, tensor and version, with what the last backward call left
-(``patches`` calls ``_after_backward_call`` when it returns: gradients cleared, also in place with
-``zero_grad(set_to_none=False)``, as around an optimizer step a ``GradScaler`` skipped). Once the loop has
-changed parameters by hand in the middle of a step, seen by the full path or by the probe, every light step
-compares the sum of all parameters' versions instead (``_light_hand``); a loop that never does pays a
-few attribute reads per light step and backward call, none per parameter. Such a light step ends and hands
-the next pass to the full path where the gradients changed, as does one that sees another model's
-optimizer step; the full path's invariants report what went wrong. A light step that runs more than twice as many training passes as the
-last full step (uneven accumulation, a loop that stopped stepping and clearing) is not ended: the full path
-goes on with it under its number (``_light_to_full``), so it ends where a full step would. Not
-followed: a change by hand, between two passes of one step, to parameters other than the probe that starts
-after the first :data:`LIGHT_AFTER` steps and clears no gradient (the full path would split the step there).
+compares the probe's version with the one at its start, and the probe's gradient (tensor and version) with
+what the last backward call left (``patches`` calls ``_after_backward_call`` when it returns). Parameters
+changed by hand (a loop with no optimizer, SAM's perturbation, an inner step, L-BFGS between closure calls)
+end the step, and the next may be light, as on the full path; from then on every light step compares the
+sum of all parameters' versions instead (``_light_hand``: two C-level sums a step), while a loop that never
+updates by hand pays a few attribute reads per light step and backward call, none per parameter. Gradients
+cleared or changed after a backward call (``zero_grad``, also in place, around an optimizer step a
+``GradScaler`` skipped) end it and hand the next pass to the full path, as another model's optimizer step
+does; the full path's invariants report what went wrong. A light step that runs more than twice as many
+training passes as the last full step (uneven accumulation, a loop that stopped stepping and clearing) is
+not ended: the full path goes on with it under its number (``_light_to_full``). Not followed: a change by
+hand between two passes of one step, to parameters other than the probe, that starts after the first
+:data:`LIGHT_AFTER` steps and clears no gradient (the full path would split the step there).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class LightSteps:
         self._light_probe: torch.Tensor | None = None  # a parameter that held a gradient after the last full step
         self._light_grads: tuple[weakref.ref, int] | None = None  # its gradient, version after the last backward
         self._light_version = 0  # the parameters' version when the light step opened (``_light_version_now``)
-        self._light_hand = False  # the loop changed parameters by hand between the passes of a step
+        self._light_hand = False  # the loop changed parameters by hand where no optimizer of the model's stepped
         self._light_carried = False  # the full path goes on with the open light step (``_light_to_full``)
         self._light_lrs: tuple[Any, list[tuple[int, dict]]] | None = None  # (optimizer, its lr KPIs) till a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
@@ -143,8 +143,8 @@ class LightSteps:
 
     def _light_version_now(self) -> int:
         """The version a light step compares from pass to pass: the probe parameter's (one attribute read),
-        or the sum over every parameter once the loop was seen changing parameters by hand in the middle of
-        a step (or no parameter held a gradient yet)."""
+        or the sum over every parameter once the loop was seen changing parameters by hand (or no parameter
+        held a gradient yet)."""
         probe = self._light_probe
         if self._light_hand or probe is None:
             return self._parameter_version()
