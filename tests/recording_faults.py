@@ -18,19 +18,21 @@ import torch
 
 from comgra_ndbg import Recorder, open_recording
 from comgra_ndbg.store import schema
+from comgra_ndbg.store.writer import DEFAULT_MAX_FILE_BYTES
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def record(folder: Path, trial: str = "t", steps: int = 24, *, flush_every: int = 4, close: bool = True,
-           fanout: int | None = None, mode: str = "w-", first: int = 0) -> Recorder:
+           fanout: int | None = None, mode: str = "w-", first: int = 0,
+           max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES) -> Recorder:
     """A seeded run of ``steps`` steps from step ``first``; returns the recorder (closed unless ``close=False``,
     in which case everything is flushed and merged, and the recorder left open)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     rec = Recorder(folder, trial, summaries=1, snapshots=3, flush_every_steps=flush_every, flush_every_seconds=1e9,
-                   mode=mode, num_samples=2)
+                   mode=mode, num_samples=2, max_file_bytes=max_file_bytes)
     if fanout is not None:
         rec._writer.fanout = rec._writer._merger.fanout = fanout
     rec.track_module("model", model)

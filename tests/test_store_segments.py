@@ -14,6 +14,7 @@ import pytest
 
 from comgra_ndbg import RecordingNotFoundError, __version__, open_recording
 from comgra_ndbg.store import schema, views
+from comgra_ndbg.store import consolidate as consolidate_module
 from comgra_ndbg.store import writer as writer_module
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, parse_segment_name, read_segment,
@@ -352,7 +353,8 @@ def test_close_writes_a_run_that_never_flushed_straight_into_the_final_file(tmp_
         written.append(Path(path).name)
         write_segment(path, content, attrs, **options)
 
-    monkeypatch.setattr(writer_module, "write_segment", recording_write)
+    monkeypatch.setattr(writer_module, "write_segment", recording_write)  # flushes
+    monkeypatch.setattr(consolidate_module, "write_segment", recording_write)  # merges
     writer, catalog = _write_four_steps(tmp_path, flush_after=(1,) if flushes else ())
     if flushes:  # the rest is flushed and both segments merged, as before
         assert written == [segment_name(1, 0), segment_name(2, 0), schema.FINAL_NAME]
@@ -898,7 +900,8 @@ def test_a_merge_hands_each_array_to_hdf5_and_lets_go_of_it_so_the_merged_copy_i
         write_segment(path, content, attrs, **options)
         seen.append((Path(path).name, options.get("consume", False), len(content.step), len(content.summary_step)))
 
-    monkeypatch.setattr(writer_module, "write_segment", recording_write)
+    monkeypatch.setattr(writer_module, "write_segment", recording_write)  # flushes
+    monkeypatch.setattr(consolidate_module, "write_segment", recording_write)  # merges
     _write_four_steps(tmp_path, flush_after=range(4))
     final = [entry for entry in seen if entry[0] == schema.FINAL_NAME]
     assert final == [(schema.FINAL_NAME, True, 4, 0)]  # written, then emptied but for its step numbers
@@ -918,7 +921,8 @@ def test_the_last_write_at_close_lets_go_of_each_array_too(tmp_path, monkeypatch
         write_segment(path, content, attrs, **options)
         seen.append((Path(path).name, options.get("consume", False), len(content.step), len(content.summary_step)))
 
-    monkeypatch.setattr(writer_module, "write_segment", recording_write)
+    monkeypatch.setattr(writer_module, "write_segment", recording_write)  # flushes
+    monkeypatch.setattr(consolidate_module, "write_segment", recording_write)  # merges
     _write_four_steps(tmp_path, flush_after=())
     assert seen == [(schema.FINAL_NAME, True, 4, 0)]
     with h5py.File(tmp_path / "trial" / schema.FINAL_NAME, "r") as f:

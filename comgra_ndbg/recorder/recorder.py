@@ -50,7 +50,7 @@ from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.ranks import CONFIG_DDP_WRAPPED, rank_directory
-from comgra_ndbg.store.writer import RecordingWriter, check_trial_name
+from comgra_ndbg.store.writer import DEFAULT_MAX_FILE_BYTES, RecordingWriter, check_max_file_bytes, check_trial_name
 
 __all__ = ["Recorder", "RecorderWarning", "AUTO"]  # RecorderWarning lives in errors.py: the store reports too
 
@@ -76,6 +76,10 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
     ``ByteBudget``, an int (bytes per run), or None for no bound. The default, 256 MiB per run and 1 MiB per
     snapshot step, changes nothing for small models; on large ones snapshots are sub-sampled and thinned out,
     summaries are always kept, and what was dropped is in the recording's log (category ``budget``).
+
+    ``max_file_bytes`` caps the array bytes of one merged file (default 256 MiB; None for no cap): merging
+    segment files holds two to three times a file's bytes in memory, so a recording larger than the cap
+    ends as several files of about that size, read exactly like one (``docs/format.md``, "Size cap").
 
     ``detail`` says how completely tracked parameters are summarised (``recorder/tiers.py``): ``"full"``
     (the default) summarises every value, gradient and update at every recorded step; ``"tiered"`` (or a
@@ -128,6 +132,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         profile: Any = None,
         byte_budget: ByteBudget | int | None = DEFAULT_BYTE_BUDGET,
         detail: str | Tiers = "full",
+        max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES,
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
@@ -142,6 +147,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
             raise InvalidArgumentError(f"flight_recorder must be a FlightRecorder, got "
                                        f"{type(flight_recorder).__name__}")
         budget = as_byte_budget(byte_budget)
+        check_max_file_bytes(max_file_bytes)
         tiers = as_tiers(detail)
         if trial is not None and trial != "":
             check_trial_name(trial)
@@ -166,7 +172,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         config = dict(summaries=repr(self.summary_policy), snapshots=repr(self.snapshot_policy),
                       num_samples=num_samples, max_elements=max_elements, record_updates=record_updates,
                       saturation_margin=saturation_margin, flight_recorder=repr(flight_recorder),
-                      byte_budget=repr(budget), detail=repr(tiers or "full"),
+                      byte_budget=repr(budget), detail=repr(tiers or "full"), max_file_bytes=max_file_bytes,
                       hyperparameters=check_hyperparameters(hyperparameters),
                       parameter_groups=check_parameter_groups(parameter_groups))
         if self.rank_info is not None:
@@ -176,7 +182,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._problems = ProblemLog(self._add_log)
         self._init_profile(profile)
         self._writer = RecordingWriter(self.path, self.trial, mode=mode, overwrite=overwrite, config=config,
-                                       report=self._problems.warn)
+                                       report=self._problems.warn, max_file_bytes=max_file_bytes)
         existing = self._writer.existing
         self.catalog = existing.catalog
         self.resume_after: int | None = existing.last_step  # steps up to this one are already recorded

@@ -26,7 +26,7 @@ from comgra_ndbg.errors import InvalidArgumentError, RecordingExistsError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.damage import Damage
-from comgra_ndbg.store.live import TrialScan, scan_trial
+from comgra_ndbg.store.live import TrialScan, consolidated, scan_trial
 from comgra_ndbg.store.lock import trial_state
 from comgra_ndbg.store.salvage import FileContent, read_file
 from comgra_ndbg.store.segment import parse_segment_name
@@ -139,7 +139,7 @@ def _check_trial(name: str, location: Path) -> tuple[TrialCheck, list[FileConten
     for content in contents:
         report.damage += content.damage
     report.steps = len({s[0] for c in contents for s in c.steps})
-    complete = len(contents) == 1 and _complete(files[0])
+    complete = bool(files) and _consolidated(scan.live)
     if location.is_dir():
         report.state = trial_state(location, complete)[0]
     elif complete:
@@ -156,14 +156,18 @@ def _intact(content: FileContent) -> bool:
     return not content.damage
 
 
-def _complete(path: Path) -> bool:
+def _consolidated(live: list[tuple[int, int, Path]]) -> bool:
+    """Whether the live files are a closed recording (``live.consolidated``), by the newest one's attributes."""
     import h5py
 
     try:
-        with h5py.File(path, "r") as f:
-            return bool(f.attrs.get(schema.ATTR_COMPLETE, False))
-    except OSError:
+        with h5py.File(live[-1][2], "r") as f:
+            complete = bool(f.attrs.get(schema.ATTR_COMPLETE, False))
+            parts = tuple(int(v) for v in f.attrs.get(schema.ATTR_PARTS, ()))
+            own = int(f.attrs.get(schema.ATTR_SEQUENCE, 0))
+    except (OSError, KeyError, ValueError, TypeError):
         return False
+    return consolidated([sequence for sequence, *_ in live[:-1]] + [own], complete, parts)
 
 
 def _scan_damage(scan: TrialScan, live: list[Path], steps_of: list[list[int]]) -> list[Damage]:

@@ -66,6 +66,7 @@ class FileView:
         try:
             self.sequence = int(self.file.attrs[schema.ATTR_SEQUENCE])
             self.complete = bool(self.file.attrs.get(schema.ATTR_COMPLETE, False))
+            self.parts = tuple(int(v) for v in self.file.attrs.get(schema.ATTR_PARTS, ()))
             self.identity = file_identity(self.file.attrs)
         except READ_ERRORS as error:
             self.file.close()

@@ -2,7 +2,9 @@
 
 A merged file's ``covers`` attribute names the sequences it replaces; a crash between renaming the merged
 file and deleting its inputs leaves both on disk, and :func:`scan_trial` ignores the inputs (the *covers
-rule*, ``docs/format.md``). It also reports, instead of passing over them in silence:
+rule*, ``docs/format.md``; of two files covering the same sequences at the same level, ``recording.h5`` is
+read: a continued trial's old final file copied into a part of the new one). It also reports, instead of
+passing over them in silence:
 
 - files under a final name that cannot be opened or whose attributes cannot be read (*unreadable*),
 - files of another recording (*foreign*: a different ``recording_id``, or for version-1 files a different
@@ -23,7 +25,7 @@ from comgra_ndbg.store.lock import LockInfo, read_lock
 from comgra_ndbg.store.segment import parse_segment_name
 
 __all__ = ["FINAL_LEVEL", "FileHeader", "TrialScan", "scan_trial", "list_live_segments", "file_identity",
-           "read_header"]
+           "read_header", "consolidated"]
 
 FINAL_LEVEL = 99  # level of the consolidated file written by close()
 _SCAN_ATTEMPTS = 20  # listings tried when merged files vanish under a concurrent merge
@@ -137,7 +139,8 @@ def _scan_once(directory: Path, lock: LockInfo | None, settle: bool = False) -> 
             scan.foreign.append((item[2], item[3].identity))
     scan.live = sorted(((sequence, level, path) for sequence, level, path, header in own
                         if not any(other is not path and header.covers <= other_header.covers
-                                   and (len(other_header.covers) > len(header.covers) or other_level > level)
+                                   and (len(other_header.covers) > len(header.covers) or other_level > level
+                                        or (other_level == level and other.name == schema.FINAL_NAME))
                                    for _, other_level, other, other_header in own)), key=lambda item: item[0])
     covered = set().union(*(header.covers for *_, header in own)) if own else set()
     last = max(covered | {lock.last_sequence if lock is not None and lock.recording_id == scan.identity else 0}
@@ -175,6 +178,16 @@ def _runs(values: list[int]) -> list[tuple[int, ...]]:
 def _why(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return f"{type(error).__name__}: {text}"
+
+
+def consolidated(sequences: list[int], complete: bool, parts: tuple[int, ...]) -> bool:
+    """Whether the live files of sequences ``sequences`` (oldest first) are a closed recording: the newest is
+    the ``complete`` file and they are exactly the ``parts`` it names (itself alone when it names none).
+
+    >>> consolidated([8, 20], True, (8, 20)), consolidated([8, 20, 21], True, (8, 20)), consolidated([9], True, ())
+    (True, False, True)
+    """
+    return bool(sequences) and complete and sequences == list(parts or sequences[-1:])
 
 
 def list_live_segments(directory: Path) -> list[tuple[int, int, Path]]:

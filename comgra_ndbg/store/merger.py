@@ -12,50 +12,93 @@ merges lets that merge finish (a killed process leaves complete files either way
 disk) leaves its inputs as they are and stops merging in the background; ``take_error`` hands the error
 to the training thread once, and ``drain`` returns every segment for ``close()`` to merge. A writer that
 continues a trial ``adopt``s the files already there, so they are merged like its own.
+
+A merge reads its inputs into memory, so it never takes more than ``max_bytes`` of array bytes
+(``Segment.nbytes``): of a full level it merges the longest run of oldest files under that cap, and a file
+that cannot join the next one under the cap is *sealed*, never merged in the background again, together
+with every older file (so that merges keep joining neighbours only). ``close()`` groups what is left under
+the same cap (``group_under_cap``).
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["BackgroundMerger"]
+__all__ = ["BackgroundMerger", "Segment", "group_under_cap"]
 
-Segment = tuple[int, Path]  # (sequence, path)
+
+class Segment(NamedTuple):
+    """A live file of the writer: its sequence, its path, and the array bytes reading it takes."""
+
+    sequence: int
+    path: Path
+    nbytes: int = 0
+
+
+def group_under_cap(segments: list[Segment], max_bytes: float) -> list[list[Segment]]:
+    """``segments`` (oldest first) cut into runs of neighbours whose bytes add up to at most ``max_bytes``
+    (a file above the cap on its own is a run of one); greedy, so every run but the last is full.
+
+    >>> sizes = {1: 5, 2: 4, 3: 9, 4: 1}
+    >>> runs = group_under_cap([Segment(s, Path(f"seg{s}"), n) for s, n in sizes.items()], 10)
+    >>> [[s.sequence for s in run] for run in runs]
+    [[1, 2], [3, 4]]
+    """
+    runs: list[list[Segment]] = []
+    total = 0
+    for segment in segments:
+        if runs and total + segment.nbytes <= max_bytes:
+            runs[-1].append(segment)
+            total += segment.nbytes
+        else:
+            runs.append([segment])
+            total = segment.nbytes
+    return runs
 
 
 class BackgroundMerger:
     """The live segments of one writer, by level, and the worker thread that merges full levels.
 
     ``merge(inputs, level)`` writes one segment of ``level`` covering ``inputs`` and deletes them; it
-    runs on the worker thread.
+    runs on the worker thread. ``max_bytes`` caps the array bytes of one merge (``math.inf``: no cap).
     """
 
-    def __init__(self, merge: Callable[[list[Segment], int], Segment], fanout: int) -> None:
+    def __init__(self, merge: Callable[[list[Segment], int], Segment], fanout: int,
+                 max_bytes: float = math.inf) -> None:
         self._merge = merge
         self.fanout = fanout
+        self.max_bytes = max_bytes
         self._levels: dict[int, list[Segment]] = defaultdict(list)
+        self._sealed: list[Segment] = []  # never merged in the background: close() groups them
         self._condition = threading.Condition()
         self._worker: threading.Thread | None = None
         self._process = os.getpid()  # a forked child inherits the state but not the thread
         self._stopped = False
         self._error: BaseException | None = None
 
-    def add(self, sequence: int, path: Path, level: int = 0) -> None:
+    def add(self, segment: Segment, level: int = 0) -> None:
         """Register a freshly flushed level-0 segment (or an existing file of ``level``); starts merging if
         that filled a level."""
         with self._condition:
-            self._levels[level].append((sequence, path))
-            if not self._stopped and not self._merging() and self._full_level() is not None:
+            self._levels[level].append(segment)
+            if not self._stopped and not self._merging() and self._next_merge(take=False) is not None:
                 self._worker = threading.Thread(target=self._work, name="comgra-ndbg-merge", daemon=False)
                 self._process = os.getpid()
                 self._worker.start()
 
-    def adopt(self, sequence: int, path: Path, level: int) -> None:
-        """Take over a live file a previous writer of the trial left (merged later like the writer's own)."""
-        self.add(sequence, path, level)
+    def adopt(self, segment: Segment, level: int, *, sealed: bool = False) -> None:
+        """Take over a live file a previous writer of the trial left (merged later like the writer's own;
+        ``sealed`` ones, the files of a closed recording, only by ``close()``)."""
+        if sealed:
+            with self._condition:
+                self._sealed.append(segment)
+        else:
+            self.add(segment, level)
 
     def wait(self) -> None:
         """Return once no merge is running (and none is due)."""
@@ -75,24 +118,42 @@ class BackgroundMerger:
             self._stopped = True
             while self._merging():
                 self._condition.wait()
-            return sorted(item for items in self._levels.values() for item in items)
+            return sorted([item for items in self._levels.values() for item in items] + self._sealed)
 
     def _merging(self) -> bool:
         return self._worker is not None and self._process == os.getpid()
 
-    def _full_level(self) -> int | None:
-        return next((level for level in sorted(self._levels) if len(self._levels[level]) >= self.fanout), None)
+    def _next_merge(self, *, take: bool) -> tuple[int, list[Segment]] | None:
+        """The level and inputs of the next merge (taken off their level with ``take``), or None. Of a full
+        level, the longest run of its oldest files under the cap; a first file that cannot join the second
+        under it is sealed, with every older file, and the level looked at again. Holds the lock."""
+        for level in sorted(self._levels):
+            items = self._levels[level]
+            while len(items) >= self.fanout:
+                run = group_under_cap(items[:self.fanout], self.max_bytes)[0]
+                if len(run) >= 2:
+                    if take:
+                        del items[:len(run)]
+                    return level, run
+                self._seal(level)
+        return None
+
+    def _seal(self, level: int) -> None:
+        """Seal the oldest file of ``level`` and every file of higher levels (all older than it)."""
+        older = [item for other in sorted(self._levels) if other > level for item in self._levels[other]]
+        for other in [other for other in self._levels if other > level]:
+            self._levels[other].clear()
+        self._sealed.extend(older + [self._levels[level].pop(0)])
 
     def _work(self) -> None:
         while True:
             with self._condition:
-                level = None if self._stopped else self._full_level()
-                if level is None:
+                due = None if self._stopped else self._next_merge(take=True)
+                if due is None:
                     self._worker = None
                     self._condition.notify_all()
                     return
-                inputs = self._levels[level][:self.fanout]
-                del self._levels[level][:self.fanout]
+                level, inputs = due
             try:
                 merged = self._merge(inputs, level + 1)
             except Exception as error:  # noqa: BLE001 - reported to the training thread by raise_error

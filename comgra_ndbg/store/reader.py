@@ -28,6 +28,7 @@ from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.config_reading import ConfigReading
 from comgra_ndbg.store.damage import Damage, DamagedData, corrupt_error
 from comgra_ndbg.store.fileview import FileView, open_h5
+from comgra_ndbg.store.live import consolidated
 from comgra_ndbg.store.lock import trial_state
 from comgra_ndbg.store.ranks import RankAccess, holds_recording, locate_rank, rank_folders, rank_of_folder
 from comgra_ndbg.store.records import LogEntry, Note, Snapshot, StoredGraph, TriggerMark
@@ -77,7 +78,7 @@ def open_recording(path: str | Path, trial: str | None = None, *, rank: int | No
         if not matches:
             raise UnknownSeriesError(f"no trial {trial!r} in {path}; trials are {names}")
         location = matches[0]
-    group = Path(path) if len(entries) > 1 or Path(path) != location else None
+    group = Path(path) if len(entries) > 1 or (Path(path) != location and not Path(path).is_file()) else None
     folder, ranked = locate_rank(location, trial, rank)
     return Recording(folder, trial=trial, trials=names, group=group, damaged=damaged, **ranked)
 
@@ -94,7 +95,10 @@ def _resolve(path: Path) -> list[tuple[str, Path]]:
     if path.is_file():
         try:
             with open_h5(path) as f:
-                return [(str(f.attrs.get(schema.ATTR_TRIAL, path.stem)), path)]
+                trial = str(f.attrs.get(schema.ATTR_TRIAL, path.stem))
+                parts = f.attrs.get(schema.ATTR_PARTS, ())
+            # the complete file of a recording in several files stands for its folder, which holds them all
+            return [(trial, path.parent if len(parts) > 1 else path)]
         except RecordingFormatError as error:
             if path.name != schema.FINAL_NAME and parse_segment_name(path.name) is None:
                 raise
@@ -201,9 +205,11 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
 
     @property
     def is_complete(self) -> bool:
-        """True once the recorder was closed and everything was consolidated into one file."""
+        """True once the recorder was closed and everything was consolidated: into one file, or into the
+        files the complete one names (``parts``: a recording larger than the writer's ``max_file_bytes``)."""
         views = list(self._views.values())
-        return len(views) == 1 and views[0].complete and not self.damage
+        return (bool(views) and not self.damage
+                and consolidated([view.sequence for view in views], views[-1].complete, views[-1].parts))
 
     @property
     def state(self) -> str:

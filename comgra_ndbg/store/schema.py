@@ -48,6 +48,7 @@ ATTR_SEQUENCE = "sequence"  # this file's own sequence number (the largest it co
 ATTR_COVERS = "covers"  # int64 array: sequence numbers whose content this file holds
 ATTR_LEVEL = "level"  # 0 for a flushed segment, n+1 for a merge of level-n segments
 ATTR_COMPLETE = "complete"  # True only on the file written by close()
+ATTR_PARTS = "parts"  # int64 array, on the complete file of a recording close() left in several files: their sequences
 ATTR_CREATED = "created"  # unix time the recorder was opened
 ATTR_LIBRARY_VERSION = "library_version"
 ATTR_CONFIG = "config"  # JSON of the recorder's settings

@@ -23,7 +23,7 @@ from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.index_pool import merge_index_pools
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
-           "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "PATHS", "TEXT_FIELDS"]
+           "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "array_bytes", "PATHS", "TEXT_FIELDS"]
 _SEGMENT_RE = re.compile(r"^seg-(\d{8,})-L(\d+)\.h5$")  # segment_name pads to 8 digits, never cuts
 
 
@@ -228,6 +228,22 @@ def read_segment(f: h5py.File) -> SegmentContent:
             data = schema.pad_fields(data, axis=1)
         setattr(content, name, data)
     return content
+
+
+def array_bytes(path: Path) -> int:
+    """The host memory ``read_segment`` takes for the file at ``path`` (its datasets' element counts times
+    their item sizes, as ``SegmentContent.nbytes`` counts them), from the file's metadata alone: what a merge
+    weighs against its size cap before it reads anything."""
+    total = 0
+
+    def add(_: str, item: object) -> None:
+        nonlocal total
+        if isinstance(item, h5py.Dataset):
+            total += int(item.size or 0) * item.dtype.itemsize
+
+    with h5py.File(path, "r") as f:
+        f.visititems(add)
+    return total
 
 
 def pad_shapes(shapes: np.ndarray, width: int) -> np.ndarray:

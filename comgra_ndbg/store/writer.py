@@ -2,7 +2,10 @@
 
 Flushes happen when the recorder asks (by time or step count), segments of one level are merged into one
 of the next level once ``fanout`` of them exist (so a long run keeps a logarithmic number of files; on a
-worker thread, see ``merger``), and ``close`` merges everything into ``recording.h5``. A process killed at
+worker thread, see ``merger``), and ``close`` merges everything into ``recording.h5``. No merge takes more
+than ``max_file_bytes`` of array bytes, since it holds them in memory two to three times over: a recording
+larger than that ends as several files of about that size, the last of them ``recording.h5``, whose
+``parts`` attribute names them all. A process killed at
 any moment leaves every flushed step readable: files with final names are complete, and a merge only
 deletes what a complete, renamed merged file already covers.
 
@@ -14,8 +17,8 @@ that the oldest are given up, and the report names their steps.
 from __future__ import annotations
 
 import errno
-import io
 import json
+import math
 import os
 import threading
 import time
@@ -24,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from comgra_ndbg.errors import InvalidArgumentError
@@ -34,12 +36,26 @@ from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.damage import step_text
 from comgra_ndbg.store.live import FINAL_LEVEL, list_live_segments
 from comgra_ndbg.store.lock import WriterLock
-from comgra_ndbg.store.merger import BackgroundMerger
-from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, read_segment, segment_name, write_file,
-                                       write_segment)
+from comgra_ndbg.store.consolidate import consolidate, merge_files
+from comgra_ndbg.store.merger import BackgroundMerger, Segment
+from comgra_ndbg.store.segment import SegmentContent, SnapshotData, array_bytes, segment_name, write_segment
 from comgra_ndbg.store.trial import ExistingTrial, check_trial_name, existing_trial, prepare_trial_folder
 
-__all__ = ["RecordingWriter", "list_live_segments", "check_trial_name", "FINAL_LEVEL", "Report"]
+__all__ = ["RecordingWriter", "list_live_segments", "check_trial_name", "FINAL_LEVEL", "Report",
+           "DEFAULT_MAX_FILE_BYTES", "check_max_file_bytes"]
+
+DEFAULT_MAX_FILE_BYTES = 256 * 2**20
+"""Array bytes one merge may put into one file: a merge briefly holds two to three times as much."""
+
+
+def check_max_file_bytes(value: object) -> float:
+    """``max_file_bytes`` as given by the user: a positive int, or None for no cap (``math.inf``)."""
+    if value is None:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidArgumentError(f"max_file_bytes must be a positive int (array bytes per merged file, default "
+                                   f"{DEFAULT_MAX_FILE_BYTES}) or None for no cap, got {value!r}")
+    return int(value)
 
 Report = Callable[[int, str, str, str, dict], None]
 """``report(step, category, subject, message, detail)``: who hears of a problem (the recorder's problems log
@@ -51,12 +67,15 @@ class RecordingWriter:
 
     ``mode`` and ``overwrite`` as for ``Recorder`` (``store/trial.py``); with ``mode="a"`` on an existing
     trial, :attr:`existing` holds what the trial already has (its catalog and last recorded step).
+    ``max_file_bytes`` caps the array bytes of a merged file (None: no cap, one ``recording.h5`` always).
     """
 
     MAX_UNWRITTEN_BYTES = 256 * 2**20  # rows kept for a retry after failed writes, at most
 
     def __init__(self, directory: Path, trial: str, *, mode: str = "w-", overwrite: bool = False,
-                 config: dict | None = None, fanout: int = 8, report: Report | None = None) -> None:
+                 config: dict | None = None, fanout: int = 8, report: Report | None = None,
+                 max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES) -> None:
+        self.max_file_bytes = check_max_file_bytes(max_file_bytes)
         self.directory = Path(directory)
         self.trial = trial
         self.fanout = fanout
@@ -73,9 +92,9 @@ class RecordingWriter:
         except OSError as error:
             raise InvalidArgumentError(f"cannot write into {self.directory} ({error.strerror or error}); pass a "
                                        f"folder you can write to") from error
-        self._merger = BackgroundMerger(self._merge, fanout)
+        self._merger = BackgroundMerger(self._merge, fanout, self.max_file_bytes)
         for sequence, level, path in self.existing.live:
-            self._merger.adopt(sequence, path, level)
+            self._merger.adopt(Segment(sequence, path, array_bytes(path)), level, sealed=level >= FINAL_LEVEL)
         self._buffers = RowBuffers()
         self._failures = 0
         self._unwritten: list[tuple[int, SegmentContent]] = []  # taken from the buffers, not yet on disk
@@ -171,12 +190,13 @@ class RecordingWriter:
             sequence, content = self._unwritten[0]
             last = final and len(self._unwritten) == 1
             path = self.directory / (schema.FINAL_NAME if last else segment_name(sequence, 0))
+            nbytes = content.nbytes  # before ``consume`` empties it
             write_segment(path, content, self._attrs(sequence, (sequence,), FINAL_LEVEL if last else 0,
                                                      complete=last), consume=consume)
             del self._unwritten[0]
             self._lock.beat(sequence)
             if not last:
-                self._merger.add(sequence, path)
+                self._merger.add(Segment(sequence, path, nbytes))
         return path
 
     def _write_buffered(self, catalog: Catalog, *, final: bool = False, consume: bool = False) -> Path | None:
@@ -263,23 +283,9 @@ class RecordingWriter:
         """Return once no segment merge runs in the background (they start when a level fills up)."""
         self._merger.wait()
 
-    def _merge(self, inputs: list[tuple[int, Path]], level: int, complete: bool = False) -> tuple[int, Path]:
-        parts, covers = [], []
-        for _, path in inputs:
-            with h5py.File(path, "r") as f:
-                parts.append(read_segment(f))
-                covers.extend(int(v) for v in f.attrs[schema.ATTR_COVERS])
-        sequence = max(s for s, _ in inputs)
-        name = schema.FINAL_NAME if complete else segment_name(sequence, level)
-        out = self.directory / name
-        merged = concat(parts)
-        parts.clear()  # the merged copy is all that is needed from here on: one copy less at the peak
-        write_segment(out, merged, self._attrs(sequence, tuple(sorted(covers)), level, complete=complete),
-                      consume=True)
-        for _, path in inputs:
-            if path != out:
-                path.unlink(missing_ok=True)
-        return sequence, out
+    def _merge(self, inputs: list[Segment], level: int, complete: bool = False,
+               parts: tuple[int, ...] = ()) -> Segment:
+        return merge_files(self.directory, inputs, level, self._attrs, complete=complete, parts=parts)
 
     def close(self, catalog: Catalog) -> Path | None:
         """Flush, then merge every segment into ``recording.h5`` (or, when nothing was flushed yet, write the
@@ -316,32 +322,17 @@ class RecordingWriter:
         finally:
             self._lock.release(consolidated)
 
-    def _consolidate(self, inputs: list[tuple[int, Path]], catalog: Catalog) -> None:
+    def _consolidate(self, inputs: list[Segment], catalog: Catalog) -> None:
         if not inputs:
             # An empty recording still gets a file, so readers can tell "nothing recorded" from "no recording".
             self._sequence += 1
             write_segment(self.directory / schema.FINAL_NAME, SegmentContent(catalog=catalog),
                           self._attrs(self._sequence, (self._sequence,), FINAL_LEVEL, complete=True))
-        elif len(inputs) == 1:
-            self._promote(*inputs[0])
         else:
-            self._merge(inputs, FINAL_LEVEL, complete=True)
+            consolidate(self.directory, inputs, self.max_file_bytes, self._attrs, self._merge)
 
-    def _promote(self, sequence: int, path: Path) -> None:
-        """Make the one remaining segment the final file: its bytes with the final attributes, renamed into
-        place (crash-safe like ``write_segment``), instead of reading and recompressing all of it."""
-        out = self.directory / schema.FINAL_NAME
-        if path == out:  # a continued trial that recorded nothing new: it is the final file already
-            return
-        image = io.BytesIO(path.read_bytes())
-        with h5py.File(image, "r+") as f:  # the attributes change in memory; the disk sees one plain write
-            covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
-            for key, value in self._attrs(sequence, covers, FINAL_LEVEL, complete=True).items():
-                f.attrs[key] = value
-        write_file(out, image.getbuffer())
-        path.unlink(missing_ok=True)
-
-    def _attrs(self, sequence: int, covers: tuple[int, ...], level: int, *, complete: bool) -> dict:
+    def _attrs(self, sequence: int, covers: tuple[int, ...], level: int, *, complete: bool,
+               parts: tuple[int, ...] = ()) -> dict:
         from comgra_ndbg import __version__
 
         return {
@@ -356,7 +347,7 @@ class RecordingWriter:
             schema.ATTR_LIBRARY_VERSION: __version__,
             schema.ATTR_CONFIG: self.config_json,
             schema.ATTR_RECORDING_ID: self.recording_id,
-        }
+        } | ({schema.ATTR_PARTS: np.array(parts, dtype=np.int64)} if parts else {})
 
 
 def _steps_of(contents: list[tuple[int, SegmentContent]]) -> list[int]:

@@ -1,0 +1,102 @@
+"""Merging segment files into one, and consolidating a closed recording into files under a size cap.
+
+A merge reads its inputs, concatenates them and writes the result under a final name before it deletes
+them (``write_segment``: temporary name, fsync, rename), so a crash leaves at most inputs that the merged
+file covers. It holds the inputs, their concatenation and the new file's bytes in memory at once, which is
+why nothing merges more than the writer's ``max_file_bytes`` of array bytes into one file.
+
+``consolidate`` is what ``close()`` does with the files left: runs of neighbours under the cap
+(``merger.group_under_cap``) each become one file, the last of them ``recording.h5`` (``complete``); when
+there is more than one, its ``parts`` attribute lists every file's sequence, which is how a reader tells
+a closed recording in several files from one still written (``live.consolidated``).
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+
+from comgra_ndbg.store import schema
+from comgra_ndbg.store.live import FINAL_LEVEL
+from comgra_ndbg.store.merger import Segment, group_under_cap
+from comgra_ndbg.store.segment import concat, read_segment, segment_name, write_file, write_segment
+
+__all__ = ["Attributes", "merge_files", "consolidate", "promote"]
+
+Attributes = Callable[..., dict]
+"""``attributes(sequence, covers, level, *, complete, parts)``: the root attributes of a file of the writer."""
+
+
+def merge_files(directory: Path, inputs: list[Segment], level: int, attributes: Attributes, *,
+                complete: bool = False, parts: tuple[int, ...] = ()) -> Segment:
+    """Write one file of ``level`` holding ``inputs`` (``recording.h5`` with ``complete``, naming the
+    recording's ``parts``), then delete them; returns the new file. Holds all of them in memory: callers
+    keep them under the cap."""
+    contents, covers = [], []
+    for segment in inputs:
+        with h5py.File(segment.path, "r") as f:
+            contents.append(read_segment(f))
+            covers.extend(int(v) for v in f.attrs[schema.ATTR_COVERS])
+    sequence = max(segment.sequence for segment in inputs)
+    out = directory / (schema.FINAL_NAME if complete else segment_name(sequence, level))
+    merged = concat(contents)
+    contents.clear()  # the merged copy is all that is needed from here on: one copy less at the peak
+    write_segment(out, merged, attributes(sequence, tuple(sorted(covers)), level, complete=complete, parts=parts),
+                  consume=True)
+    for segment in inputs:
+        if segment.path != out:
+            segment.path.unlink(missing_ok=True)
+    return Segment(sequence, out, sum(segment.nbytes for segment in inputs))
+
+
+def consolidate(directory: Path, inputs: list[Segment], max_bytes: float, attributes: Attributes,
+                merge: Callable[..., Segment] | None = None) -> None:
+    """Turn the live files ``inputs`` (oldest first, at least one) into the closed recording: one
+    ``recording.h5``, or, when they hold more than ``max_bytes``, one file per run of neighbours under it
+    (a run of one file stays as it is), the last ``recording.h5`` naming them all in ``parts``. Each merge
+    holds one run in memory. ``merge(inputs, level, complete=..., parts=...)`` defaults to
+    :func:`merge_files`."""
+    if merge is None:
+        def merge(run: list[Segment], level: int, **options: object) -> Segment:
+            return merge_files(directory, run, level, attributes, **options)
+
+    runs = group_under_cap(inputs, max_bytes)
+    parts = tuple(run[-1].sequence for run in runs) if len(runs) > 1 else ()
+    for run in runs[:-1]:
+        if len(run) > 1:
+            merge(run, FINAL_LEVEL)
+        elif run[0].path.name == schema.FINAL_NAME:  # a continued trial's old final file: a part now
+            promote(directory, run[0], segment_name(run[0].sequence, FINAL_LEVEL), attributes, complete=False)
+    if len(runs[-1]) == 1:
+        promote(directory, runs[-1][0], schema.FINAL_NAME, attributes, complete=True, parts=parts)
+    else:
+        merge(runs[-1], FINAL_LEVEL, complete=True, parts=parts)
+
+
+def promote(directory: Path, segment: Segment, name: str, attributes: Attributes, *, complete: bool,
+            parts: tuple[int, ...] = ()) -> None:
+    """Put one file in place as ``name`` with the attributes of a file of the closed recording: its bytes
+    with new attributes, renamed into place (crash-safe like ``write_segment``), instead of reading and
+    recompressing all of it."""
+    out = directory / name
+    if segment.path == out and _names_parts(out, parts):  # a continued trial that recorded nothing new
+        return
+    image = io.BytesIO(segment.path.read_bytes())
+    with h5py.File(image, "r+") as f:  # the attributes change in memory; the disk sees one plain write
+        covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
+        if schema.ATTR_PARTS in f.attrs:
+            del f.attrs[schema.ATTR_PARTS]
+        for key, value in attributes(segment.sequence, covers, FINAL_LEVEL, complete=complete, parts=parts).items():
+            f.attrs[key] = value
+    write_file(out, image.getbuffer())
+    if segment.path != out:
+        segment.path.unlink(missing_ok=True)
+
+
+def _names_parts(path: Path, parts: tuple[int, ...]) -> bool:
+    """Whether ``path`` is a complete file naming exactly ``parts`` (none, for a recording in one file)."""
+    with h5py.File(path, "r") as f:
+        found = tuple(int(v) for v in f.attrs.get(schema.ATTR_PARTS, ()))
+        return bool(f.attrs.get(schema.ATTR_COMPLETE, False)) and found == parts
