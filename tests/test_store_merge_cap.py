@@ -254,3 +254,16 @@ def test_max_file_bytes_must_be_a_positive_int_or_none(tmp_path: Path, value: ob
     with pytest.raises(InvalidArgumentError, match="max_file_bytes must be a positive int"):
         Recorder(tmp_path, "t", max_file_bytes=value)
     assert not (tmp_path / "t").exists()
+
+
+def test_files_of_a_closed_recording_seal_every_file_adopted_before_them() -> None:
+    """A trial killed in the middle of ``close()`` and continued: a level-2 file, a part of level 99, then
+    level-0 files. The level-2 file must never be merged with newer files across the part."""
+    merger, merges, _ = _merger(cap=1000, fanout=2)
+    merger.adopt(Segment(8, Path("seg-8-L2"), 10), 2)
+    merger.adopt(Segment(12, Path(segment_name(12, FINAL_LEVEL)), 10), FINAL_LEVEL, sealed=True)
+    for sequence in range(13, 21):
+        merger.add(Segment(sequence, Path(f"seg-{sequence}"), 10))
+        merger.wait()
+    assert merges and all(inputs[0].sequence >= 13 for inputs in merges)
+    assert [s.sequence for s in merger.drain()][:2] == [8, 12]

@@ -93,9 +93,12 @@ class BackgroundMerger:
 
     def adopt(self, segment: Segment, level: int, *, sealed: bool = False) -> None:
         """Take over a live file a previous writer of the trial left (merged later like the writer's own;
-        ``sealed`` ones, the files of a closed recording, only by ``close()``)."""
+        ``sealed`` ones, the files of a closed recording, only by ``close()``). Files come oldest first, so a
+        sealed one seals every file adopted before it: merges join neighbours only."""
         if sealed:
             with self._condition:
+                self._sealed.extend(item for level in sorted(self._levels) for item in self._levels[level])
+                self._levels.clear()
                 self._sealed.append(segment)
         else:
             self.add(segment, level)
