@@ -5,9 +5,9 @@ of the next level once ``fanout`` of them exist (so a long run keeps a logarithm
 worker thread, see ``merger``), and ``close`` merges everything into ``recording.h5``. No merge takes more
 than ``max_file_bytes`` of array bytes, since it holds them in memory two to three times over: a recording
 larger than that ends as several files of about that size, the last of them ``recording.h5``, whose
-``parts`` attribute names them all. A process killed at
-any moment leaves every flushed step readable: files with final names are complete, and a merge only
-deletes what a complete, renamed merged file already covers.
+``parts`` attribute names them all (``consolidate``). A process killed at any moment leaves every flushed
+step readable: files with final names are complete, and a merge only deletes what a complete, renamed
+merged file already covers.
 
 Storage failures (a full disk, a vanished folder) never raise into the training loop: they go to
 ``report`` (the recorder's problems log: a warning and a row of the recording's ``log`` table), and the
@@ -285,11 +285,13 @@ class RecordingWriter:
 
     def _merge(self, inputs: list[Segment], level: int, complete: bool = False,
                parts: tuple[int, ...] = ()) -> Segment:
+        """One merge, in the background or at ``close()`` (``consolidate.merge_files``)."""
         return merge_files(self.directory, inputs, level, self._attrs, complete=complete, parts=parts)
 
     def close(self, catalog: Catalog) -> Path | None:
         """Flush, then merge every segment into ``recording.h5`` (or, when nothing was flushed yet, write the
-        buffered steps as ``recording.h5`` directly); idempotent. A failure is reported and leaves the
+        buffered steps as ``recording.h5`` directly; above ``max_file_bytes``, into several files, the last
+        ``recording.h5``); idempotent. A failure is reported and leaves the
         segments as they are (readable; ``mode="a"`` consolidates them later). Returns the final file, or
         None when it could not be written."""
         if self.closed:
