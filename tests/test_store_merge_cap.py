@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from comgra_ndbg import InvalidArgumentError, Recorder, check, open_recording
+from comgra_ndbg import CorruptRecordingError, InvalidArgumentError, Recorder, check, open_recording
 from comgra_ndbg.gui.state import ReaderCache
 from comgra_ndbg.store import schema
 from comgra_ndbg.store import writer as writer_module
@@ -267,3 +267,20 @@ def test_files_of_a_closed_recording_seal_every_file_adopted_before_them() -> No
         merger.wait()
     assert merges and all(inputs[0].sequence >= 13 for inputs in merges)
     assert [s.sequence for s in merger.drain()][:2] == [8, 12]
+
+
+def test_a_deleted_part_of_a_closed_recording_is_reported_and_the_rest_salvaged(tmp_path: Path) -> None:
+    record(tmp_path, steps=STEPS, max_file_bytes=CAP)
+    trial = tmp_path / "t"
+    first = next(path for *_, path in list_live_segments(trial))
+    with h5py.File(first, "r") as f:
+        lost = sorted(set(f[schema.STEPS_STEP][()].tolist()))
+    first.unlink()
+    with pytest.raises(CorruptRecordingError, match="missing"):
+        open_recording(trial)
+    with open_recording(trial, damaged="skip") as recording:  # never a shorter recording that reads as complete
+        assert not recording.is_complete and recording.steps.tolist() == list(range(lost[-1] + 1, STEPS))
+    report = check(tmp_path, salvage=True)
+    assert not report.ok and [d.kind for d in report.trials[0].damage] == ["missing"]
+    with open_recording(report.trials[0].salvaged) as salvaged:
+        assert salvaged.is_complete and salvaged.steps.tolist() == list(range(lost[-1] + 1, STEPS))
