@@ -284,3 +284,25 @@ def test_a_deleted_part_of_a_closed_recording_is_reported_and_the_rest_salvaged(
     assert not report.ok and [d.kind for d in report.trials[0].damage] == ["missing"]
     with open_recording(report.trials[0].salvaged) as salvaged:
         assert salvaged.is_complete and salvaged.steps.tolist() == list(range(lost[-1] + 1, STEPS))
+
+
+def test_neuraldbg_passes_the_cap_to_its_recorder(tmp_path: Path) -> None:
+    import torch
+
+    from comgra_ndbg import NeuralDbg
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with NeuralDbg(model, tmp_path, trial="t", optimizer=optimizer, snapshots=2, flush_every_steps=2,
+                   flush_every_seconds=1e9, max_file_bytes=20_000, invariants=False) as dbg:
+        for _ in range(30):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    assert dbg.recorder._writer.max_file_bytes == 20_000
+    names = _live(tmp_path / "t")
+    assert len(names) >= 3 and names[-1] == schema.FINAL_NAME
+    with open_recording(tmp_path) as recording:
+        assert recording.is_complete and recording.steps.tolist() == list(range(30))
