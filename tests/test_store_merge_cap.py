@@ -15,9 +15,11 @@ import h5py
 import numpy as np
 import pytest
 
-from comgra_ndbg import CorruptRecordingError, InvalidArgumentError, Recorder, check, open_recording
+from comgra_ndbg import CorruptRecordingError, InvalidArgumentError, Recorder, RecorderWarning, check, open_recording
 from comgra_ndbg.gui.state import ReaderCache
+from comgra_ndbg.store import consolidate as consolidate_module
 from comgra_ndbg.store import schema
+from comgra_ndbg.store import segment as segment_module
 from comgra_ndbg.store import writer as writer_module
 from comgra_ndbg.store.live import FINAL_LEVEL, list_live_segments
 from comgra_ndbg.store.merger import BackgroundMerger, Segment, group_under_cap
@@ -306,3 +308,34 @@ def test_neuraldbg_passes_the_cap_to_its_recorder(tmp_path: Path) -> None:
     assert len(names) >= 3 and names[-1] == schema.FINAL_NAME
     with open_recording(tmp_path) as recording:
         assert recording.is_complete and recording.steps.tolist() == list(range(30))
+
+
+def test_a_full_disk_in_the_middle_of_close_is_reported_and_the_next_writer_finishes_it(
+        tmp_path: Path, reference: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = record(tmp_path, steps=STEPS, max_file_bytes=CAP, close=False)
+    real_write = segment_module.write_file
+    writes: list[str] = []
+
+    def full_after_one(path: Path, data: object) -> None:
+        writes.append(path.name)
+        if len(writes) > 1:
+            raise OSError(28, "No space left on device")
+        real_write(path, data)
+
+    monkeypatch.setattr(segment_module, "write_file", full_after_one)
+    monkeypatch.setattr(consolidate_module, "write_file", full_after_one)
+    with pytest.warns(RecorderWarning, match="consolidating .* failed .*No space left on device"):
+        rec.close()
+    monkeypatch.undo()
+    trial = tmp_path / "t"
+    assert len(writes) == 2 and not [name for name in _files(trial) if name.endswith(schema.TEMP_SUFFIX)]
+    assert read_everything(tmp_path) == reference  # one part written, the rest as it was: every step once
+    with open_recording(tmp_path) as recording:
+        assert not recording.is_complete and recording.state == "incomplete"
+    Recorder(tmp_path, "t", mode="a", max_file_bytes=CAP).close()
+    with open_recording(tmp_path) as recording:
+        assert recording.is_complete and recording.state == "finished"
+    after = read_everything(tmp_path)
+    assert {**after, "log": None} == {**reference, "log": None}
+    assert [row for row in after["log"] if row not in reference["log"]] == [
+        row for row in after["log"] if row[1] in (schema.LOG_RESUMED, schema.PROBLEM_STORAGE)]
