@@ -339,3 +339,14 @@ def test_a_full_disk_in_the_middle_of_close_is_reported_and_the_next_writer_fini
     assert {**after, "log": None} == {**reference, "log": None}
     assert [row for row in after["log"] if row not in reference["log"]] == [
         row for row in after["log"] if row[1] in (schema.LOG_RESUMED, schema.PROBLEM_STORAGE)]
+
+
+def test_a_cap_below_every_file_leaves_each_flush_a_part_of_its_own(tmp_path: Path, reference: dict) -> None:
+    record(tmp_path, steps=STEPS, max_file_bytes=1)
+    trial = tmp_path / "t"
+    names = _live(trial)
+    assert len(names) == STEPS // 4 and sorted(names) == _files(trial)  # a flush every 4 steps, nothing merged
+    assert all(int(_attr(trial / name, schema.ATTR_LEVEL)) in (0, FINAL_LEVEL) for name in names)
+    assert read_everything(tmp_path) == reference
+    with open_recording(tmp_path) as recording:
+        assert recording.is_complete
