@@ -151,37 +151,49 @@ def test_a_kill_between_writing_a_merged_file_and_deleting_its_inputs_loses_noth
     assert _without_resume_row(read_everything(tmp_path)) == reference
 
 
-def test_a_continued_trial_above_the_cap_turns_its_old_final_file_into_a_part(tmp_path: Path) -> None:
-    for folder, cap in (("capped", CAP), ("uncapped", None)):
-        record(tmp_path / folder, steps=60, max_file_bytes=cap)
-        record(tmp_path / folder, steps=60, first=60, mode="a", max_file_bytes=cap)
-    trial = tmp_path / "capped" / "t"
+def _record_twice(folder: Path, first_cap: int | None, second_cap: int | None) -> None:
+    """60 steps, closed, then the trial continued for 60 more (``mode="a"``), each with its own cap."""
+    record(folder, steps=60, max_file_bytes=first_cap)
+    record(folder, steps=60, first=60, mode="a", max_file_bytes=second_cap)
+
+
+@pytest.fixture(scope="module")
+def continued_reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    folder = tmp_path_factory.mktemp("continued")
+    _record_twice(folder, None, None)
+    assert _files(folder / "t") == [schema.FINAL_NAME]
+    return read_everything(folder)
+
+
+def test_a_continued_trial_above_the_cap_closes_into_parts_again(tmp_path: Path, continued_reference: dict) -> None:
+    _record_twice(tmp_path, CAP, CAP)
+    trial = tmp_path / "t"
     names = _live(trial)
     assert sorted(names) == _files(trial)
     assert len(names) >= 4 and names[-1] == schema.FINAL_NAME
-    assert _files(tmp_path / "uncapped" / "t") == [schema.FINAL_NAME]
-    capped, uncapped = read_everything(tmp_path / "capped"), read_everything(tmp_path / "uncapped")
-    assert capped["steps"] == list(range(120))
-    assert capped == uncapped
-    complete = [name for name in names if _attr(trial / name, schema.ATTR_COMPLETE)]
-    assert complete == [schema.FINAL_NAME]  # the first run's final file is a part now, not complete
-    assert check(tmp_path / "capped").ok
+    parts = [int(v) for v in _attr(trial / schema.FINAL_NAME, schema.ATTR_PARTS)]
+    assert parts == [sequence for sequence, _, _ in list_live_segments(trial)]
+    everything = read_everything(tmp_path)
+    assert everything["steps"] == list(range(120)) and everything == continued_reference
+    assert check(tmp_path).ok
 
 
-def test_an_old_final_file_copied_into_a_part_is_read_once(tmp_path: Path, reference: dict) -> None:
-    """The moment between writing a continued trial's old ``recording.h5`` as a part and removing it: two
-    files cover the same sequences at the same level, and ``recording.h5`` is the one read."""
-    record(tmp_path, steps=STEPS, max_file_bytes=CAP)
-    trial = tmp_path / "t"
-    final = trial / schema.FINAL_NAME
-    copy = trial / segment_name(int(_attr(final, schema.ATTR_SEQUENCE)), FINAL_LEVEL)
-    shutil.copyfile(final, copy)
-    with h5py.File(copy, "r+") as f:
-        f.attrs[schema.ATTR_COMPLETE] = False
-        del f.attrs[schema.ATTR_PARTS]
-    assert final in [path for *_, path in list_live_segments(trial)]
-    assert copy not in [path for *_, path in list_live_segments(trial)]
-    assert read_everything(tmp_path) == reference
+def test_a_continued_old_final_file_above_the_cap_is_renamed_into_a_part_not_copied(
+        tmp_path: Path, continued_reference: dict) -> None:
+    """A recording closed without a cap (or by a version before it) and continued with one: its old
+    ``recording.h5``, larger than the cap, becomes a part by a rename, never read into memory."""
+    record(tmp_path, steps=60, max_file_bytes=None)
+    old = tmp_path / "t" / schema.FINAL_NAME
+    assert _array_bytes(old) > CAP
+    inode, sequence = old.stat().st_ino, int(_attr(old, schema.ATTR_SEQUENCE))
+    record(tmp_path, steps=60, first=60, mode="a", max_file_bytes=CAP)
+    part = tmp_path / "t" / segment_name(sequence, FINAL_LEVEL)
+    assert part.stat().st_ino == inode  # the same file, renamed
+    assert _live(tmp_path / "t")[0] == part.name
+    with open_recording(tmp_path) as recording:
+        assert recording.is_complete and recording.state == "finished"
+    assert read_everything(tmp_path) == continued_reference
+    assert check(tmp_path).ok
 
 
 # ---- the background merges' policy, with a merge that only adds sizes ------------------------------------

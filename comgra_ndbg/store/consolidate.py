@@ -8,11 +8,14 @@ why nothing merges more than the writer's ``max_file_bytes`` of array bytes into
 ``consolidate`` is what ``close()`` does with the files left: runs of neighbours under the cap
 (``merger.group_under_cap``) each become one file, the last of them ``recording.h5`` (``complete``); when
 there is more than one, its ``parts`` attribute lists every file's sequence, which is how a reader tells
-a closed recording in several files from one still written (``live.consolidated``).
+a closed recording in several files from one still written (``live.consolidated``). A continued trial's
+old ``recording.h5`` that is not merged with newer files is renamed into a part, as it is: an atomic rename,
+no copy, whatever its size (its own ``complete`` and ``parts`` then say nothing; only the newest file's do).
 """
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import h5py
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.live import FINAL_LEVEL
 from comgra_ndbg.store.merger import Segment, group_under_cap
-from comgra_ndbg.store.segment import concat, read_segment, segment_name, write_file, write_segment
+from comgra_ndbg.store.segment import concat, fsync_directory, read_segment, segment_name, write_file, write_segment
 
 __all__ = ["Attributes", "merge_files", "consolidate", "promote"]
 
@@ -68,19 +71,18 @@ def consolidate(directory: Path, inputs: list[Segment], max_bytes: float, attrib
         if len(run) > 1:
             merge(run, FINAL_LEVEL)
         elif run[0].path.name == schema.FINAL_NAME:  # a continued trial's old final file: a part now
-            promote(directory, run[0], segment_name(run[0].sequence, FINAL_LEVEL), attributes, complete=False)
+            os.replace(run[0].path, directory / segment_name(run[0].sequence, FINAL_LEVEL))
+            fsync_directory(directory)
     if len(runs[-1]) == 1:
-        promote(directory, runs[-1][0], schema.FINAL_NAME, attributes, complete=True, parts=parts)
+        promote(directory, runs[-1][0], attributes, parts=parts)
     else:
         merge(runs[-1], FINAL_LEVEL, complete=True, parts=parts)
 
 
-def promote(directory: Path, segment: Segment, name: str, attributes: Attributes, *, complete: bool,
-            parts: tuple[int, ...] = ()) -> None:
-    """Put one file in place as ``name`` with the attributes of a file of the closed recording: its bytes
-    with new attributes, renamed into place (crash-safe like ``write_segment``), instead of reading and
-    recompressing all of it."""
-    out = directory / name
+def promote(directory: Path, segment: Segment, attributes: Attributes, *, parts: tuple[int, ...] = ()) -> None:
+    """Make one file ``recording.h5``: its bytes with the attributes of the complete file, renamed into place
+    (crash-safe like ``write_segment``), instead of reading and recompressing all of it."""
+    out = directory / schema.FINAL_NAME
     if segment.path == out and _names_parts(out, parts):  # a continued trial that recorded nothing new
         return
     image = io.BytesIO(segment.path.read_bytes())
@@ -88,7 +90,7 @@ def promote(directory: Path, segment: Segment, name: str, attributes: Attributes
         covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
         if schema.ATTR_PARTS in f.attrs:
             del f.attrs[schema.ATTR_PARTS]
-        for key, value in attributes(segment.sequence, covers, FINAL_LEVEL, complete=complete, parts=parts).items():
+        for key, value in attributes(segment.sequence, covers, FINAL_LEVEL, complete=True, parts=parts).items():
             f.attrs[key] = value
     write_file(out, image.getbuffer())
     if segment.path != out:

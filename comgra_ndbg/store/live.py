@@ -2,9 +2,7 @@
 
 A merged file's ``covers`` attribute names the sequences it replaces; a crash between renaming the merged
 file and deleting its inputs leaves both on disk, and :func:`scan_trial` ignores the inputs (the *covers
-rule*, ``docs/format.md``; of two files covering the same sequences at the same level, ``recording.h5`` is
-read: a continued trial's old final file copied into a part of the new one). It also reports, instead of
-passing over them in silence:
+rule*, ``docs/format.md``). It also reports, instead of passing over them in silence:
 
 - files under a final name that cannot be opened or whose attributes cannot be read (*unreadable*),
 - files of another recording (*foreign*: a different ``recording_id``, or for version-1 files a different
@@ -139,8 +137,7 @@ def _scan_once(directory: Path, lock: LockInfo | None, settle: bool = False) -> 
             scan.foreign.append((item[2], item[3].identity))
     scan.live = sorted(((sequence, level, path) for sequence, level, path, header in own
                         if not any(other is not path and header.covers <= other_header.covers
-                                   and (len(other_header.covers) > len(header.covers) or other_level > level
-                                        or (other_level == level and other.name == schema.FINAL_NAME))
+                                   and (len(other_header.covers) > len(header.covers) or other_level > level)
                                    for _, other_level, other, other_header in own)), key=lambda item: item[0])
     covered = set().union(*(header.covers for *_, header in own)) if own else set()
     last = max(covered | {lock.last_sequence if lock is not None and lock.recording_id == scan.identity else 0}
