@@ -4,7 +4,6 @@ cap, also after a crash in the middle of ``close()`` and when the trial is conti
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
