@@ -4,6 +4,7 @@ it sends the tap back through the view callback, and its answers to malformed re
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,19 @@ def test_the_view_callback_takes_a_tap_from_the_ask_store_as_the_route_would() -
     assert callbacks._trigger(ids.STEP_ASK, ["graph", ["box:model", "box"], 1], {}) == ("graph", ("box:model", "box"))
     assert callbacks._trigger(ids.STEP_ASK, ["graph", ["hidden", "edge"], 1], {}) == (None, None)
     assert callbacks._trigger(ids.STEP_ASK, ["graph", "hidden", 1], {}) == (None, None)
+
+
+def test_the_route_lives_under_the_apps_address_prefix(group: Path, first: dict[str, Any],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # an explorer served under a path (a proxy, a notebook server) has its route there, and the page, which
+    # builds the route's address from Dash's config, asks there
+    monkeypatch.setenv("DASH_URL_BASE_PATHNAME", "/explorer/")
+    app = create_app(group)
+    client = app.server.test_client()
+    body = {"item": ["hidden", "node"], "store": first["store"], "keys": first["keys"]}
+    answer = client.post("/explorer/" + direct.ROUTE, data=json.dumps(body), content_type="application/json")
+    assert answer.status_code == 200 and answer.get_json()["outputs"][ids.NODE]["value"] == "hidden"
+    assert client.post(ROUTE, data=json.dumps(body), content_type="application/json").status_code == 404  # not at the root
+    page = client.get("/explorer/").get_data(as_text=True)
+    config = json.loads(re.search(r'<script id="_dash-config" type="application/json">(.*?)</script>', page).group(1))
+    assert config["requests_pathname_prefix"] == "/explorer/"
