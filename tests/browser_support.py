@@ -97,14 +97,6 @@ def settled(driver: Any) -> bool:
     return not driver.execute_script("return !!document.querySelector('[data-dash-is-loading=\"true\"]');")
 
 
-def heatmap_shown(driver: Any) -> bool:
-    """Whether the element values show as a heatmap: its box visible and its plot drawn with a heatmap."""
-    return bool(driver.execute_script(
-        "const box = document.getElementById(arguments[0]); const gd = document.querySelector('#' + arguments[1] +"
-        " ' .js-plotly-plot'); return !!(box && box.style.display !== 'none' && gd && gd.data && gd.data.length &&"
-        " gd.data[0].type === 'heatmap');", ids.VALUES_HEATMAP_BOX, ids.VALUES_HEATMAP))
-
-
 def console_problems(driver: Any) -> list[str]:
     """The browser's console errors and warnings since the last call (Dash reports failed callbacks there)."""
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "WARNING")]

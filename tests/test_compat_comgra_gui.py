@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_support import (By, chromium, choose, console_problems, heatmap_shown, served, settled, text,
-                             wait_for)
+from browser_support import By, chromium, choose, console_problems, served, settled, text, wait_for
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 from test_gui_browser import click_stepper, select_node, statistic
@@ -96,7 +95,7 @@ def test_type_of_training_step_iteration_and_batch_index_as_in_comgras_readme(br
     choose(browser, ids.SAMPLE, "sample 2")  # "batch index"
     wait_for(lambda: "· iteration 3 · sample 2 ·" in header(browser), "sample 2")
     wait_for(lambda: statistic(browser, "count") == "5", "one sample's statistics")
-    wait_for(lambda: heatmap_shown(browser), "its element values")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
 
 
 def test_role_of_tensor_in_the_helper_node_and_the_memory_node(browser: Any) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_support import (By, chromium, choose, click_frame, click_node, console_problems, cy, graph_nodes, heatmap_shown,
+from browser_support import (By, chromium, choose, click_frame, click_node, console_problems, cy, graph_nodes,
                              screenshot, served, settled, text, type_into,
                              wait_for)
 from selenium.webdriver.common.action_chains import ActionChains
@@ -210,7 +210,7 @@ def test_arrow_keys_step_and_shift_arrows_go_to_the_next_snapshot(browser: Any) 
     wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 201 "), "step 201 by → →")
     ActionChains(browser).key_down(Keys.SHIFT).send_keys(Keys.ARROW_LEFT).key_up(Keys.SHIFT).perform()
     wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 200 "), "the snapshot before, by Shift+←")
-    wait_for(lambda: heatmap_shown(browser), "its element values")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
 
 
 def test_the_address_holds_the_view_and_reopens_it(browser: Any, url: str) -> None:
@@ -296,8 +296,7 @@ if (!window.__counting) {
 
 
 def shown_step(driver: Any) -> dict[str, Any]:
-    """What the page shows of the step: label, header, table, step box, marker, histogram note, values (text),
-    the heatmap box's display, address."""
+    """What the page shows of the step: label, header, table, step box, marker, histogram note, address."""
     return driver.execute_script(
         "const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');"
         "const t = (id) => (document.getElementById(id) || {}).textContent || '';"
@@ -305,9 +304,8 @@ def shown_step(driver: Any) -> dict[str, Any]:
         "return {label: t(arguments[2]), header: t(arguments[3]), table: t(arguments[4]),"
         " box: document.getElementById(arguments[5]).value, marker: (m.shapes || [{}])[0].x0,"
         " note: ((h.annotations || [])[0] || {}).text || '', values: t(arguments[6]), address: location.search,"
-        " heatmap: document.getElementById(arguments[7]).style.display, views: window.__views};",
-        ids.HISTOGRAM, ids.TIMELINE, ids.STEP_LABEL, ids.TENSOR_HEADER, ids.STATS_TABLE, ids.STEP_BOX, ids.VALUES,
-        ids.VALUES_HEATMAP_BOX)
+        " views: window.__views};",
+        ids.HISTOGRAM, ids.TIMELINE, ids.STEP_LABEL, ids.TENSOR_HEADER, ids.STATS_TABLE, ids.STEP_BOX, ids.VALUES)
 
 
 def window_held(driver: Any) -> bool:
@@ -342,7 +340,7 @@ def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(bro
     at_203 = shown_step(browser)
     assert at_203["views"] == 0 and at_203["marker"] == 203 and at_203["box"] == "203"
     assert "· step 203 (train)" in at_203["header"] and at_203["note"].startswith("No snapshot at step 203 ")
-    assert at_203["values"] == at_203["note"] and at_203["heatmap"] == "none"
+    assert at_203["values"] == at_203["note"]
     wait_for(lambda: "step=203" in address(browser), "the address of step 203")
     browser.back()  # the previous view's address, and that view, drawn by the server
     wait_for(lambda: shown_step(browser)["label"].startswith("step 202 "), "back to step 202")
@@ -352,13 +350,12 @@ def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(bro
     wait_for(lambda: shown_step(browser)["label"].startswith("step 201 "), "step 201")
     ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
     wait_for(lambda: shown_step(browser)["label"].startswith("step 200 "), "step 200")
-    wait_for(lambda: heatmap_shown(browser), "its element values")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
     assert "· step 200 ·" in browser.execute_script(  # the snapshot's histogram, sent along with the window
         "return document.querySelector(arguments[0]).layout.title.text;", f"#{ids.HISTOGRAM} .js-plotly-plot")
     ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()  # and from the snapshot to a note again
     wait_for(lambda: shown_step(browser)["note"].startswith("No snapshot at step 199 "), "step 199's note")
     wait_for(lambda: shown_step(browser)["values"] == shown_step(browser)["note"], "the note in place of values")
-    assert shown_step(browser)["heatmap"] == "none"  # the heatmap hidden
     assert shown_step(browser)["views"] == 1
     browser.get(url + f"?node={DEEP}&step=203")  # what the server draws at 203 is what the page showed there
     wait_for(lambda: window_held(browser), "the window of the first view")

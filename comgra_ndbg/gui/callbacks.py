@@ -316,7 +316,6 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
     if _fresh(keys, "panel", panel_key):
         panel = tensor_panel(cache, selection, options)
         out.update(header=panel["header"], stats=panel["stats"], histogram=panel["histogram"], values=panel["values"])
-        _heatmap_outputs(panel, keys, out)
     timeline_key = (selection.trial, selection.generation, selection.node, selection.tensor, selection.kind,
                     selection.iteration, selection.stat, list(options.overlay_nodes), list(options.overlay_trials),
                     options.log_y, options.ema, options.focus, theme, stamp)
@@ -327,18 +326,6 @@ def _tensors_outputs(cache: ReaderCache, selection: Selection, options: ViewOpti
         patch = Patch()
         patch["layout"]["shapes"] = timeline_shapes(cache, selection, options)
         out["timeline"], keys["timeline_step"] = patch, selection.step
-
-
-def _heatmap_outputs(panel: dict[str, Any], keys: dict[str, Any], out: dict[str, Any]) -> None:
-    """The element values' heatmap: its figure when the panel has one, and its box's and plot's style when
-    they change (the plot stays as it is, hidden, while a table or a note shows instead)."""
-    shown = panel["heatmap"] is not None
-    if _fresh(keys, "values_box", shown):
-        out["values_box"] = {"display": "block" if shown else "none"}
-    if shown:
-        out["values_heatmap"] = panel["heatmap"]
-        if _fresh(keys, "values_height", panel["heatmap_height"]):
-            out["values_heatmap_style"] = {"height": f"{panel['heatmap_height']}px"}
 
 
 def _tab_outputs(cache: ReaderCache, selection: Selection, options: ViewOptions, keys: dict[str, Any],

@@ -112,9 +112,6 @@ def _tensors_tab() -> html.Div:
                 dcc.Input(id=ids.VALUES_PAGE, type="number", min=1, step=1, value=1, debounce=True,
                           style={"width": "70px"}),
             ], className="values-controls"),
-            # One heatmap plot for every view, its figure replaced: a plot sent as a component (children) is
-            # mounted anew by Dash's renderer each time, a plotly.js newPlot instead of a react.
-            html.Div(plot(ids.VALUES_HEATMAP, 200), id=ids.VALUES_HEATMAP_BOX, style={"display": "none"}),
             html.Div(id=ids.VALUES),
         ]),
     ])

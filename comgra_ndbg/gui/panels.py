@@ -23,7 +23,7 @@ from comgra_ndbg.gui.selection import tensor_label
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.tabs import thresholds_of
 from comgra_ndbg.gui.timelines import EvidenceMarks, event_shapes, evidence_shapes, step_marker, timeline_figure
-from comgra_ndbg.gui.views import markdown_table, message, table
+from comgra_ndbg.gui.views import graph_of, markdown_table, message, table
 
 __all__ = ["HEATMAP_LIMIT", "distribution_view", "graph_state", "graph_view", "kind_label", "no_snapshot_text",
            "tensor_header", "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
@@ -96,14 +96,11 @@ def _scale_bar() -> Any:
 
 # ---- tensor panel --------------------------------------------------------------------------------------
 def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
-    """The Tensors tab's header, statistics table, histogram and element values for the selection: ``values``
-    (the table of element values, or the note in their place) or ``heatmap`` (their figure, with
-    ``heatmap_height`` in pixels; None when the values show as a table or a note)."""
+    """The Tensors tab's header, statistics table, histogram and element values for the selection."""
     theme = options.theme
     if selection.tensor is None or selection.kind is None or selection.step is None:
         text = "Nothing recorded to show: no tensor or no recorded step in this trial."
-        return {"header": text, "stats": message(text), "histogram": message_figure(text, theme=theme), "values": "",
-                "heatmap": None, "heatmap_height": None}
+        return {"header": text, "stats": message(text), "histogram": message_figure(text, theme=theme), "values": ""}
     where = "whole batch" if selection.sample is None else f"sample {selection.sample}"
     header = tensor_header(cache, selection)
     label = tensor_label(selection.tensor, selection.node or _tensor_info(cache, selection).node)
@@ -117,8 +114,8 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     values = element_values(snapshot, selection.sample) if snapshot is not None else None
     if values is None:
         text = no_snapshot_text(cache, selection)
-        return {"header": header, "stats": stats_view, "histogram": message_figure(text, theme=theme),
-                "values": message(text, element_id=ids.VALUES_NOTE), "heatmap": None, "heatmap_height": None}
+        return {"header": header, "stats": stats_view,
+                "histogram": message_figure(text, theme=theme), "values": message(text, element_id=ids.VALUES_NOTE)}
     title = f"{label} {kind_label(selection.kind)} · step {selection.step} · {where}"
     histogram = histogram_figure(values.values, title=title, theme=theme)
     if options.values_mode != "table" and values.dense.size <= HEATMAP_LIMIT:
@@ -129,15 +126,15 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
         if row_label == "sample":
             figure["data"][0]["y"] = [int(i) for i in values.first_axis]
             figure["layout"]["yaxis"]["type"] = "category"
-        return {"header": header, "stats": stats_view, "histogram": histogram, "values": "", "heatmap": figure,
-                "heatmap_height": min(120 + 18 * len(matrix), 420)}
-    page = max(int(options.values_page or 1), 1)
-    rows, pages = value_rows(values.values, values.shape, values.positions, page=page - 1,
-                             first_axis=values.first_axis)
-    values_view = [table(("position", "value"), rows, table_id=ids.VALUES + "-table"),
-                   message(f"page {min(page, pages)} of {pages} · {len(values.values)} stored values")]
-    return {"header": header, "stats": stats_view, "histogram": histogram, "values": values_view, "heatmap": None,
-            "heatmap_height": None}
+        values_view: Any = graph_of(figure, ids.VALUES + "-heatmap", height=min(120 + 18 * len(matrix), 420))
+    else:
+        page = max(int(options.values_page or 1), 1)
+        rows, pages = value_rows(values.values, values.shape, values.positions, page=page - 1,
+                                 first_axis=values.first_axis)
+        values_view = [table(("position", "value"), rows, table_id=ids.VALUES + "-table"),
+                       message(f"page {min(page, pages)} of {pages} · {len(values.values)} stored values")]
+    return {"header": header, "stats": stats_view, "histogram": histogram,
+            "values": values_view}
 
 
 def _tensor_info(cache: ReaderCache, selection: Selection) -> Any:

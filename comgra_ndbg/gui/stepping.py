@@ -44,8 +44,7 @@ def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions, 
       listed value, the text :func:`~comgra_ndbg.gui.views.markdown_table` makes;
     - the histogram's note: ``notes`` (texts with the step as ``{step}``) and per step ``note``, an index;
     - ``panels``: at the :data:`SNAPSHOTS` snapshot steps nearest the current one, the histogram figure and
-      the element values the tensor panel draws there (``values``: components, or ``heatmap``: a figure,
-      with ``heatmap_height``); None elsewhere; ``note_figure`` and
+      the element values (components) the tensor panel draws there; None elsewhere; ``note_figure`` and
       ``note_values``: the histogram and values with no text, to show a note in place of a snapshot;
     - ``stats`` is None at a step the server must draw (another snapshot, or no statistics), ``note`` there
       and at the steps of ``panels``;
@@ -107,9 +106,7 @@ def _panel(cache: ReaderCache, selection: Selection, options: ViewOptions, step:
     """The histogram and element values of the snapshot at ``step`` as the tensor panel draws them (None
     where it draws a note instead)."""
     panel = tensor_panel(cache, dataclasses.replace(selection, step=step), options)
-    if not panel["histogram"]["data"]:
-        return None
-    return {name: panel[name] for name in ("histogram", "values", "heatmap", "heatmap_height")}
+    return {"histogram": panel["histogram"], "values": panel["values"]} if panel["histogram"]["data"] else None
 
 
 def _note(cache: ReaderCache, selection: Selection, step: int, notes: list[str]) -> int:

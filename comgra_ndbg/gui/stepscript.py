@@ -22,7 +22,7 @@ __all__ = ["FORGET", "STEP_SCRIPT", "register_stepping"]
 # What the view callback remembers having sent for the step shown (callbacks._fresh's keys): forgotten when
 # the page shows another step itself, so the server's next answer sends them for the step then shown.
 FORGET = ("panel", "timeline_step", "address", "sent:step", "sent:step_box", "step_label", "graph_state", "graph_paint",
-          "colour_scale", "step_data", "values_box", "values_height")
+          "colour_scale", "step_data")
 
 STEP_SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: (function () {
@@ -78,7 +78,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     }
     const step = d.steps[i], set = window.dash_clientside.set_props, Patch = window.dash_clientside.Patch;
     const panel = d.panels[i], values = d.stats[i];
-    if (panel && panel.heatmap && !plot(%(heatmap)s)) { return false; }
     const note = panel ? null : d.notes[d.note[i]].replace('{step}', String(step));
     const table = d.head + d.names.map((name, k) => values[k] === null ? '' : '\\n| ' + name + ' | ' + values[k] + ' |')
       .join('');
@@ -90,10 +89,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     set(%(label)s, {children: 'step ' + step + ' · ' + (position + 1) + d.label_tail});
     if (panel) {  // a snapshot's histogram and element values, as the server draws them
       window.Plotly.react(histogram, panel.histogram.data, panel.histogram.layout);
-      showHeatmap(panel);
       set(%(values)s, {children: panel.values});
     } else if (wasSnapshot) {  // a note in place of the snapshot shown
-      showHeatmap(null);
       const figure = JSON.parse(JSON.stringify(d.note_figure));
       figure.layout.annotations[0].text = note;
       window.Plotly.react(histogram, figure.data, figure.layout);
@@ -134,24 +131,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     gd.layout.shapes[0].x0 = gd.layout.shapes[0].x1 = full.shapes[0].x0 = full.shapes[0].x1 = step;
     const x = (xa._offset + xa.l2p(step)).toFixed(2);
     path.setAttribute('d', 'M' + x + ',' + drawn[1] + 'L' + x + ',' + drawn[2]);
-  }
-  function showHeatmap(panel) {
-    // The element values' heatmap has a plot of its own, drawn in place (its box shown first: plotly.js sizes
-    // the plot to it); a table or a note hides it. The page's store is told what the page now shows.
-    const set = window.dash_clientside.set_props, box = document.getElementById(%(heatmapBox)s);
-    const display = panel && panel.heatmap ? 'block' : 'none';
-    if (box && box.style.display !== display) {
-      box.style.display = display;
-      set(%(heatmapBox)s, {style: {display: display}});
-    }
-    if (!(panel && panel.heatmap)) { return; }
-    const graph = document.getElementById(%(heatmap)s), height = panel.heatmap_height + 'px';
-    if (graph && graph.style.height !== height) {
-      graph.style.height = height;
-      set(%(heatmap)s, {style: {height: height}});
-    }
-    window.Plotly.react(document.querySelector('#' + %(heatmap)s + ' .js-plotly-plot'), panel.heatmap.data,
-                        panel.heatmap.layout);
   }
   function retitle(gd, text) {
     const full = gd._fullLayout, node = gd.querySelector('.annotation-text');
@@ -256,7 +235,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
        "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}"), "timeline": json.dumps(ids.TIMELINE),
        "histogram": json.dumps(ids.HISTOGRAM), "table": json.dumps(ids.STATS_TABLE + "-table"),
        "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER), "values": json.dumps(ids.VALUES),
-       "heatmap": json.dumps(ids.VALUES_HEATMAP), "heatmapBox": json.dumps(ids.VALUES_HEATMAP_BOX),
        "label": json.dumps(ids.STEP_LABEL), "box": json.dumps(ids.STEP_BOX), "selection": json.dumps(ids.SELECTION),
        "keys": json.dumps(ids.KEYS), "scale": json.dumps(ids.COLOUR_SCALE), "forget": json.dumps(FORGET),
        "ask": json.dumps(ids.STEP_ASK), "data": json.dumps(ids.STEP_DATA), "address": json.dumps(ids.ADDRESS)}
