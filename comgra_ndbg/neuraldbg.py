@@ -58,6 +58,7 @@ from comgra_ndbg.instrument.light_steps import LightSteps
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
+from comgra_ndbg.instrument.stuck_steps import StuckSteps
 from comgra_ndbg.recorder.distributed import detect_rank, is_ddp_wrapped, shared_trial_name, unwrap_ddp
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
 from comgra_ndbg.recorder.validation import check_step
@@ -68,8 +69,8 @@ PARAMETER_SUFFIX = ".parameters"
 """Parameters of module ``model.p`` form node ``model.p.parameters`` (``parameters`` cannot be a child's name)."""
 
 
-class NeuralDbg(StepDetection, LightSteps, OutputRegistration, LossCapture, RecomputedGradients, LoopInvariants,
-                Breakpoints, Halting, EvalRecording):
+class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossCapture, RecomputedGradients,
+                LoopInvariants, Breakpoints, Halting, EvalRecording):
     """Instruments ``model`` with hooks and records every training step of the loop that uses it.
 
     ``path`` is the group folder (default: ``runs`` in the working directory, the new trial's absolute path
@@ -253,6 +254,7 @@ class NeuralDbg(StepDetection, LightSteps, OutputRegistration, LossCapture, Reco
         self._parameter_mark = 0
         self._grad_mark: tuple = ((), ())  # steps.gradient_fingerprint after the last backward pass
         self._warned: set[str] = set()
+        self._init_stuck_steps()
         self._init_invariants(invariants)
         self._init_light_steps(optimizer)
         disable = torch.compiler.disable
@@ -287,6 +289,8 @@ class NeuralDbg(StepDetection, LightSteps, OutputRegistration, LossCapture, Reco
                 self._safely("finishing a light step", self._end_light_step)
             self._safely("recording an evaluation run", self._eval_file)
             if self.recorder.current_step is not None:
+                if self._inv:
+                    self._safely("checking loop invariants", self._stuck_at_close)
                 self._safely("finishing the last step", self._end_step)
             if self._next_step == self._first_step:
                 other_updates = getattr(self, "_inv_copy_steps", 0)

@@ -91,8 +91,8 @@ def test_a_step_by_hand_between_passes_splits_the_light_step_where_the_full_path
 
 
 def _stuck(model, watch: Watch, named: bool) -> None:
-    """From step 55 on the loop neither steps its optimizer nor clears the gradients: every later pass
-    belongs to step 55, which a light step hands to the full path at its fourth pass."""
+    """From step 55 on the loop neither steps its optimizer nor clears the gradients: step 55, which a light
+    step hands to the full path at its fourth pass, holds 9 passes (``no_step_end``), then each pass is a step."""
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     with watch(optimizer=optimizer if named else None):
         for step, (x, y) in enumerate(make_batches(STEPS)):
@@ -104,14 +104,14 @@ def _stuck(model, watch: Watch, named: bool) -> None:
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["optimizer=", "no optimizer="])
-def test_a_loop_that_stops_stepping_and_clearing_keeps_one_open_step_as_the_full_path_does(
+def test_a_loop_that_stops_stepping_and_clearing_goes_on_pass_by_pass_as_the_full_path_does(
         named, tmp_path, monkeypatch) -> None:
     dbg, light, full = _compare(_stuck, named, tmp_path, monkeypatch)
-    assert dbg.steps == 56 and dbg._light_steps == 55 - 32 - 4  # 32..54 but 40, 50 (recorded) and 41, 51
+    assert dbg.steps == 92 and dbg._light_steps == 55 - 32 - 4  # 32..54 but 40, 50 (recorded) and 41, 51
     assert light == full
     loss_steps, losses = light["kpis"]["loss"]
-    assert loss_steps == list(range(56)) and len(losses) == 56
-    assert light["types"]["train"] == [0, 10, 20, 30, 40, 50]
+    assert loss_steps == list(range(92)) and len(losses) == 92  # 0..54, 55 (9 passes), one per pass after
+    assert light["types"]["train"] == list(range(0, 92, 10))
 
 
 def test_a_listener_failing_after_a_backward_call_never_reaches_the_training_loop() -> None:

@@ -1,4 +1,4 @@
-"""Three more fault cases of the ``loop`` family (:mod:`benchmarks.diagbench.families_loop`), written the same
+"""Four more fault cases of the ``loop`` family (:mod:`benchmarks.diagbench.families_loop`), written the same
 way: an ordinary loop with the mistake and a fixed twin that resembles it, the ground truth measured by the
 loop itself, never through the recorder.
 
@@ -13,6 +13,9 @@ loop itself, never through the recorder.
   ``model.eval()``, so its passes under ``torch.no_grad()`` run BatchNorm in training mode and overwrite
   its running statistics; the twin calls ``model.eval()`` before validating and
   ``model.train()`` after.
+- ``step_guard_never_true`` (``no_step_end``): from t0 the loop accumulates gradients over micro-batches,
+  but the condition that should step the optimizer and clear the gradients every 4 passes never holds, so no
+  step ends again; the twin's condition holds every 4th pass.
 """
 from __future__ import annotations
 
@@ -22,10 +25,11 @@ from torch import nn
 from benchmarks.diagbench.families_loop import BATCH, STEPS, LoopRun, Record, _images, batches, mlp, step_once
 from benchmarks.diagbench.models_seq import SmallResNet
 
-__all__ = ["FAULTS", "update_guard_stuck", "resume_assign", "validation_train_mode"]
+__all__ = ["FAULTS", "update_guard_stuck", "resume_assign", "validation_train_mode", "step_guard_never_true"]
 
 VALIDATE_EVERY = 8
 VALIDATION_BATCHES = 3
+ACCUMULATE = 4
 
 
 def _snapshot(model: nn.Module) -> list[torch.Tensor]:
@@ -113,10 +117,34 @@ def validation_train_mode(record: Record, run: LoopRun, fixed: bool) -> None:
                 model.train()
 
 
+def step_guard_never_true(record: Record, run: LoopRun, fixed: bool) -> None:
+    """Steps every pass until t0, then accumulates over micro-batches with ``optimizer.step()`` and
+    ``zero_grad()`` behind ``step % 4 == 4``, which never holds: the parameters stop changing and the
+    gradients add up (the twin's condition, ``step % 4 == 3``, steps every 4th pass)."""
+    model = mlp(run.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = batches(run.seed)
+    still = 0
+    with record(model):
+        for step in range(STEPS):
+            x, y = next(data)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            before = _snapshot(model)
+            if step < run.t0 or step % ACCUMULATE == (ACCUMULATE - 1 if fixed else ACCUMULATE):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            still = still + 1 if _unchanged(before, model) else 0
+            if still == 2 * ACCUMULATE and not run.symptom:
+                run.symptom, run.effect = True, step - still + 1
+            run.losses.append(float(loss.detach()))
+
+
 FAULTS = (
     ("update_guard_stuck", "no_optimizer_step", update_guard_stuck, "update_stagnation", "loop", (), True),
     ("resume_assign", "foreign_parameters", resume_assign, "update_stagnation", "optimizer", (), False),
     ("validation_train_mode", "train_mode_evaluation", validation_train_mode, "wrong_mode", "loop", (), True),
+    ("step_guard_never_true", "no_step_end", step_guard_never_true, "update_stagnation", "loop", (), True),
 )
 """The cases, in the form of ``families_loop._FAULTS``: name, invariant, loop, expected type and origin,
 module paths (origin ``node``), whether the mistake starts at t0."""

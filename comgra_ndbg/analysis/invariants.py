@@ -53,7 +53,7 @@ __all__ = ["LoopRow", "TensorRows", "LoopFacts", "LoopDiagnosis", "loop_diagnosi
 FAMILY = "loop_invariant"
 CONFIDENCE = {
     "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
-    "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
+    "no_step_end": 0.9, "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
     "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9,
     "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
@@ -74,6 +74,10 @@ _READING = {
                            "was replaced or moved and after load_state_dict(..., assign=True)"),
     "no_optimizer_step": ("update_stagnation", "loop",
                           "call optimizer.step() after loss.backward() in every training step"),
+    "no_step_end": ("update_stagnation", "loop",
+                    "call optimizer.step() and then optimizer.zero_grad() in every training step (with gradient "
+                    "accumulation: after the last micro-batch of each step), and check the condition that guards "
+                    "optimizer.step() (it is never true)"),
     "no_update": ("update_stagnation", "optimizer",
                   "check the learning rate of every param group and the scheduler that sets it (a learning rate of 0 "
                   "leaves every parameter where it is)"),

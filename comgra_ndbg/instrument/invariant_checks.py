@@ -25,6 +25,9 @@ class StepEndChecks:
     """End-of-step loop-invariant checks (see the module docstring); not used on its own."""
 
     def _inv_check_no_step(self, step: int) -> None:
+        if self._stuck_splitting:  # a step split by ``no_step_end``: nothing cleared the gradients
+            self._inv_no_step = 0
+            return
         skipped = (not self._inv_held and not self._own_steps and not self._foreign_steps
                    and patches.scale_calls() == self._inv_scaled
                    and self._parameter_version() == self._parameter_mark)

@@ -73,6 +73,7 @@ class LightSteps:
         self._light_passes = 0  # training passes of the open light step
         self._light_passes_max = 3  # ... at most: twice those of the last full step, and one
         self._light_backwards = False  # a backward call returned in the open light step
+        self._light_backward_calls = 0  # ... how many (the full path carries them on, ``stuck_steps``)
         self._light_probe: torch.Tensor | None = None  # a parameter that held a gradient after the last full step
         self._light_grads: tuple[weakref.ref, int] | None = None  # its gradient, version after the last backward
         self._light_version = 0  # the parameters' version when the light step opened (``_light_version_now``)
@@ -133,6 +134,7 @@ class LightSteps:
         self._light_end = _OPEN
         self._light_passes = 1
         self._light_backwards = False
+        self._light_backward_calls = 0
         self._light_grads = None
         self._light_version = self._light_version_now()
         self._hooks.capture = self._eval_capture = False
@@ -172,6 +174,7 @@ class LightSteps:
         if not self._light:
             return
         self._light_backwards = True
+        self._light_backward_calls += 1
         probe = self._light_probe
         grad = None if probe is None else probe.grad
         if grad is None:
@@ -207,6 +210,7 @@ class LightSteps:
             if self._light_backwards:  # as the full step would have seen the backward calls so far
                 self._backward_seen = True
                 self._grad_mark = self._grad_fingerprint()
+            self._stuck_carry(self._light_passes - 1, self._light_backward_calls)
             for kpi, value in self._light_kpis:
                 self.recorder._record_known_kpi(kpi, value)
             self._light_kpis = []

@@ -26,7 +26,8 @@ from comgra_ndbg.store import schema
 
 __all__ = ["CATEGORY", "FAILURE", "INFO", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse",
            "omission_severity", "omission", "copy_optimizer", "train_not_called", "outermost",
-           "NO_STEP_STEPS", "NO_UPDATE_STEPS", "UNUSED_STEPS", "EVAL_PASS_RUN",
+           "NO_STEP_STEPS", "NO_UPDATE_STEPS", "STUCK_BACKWARDS", "STUCK_PER_STEP", "STUCK_FIRST",
+           "stuck_limit", "UNUSED_STEPS", "EVAL_PASS_RUN",
            "SHARE_DROP", "SHARE_COLLAPSED", "OMITTED_ON_PURPOSE", "MODE_DEPENDENT", "NORM_LAYERS", "percent",
            "names_text"]
 
@@ -40,6 +41,7 @@ INVARIANTS = {
     "not_in_optimizer": "a parameter with a gradient in no param group of the optimizers that stepped",
     "foreign_parameters": "optimizer parameters that are not the model's and never get a gradient",
     "no_optimizer_step": "gradients computed and cleared without optimizer.step()",
+    "no_step_end": "training passes with backward calls where no step ends (no optimizer.step(), no zero_grad())",
     "no_update": "optimizer.step() leaves every parameter with a gradient unchanged (learning rate 0)",
     "trainable_share": "the share of trainable parameters (frozen from the start, or collapsing mid-run)",
     "eval_mode_training": "training steps taken with the model in eval() mode",
@@ -54,6 +56,12 @@ INVARIANTS = {
 
 NO_STEP_STEPS = 3
 """Consecutive steps with gradients but no optimizer step (a skipped ``GradScaler`` step is exempt)."""
+STUCK_BACKWARDS = 8
+"""Backward calls in one step that no step ends, at least, before ``no_step_end`` fires."""
+STUCK_PER_STEP = 4
+"""... and more than this many times the most training passes a finished step had (accumulation)."""
+STUCK_FIRST = 128
+"""... or, before any step ended, more than this many (a first step accumulating up to 128 micro-batches)."""
 NO_UPDATE_STEPS = 3
 """Consecutive optimizer steps whose every parameter with a gradient sits in a group with learning rate 0
 (a warm-up that starts at 0 moves on after one step)."""
@@ -120,6 +128,18 @@ def eps_below_resolution(eps: float, dtype: str) -> bool:
     if dtype not in ("torch.float16", "torch.bfloat16"):
         return False
     return 0 < eps < torch.finfo(getattr(torch, dtype.split(".")[1])).tiny
+
+
+def stuck_limit(most_passes: int) -> int:
+    """The backward calls one step may run before ``no_step_end`` fires: more than any finished step's
+    passes explain (``most_passes``; 0 when no step has ended yet).
+
+    >>> stuck_limit(0), stuck_limit(1), stuck_limit(16), stuck_limit(64)
+    (128, 8, 64, 256)
+    """
+    if most_passes <= 0:
+        return STUCK_FIRST
+    return max(STUCK_BACKWARDS, STUCK_PER_STEP * most_passes)
 
 
 def share_collapse(before: float, after: float, *, only_norms: bool) -> str | None:

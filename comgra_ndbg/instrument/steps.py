@@ -120,12 +120,12 @@ class StepDetection:
 
     def _optimizer_stepped(self) -> bool:
         """Whether the open step is over: parameters changed, or gradients were cleared after a backward (a
-        model without trainable parameters: any earlier pass ends it)."""
+        model without trainable parameters: any earlier pass ends it); after ``no_step_end`` fired, any
+        backward call (``stuck_steps``)."""
         if self._steps_by_pass:
             return True
-        if self._parameter_version() != self._parameter_mark:
-            return True
-        return self._backward_seen and self._grad_fingerprint() != self._grad_mark
+        return self._stuck_ended(self._parameter_version() != self._parameter_mark
+                                 or (self._backward_seen and self._grad_fingerprint() != self._grad_mark))
 
     def _parameter_version(self) -> int:
         return sum(map(_VERSION, self._parameters))
@@ -197,6 +197,9 @@ class StepDetection:
         self._callback_queued = False
         self._backward_seen = True
         self._grad_mark = self._grad_fingerprint()
+        self._stuck_calls += 1  # a step that no step end cuts short (``stuck_steps``): looked at past half its limit
+        if self._stuck_calls > self._stuck_look and not self._stuck_splitting:
+            self._safely("checking whether the step ends", self._stuck_check)
         probe = self._light_probe
         if probe is None or probe.grad is None:  # light steps see a clearing of the gradients on this one
             self._light_probe = next((p for p in self._parameters if p.grad is not None), None)
@@ -206,6 +209,7 @@ class StepDetection:
             if not self._closed:
                 self._safely("finishing a light step", self._end_light_step)
         elif not self._closed and self.recorder.current_step is not None and not self._pass_open:
+            self._stuck_splitting = False  # a step that ends as steps end: the usual detection again
             self._safely("finishing the step", self._finish_step)
             self._light_ready = self._light_possible and self._light_after_full
             self._run_pending()
@@ -270,6 +274,7 @@ class StepDetection:
             step = rec.current_step
             self._light_after_full = not rec.is_recording and not self._foreign_steps
             self._light_passes_max = 2 * (self._iteration + 1) + 1
+            self._stuck_finished(self._stuck_passes_before + self._iteration + 1)
             rec.finish_step()
             self._step_finished(step)
         finally:
@@ -290,4 +295,5 @@ class StepDetection:
         self._forget_hidden_calls()
         self._backward_seen = False
         self._own_steps = self._foreign_steps = 0
+        self._stuck_release()
         self._inv_reset_step()
