@@ -20,7 +20,7 @@ def run(tmp_path: Path, case: str, seed: int = 0) -> dict:
 def test_every_invariant_has_a_fault_and_its_fixed_twin_and_t0_is_mid_run_only_for_mid_run_faults() -> None:
     cases = {c.name: c for c in loop_cases()}
     faults = [c for c in cases.values() if c.kind == FAULT]
-    assert len(faults) == 15 and all(cases[f"{c.name}_fixed"].kind == FIXED for c in faults)
+    assert len(faults) == 16 and all(cases[f"{c.name}_fixed"].kind == FIXED for c in faults)
     assert {c.name for c in cases.values() if c.kind == INTENTIONAL} == {
         "accumulation", "gan", "frozen_backbone", "eval_passes", "warmup", "ema"}
     for spec in loop_specs(seeds=2):
@@ -38,7 +38,8 @@ def test_a_mid_run_fault_shows_its_symptom_at_t0_and_its_fixed_twin_trains_witho
     assert (tmp_path / faulty["name"]).is_dir() and (tmp_path / fixed["name"]).is_dir()
 
 
-@pytest.mark.parametrize("case", ["update_guard_stuck", "resume_assign", "validation_train_mode"])
+@pytest.mark.parametrize("case", ["update_guard_stuck", "resume_assign", "validation_train_mode",
+                                  "step_guard_never_true"])
 def test_the_later_faults_show_their_symptom_and_their_twins_train_without_it(tmp_path: Path, case: str) -> None:
     faulty, fixed = run(tmp_path, case), run(tmp_path, f"{case}_fixed")
     assert faulty["valid"] and fixed["valid"], (faulty["validation"], fixed["validation"])
