@@ -64,7 +64,7 @@ def test_a_loop_that_stops_stepping_is_reported_once_and_recorded_pass_by_pass(t
     assert (row.detail["invariant"], row.step, row.detail["severity"]) == ("no_step_end", 5, "failure")
     evidence = row.detail
     assert (evidence["passes"], evidence["backward_calls"], evidence["limit"]) == (9, 9, 8)
-    assert evidence["most_passes_per_step"] == 1 and evidence["parameters_changed"] is False
+    assert evidence["longest_step"] == 1 and evidence["parameters_changed"] is False
     assert evidence["gradients_cleared"] is False and evidence["calls_between"] == 4
     assert evidence["grad_norm_growth"] == pytest.approx(evidence["grad_norm"] / evidence["grad_norm_before"])
     assert evidence["grad_norm_growth"] > 1.5  # 9 gradients of the same sign added up, against 5
@@ -100,7 +100,7 @@ def test_an_optimizer_step_behind_a_condition_never_true_is_reported_at_the_firs
     rows, trial = record(tmp_path, model, loop)
     [row] = rows
     assert (row.detail["invariant"], row.step) == ("no_step_end", 0)
-    assert (row.detail["backward_calls"], row.detail["limit"], row.detail["most_passes_per_step"]) == (129, 128, 0)
+    assert (row.detail["backward_calls"], row.detail["limit"], row.detail["longest_step"]) == (129, 128, 0)
     with open_recording(trial) as recording:
         assert recording.step_iterations.tolist() == [129] + [1] * 11
 
@@ -113,6 +113,28 @@ def test_gradient_accumulation_with_steps_ending_is_not_reported(tmp_path: Path,
     assert rows == []
     with open_recording(trial) as recording:
         assert recording.step_iterations.tolist() == [micro_batches] * 3
+
+
+def test_several_backward_calls_per_pass_and_evaluation_passes_are_not_reported(tmp_path: Path) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def loop() -> None:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            output = model(torch.rand(12, 6, generator=g))
+            for row in range(12):  # one backward call per sample, all into the same step
+                output[row].pow(2).sum().backward(retain_graph=row < 11)
+            optimizer.step()
+            optimizer.zero_grad()
+            with torch.no_grad():  # a validation run of 40 passes between the steps
+                for _ in range(40):
+                    model(torch.rand(4, 6, generator=g))
+
+    rows, trial = record(tmp_path, model, loop)
+    assert rows == []
+    with open_recording(trial) as recording:
+        assert recording.step_iterations.tolist() == [1] * 6
 
 
 def test_a_loop_that_stops_stepping_only_for_its_last_passes_is_not_reported(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ NO_STEP_STEPS = 3
 STUCK_BACKWARDS = 8
 """Backward calls in one step that no step ends, at least, before ``no_step_end`` fires."""
 STUCK_PER_STEP = 4
-"""... and more than this many times the most training passes a finished step had (accumulation)."""
+"""... and more than this many times the passes (or backward calls) of the longest finished step."""
 STUCK_FIRST = 128
 """... or, before any step ended, more than this many (a first step accumulating up to 128 micro-batches)."""
 NO_UPDATE_STEPS = 3
@@ -130,16 +130,17 @@ def eps_below_resolution(eps: float, dtype: str) -> bool:
     return 0 < eps < torch.finfo(getattr(torch, dtype.split(".")[1])).tiny
 
 
-def stuck_limit(most_passes: int) -> int:
-    """The backward calls one step may run before ``no_step_end`` fires: more than any finished step's
-    passes explain (``most_passes``; 0 when no step has ended yet).
+def stuck_limit(longest_step: int) -> int:
+    """The backward calls one step may run before ``no_step_end`` fires: more than the longest finished step
+    explains (``longest_step``: its training passes, or its backward calls where it made more; 0 when no
+    step has ended yet).
 
     >>> stuck_limit(0), stuck_limit(1), stuck_limit(16), stuck_limit(64)
     (128, 8, 64, 256)
     """
-    if most_passes <= 0:
+    if longest_step <= 0:
         return STUCK_FIRST
-    return max(STUCK_BACKWARDS, STUCK_PER_STEP * most_passes)
+    return max(STUCK_BACKWARDS, STUCK_PER_STEP * longest_step)
 
 
 def share_collapse(before: float, after: float, *, only_norms: bool) -> str | None:

@@ -274,7 +274,7 @@ class StepDetection:
             step = rec.current_step
             self._light_after_full = not rec.is_recording and not self._foreign_steps
             self._light_passes_max = 2 * (self._iteration + 1) + 1
-            self._stuck_finished(self._stuck_passes_before + self._iteration + 1)
+            self._stuck_finished(max(self._stuck_passes_before + self._iteration + 1, self._stuck_calls))
             rec.finish_step()
             self._step_finished(step)
         finally:

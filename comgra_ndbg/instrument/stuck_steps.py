@@ -37,7 +37,7 @@ class StuckSteps:
     def _init_stuck_steps(self) -> None:
         self._stuck_calls = 0  # backward calls through the model in the open step
         self._stuck_passes_before = 0  # training passes of a light step the open step goes on with
-        self._stuck_most = 0  # the most training passes a finished step had (0: none finished yet)
+        self._stuck_most = 0  # the most passes (or backward calls) a finished step had (0: none finished yet)
         self._stuck_limit = rules.stuck_limit(0)
         self._stuck_look = self._stuck_limit // 2  # past this many calls, each call looks at the step
         self._stuck_sample: tuple[int, float, weakref.ref, int, int] | None = None  # calls, norm, grad, version, i
@@ -51,12 +51,12 @@ class StuckSteps:
             return True
         return self._stuck_splitting and self._backward_seen
 
-    def _stuck_finished(self, passes: int) -> None:
-        """A step was finished with ``passes`` training passes: the limit follows the longest step so far
-        (the steps split after the invariant fired do not count)."""
-        if not self._stuck_splitting and passes > self._stuck_most:
-            self._stuck_most = passes
-            self._stuck_limit = rules.stuck_limit(passes)
+    def _stuck_finished(self, length: int) -> None:
+        """A step was finished with ``length`` training passes (or backward calls, where it made more): the
+        limit follows the longest step so far (the steps split after the invariant fired do not count)."""
+        if not self._stuck_splitting and length > self._stuck_most:
+            self._stuck_most = length
+            self._stuck_limit = rules.stuck_limit(length)
             self._stuck_look = self._stuck_limit // 2
 
     def _stuck_release(self) -> None:
@@ -80,9 +80,12 @@ class StuckSteps:
         if self._stuck_sample is None:
             self._stuck_sample = self._stuck_probe(calls)
         if calls > self._stuck_limit:
+            now = self._stuck_probe(calls)
+            if now is None:  # no parameter holds a gradient: backward calls for inputs only, not a training step
+                return
             self._stuck_splitting = True
             if self._inv:
-                self._stuck_report(calls, self._stuck_limit, at_close=False)
+                self._stuck_report(calls, self._stuck_limit, now, at_close=False)
 
     def _stuck_probe(self, calls: int) -> tuple[int, float, weakref.ref, int, int] | None:
         """``(calls, gradient norm, gradient, its version, parameter index)`` of the first parameter holding a
@@ -100,34 +103,34 @@ class StuckSteps:
         if self._stuck_splitting or not self._backward_seen or self._own_steps or self._foreign_steps:
             return
         limit = rules.stuck_limit(max(self._stuck_most, 1))
+        now = None
         if self._stuck_calls > limit and self._parameter_version() == self._parameter_mark:
-            if self._stuck_sample is None:
-                self._stuck_sample = self._stuck_probe(self._stuck_calls)
-            self._stuck_report(self._stuck_calls, limit, at_close=True)
+            now = self._stuck_probe(self._stuck_calls)
+        if now is not None:
+            self._stuck_report(self._stuck_calls, limit, now, at_close=True)
 
-    def _stuck_report(self, calls: int, limit: int, *, at_close: bool) -> None:
+    def _stuck_report(self, calls: int, limit: int, now: tuple[int, float, weakref.ref, int, int], *,
+                      at_close: bool) -> None:
         step = self.recorder.current_step
         passes = self._stuck_passes_before + self._iteration + 1
-        now = self._stuck_probe(calls)
         before = self._stuck_sample
         evidence: dict = {"passes": passes, "backward_calls": calls, "limit": limit,
-                          "most_passes_per_step": self._stuck_most, "parameters_changed": False,
+                          "longest_step": self._stuck_most, "parameters_changed": False,
                           "at_close": at_close}
         growth = ""
-        if now is not None:
-            name = self._inv_names[now[4]]
-            evidence.update(probe=name, grad_norm=now[1])
-            if before is not None and before[4] == now[4] and before[0] < calls:
-                same = before[2]() is now[2]()
-                accumulated = same and now[3] - before[3] <= calls - before[0]
-                ratio = now[1] / before[1] if before[1] > 0 else None
-                evidence.update(grad_norm_before=before[1], calls_between=calls - before[0],
-                                grad_norm_growth=ratio, gradients_cleared=not accumulated)
-                if not accumulated:
-                    growth = "; the gradients are cleared between the passes, after the forward pass"
-                elif ratio is not None:
-                    growth = (f"; the gradient of '{name}' grew {ratio:.3g}x over the last {calls - before[0]} "
-                              f"backward calls")
+        name = self._inv_names[now[4]]
+        evidence.update(probe=name, grad_norm=now[1])
+        if before is not None and before[4] == now[4] and before[0] < calls:
+            same = before[2]() is now[2]()
+            accumulated = same and now[3] - before[3] <= calls - before[0]
+            ratio = now[1] / before[1] if before[1] > 0 else None
+            evidence.update(grad_norm_before=before[1], calls_between=calls - before[0],
+                            grad_norm_growth=ratio, gradients_cleared=not accumulated)
+            if not accumulated:
+                growth = "; the gradients are cleared between the passes, after the forward pass"
+            elif ratio is not None:
+                growth = (f"; the gradient of '{name}' grew {ratio:.3g}x over the last {calls - before[0]} "
+                          f"backward calls")
         self._inv_report(Violation(
             "no_step_end", step, "optimizer.step()",
             f"no training step ends: {calls} backward calls over {passes} forward passes from step {step} on "
