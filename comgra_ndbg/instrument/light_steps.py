@@ -36,7 +36,8 @@ cleared or changed after a backward call (``zero_grad``, also in place, around a
 ``GradScaler`` skipped) end it and hand the next pass to the full path, as another model's optimizer step
 does; the full path's invariants report what went wrong. A light step that runs more than twice as many
 training passes as the last full step (uneven accumulation, a loop that stopped stepping and clearing) is
-not ended: the full path goes on with it under its number (``_light_to_full``). Not followed: a change by
+not ended: the full path goes on with it under its number (``_light_to_full``), counting its backward calls
+on (``stuck_steps``: a step that never ends is reported and split pass by pass). Not followed: a change by
 hand between two passes of one step, to parameters other than the probe, that starts after the first
 :data:`LIGHT_AFTER` steps and clears no gradient (the full path would split the step there).
 """
