@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from light_shapes_support import SHAPES
+from test_light_steps import Net
 from torch import nn
 
 from comgra_ndbg import NeuralDbg, RecorderWarning, analyze, open_recording
@@ -190,3 +192,22 @@ def test_a_stuck_loop_trains_bit_identical_to_the_bare_loop(tmp_path: Path) -> N
     record(tmp_path, model, regression_loop(model, 30, steps_until=5))
     for p, q in zip(bare.parameters(), model.parameters()):
         assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("shape", ["sam", "lbfgs", "accumulated_unevenly", "skipping", "grad_scaler", "two_backwards",
+                                   "inner_step", "hand_update", "metric_mid_step", "eval_metric_mid_step"])
+def test_loop_shapes_whose_steps_end_are_not_reported(tmp_path: Path, shape: str) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    dbgs: list[NeuralDbg] = []
+
+    def watch(optimizer=None, loss=None) -> NeuralDbg:
+        dbgs.append(NeuralDbg(model, tmp_path, trial="t", optimizer=optimizer, loss=loss))
+        return dbgs[-1]
+
+    SHAPES[shape](model, watch, False)
+    with open_recording(tmp_path / "t") as recording:
+        found = [row.detail["invariant"] for row in recording.log(loop_rules.CATEGORY)]
+        longest = int(recording.step_iterations.max())
+    assert "no_step_end" not in found and not dbgs[0]._stuck_splitting
+    assert longest <= 8  # every step ended where the loop ends it
