@@ -4,7 +4,7 @@ Two sources, both read by :func:`loop_diagnosis`:
 
 - the recording's log rows of category ``invariant``, written by ``NeuralDbg`` while the loop ran
   (:mod:`comgra_ndbg.instrument.invariants`): gradients carried over without ``zero_grad()``, parameters
-  outside the optimizer, steps that change nothing, the model's train/eval mode, BatchNorm on one sample,
+  outside the optimizer, steps that change nothing or never end, the model's train/eval mode, BatchNorm on one sample,
   unused parameters, half-precision ``eps``, the trainable share;
 - rules over what every recording holds (:class:`LoopFacts`, and the KPIs ``lr/<group>``): a learning
   rate that collapses early and never recovers, or drops to 0 with much of the run to go; the same input
@@ -22,7 +22,8 @@ which the statistical stagnation hypothesis names, so the loop hypothesis follow
 Confidence is a small explicit rule, not a fitted one: :data:`CONFIDENCE` gives each invariant the
 probability that a violation means a real mistake, by how directly it is observed — 0.95 for facts the
 hooks see (the gradient tensor the optimizer consumed was added to; a parameter with a gradient in no param
-group), 0.9 for facts over many steps (unused parameters, a collapsed learning rate), 0.85 for equality of
+group), 0.9 for facts over many steps or passes (unused parameters, a collapsed learning rate, a step that
+never ends), 0.85 for equality of
 summaries (the same batch, a constant target), 0.7 for a scale read from summaries (unnormalised inputs).
 
 >>> import numpy as np
@@ -53,7 +54,8 @@ __all__ = ["LoopRow", "TensorRows", "LoopFacts", "LoopDiagnosis", "loop_diagnosi
 FAMILY = "loop_invariant"
 CONFIDENCE = {
     "stale_gradients": 0.95, "not_in_optimizer": 0.95, "foreign_parameters": 0.9, "no_optimizer_step": 0.95,
-    "no_step_end": 0.9, "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
+    "no_step_end": 0.9,
+    "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
     "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9,
     "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
