@@ -177,6 +177,26 @@ def test_light_steps_carry_their_backward_calls_into_the_check(tmp_path: Path) -
     assert loss_steps.tolist() == list(range(52))  # 40 steps, the stuck one, then 11 passes as steps
 
 
+def test_a_loop_that_steps_again_goes_back_to_the_usual_step_detection(tmp_path: Path) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def loop() -> None:
+        g = torch.Generator().manual_seed(1)
+        for i in range(37):
+            F.mse_loss(model(torch.rand(4, 6, generator=g)), torch.zeros(4, 2)).backward()
+            if i < 5 or (i >= 25 and i % 2 == 0):  # stalls for 20 passes, then accumulates 2 per step
+                optimizer.step()
+                optimizer.zero_grad()
+
+    rows, trial = record(tmp_path, model, loop)
+    assert [(r.detail["invariant"], r.step) for r in rows] == [("no_step_end", 5)]
+    with open_recording(trial) as recording:
+        # 5 steps; step 5: passes 5-13; passes 14-25 one step each; pass 26 steps the optimizer (its step
+        # ends as steps end); then two passes per step again (27-28 ... 35-36)
+        assert recording.step_iterations.tolist() == [1] * 5 + [9] + [1] * 12 + [1] + [2] * 5
+
+
 def test_invariants_false_reports_nothing_and_still_records_pass_by_pass(tmp_path: Path) -> None:
     model = mlp()
     rows, trial = record(tmp_path, model, regression_loop(model, 20, steps_until=5), invariants=False)
