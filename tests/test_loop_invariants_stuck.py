@@ -197,6 +197,17 @@ def test_a_loop_that_steps_again_goes_back_to_the_usual_step_detection(tmp_path:
         assert recording.step_iterations.tolist() == [1] * 5 + [9] + [1] * 12 + [1] + [2] * 5
 
 
+def test_a_first_step_accumulating_more_than_128_micro_batches_is_reported_once_then_recorded_whole(
+        tmp_path: Path) -> None:
+    model = mlp()
+    rows, trial = record(tmp_path, model, regression_loop(model, 3 * 150, steps_until=10 ** 6, every=150))
+    assert [(r.detail["invariant"], r.step) for r in rows] == [("no_step_end", 0)]  # the documented false alarm
+    with open_recording(trial) as recording:
+        # step 0 split after 129 passes (21 one-pass steps up to the optimizer step); the stall counts as a step
+        # of 150 backward calls from then on, so the next two accumulations are whole steps
+        assert recording.step_iterations.tolist() == [129] + [1] * 21 + [150, 150]
+
+
 def test_invariants_false_reports_nothing_and_still_records_pass_by_pass(tmp_path: Path) -> None:
     model = mlp()
     rows, trial = record(tmp_path, model, regression_loop(model, 20, steps_until=5), invariants=False)

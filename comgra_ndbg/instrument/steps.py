@@ -209,7 +209,8 @@ class StepDetection:
             if not self._closed:
                 self._safely("finishing a light step", self._end_light_step)
         elif not self._closed and self.recorder.current_step is not None and not self._pass_open:
-            self._stuck_splitting = False  # a step that ends as steps end: the usual detection again
+            if self._stuck_splitting:  # a step that ends as steps end: the usual detection again
+                self._stuck_resume()
             self._safely("finishing the step", self._finish_step)
             self._light_ready = self._light_possible and self._light_after_full
             self._run_pending()

@@ -42,14 +42,25 @@ class StuckSteps:
         self._stuck_look = self._stuck_limit // 2  # past this many calls, each call looks at the step
         self._stuck_sample: tuple[int, float, weakref.ref, int, int] | None = None  # calls, norm, grad, version, i
         self._stuck_splitting = False  # the invariant fired: each training pass with a backward call is a step
+        self._stuck_fired = (0, 0)  # (step, backward calls) where it last fired
 
     def _stuck_ended(self, ended: bool) -> bool:
         """Whether the open step is over at this training pass: ``ended`` as steps end (which goes back to the
         usual detection), or, once the invariant fired, after any backward call."""
         if ended:
-            self._stuck_splitting = False
+            if self._stuck_splitting:
+                self._stuck_resume()
             return True
         return self._stuck_splitting and self._backward_seen
+
+    def _stuck_resume(self) -> None:
+        """The open step ends as steps end after the invariant fired: the usual detection again, and the run
+        of passes since the stall began counts as one step for the limit (at least one backward call per
+        split step), so an accumulation longer than any before is reported once, not split again."""
+        self._stuck_splitting = False
+        step, calls = self._stuck_fired
+        current = self.recorder.current_step
+        self._stuck_finished(calls + (current - step if current is not None else 0))
 
     def _stuck_finished(self, length: int) -> None:
         """A step was finished with ``length`` training passes (or backward calls, where it made more): the
@@ -84,6 +95,7 @@ class StuckSteps:
             if now is None:  # no parameter holds a gradient: backward calls for inputs only, not a training step
                 return
             self._stuck_splitting = True
+            self._stuck_fired = (self.recorder.current_step, calls)
             if self._inv:
                 self._stuck_report(calls, self._stuck_limit, now, at_close=False)
 
