@@ -177,7 +177,8 @@ def test_light_steps_carry_their_backward_calls_into_the_check(tmp_path: Path) -
     assert loss_steps.tolist() == list(range(52))  # 40 steps, the stuck one, then 11 passes as steps
 
 
-def test_a_loop_that_steps_again_goes_back_to_the_usual_step_detection(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [True, False], ids=["optimizer=", "no optimizer="])
+def test_a_loop_that_steps_again_goes_back_to_the_usual_step_detection(tmp_path: Path, named: bool) -> None:
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
@@ -189,7 +190,7 @@ def test_a_loop_that_steps_again_goes_back_to_the_usual_step_detection(tmp_path:
                 optimizer.step()
                 optimizer.zero_grad()
 
-    rows, trial = record(tmp_path, model, loop)
+    rows, trial = record(tmp_path, model, loop, optimizer=optimizer if named else None)
     assert [(r.detail["invariant"], r.step) for r in rows] == [("no_step_end", 5)]
     with open_recording(trial) as recording:
         # 5 steps; step 5: passes 5-13; passes 14-25 one step each; pass 26 steps the optimizer (its step
