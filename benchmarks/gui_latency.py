@@ -13,9 +13,10 @@ paint (the DOM updated, then two animation frames):
   tensor header, the statistics, the histogram and the timeline show that node (the graph's highlight is
   drawn by the browser at once), measured at a step with a snapshot (the tap draws the node's histogram and
   element values) and at a step between snapshots (it draws notes), on views opened at those steps: after a
-  run of step changes taps would land on either by chance, and the first costs some 30 ms more; the click is instant (press and release 1–2 ms apart), so the server's part is all in
-  the time; also, untargeted, a person's click (the button held 100 ms) timed from the release, which is
-  what a person sees: the page asks for the node's view at the press;
+  run of step changes taps would land on either by chance, and the first costs some 30 ms more. The click
+  is instant (press and release 1–2 ms apart), so the server's part is all in the time; also, untargeted, a
+  person's click (the button held 100 ms) timed from the release, which is what a person sees: the page
+  asks for the node's view at the press;
 - the requests each action sent, and every console error or warning of the whole session (target: none).
 
 Also printed: the server-side time of the view callback for the same actions (called as a plain function).
@@ -26,7 +27,8 @@ Side by side: ``--against URL --rounds R`` measures, in one Chromium, this check
 one already serving the same recording at ``URL`` (e.g. ``comgra-ndbg gui PATH --port 8061`` run from a
 checkout of the code before a change), round after round, each round on both in alternating order, and
 prints each side's step changes and taps per round and over all rounds, with the load average per round;
-``--url URL`` takes this checkout's explorer from a process of its own too, so both sides are served alike.
+both sides take the same random actions. ``--url URL`` takes this checkout's explorer from a process of
+its own too; without it, one is started (every explorer here runs in a process of its own).
 """
 from __future__ import annotations
 
@@ -65,6 +67,8 @@ window.__watch = function (kind, expect, callback) {
                             {capture: true, once: true});
   const text = (id) => (document.getElementById(id) || {}).textContent || '';
   const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');
+  // what a tap must replace: the histogram's figure (redrawn: a new layout object) and the statistics
+  const histogramBefore = (plot('histogram') || {}).layout, statsBefore = text('stats-table');
   function done() {
     const timeline = plot('timeline'), histogram = plot('histogram');
     if (!timeline || !timeline.layout || !histogram || !histogram.layout) { return false; }
@@ -78,7 +82,8 @@ window.__watch = function (kind, expect, callback) {
         (said.includes('· step ' + expect.step + ' ') || said.includes('at step ' + expect.step + ' '));
     }
     return text('tensor-header').startsWith(expect.node + ' /') && !!timeline.layout.title &&
-      String(timeline.layout.title.text).includes(expect.tensor) && !!document.getElementById('stats-table-table');
+      String(timeline.layout.title.text).includes(expect.tensor) && !!document.getElementById('stats-table-table') &&
+      text('stats-table') !== statsBefore && histogram.layout !== histogramBefore;
   }
   const deadline = performance.now() + 20000;
   (function poll() {
