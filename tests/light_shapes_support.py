@@ -82,43 +82,33 @@ def ema(model, watch: Watch, named: bool) -> None:
                     model.out.bias.zero_()
 
 
-def sam(model, watch: Watch, named: bool) -> None:
-    """Sharpness-aware minimisation: a pass, the weights moved uphill by hand, a second pass, the weights put
-    back, then the optimizer step (the full path sees two steps: the hand update between the passes ends one)."""
+def _sam(model, watch: Watch, named: bool, set_to_none: bool) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     with watch(optimizer=optimizer if named else None):
         for x, y in make_batches(STEPS):
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=set_to_none)
             F.cross_entropy(model(x), y).backward()
             with torch.no_grad():
                 moves = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in model.parameters()]
                 for p, move in zip(model.parameters(), moves):
                     p += move
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=set_to_none)
             F.cross_entropy(model(x), y).backward()
             with torch.no_grad():
                 for p, move in zip(model.parameters(), moves):
                     p -= move
             optimizer.step()
+
+
+def sam(model, watch: Watch, named: bool) -> None:
+    """Sharpness-aware minimisation: a pass, the weights moved uphill by hand, a second pass, the weights put
+    back, then the optimizer step (the full path sees two steps: the hand update between the passes ends one)."""
+    _sam(model, watch, named, True)
 
 
 def sam_zeroed(model, watch: Watch, named: bool) -> None:
     """The same with the gradients cleared in place between the two passes."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    with watch(optimizer=optimizer if named else None):
-        for x, y in make_batches(STEPS):
-            optimizer.zero_grad(set_to_none=False)
-            F.cross_entropy(model(x), y).backward()
-            with torch.no_grad():
-                moves = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in model.parameters()]
-                for p, move in zip(model.parameters(), moves):
-                    p += move
-            optimizer.zero_grad(set_to_none=False)
-            F.cross_entropy(model(x), y).backward()
-            with torch.no_grad():
-                for p, move in zip(model.parameters(), moves):
-                    p -= move
-            optimizer.step()
+    _sam(model, watch, named, False)
 
 
 def _inner_step(model, watch: Watch, named: bool, parameters: Callable[[nn.Module], Any], start: int = 0) -> None:

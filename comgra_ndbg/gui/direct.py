@@ -11,6 +11,7 @@ running callbacks on them (Dash does not send a callback its own outputs back).
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +100,9 @@ def register_direct(app: Dash, cache: ReaderCache, visualization: Visualization 
 
     from comgra_ndbg.gui.callbacks import update_view
 
-    shared: set[str] = set()
+    @functools.cache
+    def shared() -> frozenset[str]:  # asked at the first tap, when every callback is registered
+        return frozenset(shared_inputs(app, view_inputs))
 
     @locked
     def answer(item: tuple[str, str], store: dict[str, Any] | None, keys: dict[str, Any] | None) -> dict[str, Any]:
@@ -110,9 +113,7 @@ def register_direct(app: Dash, cache: ReaderCache, visualization: Visualization 
             item, store, keys = parse_tap(flask.request.get_json(silent=True))
         except InvalidArgumentError as error:
             return flask.Response(json.dumps({"error": str(error)}), status=400, mimetype="application/json")
-        if not shared:  # every callback is registered by the first tap
-            shared.update(shared_inputs(app, view_inputs) or {""})
-        body = tap_answer(answer(item, store, keys), view_inputs, shared)
+        body = tap_answer(answer(item, store, keys), view_inputs, shared())
         return flask.Response(to_json_plotly(body), mimetype="application/json")
 
     app.server.add_url_rule(app.config.routes_pathname_prefix + ROUTE, endpoint="comgra_tap", view_func=tap,

@@ -215,6 +215,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
 
   return {
     stepBy: stepBy,  // not a callback: the ← and → keys step through it (style.KEYS_SCRIPT)
+    prop: prop,  // a component's property in Dash's store (tapscript's too)
     ask: function (position, typed) {
       // What the server must answer of a slider move or a typed step: a step the page cannot show itself, or
       // a step number other than the one shown. (The server's own answers setting these do not call this.)

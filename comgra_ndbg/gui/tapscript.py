@@ -31,12 +31,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraTap: (
   const VIEW = %(selection)s + '.data';  // an output of the view callback alone
   let flight = null;  // the last item pressed or tapped: {item, store, keys, answer (a promise), tapped}
   const dash = () => window.store && window.store.getState ? window.store : null;
-  function prop(state, id, name) {
-    const path = state.paths && state.paths.strs ? state.paths.strs[id] : undefined;
-    let component = path ? state.layout : undefined;
-    for (const key of path || []) { component = component === undefined ? undefined : component[key]; }
-    return component && component.props ? component.props[name] : undefined;
-  }
+  const prop = (state, id, name) => window.dash_clientside.comgraStep.prop(state, id, name);
   function route() {
     const config = document.getElementById('_dash-config');
     let prefix = '/';
