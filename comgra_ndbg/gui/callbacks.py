@@ -28,7 +28,7 @@ from dash.exceptions import PreventUpdate
 from comgra_ndbg.gui import ids, tabs
 from comgra_ndbg.gui.clientside import register_clientside
 from comgra_ndbg.gui.custom import Visualization
-from comgra_ndbg.gui.direct import TAP_KINDS, register_direct
+from comgra_ndbg.gui.direct import register_direct, tap_item
 from comgra_ndbg.gui.cyto import graph_stylesheet
 from comgra_ndbg.gui.profile_tab import hot_layer_stylesheet, profile_tab
 from comgra_ndbg.gui.evidence import focus_of
@@ -395,9 +395,8 @@ def _trigger(triggered_id: Any, value: Any, inputs: dict[str, Any]) -> tuple[str
     if triggered_id == ids.STEP_ASK:
         if isinstance(value, (list, tuple)) and len(value) >= 2 and value[0] in ASKED:
             if value[0] == "graph":
-                item = value[1]
-                valid = isinstance(item, (list, tuple)) and len(item) == 2 and item[1] in TAP_KINDS and item[0]
-                return ("graph", (str(item[0]), str(item[1]))) if valid else (None, None)
+                item = tap_item(value[1])
+                return ("graph", item) if item is not None else (None, None)
             return str(value[0]), (value[1] or "") if value[0] == "url" else value[1]
         return None, None
     if triggered_id in (ids.GRAPH_EXPAND, ids.GRAPH_DEFAULT):

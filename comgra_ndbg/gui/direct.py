@@ -24,10 +24,20 @@ from comgra_ndbg.gui.custom import Visualization
 from comgra_ndbg.gui.outputs import OUTPUTS
 from comgra_ndbg.gui.state import ReaderCache
 
-__all__ = ["ROUTE", "TAP_KINDS", "changed_outputs", "parse_tap", "register_direct", "shared_inputs", "tap_answer"]
+__all__ = ["ROUTE", "TAP_KINDS", "changed_outputs", "parse_tap", "register_direct", "shared_inputs", "tap_answer",
+           "tap_item"]
 
 ROUTE = "_comgra/tap"  # under the app's routes_pathname_prefix
 TAP_KINDS = ("node", "box", "frame")  # what cytoscape's nodes are: a graph node, a closed module, an open one
+
+
+def tap_item(item: Any) -> tuple[str, str] | None:
+    """``(element id, kind)`` of a tapped item as the page sends it (``[id, kind]``), or None when it is not
+    one (the route refuses it; the view callback ignores it)."""
+    if (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(part, str) for part in item)
+            and item[0] and item[1] in TAP_KINDS):
+        return item[0], item[1]
+    return None
 
 
 def parse_tap(body: Any) -> tuple[tuple[str, str], dict[str, Any] | None, dict[str, Any] | None]:
@@ -37,11 +47,10 @@ def parse_tap(body: Any) -> tuple[tuple[str, str], dict[str, Any] | None, dict[s
     if not isinstance(body, dict):
         raise InvalidArgumentError("a tap request's body must be a JSON object with 'item', 'store' and 'keys'; "
                                    f"got {type(body).__name__}")
-    item = body.get("item")
-    if not (isinstance(item, list) and len(item) == 2 and all(isinstance(part, str) for part in item)
-            and item[0] and item[1] in TAP_KINDS):
+    item = tap_item(body.get("item"))
+    if item is None:
         raise InvalidArgumentError(f"a tap request's 'item' must be [element id, kind] with kind one of {TAP_KINDS}; "
-                                   f"got {item!r}")
+                                   f"got {body.get('item')!r}")
     stores = []
     for name in ("store", "keys"):
         value = body.get(name)
@@ -49,7 +58,7 @@ def parse_tap(body: Any) -> tuple[tuple[str, str], dict[str, Any] | None, dict[s
             raise InvalidArgumentError(f"a tap request's {name!r} must be the page's {name} store (an object) or "
                                        f"null; got {type(value).__name__}")
         stores.append(value)
-    return (item[0], item[1]), stores[0], stores[1]
+    return item, stores[0], stores[1]
 
 
 def changed_outputs(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
