@@ -72,6 +72,9 @@ window.__watch = function (kind, expect, callback) {
   function done() {
     const timeline = plot('timeline'), histogram = plot('histogram');
     if (!timeline || !timeline.layout || !histogram || !histogram.layout) { return false; }
+    // element values drawn as an image (set in the same batch as the rest) count once the image is decoded
+    const image = document.querySelector('#values img.values-image');
+    if (image && !image.complete) { return false; }
     if (expect.step !== null) {
       const marker = (timeline.layout.shapes || [])[0];
       // the histogram's title names the step, or its message says there is no snapshot at that step

@@ -28,6 +28,7 @@ import os
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -237,11 +238,24 @@ def report(label: str, actions: list[dict[str, Any]], work: dict[str, float]) ->
         print(f"    {name:42s} {ms / len(actions):8.1f} ms")
 
 
+def open_step(driver: Any, url: str, step: int) -> None:
+    """The view of ``step``, opened by its address and settled, with the page's marks set up again."""
+    driver.get(url.rstrip("/") + f"/?step={step}")
+    deadline = time.perf_counter() + 30
+    while not driver.find_element("id", gui_latency.ids.STEP_LABEL).text.startswith(f"step {step} "):
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"the explorer at {url} did not show step {step}")
+        time.sleep(0.05)
+    settle(driver)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", type=Path, default=Path("/tmp/comgra-gui-bench"))
     parser.add_argument("--actions", type=int, default=30)
     parser.add_argument("--top", type=int, default=0, help="also print the functions of most self time")
+    parser.add_argument("--tap-step", type=int, default=None,
+                        help="tap on the view of this step (e.g. one with a snapshot) instead of the last one stepped to")
     args = parser.parse_args()
     ensure_recording(args.path, gui_latency.gui_recording.STEPS)
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
@@ -254,6 +268,9 @@ def main() -> int:
         driver.execute_cdp_cmd("Profiler.enable", {})
         driver.execute_cdp_cmd("Profiler.setSamplingInterval", {"interval": 200})
         for kind, label in (("step", "step change (→/←)"), ("tap", "node tap")):
+            if kind == "tap" and args.tap_step is not None:
+                open_step(driver, url, args.tap_step)
+                label += f" at step {args.tap_step}"
             driver.execute_cdp_cmd("Profiler.start", {})
             actions = run_actions(driver, kind, args.actions, rng)
             profile = driver.execute_cdp_cmd("Profiler.stop", {})["profile"]

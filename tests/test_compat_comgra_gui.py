@@ -95,7 +95,7 @@ def test_type_of_training_step_iteration_and_batch_index_as_in_comgras_readme(br
     choose(browser, ids.SAMPLE, "sample 2")  # "batch index"
     wait_for(lambda: "· iteration 3 · sample 2 ·" in header(browser), "sample 2")
     wait_for(lambda: statistic(browser, "count") == "5", "one sample's statistics")
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} img.values-image"), "its element values")
 
 
 def test_role_of_tensor_in_the_helper_node_and_the_memory_node(browser: Any) -> None:

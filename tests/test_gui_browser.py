@@ -9,6 +9,8 @@ skipped with the reason; CI installs all three.
 """
 from __future__ import annotations
 
+import re
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from browser_support import (By, chromium, choose, click_frame, click_node, cons
 from selenium.webdriver.common.action_chains import ActionChains
 from test_gui_support import FAULT_NODE, make_faulty, make_recording, new_model, train_steps
 
-from comgra_ndbg import Recorder
+from comgra_ndbg import Recorder, open_recording
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.app import create_app
 
@@ -142,6 +144,35 @@ def test_clicking_a_node_selects_it_and_stepping_changes_the_values(browser: Any
     wait_for(lambda: statistic(browser, "mean") not in (None, at_7), "another mean at step 5")
     assert text(browser, ids.TENSOR_HEADER).startswith("hidden / hidden · value · step 5")
     screenshot(browser, "explorer.png")
+
+
+def test_element_values_read_out_the_cell_under_the_pointer_and_save_as_png_and_csv(
+        browser: Any, live: tuple[Path, Live], downloads: Path) -> None:
+    select_node(browser, "hidden")
+    image = wait_for(lambda: browser.find_elements(By.ID, ids.VALUES_IMAGE), "the element values' image")[0]
+    step = int(re.search(r"· step (\d+) ", text(browser, ids.TENSOR_HEADER)).group(1))
+    dense = open_recording(live[0], "a").snapshot(step, "hidden").dense()  # 4 samples × 8
+    size = browser.execute_script("return [arguments[0].clientWidth, arguments[0].clientHeight, "
+                                  "arguments[0].naturalWidth, arguments[0].naturalHeight];", image)
+    assert size[2:] == [8, 4]  # one pixel per element, stretched over the panel
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", image)
+    for row, column in ((0, 0), (2, 5), (3, 7)):
+        x = (column + 0.5) * size[0] / 8 - size[0] / 2
+        y = (row + 0.5) * size[1] / 4 - size[1] / 2
+        ActionChains(browser).move_to_element_with_offset(image, round(x), round(y)).perform()
+        said = wait_for(lambda: re.fullmatch(rf"sample {row}, index {column}: (\S+)", browser.find_element(
+            By.CSS_SELECTOR, ".values-readout").text), f"the readout of sample {row}, index {column}")
+        assert float(said.group(1)) == pytest.approx(float(dense[row, column]), rel=1e-5)
+    for fmt in ("csv", "png"):
+        browser.execute_script("document.getElementById(arguments[0]).click();",
+                               '{"format":"%s","target":"%s","type":"%s"}' % (fmt, ids.VALUES_IMAGE, ids.EXPORT_TYPE))
+        wait_for(lambda: list(downloads.glob(f"comgra-{ids.VALUES_IMAGE}-*.{fmt}")), f"the {fmt} file")
+    rows = next(downloads.glob(f"comgra-{ids.VALUES_IMAGE}-*.csv")).read_text().splitlines()
+    assert rows[0] == "sample,index,value" and len(rows) == 1 + 32
+    assert rows[1 + 2 * 8 + 5].startswith("2,5,") and float(rows[1 + 2 * 8 + 5].split(",")[2]) == pytest.approx(
+        float(dense[2, 5]), rel=1e-6)
+    png = next(downloads.glob(f"comgra-{ids.VALUES_IMAGE}-*.png")).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (2048, 1024)  # 256 px a cell
 
 
 def test_selectors_change_kind_sample_and_node_without_resetting_the_rest(browser: Any) -> None:

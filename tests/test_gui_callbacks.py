@@ -186,8 +186,9 @@ def test_tensor_panel_shows_the_recorded_statistics_values_and_histogram(cache: 
     rows = cells(panel["values"][0])
     assert rows[0] == ["(0, 0)", f"{snapshot.values[0]:.6g}"] and len(rows) == 32
     assert sum(panel["histogram"]["data"][0]["y"]) == 32
-    heat = panels.tensor_panel(cache, selection, ViewOptions())["values"].children[1].figure
-    assert heat["data"][0]["y"] == [0, 1, 2, 3] and len(heat["data"][0]["z"]) == 4
+    image = _find(panels.tensor_panel(cache, selection, ViewOptions())["values"], ids.VALUES_IMAGE)
+    assert json.loads(getattr(image, "data-rows")) == ["0", "1", "2", "3"]  # one row per sample
+    assert json.loads(getattr(image, "data-cells")) == snapshot.dense().reshape(4, -1).tolist()
     one = panels.tensor_panel(cache, selection_of(act(cache, "sample", 2, out)), ViewOptions(values_mode="table"))
     assert [r[0] for r in cells(one["values"][0])] == [f"({i},)" for i in range(8)]
     assert cells(one["values"][0])[0][1] == f"{snapshot.dense()[2, 0]:.6g}"

@@ -12,8 +12,7 @@ from comgra_ndbg.graph import DependencyGraph, GraphEdge, GraphNode
 from comgra_ndbg.graph.compound import visible_graph
 from comgra_ndbg.gui import cyto, figures, timelines
 from comgra_ndbg.gui.cyto import event_classes, graph_elements, graph_stylesheet, heat_colours, item_marks
-from comgra_ndbg.gui.figures import (as_matrix, colour_scale, heatmap_figure, histogram_figure, statistics_rows,
-                                     value_rows)
+from comgra_ndbg.gui.figures import as_matrix, histogram_figure, statistics_rows, value_rows
 from comgra_ndbg.gui.timelines import (decimate, ema, event_annotations, event_shapes, event_text, layers_figure,
                                        step_marker, timeline_figure, visible)
 
@@ -107,19 +106,6 @@ def test_histogram_of_a_constant_or_empty_tensor() -> None:
     empty = histogram_figure(np.array([np.nan]), title="n")
     assert empty["data"] == [] and empty["layout"]["annotations"][0]["text"] == (
         "n: no finite value · 1 NaN, 0 ±Inf not shown")
-
-
-def test_heatmap_blanks_positions_that_were_not_stored() -> None:
-    figure = heatmap_figure(np.array([[1.0, np.nan], [-2.0, 0.5]]), title="t")
-    assert figure["data"][0]["z"] == [[1.0, None], [-2.0, 0.5]]
-    assert figure["layout"]["yaxis"]["autorange"] == "reversed"
-
-
-def test_non_negative_values_get_a_sequential_colour_scale_and_signed_ones_a_diverging_one() -> None:
-    assert heatmap_figure(np.array([[0.0, 3.0]]), title="")["data"][0]["colorscale"] == "Viridis"
-    signed = heatmap_figure(np.array([[-1.0, 3.0]]), title="")["data"][0]
-    assert (signed["colorscale"], signed["zmid"]) == ("RdBu", 0.0)
-    assert colour_scale(np.array([np.nan])) == {"colorscale": "Viridis"}
 
 
 def test_dark_theme_figures_use_the_dark_template_and_colours() -> None:

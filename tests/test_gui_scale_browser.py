@@ -210,7 +210,7 @@ def test_arrow_keys_step_and_shift_arrows_go_to_the_next_snapshot(browser: Any) 
     wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 201 "), "step 201 by → →")
     ActionChains(browser).key_down(Keys.SHIFT).send_keys(Keys.ARROW_LEFT).key_up(Keys.SHIFT).perform()
     wait_for(lambda: text(browser, ids.STEP_LABEL).startswith("step 200 "), "the snapshot before, by Shift+←")
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} img.values-image"), "its element values")
 
 
 def test_the_address_holds_the_view_and_reopens_it(browser: Any, url: str) -> None:
@@ -350,7 +350,7 @@ def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(bro
     wait_for(lambda: shown_step(browser)["label"].startswith("step 201 "), "step 201")
     ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
     wait_for(lambda: shown_step(browser)["label"].startswith("step 200 "), "step 200")
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} .js-plotly-plot"), "its element values")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} img.values-image"), "its element values")
     assert "· step 200 ·" in browser.execute_script(  # the snapshot's histogram, sent along with the window
         "return document.querySelector(arguments[0]).layout.title.text;", f"#{ids.HISTOGRAM} .js-plotly-plot")
     ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()  # and from the snapshot to a note again

@@ -87,7 +87,7 @@ def test_every_step_of_the_window_is_shown_as_the_server_draws_it(cache: ReaderC
         if step % 2:
             assert f"No snapshot at step {step} " in shown["histogram"]["layout"]["annotations"][0]["text"]
         else:
-            assert shown["histogram"]["data"][0]["type"] == "bar" and "graph" in json.dumps(shown["values"]).lower()
+            assert shown["histogram"]["data"][0]["type"] == "bar" and ids.VALUES_IMAGE in json.dumps(shown["values"])
         assert shown["table"] == server["table"] and shown["header"] == server["header"]
         assert shown["label"] == server["label"] and shown["address"] == server["address"]
         if colour:

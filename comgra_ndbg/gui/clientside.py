@@ -1,6 +1,7 @@
 """What the browser does without asking the server: the graph's selection highlight and statistic colours,
 fit and centre, the hover line, the theme, the options of the node lists as the user types, reading a zoom
-of the timeline, and saving plots as PNG and CSV; with :mod:`comgra_ndbg.gui.stepscript`, stepping.
+of the timeline, and saving plots as PNG and CSV; with :mod:`comgra_ndbg.gui.stepscript`, stepping, with
+:mod:`comgra_ndbg.gui.tapscript` taps, with :mod:`comgra_ndbg.gui.valuescript` the element values' readout.
 
 The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, which ends with the stepping
 and tap scripts, inlined in the page by :func:`comgra_ndbg.gui.style.index_string`) and are wired by
@@ -18,6 +19,7 @@ from dash import ALL, ClientsideFunction, Dash, Input, Output, State
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.stepscript import STEP_SCRIPT, register_stepping
 from comgra_ndbg.gui.tapscript import TAP_SCRIPT
+from comgra_ndbg.gui.valuescript import VALUES_SCRIPT
 
 __all__ = ["NODE_MATCHES", "SCRIPT", "register_clientside"]
 
@@ -25,7 +27,7 @@ NODE_MATCHES = 60  # the names a node list shows at once; typing narrows them do
 
 SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (function () {
-  const GRAPH = %(graph)s;
+  const GRAPH = %(graph)s, VALUES_IMAGE = %(values)s;
   const NODE_MATCHES = %(matches)d;
   const none = () => window.dash_clientside.no_update;
   const cyOf = () => { const box = document.getElementById(GRAPH); return box && box._cyreg ? box._cyreg.cy : null; };
@@ -237,6 +239,11 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
         }
         return Date.now();
       }
+      if (id.target === VALUES_IMAGE) {
+        const img = document.getElementById(VALUES_IMAGE); if (!img) { return none(); }
+        window.dash_clientside.comgraValues.save(img, id.format, name, download);
+        return Date.now();
+      }
       const div = document.querySelector('#' + CSS.escape(id.target) + ' .js-plotly-plot') ||
                   document.getElementById(id.target);
       if (!div || !window.Plotly) { return none(); }
@@ -249,7 +256,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   };
 })()});
 """ % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT), "matches": NODE_MATCHES,
-       "hover": json.dumps(ids.GRAPH_HOVER)} + STEP_SCRIPT + TAP_SCRIPT
+       "hover": json.dumps(ids.GRAPH_HOVER), "values": json.dumps(ids.VALUES_IMAGE)
+       } + STEP_SCRIPT + TAP_SCRIPT + VALUES_SCRIPT
 
 
 def register_clientside(app: Dash) -> None:

@@ -1,5 +1,5 @@
 """Pure figure builders for one tensor: numpy arrays in, plotly figure dicts out (statistics table rows,
-histogram, element values, the distribution over steps, KPIs), in the light or the dark theme.
+histogram, element values as a table, the distribution over steps, KPIs), in the light or the dark theme.
 
 No dash import, no I/O, so every builder is tested by comparing dicts. Timelines are built in
 :mod:`comgra_ndbg.gui.timelines`, the graph's elements and stylesheet in :mod:`comgra_ndbg.gui.cyto`.
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["THEMES", "as_matrix", "colour_scale", "distribution_figure", "format_number", "heatmap_figure", "histogram_figure",
-           "message_figure", "plot_title", "statistics_rows", "step_line", "themed", "value_rows"]
+__all__ = ["THEMES", "as_matrix", "distribution_figure", "format_number", "histogram_figure", "message_figure",
+           "plot_title", "statistics_rows", "step_line", "themed", "value_rows"]
 
 # Colours of the page per theme; the stylesheet of the page (layout.CSS) uses the same ones.
 THEMES: dict[str, dict[str, str]] = {
@@ -23,8 +23,7 @@ THEMES: dict[str, dict[str, str]] = {
 }
 MARGIN = {"l": 52, "r": 12, "t": 40, "b": 40}
 TITLE_FONT: dict[str, Any] = {"size": 13}
-SEQUENTIAL = "Viridis"  # non-negative values
-DIVERGING = "RdBu"  # values of both signs, centred on 0
+SEQUENTIAL = "Viridis"  # counts and other non-negative values
 
 
 def _palette(theme: str) -> dict[str, str]:
@@ -100,35 +99,6 @@ def as_matrix(values: np.ndarray) -> np.ndarray:
     if values.ndim == 1:
         return values.reshape(1, -1)
     return values.reshape(-1, values.shape[-1])
-
-
-def colour_scale(values: np.ndarray) -> dict[str, Any]:
-    """The heatmap colour scale for ``values``: sequential when no finite value is negative (a magnitude, a
-    fraction, a count), diverging around 0 otherwise.
-
-    >>> colour_scale(np.array([0.0, 2.0])), colour_scale(np.array([-1.0, 2.0, np.nan]))["zmid"]
-    ({'colorscale': 'Viridis'}, 0.0)
-    """
-    finite = np.asarray(values, dtype=np.float64)
-    finite = finite[np.isfinite(finite)]
-    if not len(finite) or finite.min() >= 0:
-        return {"colorscale": SEQUENTIAL}
-    return {"colorscale": DIVERGING, "reversescale": True, "zmid": 0.0}
-
-
-def heatmap_figure(matrix: np.ndarray, *, title: str, row_label: str = "row", column_label: str = "column",
-                   theme: str = "light") -> dict[str, Any]:
-    """A heatmap of a 2-D array (row 0 at the top); NaN cells (positions not stored) stay blank."""
-    matrix = np.asarray(matrix, dtype=np.float64)
-    z = np.where(np.isfinite(matrix), matrix, np.nan)
-    return {
-        "data": [{"type": "heatmap", "z": [[None if v != v else float(v) for v in row] for row in z.tolist()],
-                  **colour_scale(matrix),
-                  "hovertemplate": f"{row_label} %{{y}}, {column_label} %{{x}}: %{{z:.5g}}<extra></extra>"}],
-        "layout": themed({"title": plot_title(title),
-                          "yaxis": {"autorange": "reversed", "title": {"text": row_label}},
-                          "xaxis": {"title": {"text": column_label}}}, theme),
-    }
 
 
 def value_rows(values: np.ndarray, shape: tuple[int, ...], positions: np.ndarray | None, *, page: int,

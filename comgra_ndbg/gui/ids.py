@@ -102,6 +102,7 @@ VALUES_MODE = "values-mode"
 VALUES_PAGE = "values-page"
 VALUES = "values"
 VALUES_NOTE = "values-note"  # the note in place of element values at a step without a snapshot
+VALUES_IMAGE = "values-image"  # a snapshot's element values drawn as an image (value_image)
 TIMELINE = "timeline"
 TIMELINE_BOX = "timeline-box"
 TIMELINE_RANGE = "timeline-range"  # the steps the user zoomed the timeline to, [low, high], or None: all of them

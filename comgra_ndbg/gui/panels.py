@@ -15,15 +15,16 @@ from dash import html
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.cyto import graph_elements, heat_colours, item_marks, item_values
 from comgra_ndbg.gui.evidence import evidence_marks, focus_of
-from comgra_ndbg.gui.figures import (as_matrix, distribution_figure, heatmap_figure, histogram_figure, message_figure,
-                                     statistics_rows, value_rows)
+from comgra_ndbg.gui.figures import (as_matrix, distribution_figure, histogram_figure, message_figure, statistics_rows,
+                                     value_rows)
 from comgra_ndbg.gui.overview import colour_label, distribution, node_matrix
 from comgra_ndbg.gui.queries import element_values, evidence_statistic, node_events, statistics_at, trace_curves
 from comgra_ndbg.gui.selection import tensor_label
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.tabs import thresholds_of
 from comgra_ndbg.gui.timelines import EvidenceMarks, event_shapes, evidence_shapes, step_marker, timeline_figure
-from comgra_ndbg.gui.views import graph_of, markdown_table, message, table
+from comgra_ndbg.gui.value_image import value_image
+from comgra_ndbg.gui.views import graph_of, markdown_table, message, table, value_view
 
 __all__ = ["HEATMAP_LIMIT", "distribution_view", "graph_state", "graph_view", "kind_label", "no_snapshot_text",
            "tensor_header", "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
@@ -119,14 +120,12 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     title = f"{label} {kind_label(selection.kind)} · step {selection.step} · {where}"
     histogram = histogram_figure(values.values, title=title, theme=theme)
     if options.values_mode != "table" and values.dense.size <= HEATMAP_LIMIT:
-        row_label = "sample" if values.first_axis is not None and values.dense.ndim == 2 else "row"
+        by_sample = values.first_axis is not None and values.dense.ndim == 2
         matrix = as_matrix(values.dense)
-        figure = heatmap_figure(matrix, title=f"element values · {values.dense.shape}", row_label=row_label,
-                                column_label="index", theme=theme)
-        if row_label == "sample":
-            figure["data"][0]["y"] = [int(i) for i in values.first_axis]
-            figure["layout"]["yaxis"]["type"] = "category"
-        values_view: Any = graph_of(figure, ids.VALUES + "-heatmap", height=min(120 + 18 * len(matrix), 420))
+        values_view: Any = value_view(value_image(matrix), title=f"element values · {values.dense.shape}",
+                                      row_label="sample" if by_sample else "row", column_label="index",
+                                      row_names=[int(i) for i in values.first_axis] if by_sample else None,
+                                      height=min(max(18 * len(matrix), 24), 320))
     else:
         page = max(int(options.values_page or 1), 1)
         rows, pages = value_rows(values.values, values.shape, values.positions, page=page - 1,

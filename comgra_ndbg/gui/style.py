@@ -76,6 +76,17 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 .scroll { overflow-x: auto; max-width: 100%; }
 .message { color: var(--muted); padding: 12px; font-style: italic; }
 .message.error { color: #b91c1c; font-style: normal; white-space: pre-wrap; font-family: monospace; }
+.values-title { font-size: 13px; margin: 4px 80px 4px 0; }
+.values-frame { display: flex; gap: 4px; }
+.values-rows { display: flex; flex-direction: column; justify-content: space-between; min-width: 64px;
+               font-size: 11px; color: var(--muted); text-align: right; }
+.values-image { flex: 1; min-width: 0; width: 100%; image-rendering: pixelated; border: 1px solid var(--border);
+                cursor: crosshair; }
+.values-columns, .values-scale, .values-readout { margin-left: 68px; font-size: 11px; color: var(--muted); }
+.values-columns { display: flex; justify-content: space-between; }
+.values-scale { display: flex; align-items: center; gap: 6px; margin-top: 4px; }
+.values-scale .values-bar { width: 180px; height: 10px; border-radius: 3px; }
+.values-readout { min-height: 16px; margin-top: 2px; color: var(--text); font-variant-numeric: tabular-nums; }
 .values-controls { display: flex; gap: 12px; align-items: center; font-size: 12px; flex-wrap: wrap; }
 .message.warning { color: #92400e; background: #fef3c7; font-style: normal; border-radius: 4px; }
 .message.healthy { color: #166534; background: #dcfce7; font-style: normal; border-radius: 4px; }
