@@ -24,7 +24,7 @@ from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.tabs import thresholds_of
 from comgra_ndbg.gui.timelines import EvidenceMarks, event_shapes, evidence_shapes, step_marker, timeline_figure
 from comgra_ndbg.gui.value_image import value_image
-from comgra_ndbg.gui.views import graph_of, markdown_table, message, table, value_view
+from comgra_ndbg.gui.views import markdown_table, message, table, value_view
 
 __all__ = ["HEATMAP_LIMIT", "distribution_view", "graph_state", "graph_view", "kind_label", "no_snapshot_text",
            "tensor_header", "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
