@@ -67,26 +67,28 @@ window.__watch = function (kind, expect, callback) {
                             {capture: true, once: true});
   const text = (id) => (document.getElementById(id) || {}).textContent || '';
   const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');
-  // what a tap must replace: the histogram's figure (redrawn: a new layout object) and the statistics
-  const histogramBefore = (plot('histogram') || {}).layout, statsBefore = text('stats-table');
+  const drawnHistogram = () => document.querySelector('#histogram canvas.histogram-canvas');
+  // what a tap must replace: the histogram's bins (at a step with a snapshot: a note in its place reads the
+  // same for every node) and the statistics
+  const histogramBefore = (drawnHistogram() || {dataset: {}}).dataset.stamp, statsBefore = text('stats-table');
   function done() {
-    const timeline = plot('timeline'), histogram = plot('histogram');
-    if (!timeline || !timeline.layout || !histogram || !histogram.layout) { return false; }
-    // element values drawn as an image (set in the same batch as the rest) count once the image is decoded
-    const image = document.querySelector('#values img.values-image');
+    const timeline = plot('timeline'), panel = document.getElementById('histogram');
+    if (!timeline || !timeline.layout || !panel || !panel.firstElementChild) { return false; }
+    // the histogram and the element values are drawn by the page: they count once drawn and decoded
+    const histogram = drawnHistogram(), image = document.querySelector('#values img.values-image');
+    if (histogram && !window.dash_clientside.comgraHistogram.drawn(histogram)) { return false; }
     if (image && !image.complete) { return false; }
     if (expect.step !== null) {
       const marker = (timeline.layout.shapes || [])[0];
-      // the histogram's title names the step, or its message says there is no snapshot at that step
-      const said = String((histogram.layout.title || {}).text || '') + ' ' +
-        ((histogram.layout.annotations || [])[0] || {}).text;
+      // the histogram's title names the step, or its note says there is no snapshot at that step
+      const said = text('histogram');
       return text('step-label').startsWith('step ' + expect.step + ' ') && text('tensor-header').includes(
         '· step ' + expect.step + ' ') && !!marker && marker.x0 === expect.step &&
         (said.includes('· step ' + expect.step + ' ') || said.includes('at step ' + expect.step + ' '));
     }
     return text('tensor-header').startsWith(expect.node + ' /') && !!timeline.layout.title &&
       String(timeline.layout.title.text).includes(expect.tensor) && !!document.getElementById('stats-table-table') &&
-      text('stats-table') !== statsBefore && histogram.layout !== histogramBefore;
+      text('stats-table') !== statsBefore && (!histogram || histogram.dataset.stamp !== histogramBefore);
   }
   const deadline = performance.now() + 20000;
   (function poll() {

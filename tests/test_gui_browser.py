@@ -25,6 +25,8 @@ from test_gui_support import FAULT_NODE, make_faulty, make_recording, new_model,
 from comgra_ndbg import Recorder, open_recording
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.app import create_app
+from comgra_ndbg.gui.figures import histogram_bins
+from comgra_ndbg.gui.histogramscript import MARGIN
 
 pytestmark = pytest.mark.slow
 
@@ -173,6 +175,42 @@ def test_element_values_read_out_the_cell_under_the_pointer_and_save_as_png_and_
         float(dense[2, 5]), rel=1e-6)
     png = next(downloads.glob(f"comgra-{ids.VALUES_IMAGE}-*.png")).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (2048, 1024)  # 256 px a cell
+
+
+def test_the_histogram_is_drawn_reads_out_the_bar_under_the_pointer_and_saves_as_png_and_csv(
+        browser: Any, live: tuple[Path, Live], downloads: Path) -> None:
+    select_node(browser, "hidden")
+    canvas = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.HISTOGRAM} canvas.histogram-canvas"),
+                      "the histogram")[0]
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", canvas)
+    wait_for(lambda: browser.execute_script("return window.dash_clientside.comgraHistogram.drawn(arguments[0]);",
+                                            canvas), "the histogram drawn")
+    step = int(re.search(r"· step (\d+) ", text(browser, ids.TENSOR_HEADER)).group(1))
+    bins = histogram_bins(open_recording(live[0], "a").snapshot(step, "hidden").values)
+    width, height = browser.execute_script("return [arguments[0].clientWidth, arguments[0].clientHeight];", canvas)
+    inner = width - MARGIN["left"] - MARGIN["right"]
+    tallest = max(range(len(bins.counts)), key=lambda i: bins.counts[i])
+    for i in (tallest, min(range(len(bins.counts)), key=lambda i: bins.counts[i])):
+        x = MARGIN["left"] + (i + 0.5) / len(bins.counts) * inner
+        pixel = browser.execute_script(  # the bar's colour just above the axis where there are values
+            "const copy = document.createElement('canvas'); copy.width = arguments[0].width;"
+            "copy.height = arguments[0].height; const c = copy.getContext('2d', {willReadFrequently: true});"
+            "c.drawImage(arguments[0], 0, 0);"
+            "return Array.from(c.getImageData(arguments[1], arguments[2], 1, 1).data);",
+            canvas, round(x), height - MARGIN["bottom"] - 2)
+        assert (pixel[:3] == [0x4C, 0x72, 0xB0]) == (bins.counts[i] > 0)
+        ActionChains(browser).move_to_element_with_offset(canvas, round(x - width / 2), 0).perform()
+        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, ".histogram-readout").text.endswith(
+            f": {bins.counts[i]} value" + ("" if bins.counts[i] == 1 else "s")), f"the readout of bar {i}")
+    for fmt in ("csv", "png"):
+        browser.execute_script("document.getElementById(arguments[0]).click();",
+                               '{"format":"%s","target":"%s","type":"%s"}' % (fmt, ids.HISTOGRAM, ids.EXPORT_TYPE))
+        wait_for(lambda: list(downloads.glob(f"comgra-{ids.HISTOGRAM}-*.{fmt}")), f"the {fmt} file")
+    rows = next(downloads.glob(f"comgra-{ids.HISTOGRAM}-*.csv")).read_text().splitlines()
+    assert rows[0] == "low,high,count" and [int(r.split(",")[2]) for r in rows[1:]] == bins.counts
+    assert float(rows[1].split(",")[0]) == pytest.approx(bins.edges[0])
+    png = next(downloads.glob(f"comgra-{ids.HISTOGRAM}-*.png")).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (2 * width, 2 * (height + 22))
 
 
 def test_selectors_change_kind_sample_and_node_without_resetting_the_rest(browser: Any) -> None:

@@ -300,12 +300,12 @@ def shown_step(driver: Any) -> dict[str, Any]:
     return driver.execute_script(
         "const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');"
         "const t = (id) => (document.getElementById(id) || {}).textContent || '';"
-        "const h = plot(arguments[0]).layout, m = plot(arguments[1]).layout;"
+        "const m = plot(arguments[1]).layout;"
         "return {label: t(arguments[2]), header: t(arguments[3]), table: t(arguments[4]),"
         " box: document.getElementById(arguments[5]).value, marker: (m.shapes || [{}])[0].x0,"
-        " note: ((h.annotations || [])[0] || {}).text || '', values: t(arguments[6]), address: location.search,"
+        " note: t(arguments[0]), values: t(arguments[6]), address: location.search,"
         " views: window.__views};",
-        ids.HISTOGRAM, ids.TIMELINE, ids.STEP_LABEL, ids.TENSOR_HEADER, ids.STATS_TABLE, ids.STEP_BOX, ids.VALUES)
+        ids.HISTOGRAM_NOTE, ids.TIMELINE, ids.STEP_LABEL, ids.TENSOR_HEADER, ids.STATS_TABLE, ids.STEP_BOX, ids.VALUES)
 
 
 def window_held(driver: Any) -> bool:
@@ -352,7 +352,7 @@ def test_stepping_near_the_step_drawn_is_shown_by_the_page_without_a_request(bro
     wait_for(lambda: shown_step(browser)["label"].startswith("step 200 "), "step 200")
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f"#{ids.VALUES} img.values-image"), "its element values")
     assert "· step 200 ·" in browser.execute_script(  # the snapshot's histogram, sent along with the window
-        "return document.querySelector(arguments[0]).layout.title.text;", f"#{ids.HISTOGRAM} .js-plotly-plot")
+        "return document.querySelector(arguments[0]).textContent;", f"#{ids.HISTOGRAM} .histogram-title")
     ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()  # and from the snapshot to a note again
     wait_for(lambda: shown_step(browser)["note"].startswith("No snapshot at step 199 "), "step 199's note")
     wait_for(lambda: shown_step(browser)["values"] == shown_step(browser)["note"], "the note in place of values")

@@ -41,15 +41,15 @@ def shown_by_page(window: dict[str, Any], position: int) -> dict[str, Any] | Non
     step = window["steps"][i]
     values, panel = window["stats"][i], window["panels"][i]
     if panel is not None:
-        note_figure, note = panel["histogram"], panel["values"]
+        histogram, note = panel["histogram"], panel["values"]
     else:
         note = window["notes"][window["note"][i]].replace("{step}", str(step), 1)
-        note_figure = json.loads(json.dumps(window["note_figure"]))
-        note_figure["layout"]["annotations"][0]["text"] = note
+        histogram = as_json(window["note_histogram"])
+        histogram["props"]["children"] = note
     return {
         "table": window["head"] + "".join(f"\n| {name} | {value} |" for name, value in zip(window["names"], values)
                                           if value is not None),
-        "histogram": note_figure, "values": as_json(note),
+        "histogram": as_json(histogram), "values": as_json(note),
         "header": f"{window['header'][0]} · step {step} {window['header'][1]}",
         "label": f"step {step} · {position + 1}{window['label_tail']}",
         "address": re.sub(r"([?&]step=)-?[0-9]+", rf"\g<1>{step}", window["address"]),
@@ -61,7 +61,7 @@ def shown_by_page(window: dict[str, Any], position: int) -> dict[str, Any] | Non
 def drawn_by_server(cache: ReaderCache, address: str) -> dict[str, Any]:
     out = callbacks.update_view(cache, "url", address, None, None)
     colours = out["graph_view"]["colours"]
-    return {"table": out["stats"].children, "histogram": out["histogram"],
+    return {"table": out["stats"].children, "histogram": as_json(out["histogram"]),
             "values": as_json(out["values"].children if out["values"].children and isinstance(
                 out["values"].children, str) else out["values"]), "header": out["header"], "label": out["step_label"],
             "address": out["url"], "colours": colours, "scale": out["colour_scale"][0] if colours else None}
@@ -85,9 +85,9 @@ def test_every_step_of_the_window_is_shown_as_the_server_draws_it(cache: ReaderC
         server = drawn_by_server(cache, re.sub(r"step=9", f"step={step}", LINK + colour))
         assert shown["histogram"] == server["histogram"] and shown["values"] == server["values"]
         if step % 2:
-            assert f"No snapshot at step {step} " in shown["histogram"]["layout"]["annotations"][0]["text"]
+            assert f"No snapshot at step {step} " in shown["histogram"]["props"]["children"]
         else:
-            assert shown["histogram"]["data"][0]["type"] == "bar" and ids.VALUES_IMAGE in json.dumps(shown["values"])
+            assert "histogram-canvas" in json.dumps(shown["histogram"]) and ids.VALUES_IMAGE in json.dumps(shown["values"])
         assert shown["table"] == server["table"] and shown["header"] == server["header"]
         assert shown["label"] == server["label"] and shown["address"] == server["address"]
         if colour:

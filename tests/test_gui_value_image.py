@@ -50,7 +50,8 @@ def test_the_png_holds_the_pixels_it_was_given() -> None:
 def test_non_negative_values_span_viridis_from_their_minimum_to_their_maximum() -> None:
     rgba, low, high, signed = colour_cells(np.array([[2.0, 6.0], [4.0, 2.0 + 4.0 / 9.0]]))
     assert (low, high, signed) == (2.0, 6.0, False)
-    assert rgba[0, 0, :3].tolist() == rgb(sequential.Viridis[0]) and rgba[0, 1, :3].tolist() == rgb(sequential.Viridis[-1])
+    assert rgba[0, 0, :3].tolist() == rgb(sequential.Viridis[0])
+    assert rgba[0, 1, :3].tolist() == rgb(sequential.Viridis[-1])
     assert rgba[1, 1, :3].tolist() == rgb(sequential.Viridis[1])  # a ninth of the way: the second stop exactly
     between = (np.array(rgb(sequential.Viridis[4])) + np.array(rgb(sequential.Viridis[5]))) / 2  # halfway: 4.5/9
     assert np.abs(rgba[1, 0, :3].astype(int) - between).max() <= 1

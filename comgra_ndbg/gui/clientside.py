@@ -1,7 +1,8 @@
 """What the browser does without asking the server: the graph's selection highlight and statistic colours,
 fit and centre, the hover line, the theme, the options of the node lists as the user types, reading a zoom
 of the timeline, and saving plots as PNG and CSV; with :mod:`comgra_ndbg.gui.stepscript`, stepping, with
-:mod:`comgra_ndbg.gui.tapscript` taps, with :mod:`comgra_ndbg.gui.valuescript` the element values' readout.
+:mod:`comgra_ndbg.gui.tapscript` taps, with :mod:`comgra_ndbg.gui.valuescript` and
+:mod:`comgra_ndbg.gui.histogramscript` the element values' readout and the histogram's drawing.
 
 The functions live in ``window.dash_clientside.comgra`` (:data:`SCRIPT`, which ends with the stepping
 and tap scripts, inlined in the page by :func:`comgra_ndbg.gui.style.index_string`) and are wired by
@@ -18,6 +19,7 @@ from dash import ALL, ClientsideFunction, Dash, Input, Output, State
 
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.stepscript import STEP_SCRIPT, register_stepping
+from comgra_ndbg.gui.histogramscript import HISTOGRAM_SCRIPT
 from comgra_ndbg.gui.tapscript import TAP_SCRIPT
 from comgra_ndbg.gui.valuescript import VALUES_SCRIPT
 
@@ -27,7 +29,7 @@ NODE_MATCHES = 60  # the names a node list shows at once; typing narrows them do
 
 SCRIPT = """
 window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (function () {
-  const GRAPH = %(graph)s, VALUES_IMAGE = %(values)s;
+  const GRAPH = %(graph)s, VALUES_IMAGE = %(values)s, HISTOGRAM = %(histogram)s;
   const NODE_MATCHES = %(matches)d;
   const none = () => window.dash_clientside.no_update;
   const cyOf = () => { const box = document.getElementById(GRAPH); return box && box._cyreg ? box._cyreg.cy : null; };
@@ -239,6 +241,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
         }
         return Date.now();
       }
+      if (id.target === HISTOGRAM) {
+        return window.dash_clientside.comgraHistogram.save(id.format, name, download) ? Date.now() : none();
+      }
       if (id.target === VALUES_IMAGE) {
         const img = document.getElementById(VALUES_IMAGE); if (!img) { return none(); }
         window.dash_clientside.comgraValues.save(img, id.format, name, download);
@@ -256,8 +261,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
   };
 })()});
 """ % {"graph": json.dumps(ids.GRAPH), "fit": json.dumps(ids.GRAPH_FIT), "matches": NODE_MATCHES,
-       "hover": json.dumps(ids.GRAPH_HOVER), "values": json.dumps(ids.VALUES_IMAGE)
-       } + STEP_SCRIPT + TAP_SCRIPT + VALUES_SCRIPT
+       "hover": json.dumps(ids.GRAPH_HOVER), "values": json.dumps(ids.VALUES_IMAGE),
+       "histogram": json.dumps(ids.HISTOGRAM)} + STEP_SCRIPT + TAP_SCRIPT + VALUES_SCRIPT + HISTOGRAM_SCRIPT
 
 
 def register_clientside(app: Dash) -> None:

@@ -7,11 +7,13 @@ No dash import, no I/O, so every builder is tested by comparing dicts. Timelines
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["THEMES", "as_matrix", "distribution_figure", "format_number", "histogram_figure", "message_figure",
+__all__ = ["THEMES", "HistogramBins", "as_matrix", "bar_colour", "distribution_figure", "format_number",
+           "histogram_bins", "histogram_figure", "message_figure",
            "plot_title", "statistics_rows", "step_line", "themed", "value_rows"]
 
 # Colours of the page per theme; the stylesheet of the page (layout.CSS) uses the same ones.
@@ -28,6 +30,11 @@ SEQUENTIAL = "Viridis"  # counts and other non-negative values
 
 def _palette(theme: str) -> dict[str, str]:
     return THEMES.get(theme, THEMES["light"])
+
+
+def bar_colour(theme: str) -> str:
+    """The colour of a histogram's bars in ``theme``."""
+    return _palette(theme)["bar"]
 
 
 def themed(layout: dict[str, Any], theme: str = "light") -> dict[str, Any]:
@@ -63,26 +70,56 @@ def statistics_rows(stats: Mapping[str, float]) -> list[tuple[str, str]]:
     return [(name, format_number(float(value))) for name, value in stats.items()]
 
 
-def histogram_figure(values: np.ndarray, *, title: str, bins: int = 40, theme: str = "light") -> dict[str, Any]:
-    """A bar chart of the finite element values; non-finite values are counted in the title, not binned.
+@dataclass(frozen=True)
+class HistogramBins:
+    """The finite element values of a tensor in equal bins: ``counts`` per bin, ``edges`` (one more than the
+    counts), and how many values were finite, NaN and ±Inf (non-finite values are counted, not binned)."""
 
-    The bins are computed here (not by plotly), so the figure holds exactly the counts a test can check.
+    counts: list[int]
+    edges: list[float]
+    finite: int
+    nan: int
+    inf: int
+
+    def caption(self, title: str) -> str:
+        """The histogram's title: ``title``, the values binned and the non-finite ones left out."""
+        suffix = f" · {self.nan} NaN, {self.inf} ±Inf not shown" if self.nan or self.inf else ""
+        return f"{title} · {self.finite} values{suffix}" if self.finite else f"{title}: no finite value{suffix}"
+
+
+def histogram_bins(values: np.ndarray, bins: int = 40) -> HistogramBins:
+    """``values`` in ``bins`` equal bins from their finite minimum to their maximum (a constant tensor: one
+    unit wide around its value); no bins when no value is finite.
+
+    >>> histogram_bins(np.array([0.0, 1.0, 1.0, 2.0, np.nan]), bins=2)
+    HistogramBins(counts=[1, 3], edges=[0.0, 1.0, 2.0], finite=4, nan=1, inf=0)
     """
     values = np.asarray(values, dtype=np.float64).ravel()
     finite = values[np.isfinite(values)]
     nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-    suffix = f" · {nan} NaN, {inf} ±Inf not shown" if nan or inf else ""
     if not len(finite):
-        return message_figure(f"{title}: no finite value{suffix}", theme=theme)
+        return HistogramBins(counts=[], edges=[], finite=0, nan=nan, inf=inf)
     low, high = float(finite.min()), float(finite.max())
     if low == high:
         low, high = low - 0.5, high + 0.5
     counts, edges = np.histogram(finite, bins=bins, range=(low, high))
+    return HistogramBins(counts=counts.tolist(), edges=edges.tolist(), finite=len(finite), nan=nan, inf=inf)
+
+
+def histogram_figure(values: np.ndarray, *, title: str, bins: int = 40, theme: str = "light") -> dict[str, Any]:
+    """A bar chart of the finite element values (:func:`histogram_bins`), for plots that overlay several.
+
+    The bins are computed here (not by plotly), so the figure holds exactly the counts a test can check.
+    """
+    found = histogram_bins(values, bins)
+    if not found.finite:
+        return message_figure(found.caption(title), theme=theme)
+    edges = np.asarray(found.edges)
     centres = (edges[:-1] + edges[1:]) / 2
     return {
-        "data": [{"type": "bar", "x": centres.tolist(), "y": counts.tolist(), "width": float(edges[1] - edges[0]),
+        "data": [{"type": "bar", "x": centres.tolist(), "y": found.counts, "width": float(edges[1] - edges[0]),
                   "marker": {"color": _palette(theme)["bar"]}, "hovertemplate": "%{x:.4g}: %{y}<extra></extra>"}],
-        "layout": themed({"title": plot_title(f"{title} · {len(finite)} values{suffix}"), "bargap": 0.02,
+        "layout": themed({"title": plot_title(found.caption(title)), "bargap": 0.02,
                           "xaxis": {"title": {"text": "value"}}, "yaxis": {"title": {"text": "count"}}}, theme),
     }
 

@@ -97,7 +97,8 @@ TAB_NAMES = {TAB_TENSORS: "tensors", TAB_DISTRIBUTION: "distribution", TAB_DIAGN
 # ---- Tensors tab -----------------------------------------------------------------------------------------
 TENSOR_HEADER = "tensor-header"
 STATS_TABLE = "stats-table"
-HISTOGRAM = "histogram"
+HISTOGRAM = "histogram"  # the panel: a histogram drawn by the page (histogramscript) or a note
+HISTOGRAM_NOTE = "histogram-note"  # the note in place of a histogram at a step without a snapshot
 VALUES_MODE = "values-mode"
 VALUES_PAGE = "values-page"
 VALUES = "values"

@@ -16,7 +16,7 @@ from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.clientside import CLIENT_STORES
 from comgra_ndbg.gui.cyto import ROLE_COLORS, graph_stylesheet
 from comgra_ndbg.gui.overview import COLOURS
-from comgra_ndbg.gui.views import plot
+from comgra_ndbg.gui.views import histogram_panel, plot
 from comgra_ndbg.stats.statistics import STATISTICS
 
 __all__ = ["build_layout"]
@@ -89,7 +89,7 @@ def _tensors_tab() -> html.Div:
         html.Div(id=ids.TENSOR_HEADER, className="tensor-header"),
         html.Div([
             html.Div(html.Div(id=ids.STATS_TABLE), style={"flex": "0 0 230px"}),
-            html.Div(plot(ids.HISTOGRAM, 300), className="half"),
+            html.Div(histogram_panel(), className="half"),
         ], className="row"),
         html.Div([
             dcc.Dropdown(id=ids.OVERLAY_NODES, options=[], value=[], multi=True, placeholder="overlay nodes…",

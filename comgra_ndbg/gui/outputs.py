@@ -25,7 +25,7 @@ OUTPUTS: dict[str, tuple[Any, str]] = {
     "graph_note": (ids.GRAPH_NOTE, "children"), "node_names": (ids.NODE_NAMES, "data"),
     "search": (ids.GRAPH_SEARCH, "value"),
     "header": (ids.TENSOR_HEADER, "children"), "stats": (ids.STATS_TABLE, "children"),
-    "histogram": (ids.HISTOGRAM, "figure"), "values": (ids.VALUES, "children"), "timeline": (ids.TIMELINE, "figure"),
+    "histogram": (ids.HISTOGRAM, "children"), "values": (ids.VALUES, "children"), "timeline": (ids.TIMELINE, "figure"),
     "distribution": (ids.DISTRIBUTION, "figure"),
     "overlay_trials_options": (ids.OVERLAY_TRIALS, "options"), "overlay_nodes": (ids.OVERLAY_NODES, "value"),
     "overlay_trials": (ids.OVERLAY_TRIALS, "value"), "timeline_options": (ids.TIMELINE_OPTIONS, "value"),

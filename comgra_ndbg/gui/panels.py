@@ -15,8 +15,8 @@ from dash import html
 from comgra_ndbg.gui import ids
 from comgra_ndbg.gui.cyto import graph_elements, heat_colours, item_marks, item_values
 from comgra_ndbg.gui.evidence import evidence_marks, focus_of
-from comgra_ndbg.gui.figures import (as_matrix, distribution_figure, histogram_figure, message_figure, statistics_rows,
-                                     value_rows)
+from comgra_ndbg.gui.figures import (as_matrix, bar_colour, distribution_figure, histogram_bins, message_figure,
+                                     statistics_rows, value_rows)
 from comgra_ndbg.gui.overview import colour_label, distribution, node_matrix
 from comgra_ndbg.gui.queries import element_values, evidence_statistic, node_events, statistics_at, trace_curves
 from comgra_ndbg.gui.selection import tensor_label
@@ -24,7 +24,7 @@ from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
 from comgra_ndbg.gui.tabs import thresholds_of
 from comgra_ndbg.gui.timelines import EvidenceMarks, event_shapes, evidence_shapes, step_marker, timeline_figure
 from comgra_ndbg.gui.value_image import value_image
-from comgra_ndbg.gui.views import markdown_table, message, table, value_view
+from comgra_ndbg.gui.views import histogram_view, markdown_table, message, table, value_view
 
 __all__ = ["HEATMAP_LIMIT", "distribution_view", "graph_state", "graph_view", "kind_label", "no_snapshot_text",
            "tensor_header", "tensor_panel", "timeline_evidence", "timeline_shapes", "timeline_view"]
@@ -101,7 +101,8 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     theme = options.theme
     if selection.tensor is None or selection.kind is None or selection.step is None:
         text = "Nothing recorded to show: no tensor or no recorded step in this trial."
-        return {"header": text, "stats": message(text), "histogram": message_figure(text, theme=theme), "values": ""}
+        return {"header": text, "stats": message(text), "histogram": message(text, element_id=ids.HISTOGRAM_NOTE),
+                "values": ""}
     where = "whole batch" if selection.sample is None else f"sample {selection.sample}"
     header = tensor_header(cache, selection)
     label = tensor_label(selection.tensor, selection.node or _tensor_info(cache, selection).node)
@@ -116,9 +117,12 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     if values is None:
         text = no_snapshot_text(cache, selection)
         return {"header": header, "stats": stats_view,
-                "histogram": message_figure(text, theme=theme), "values": message(text, element_id=ids.VALUES_NOTE)}
+                "histogram": message(text, element_id=ids.HISTOGRAM_NOTE),
+                "values": message(text, element_id=ids.VALUES_NOTE)}
     title = f"{label} {kind_label(selection.kind)} · step {selection.step} · {where}"
-    histogram = histogram_figure(values.values, title=title, theme=theme)
+    bins = histogram_bins(values.values)
+    histogram = (histogram_view(bins, title=title, colour=bar_colour(theme)) if bins.finite else
+                 message(bins.caption(title), element_id=ids.HISTOGRAM_NOTE))
     if options.values_mode != "table" and values.dense.size <= HEATMAP_LIMIT:
         by_sample = values.first_axis is not None and values.dense.ndim == 2
         matrix = as_matrix(values.dense)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from comgra_ndbg.gui import ids
-from comgra_ndbg.gui.figures import format_number, message_figure
+from comgra_ndbg.gui.figures import format_number
 from comgra_ndbg.gui.panels import graph_state, no_snapshot_text, tensor_header, tensor_panel
 from comgra_ndbg.gui.queries import statistics_at, statistics_over
 from comgra_ndbg.gui.state import ReaderCache, Selection, ViewOptions
@@ -44,8 +44,8 @@ def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions, 
       listed value, the text :func:`~comgra_ndbg.gui.views.markdown_table` makes;
     - the histogram's note: ``notes`` (texts with the step as ``{step}``) and per step ``note``, an index;
     - ``panels``: at the :data:`SNAPSHOTS` snapshot steps nearest the current one, the histogram figure and
-      the element values (components) the tensor panel draws there; None elsewhere; ``note_figure`` and
-      ``note_values``: the histogram and values with no text, to show a note in place of a snapshot;
+      the element values (components) the tensor panel draws there; None elsewhere; ``note_histogram`` and
+      ``note_values``: the histogram's and values' notes with no text, to show in place of a snapshot;
     - ``stats`` is None at a step the server must draw (another snapshot, or no statistics), ``note`` there
       and at the steps of ``panels``;
     - ``header`` and ``scale``: the tensor header and the colour scale's first line, before and after the
@@ -83,7 +83,7 @@ def step_window(cache: ReaderCache, selection: Selection, options: ViewOptions, 
         notes=notes,
         note=[None if v is None or panel is not None else _note(cache, selection, step, notes)
               for step, panel, v in zip(window, panels, values)],
-        panels=panels, note_figure=message_figure("", theme=options.theme),
+        panels=panels, note_histogram=message("", element_id=ids.HISTOGRAM_NOTE),
         note_values=message("", element_id=ids.VALUES_NOTE),
         header=header, label_tail=f" of {len(steps)} {selection.step_type} steps",
         address=to_address(selection, options), colours=None, scale=None,
@@ -106,7 +106,8 @@ def _panel(cache: ReaderCache, selection: Selection, options: ViewOptions, step:
     """The histogram and element values of the snapshot at ``step`` as the tensor panel draws them (None
     where it draws a note instead)."""
     panel = tensor_panel(cache, dataclasses.replace(selection, step=step), options)
-    return {"histogram": panel["histogram"], "values": panel["values"]} if panel["histogram"]["data"] else None
+    drawn = getattr(panel["histogram"], "id", None) != ids.HISTOGRAM_NOTE
+    return {"histogram": panel["histogram"], "values": panel["values"]} if drawn else None
 
 
 def _note(cache: ReaderCache, selection: Selection, step: int, notes: list[str]) -> int:

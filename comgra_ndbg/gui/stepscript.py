@@ -71,9 +71,10 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     const i = d ? position - d.first : -1;
     if (!d || !shown.stats || i < 0 || i >= d.steps.length || d.stats[i] === null) { return false; }
     const plot = (id) => document.querySelector('#' + id + ' .js-plotly-plot');
-    const timeline = plot(%(timeline)s), histogram = plot(%(histogram)s);
-    if (!window.Plotly || !timeline || !timeline.layout || !histogram || !histogram.layout ||
-        !document.getElementById(%(table)s) || !(shown.snapshot || document.getElementById(%(note)s))) {
+    const timeline = plot(%(timeline)s);
+    if (!window.Plotly || !timeline || !timeline.layout || !document.getElementById(%(histogram)s) ||
+        !document.getElementById(%(table)s) ||
+        !(shown.snapshot || (document.getElementById(%(note)s) && document.getElementById(%(histogramNote)s)))) {
       return false;
     }
     const step = d.steps[i], set = window.dash_clientside.set_props, Patch = window.dash_clientside.Patch;
@@ -88,18 +89,17 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     set(%(header)s, {children: d.header[0] + ' · step ' + step + ' ' + d.header[1]});
     set(%(label)s, {children: 'step ' + step + ' · ' + (position + 1) + d.label_tail});
     if (panel) {  // a snapshot's histogram and element values, as the server draws them
-      window.Plotly.react(histogram, panel.histogram.data, panel.histogram.layout);
+      set(%(histogram)s, {children: panel.histogram});
       set(%(values)s, {children: panel.values});
-    } else if (wasSnapshot) {  // a note in place of the snapshot shown
-      const figure = JSON.parse(JSON.stringify(d.note_figure));
-      figure.layout.annotations[0].text = note;
-      window.Plotly.react(histogram, figure.data, figure.layout);
-      const said = JSON.parse(JSON.stringify(d.note_values));
-      said.props.children = note;
-      set(%(values)s, {children: said});
+    } else if (wasSnapshot) {  // notes in place of the snapshot shown
+      [[%(histogram)s, d.note_histogram], [%(values)s, d.note_values]].forEach(([id, empty]) => {
+        const said = JSON.parse(JSON.stringify(empty));
+        said.props.children = note;
+        set(id, {children: said});
+      });
     } else {
       set(%(note)s, {children: note});
-      retitle(histogram, note);
+      set(%(histogramNote)s, {children: note});
     }
     const box = document.getElementById(%(box)s);  // dcc.Input sets its field itself too: no render needed
     if (box && document.activeElement !== box) { box.value = step; }
@@ -116,10 +116,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     }
     return true;
   }
-  // plotly.js's relayout of one shape or one annotation's text redoes the plot's axes, some 10 ms a plot: the
-  // marker and the note are changed in place instead. The figure's layout and plotly.js's full layout are
-  // told the new values, so any later redraw (a zoom, a resize) draws them as shown; where the plot is not
-  // drawn as expected, relayout does it.
+  // plotly.js's relayout of one shape redoes the plot's axes, some 10 ms a plot: the step marker is moved in
+  // place instead. The figure's layout and plotly.js's full layout are told the new position, so any later
+  // redraw (a zoom, a resize) draws it as shown; where the plot is not drawn as expected, relayout does it.
   function moveMarker(gd, step) {
     const full = gd._fullLayout, xa = full && full.xaxis;
     const path = gd.querySelector('.shapelayer path[data-index="0"]');
@@ -131,16 +130,6 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
     gd.layout.shapes[0].x0 = gd.layout.shapes[0].x1 = full.shapes[0].x0 = full.shapes[0].x1 = step;
     const x = (xa._offset + xa.l2p(step)).toFixed(2);
     path.setAttribute('d', 'M' + x + ',' + drawn[1] + 'L' + x + ',' + drawn[2]);
-  }
-  function retitle(gd, text) {
-    const full = gd._fullLayout, node = gd.querySelector('.annotation-text');
-    if (!node || node.children.length || !full || !(full.annotations || []).length) {
-      window.Plotly.relayout(gd, {'annotations[0].text': text});
-      return;
-    }
-    gd.layout.annotations[0].text = full.annotations[0].text = text;
-    node.textContent = text;
-    node.setAttribute('data-unformatted', text);
   }
   function asked(trigger, value) { return [trigger, value, Date.now()]; }
   // The server's answers: the window of steps it drew and the address of its view, read from Dash's store as
@@ -234,7 +223,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraStep: 
 """ % {"step": json.dumps(ids.STEP), "prev": json.dumps(ids.STEP_PREV),
        "thumb": json.dumps(f"#{ids.STEP} [role='slider']"),
        "buttons": json.dumps(f"#{ids.STEP_PREV}, #{ids.STEP_NEXT}"), "timeline": json.dumps(ids.TIMELINE),
-       "histogram": json.dumps(ids.HISTOGRAM), "table": json.dumps(ids.STATS_TABLE + "-table"),
+       "histogram": json.dumps(ids.HISTOGRAM), "histogramNote": json.dumps(ids.HISTOGRAM_NOTE),
+       "table": json.dumps(ids.STATS_TABLE + "-table"),
        "note": json.dumps(ids.VALUES_NOTE), "header": json.dumps(ids.TENSOR_HEADER), "values": json.dumps(ids.VALUES),
        "label": json.dumps(ids.STEP_LABEL), "box": json.dumps(ids.STEP_BOX), "selection": json.dumps(ids.SELECTION),
        "keys": json.dumps(ids.KEYS), "scale": json.dumps(ids.COLOUR_SCALE), "forget": json.dumps(FORGET),

@@ -76,6 +76,10 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 .scroll { overflow-x: auto; max-width: 100%; }
 .message { color: var(--muted); padding: 12px; font-style: italic; }
 .message.error { color: #b91c1c; font-style: normal; white-space: pre-wrap; font-family: monospace; }
+.histogram-title { font-size: 13px; margin: 4px 80px 2px 0; overflow-wrap: anywhere; }
+.histogram-canvas { display: block; width: 100%; color: var(--text); background: var(--panel);
+                    border-top: 0 solid var(--border); cursor: crosshair; }
+.histogram-readout { min-height: 16px; margin-left: 52px; font-size: 11px; font-variant-numeric: tabular-nums; }
 .values-title { font-size: 13px; margin: 4px 80px 4px 0; }
 .values-frame { display: flex; gap: 4px; }
 .values-rows { display: flex; flex-direction: column; justify-content: space-between; min-width: 64px;

@@ -14,11 +14,11 @@ from typing import Any
 from dash import dcc, html
 
 from comgra_ndbg.gui import ids
-from comgra_ndbg.gui.figures import format_number
+from comgra_ndbg.gui.figures import HistogramBins, format_number
 from comgra_ndbg.gui.value_image import ValueImage
 
 __all__ = ["GRAPH_CONFIG", "graph_of", "markdown_cell", "markdown_table", "markdown_text", "message", "module_table",
-           "notes_table", "plot", "problems_view", "table", "value_view"]
+           "histogram_panel", "histogram_view", "notes_table", "plot", "problems_view", "table", "value_view"]
 
 MARKDOWN_SPECIAL = "\\`*_{}[]<>()#+-.!|~"  # escaped in a Markdown table's cells, so they show as typed
 MARKDOWN_ESCAPES = str.maketrans({**{c: "\\" + c for c in MARKDOWN_SPECIAL}, "\n": " "})
@@ -164,4 +164,26 @@ def value_view(image: ValueImage, *, title: str, row_label: str, column_label: s
         html.Div(scale, className="values-scale"),
         html.Div("point at a cell to read its value", className="values-readout"),
     ], className="plot values-view")
+
+
+def histogram_panel() -> html.Div:
+    """The Tensors tab's histogram panel, filled by the view callback (:func:`histogram_view` or a note),
+    with buttons that save the histogram as a PNG image and its bins as CSV."""
+    return html.Div([_exports(ids.HISTOGRAM, "this histogram"), html.Div(id=ids.HISTOGRAM, className="histogram")],
+                    className="plot")
+
+
+def histogram_view(bins: HistogramBins, *, title: str, colour: str, height: int = 250) -> html.Div:
+    """A histogram drawn by the page's script on a canvas (:mod:`comgra_ndbg.gui.histogramscript`) from the
+    counts and edges it carries, with its title above and a line that reads out the bar under the pointer.
+    Drawn in about a millisecond, where a plotly.js bar chart takes 8–12 on every tap and step to a snapshot."""
+    counts = json.dumps(bins.counts, separators=(",", ":"))
+    edges = json.dumps(bins.edges, separators=(",", ":"))
+    return html.Div([
+        html.Div(bins.caption(title), className="histogram-title"),
+        html.Canvas(className="histogram-canvas", style={"height": f"{height}px"},
+                    **{"data-counts": counts, "data-edges": edges, "data-colour": colour,
+                       "data-stamp": f"{zlib.crc32((counts + edges + colour).encode()):08x}"}),
+        html.Div("point at a bar to read its count", className="histogram-readout"),
+    ], className="histogram-view")
 
