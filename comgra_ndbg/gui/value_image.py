@@ -57,7 +57,7 @@ def colour_cells(matrix: np.ndarray) -> tuple[np.ndarray, float, float, bool]:
     scale is diverging. Non-finite cells are transparent; a constant array takes the middle colour.
 
     >>> rgba, low, high, signed = colour_cells(np.array([[0.0, 1.0, np.nan]]))
-    >>> rgba[0, 0].tolist(), rgba[0, 1].tolist(), rgba[0, 2, 3], (low, high, signed)
+    >>> rgba[0, 0].tolist(), rgba[0, 1].tolist(), int(rgba[0, 2, 3]), (low, high, signed)
     ([68, 1, 84, 255], [253, 231, 37, 255], 0, (0.0, 1.0, False))
     """
     values = np.asarray(matrix, dtype=np.float64)
