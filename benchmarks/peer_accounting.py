@@ -5,8 +5,9 @@ update. A "statistic" is one number kept of that series at one recorded step. ``
 number per series and step, so ``information = tensors x statistics x steps`` is the count of numbers
 recorded:
 
-- NeuralDbg: read back from ``recording.h5``: the summary series, the stored statistic fields of each
-  (``NUM_FIELDS``) and the summarized steps; element snapshots are not counted (they are in the bytes);
+- NeuralDbg: read back from the closed recording (``recording.h5`` and the parts it names): the summary
+  series, the statistic fields of each (``NUM_FIELDS``) and the summarized steps; element snapshots are not
+  counted (they are in the bytes);
 - Comgra: every aggregate Comgra stores at a recorded step (per (node, role, gradient set): mean, absolute
   mean, std, absolute max, each over the batch as mean, std and absolute max, and, per sample, these and
   every neuron's value), counted as the recorder hands them to its serialization;
@@ -21,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import h5py
-
-from comgra_ndbg.store import schema
+from comgra_ndbg.errors import RecordingFormatError
+from comgra_ndbg.store import open_recording, schema
 
 
 @dataclass(frozen=True)
@@ -60,13 +60,23 @@ def folder_bytes(folder: Path) -> int:
 
 
 def recording_summaries(trial: Path) -> Recorded:
-    """The summaries in a closed NeuralDbg recording: series x stored fields x summarized steps."""
-    with h5py.File(Path(trial) / schema.FINAL_NAME, "r") as f:
-        if schema.SUMMARY_DATA not in f:
-            return Recorded(tensors=0, statistics=0.0, steps=0)
-        series, fields, _ = f[schema.SUMMARY_DATA].shape
-        steps = len(set(f[schema.SUMMARY_STEP][()].tolist()))
-    return Recorded(tensors=series, statistics=float(fields), steps=steps)
+    """The summaries in a closed NeuralDbg recording: series x statistic fields x summarized steps.
+
+    Read through the library's reader (``open_recording``), which opens every file of the trial: a recording
+    larger than the writer's ``max_file_bytes`` closes into several files, named by the ``parts`` of its
+    ``recording.h5``, and each holds only its own steps. A trial that was not closed and consolidated is
+    refused: its count would change as the writer goes on.
+    """
+    with open_recording(trial) as recording:
+        if not recording.is_complete:
+            raise RecordingFormatError(f"{trial} is not a closed recording (state {recording.state!r}); count a "
+                                       f"recording after NeuralDbg.close()")
+        catalog = recording.catalog
+        steps: set[int] = set()
+        for tensor, kind in catalog.series:
+            summarized, _ = recording.summary_rows(catalog.tensors[tensor].name, kind)
+            steps.update(summarized.tolist())
+        return from_counts(set(catalog.series), steps, len(catalog.series) * schema.NUM_FIELDS * len(steps))
 
 
 def tensorboard_histograms(folder: Path) -> Recorded:

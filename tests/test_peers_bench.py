@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import importlib.util
 
+import h5py
 import pytest
 import torch
 from torch import nn
 
 from benchmarks import peer_runners
-from benchmarks.peer_accounting import Recorded, from_counts
+from benchmarks.peer_accounting import Recorded, from_counts, recording_summaries
 from benchmarks.peer_table import rotated, run_once, summarize, table
-from comgra_ndbg.store.schema import NUM_FIELDS
+from comgra_ndbg import NeuralDbg, RecordingFormatError
+from comgra_ndbg.store.schema import ATTR_PARTS, FINAL_NAME, NUM_FIELDS
 
 STEPS = 11
 # leaf modules: Linear, Tanh, Linear; parameters: two weights, two biases
@@ -63,6 +65,35 @@ def test_neuraldbg_counts_its_summaries(tiny, tmp_path, peer, steps):
     # every leaf output and the parameters, values and gradients, parameter updates, input, target, loss
     assert run.recorded.tensors >= 2 * LEAF_OUTPUTS + 3 * PARAMETERS
     check_formula(run.recorded)
+
+
+def test_neuraldbg_counts_every_part_of_a_recording_closed_into_several_files(tiny, tmp_path, monkeypatch):
+    options = dict(summaries=1, snapshots=1, flush_every_steps=2, flush_every_seconds=1e9)
+    counted = {}
+    for name, cap in [("whole", None), ("parts", 5_000)]:  # 5 kB of arrays: one file per flush of 2 steps
+        monkeypatch.setattr(peer_runners.NeuralDbgEveryStep, "options", {**options, "max_file_bytes": cap})
+        counted[name] = peer_runners.train("ndbg-all-every-step", tiny, STEPS, tmp_path / name).recorded
+        with h5py.File(tmp_path / name / "run" / FINAL_NAME, "r") as f:
+            parts = len(f.attrs.get(ATTR_PARTS, ()))
+        assert parts == (0 if cap is None else 6)  # steps 0-9 in five files, step 10 in recording.h5
+    assert counted["parts"] == counted["whole"]
+    assert (counted["whole"].statistics, counted["whole"].steps) == (NUM_FIELDS, STEPS)
+
+
+def test_counting_a_recording_that_was_not_closed_is_refused(tmp_path):
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = NeuralDbg(model, tmp_path, trial="run", optimizer=optimizer, flush_every_steps=1, flush_every_seconds=1e9)
+    try:
+        for inputs, targets in tiny_data(3):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
+        with pytest.raises(RecordingFormatError, match="not a closed recording"):
+            recording_summaries(tmp_path / "run")
+    finally:
+        dbg.close()
+    assert recording_summaries(tmp_path / "run").steps == 3
 
 
 def test_tensorboard_histograms_read_back(tiny, tmp_path):
