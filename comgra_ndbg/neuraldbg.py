@@ -97,7 +97,10 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
     ``invariants=True`` checks the training loop itself at every step — gradients carried over without
     ``zero_grad()``, parameters outside the optimizer, steps that change nothing, the model's train/eval
     mode, BatchNorm on one sample, unused parameters, half-precision ``eps`` — and records the learning
-    rate of every param group as KPI ``lr/<group>`` (``docs/diagnosis.md``, "Loop invariants").
+    rate of every param group as KPI ``lr/<group>`` (``docs/diagnosis.md``, "Loop invariants"). A loop
+    whose steps never end (``no_step_end``) is reported once and then recorded pass by pass, each training
+    pass with a backward call a step of its own; ``invariants=False`` leaves out that split with the report,
+    so the loop is recorded as step detection alone finds it: all its passes in one open step.
 
     ``record_eval=True`` records evaluation passes (no gradients, or ``model.eval()`` with no optimizer step
     following): each run of them (a validation loop) becomes KPIs of step type ``eval_step_type`` at the

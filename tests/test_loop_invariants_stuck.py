@@ -1,6 +1,7 @@
 """Loop invariant ``no_step_end``: a loop whose steps never end (no ``optimizer.step()``, no ``zero_grad()``)
-is reported once, with its evidence, and recorded pass by pass from there; loops whose steps end —
-accumulation over many micro-batches included — are not reported and are recorded as before."""
+is reported once, with its evidence, and recorded pass by pass from there (with ``invariants=False``: neither,
+one open step); loops whose steps end — accumulation over many micro-batches included — are not reported
+and are recorded as before."""
 from __future__ import annotations
 
 import warnings
@@ -209,12 +210,33 @@ def test_a_first_step_accumulating_more_than_128_micro_batches_is_reported_once_
         assert recording.step_iterations.tolist() == [129] + [1] * 21 + [150, 150]
 
 
-def test_invariants_false_reports_nothing_and_still_records_pass_by_pass(tmp_path: Path) -> None:
+def test_invariants_false_reports_nothing_and_records_the_stall_as_one_open_step(tmp_path: Path) -> None:
     model = mlp()
     rows, trial = record(tmp_path, model, regression_loop(model, 20, steps_until=5), invariants=False)
     assert rows == []
     with open_recording(trial) as recording:
-        assert recording.step_iterations.tolist() == [1] * 5 + [9] + [1] * 6
+        # steps 0-4 stepped; the 15 passes after them stay in step 5, as step detection alone leaves them
+        assert recording.steps.tolist() == list(range(6))
+        assert recording.step_iterations.tolist() == [1] * 5 + [15]
+
+
+def test_invariants_false_never_splits_a_loop_that_never_steps(tmp_path: Path) -> None:
+    model = mlp()
+    rows, trial = record(tmp_path, model, regression_loop(model, 150, steps_until=0), invariants=False)
+    assert rows == []  # neither past the 128 passes a first step may accumulate (the split) nor at close()
+    with open_recording(trial) as recording:
+        assert recording.steps.tolist() == [0] and recording.step_iterations.tolist() == [150]
+        found = [row.detail.get("invariant") for row in recording.log()]
+    assert "no_step_end" not in found
+
+
+def test_a_stuck_loop_without_invariants_trains_bit_identical_to_the_bare_loop(tmp_path: Path) -> None:
+    bare = mlp()
+    regression_loop(bare, 150, steps_until=0)()
+    model = mlp()
+    record(tmp_path, model, regression_loop(model, 150, steps_until=0), invariants=False)
+    for p, q in zip(bare.parameters(), model.parameters()):
+        assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
 
 
 def test_a_stuck_loop_trains_bit_identical_to_the_bare_loop(tmp_path: Path) -> None:

@@ -197,8 +197,9 @@ class StepDetection:
         self._callback_queued = False
         self._backward_seen = True
         self._grad_mark = self._grad_fingerprint()
-        self._stuck_calls += 1  # a step that no step end cuts short (``stuck_steps``): looked at past half its limit
-        if self._stuck_calls > self._stuck_look and not self._stuck_splitting:
+        self._stuck_calls += 1  # a step that no step end cuts short (``stuck_steps``): looked at past half its limit,
+        # with the invariants on (off, nothing is read and the step stays open, as the loop leaves it)
+        if self._inv and self._stuck_calls > self._stuck_look and not self._stuck_splitting:
             self._safely("checking whether the step ends", self._stuck_check)
         probe = self._light_probe
         if probe is None or probe.grad is None:  # light steps see a clearing of the gradients on this one

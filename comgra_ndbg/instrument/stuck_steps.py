@@ -18,6 +18,10 @@ as steps end (the parameters changed, the gradients cleared) goes back to the us
 At ``close()`` a still-open step that ran more backward calls than the limit with the allowance for a
 first step left out (the run is over: the step will not end) is reported too, dated to its step; a loop
 that stopped stepping only for the last few passes stays within the limit and is not.
+
+The split is part of the invariant: with ``invariants=False`` nothing is checked, no gradient norm is read
+and no step is split, so such a loop is recorded as the usual step detection leaves it: all its passes in
+one open step, never split behind the user's back by a check they switched off.
 """
 from __future__ import annotations
 
