@@ -83,7 +83,7 @@ def test_first_load_fills_every_selector_with_valid_options(cache: ReaderCache) 
     assert out["step_type_options"] == ["long", "short"] and out["step_type"] == "short"
     assert (out["step_max"], out["step"], out["step_label"]) == (5, 5, "step 11 · 6 of 6 short steps")
     assert out["step_marks"] == {0: "1", 1: "3", 2: "5", 3: "7", 4: "9", 5: "11"}
-    assert out["node_options"] == ["input", "model.0", "target", "hidden", "model.2", "output", "loss"]
+    assert out["node_options"] == ["output"]  # the chosen node: typing in the selector adds the matching ones
     assert out["node"] == "output" and out["tensor_options"] == [{"label": "output", "value": "output"}]
     assert out["kind_options"] == [{"label": "value", "value": "value"}, {"label": "gradient", "value": "grad"}]
     assert out["sample_options"] == [{"label": "whole batch", "value": "batch"}] + [
@@ -129,7 +129,8 @@ def test_opening_or_closing_a_box_sends_the_graph_but_not_the_node_list_again(ca
     closed = act(cache, "graph", (frame, "frame"), first)
     assert "elements" in sent(closed) and "node_names" not in sent(closed)
     assert len(closed["elements"]) < len(first["elements"])  # the box's nodes stand as one
-    assert first["node_names"] == first["node_options"]  # what the search filters, in reading order
+    assert first["node_names"] == ["input", "model.0", "target", "hidden", "model.2", "output", "loss"]  # what the
+    assert first["node_options"] == [first["node"]]  # search filters, in reading order; the selector: the chosen
     fresh = callbacks.update_view(cache, "url", closed["url"], None, None)  # a new page sends it
     assert fresh["node_names"] == first["node_names"]
 
@@ -495,8 +496,8 @@ def test_create_app_serves_the_first_view_with_the_page(group: Path) -> None:
     assert '"value": "hidden"' in layout
     assert client.get("/_dash-dependencies").status_code == 200
     # the view, the live refresh (new steps and stored analyses, one request per tick), Analyze now, the trial
-    # selector's sort and filter, the zoomed timeline, and seven browser-side ones (the graph's state, fit and
-    # centre, the search's and the overlay's node options, the zoom range, the theme, the exports) plus the one
-    # that shows a step in the browser or asks the view for it; a tap's highlight, the hover line and the step
-    # buttons need none: cytoscape's tap and mouseover events and the slider's thumb serve them
-    assert len(app.callback_map) == 13
+    # selector's sort and filter, the zoomed timeline, and eight browser-side ones (the graph's state, fit and
+    # centre, the search's, the node selector's and the overlay's node options, the zoom range, the theme, the
+    # exports) plus the one that shows a step in the browser or asks the view for it; a tap's highlight, the
+    # hover line and the step buttons need none: cytoscape's tap and mouseover events and the slider's thumb
+    assert len(app.callback_map) == 14

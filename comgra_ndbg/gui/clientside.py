@@ -202,8 +202,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
       // typed (the first ones when nothing is), after the chosen ones. A list of every node would make each
       // dropdown index all substrings of 500 long names when the page loads, some 100 ms of the browser's time.
       // The chosen names stay among the options, so the dropdown never drops a value for being missing from
-      // them. (The node selector keeps every name: the server sets its value on every tap, and a value the
-      // dropdown's options lack when they change is cleared.)
+      // them (a value the dropdown's options lack when they change is cleared).
       const kept = Array.isArray(chosen) ? chosen : (chosen ? [chosen] : []);
       const text = (typed || '').toLowerCase().trim();
       const found = [];
@@ -212,6 +211,13 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
         if ((!text || name.toLowerCase().includes(text)) && !kept.includes(name)) { found.push(name); }
       }
       return kept.concat(found);
+    },
+    nodeSearch: function (typed, names, chosen) {
+      // The node selector's options: the chosen node, and while something is typed the names that contain it.
+      // The server sends the chosen node alone with every new selection (a tap's answer sets both at once, so
+      // the value is never missing from the options the dropdown holds).
+      if (!typed) { return chosen ? [chosen] : []; }
+      return window.dash_clientside.comgra.nodeMatches(typed, names, chosen);
     },
     zoomRange: function (relayout, shown) {
       // The steps the timeline was zoomed or panned to, or 'all' when a zoomed timeline was reset to the whole
@@ -279,6 +285,9 @@ def register_clientside(app: Dash) -> None:
     app.clientside_callback(fn("nodeMatches"), Output(ids.GRAPH_SEARCH, "options"),
                             Input(ids.GRAPH_SEARCH, "search_value"), Input(ids.NODE_NAMES, "data"),
                             Input(ids.GRAPH_SEARCH, "value"))
+    app.clientside_callback(fn("nodeSearch"), Output(ids.NODE, "options", allow_duplicate=True),
+                            Input(ids.NODE, "search_value"), State(ids.NODE_NAMES, "data"), State(ids.NODE, "value"),
+                            prevent_initial_call=True)
     app.clientside_callback(fn("nodeMatches"), Output(ids.OVERLAY_NODES, "options"),
                             Input(ids.OVERLAY_NODES, "search_value"), Input(ids.NODE_NAMES, "data"),
                             Input(ids.OVERLAY_NODES, "value"))
