@@ -122,3 +122,6 @@ def test_the_view_carries_cells_row_names_labels_and_names_its_corners_and_scale
     other = find(value_view(value_image(matrix * 2), title="", row_label="row", column_label="index"), ids.VALUES_IMAGE)
     assert getattr(other, "data-stamp") != getattr(image, "data-stamp")  # the page re-reads the cells of a new image
     assert json.loads(getattr(other, "data-rows")) == ["0", "1"]
+    renamed = find(value_view(value_image(matrix), title="", row_label="sample", column_label="index",
+                              row_names=[5, 9]), ids.VALUES_IMAGE)
+    assert getattr(renamed, "data-stamp") != getattr(image, "data-stamp")  # the same cells, other samples

@@ -144,8 +144,9 @@ def value_view(image: ValueImage, *, title: str, row_label: str, column_label: s
     cells. Drawn by the browser in about a millisecond, where a heatmap plot takes 10–15."""
     rows, columns = len(image.cells), len(image.cells[0])
     names = [str(n) for n in row_names] if row_names is not None else [str(i) for i in range(rows)]
-    cells = json.dumps(image.cells, separators=(",", ":"))
-    data = {"data-cells": cells, "data-stamp": f"{zlib.crc32(cells.encode()):08x}", "data-rows": json.dumps(names),
+    cells, rows_text = json.dumps(image.cells, separators=(",", ":")), json.dumps(names)
+    stamp = f"{zlib.crc32((cells + rows_text).encode()):08x}"  # new cells or rows: the page reads them again
+    data = {"data-cells": cells, "data-stamp": stamp, "data-rows": rows_text,
             "data-row-label": row_label, "data-column-label": column_label}
     side = (f"{row_label} {names[0]}", f"{row_label} {names[-1]}") if rows > 1 else (f"{row_label} {names[0]}",)
     scale = [html.Span(format_number(image.low)),
