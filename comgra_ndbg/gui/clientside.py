@@ -248,11 +248,11 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgra: (fun
         return Date.now();
       }
       if (id.target === HISTOGRAM) {
-        return window.dash_clientside.comgraHistogram.save(id.format, name, download) ? Date.now() : none();
+        return window.dash_clientside.comgraHistogram.save(id.format, name, download, cell) ? Date.now() : none();
       }
       if (id.target === VALUES_IMAGE) {
         const img = document.getElementById(VALUES_IMAGE); if (!img) { return none(); }
-        window.dash_clientside.comgraValues.save(img, id.format, name, download);
+        window.dash_clientside.comgraValues.save(img, id.format, name, download, cell);
         return Date.now();
       }
       const div = document.querySelector('#' + CSS.escape(id.target) + ' .js-plotly-plot') ||

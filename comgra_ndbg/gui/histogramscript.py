@@ -117,11 +117,10 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraHistog
         (bin.count === 1 ? ' value' : ' values') : 'point at a bar to read its count';
     }
   });
-  const field = (v) => { const s = String(v); return /[",\\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s; };
   return {
     drawn: function (canvas) { return canvas.__drawn === canvas.dataset.stamp; },
     bin: function (canvas, clientX) { return binAt(canvas, clientX); },
-    save: function (format, name, download) {
+    save: function (format, name, download, field) {  // field: a CSV cell, quoted where it must be
       const canvas = document.querySelector('#' + PANEL + ' canvas.histogram-canvas');
       if (!canvas) { return false; }
       const {counts, edges} = bins(canvas);

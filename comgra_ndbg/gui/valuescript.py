@@ -47,17 +47,16 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {comgraValues
       readout(img).textContent = 'point at a cell to read its value';
     }
   });
-  const field = (v) => { const s = String(v); return /[",\\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s; };
   return {
     read: function (img, x, y) {  // the readout's cell at client coordinates (x, y), for tests and tools
       return cellAt(img, {clientX: x, clientY: y});
     },
-    save: function (img, format, name, download) {
+    save: function (img, format, name, download, field) {  // field: a CSV cell, quoted where it must be
       const cells = parsed(img);
       if (format === 'csv') {
         const lines = [[img.dataset.rowLabel, img.dataset.columnLabel, 'value'].map(field).join(',')];
         cells.forEach((row, i) => row.forEach((v, j) => lines.push(
-          [field(img.__rows[i]), j, v === null ? '' : v].join(','))));
+          [field(img.__rows[i]), j, field(v)].join(','))));
         download(name, new Blob([lines.join('\\n') + '\\n'], {type: 'text/csv'}));
         return;
       }
