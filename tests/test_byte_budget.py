@@ -188,3 +188,55 @@ def test_shrink_keeps_a_batch_less_snapshot_evenly() -> None:
     small = shrink(data, 0.3)
     assert small.values.tolist() == [0.0, 4.0, 9.0] and small.value_index.tolist() == [0, 4, 9]
     assert shrink(data, 1.0) is data
+
+
+def test_later_snapshots_are_taken_at_the_fraction_that_fitted(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from comgra_ndbg.recorder import budget as budget_module
+    shrunk_steps: list[int] = []
+    original = SnapshotBudget._shrink
+
+    def counting(self: SnapshotBudget, record: StepRecord, total: int, limit: int):
+        shrunk_steps.append(record.step)
+        return original(self, record, total, limit)
+
+    monkeypatch.setattr(budget_module.SnapshotBudget, "_shrink", counting)
+    bound = ByteBudget(run_bytes=64 * 2**20, step_bytes=24 * 1024)
+    with Recorder(tmp_path, "scaled", snapshots=2, byte_budget=bound) as rec:
+        for step in range(12):
+            with rec.step(step):
+                for name in range(4):
+                    rec.register_tensor(f"t{name}", tensor_at(step, name), role="intermediate")
+        scale = rec._budget.scale
+    assert shrunk_steps == [0]  # the first snapshot step learned the fraction; the others were taken at it
+    assert scale < 1.0
+    with open_recording(tmp_path, trial="scaled") as recording:
+        steps = recording.snapshot_steps("t1").tolist()
+        assert steps == list(range(0, 12, 2))
+        for step in steps[1:]:
+            snap = recording.snapshot(step, "t1")
+            assert 0 < len(snap.sample_index) < 8 and len(snap.values) < 8 * 200  # taken sub-sampled
+            flat = tensor_at(step, 1)[: len(snap.sample_index)].reshape(-1).numpy()
+            expected = flat if snap.value_index is None else flat[snap.value_index]
+            np.testing.assert_array_equal(snap.values, expected)  # true values where they claim to be
+            total = sum(snapshot_bytes(SnapshotData((32, 200), s.sample_index,
+                                                     np.zeros((len(s.sample_index), schema.NUM_FIELDS)), s.values,
+                                                     s.value_index))
+                        for s in (recording.snapshot(step, f"t{n}") for n in range(4)))
+            assert total <= bound.step_bytes
+
+
+def test_the_scale_grows_back_when_snapshots_get_smaller() -> None:
+    budget = SnapshotBudget(ByteBudget(run_bytes=10 * 2**20, step_bytes=8_000))
+    big = SnapshotData((4000,), np.zeros(0, np.int64), np.zeros((0, schema.NUM_FIELDS)),
+                       np.ones(4000, np.float32), None)
+    fitted, _ = budget.fit(StepRecord(0, 0, 1, "", 0.0, snapshots=[(0, 0, big)]), preferred=False)
+    assert budget.scale == 0.125 and len(fitted.snapshots[0][2].values) == 500  # with its index, 6 064 bytes
+    assert budget.take_limits(8, 4096) == (3, 512)
+    small = SnapshotData((100,), np.zeros(0, np.int64), np.zeros((0, schema.NUM_FIELDS)),
+                         np.ones(100, np.float32), None)
+    budget.fit(StepRecord(1, 0, 1, "", 0.0, snapshots=[(0, 0, small)]), preferred=False)
+    assert budget.scale == 0.25  # more than half the room was left: twice as much next time
+    for step in (2, 3, 4):
+        budget.fit(StepRecord(step, 0, 1, "", 0.0, snapshots=[(0, 0, small)]), preferred=False)
+    assert budget.scale == 1.0 and budget.take_limits(8, 4096) == (8, 4096)

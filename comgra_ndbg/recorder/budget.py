@@ -7,7 +7,9 @@ of a 100 000-step run would be 60 GB. The budget bounds them in three ways:
 
 - **per snapshot step**: a step's snapshots larger than ``step_bytes`` are sub-sampled (fewer samples,
   evenly spaced fewer element values per tensor, in the spirit of Comgra's
-  ``max_num_batch_size_to_record``) until they fit;
+  ``max_num_batch_size_to_record``) until they fit; the fraction that fitted is kept
+  (:attr:`SnapshotBudget.scale`) and the next step's snapshots are *taken* at it, so a model whose
+  snapshots never fit does not gather what is thrown away at every snapshot step;
 - **per run**: policy snapshots may spend ``run_bytes × (1 − reserve)``; the frequency backs off
   geometrically: level ``k`` (every ``2**k``-th snapshot the policy asks for is taken) may spend
   ``(1 − decay) × decay**k`` of that share, so the snapshots thin out as the run goes on but never stop
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from comgra_ndbg.errors import InvalidArgumentError
+from comgra_ndbg.recorder.snapshot import evenly_spaced
 from comgra_ndbg.recorder.step_record import StepRecord
 from comgra_ndbg.store.segment import SnapshotData
 
@@ -132,7 +135,7 @@ def shrink(data: SnapshotData, fraction: float) -> SnapshotData:
         category = None if category is None else category[:keep_samples]
     count = max(1, int(total * fraction)) if total else 0
     if len(values) > count:
-        chosen = np.round(np.linspace(0, len(values) - 1, count)).astype(np.int64)
+        chosen = evenly_spaced(len(values), count)
         index, values = index[chosen], values[chosen]
     return SnapshotData(data.shape, sample_index, sample_stats, np.ascontiguousarray(values),
                         np.ascontiguousarray(index), category)
@@ -153,6 +156,19 @@ class SnapshotBudget:
         self.dropped = 0  # snapshot steps not written (the share was spent)
         self.shrunk = 0  # snapshot steps sub-sampled to fit step_bytes
         self.last_fraction = 1.0
+        self.scale = 1.0  # the fraction of samples² and values the next snapshots are taken at (see take_limits)
+
+    def take_limits(self, num_samples: int, max_elements: int) -> tuple[int, int]:
+        """The ``num_samples`` and ``max_elements`` to take the next snapshots with: scaled down to the
+        fraction that fitted ``step_bytes`` at the last snapshot step, as ``shrink`` would scale them.
+
+        >>> budget = SnapshotBudget(ByteBudget()); budget.scale = 0.25
+        >>> budget.take_limits(8, 4096)
+        (4, 1024)
+        """
+        if self.scale >= 1.0:
+            return num_samples, max_elements
+        return max(1, math.ceil(num_samples * math.sqrt(self.scale))), max(1, int(max_elements * self.scale))
 
     @property
     def interval(self) -> int:
@@ -190,8 +206,18 @@ class SnapshotBudget:
         total = sum(sizes)
         allowed = self.budget.run_bytes - self.spent if preferred else self.budget.policy_bytes - self.policy_spent
         limit = min(self.budget.step_bytes, allowed) if preferred else self.budget.step_bytes
+        scale = self.scale
+        fraction = 1.0
         if total > limit and limit >= max(1024, SNAPSHOT_OVERHEAD * len(sizes) * 2):
-            record, total = self._shrink(record, total, limit)
+            record, total, fraction = self._shrink(record, total, limit)
+        if limit == self.budget.step_bytes:  # learn the scale from steps bound by step_bytes alone
+            if fraction < 1.0:
+                self.scale = max(scale * fraction, 2.0 ** -30)
+            elif scale < 1.0 and total <= limit / 2:  # room for twice as much: the snapshots got smaller
+                self.scale = min(1.0, scale * 2.0)
+        if scale * fraction < 1.0:
+            self.shrunk += 1
+            self.last_fraction = scale * fraction
         if total > min(limit, allowed):
             self.dropped += 1
             which = "the run's snapshot budget" if preferred else "the share of policy snapshots"
@@ -208,9 +234,10 @@ class SnapshotBudget:
                             f"{_human(self.budget.policy_bytes)} spent")
         return record, None
 
-    def _shrink(self, record: StepRecord, total: int, limit: int) -> tuple[StepRecord, int]:
+    def _shrink(self, record: StepRecord, total: int, limit: int) -> tuple[StepRecord, int, float]:
         """``record`` with its snapshots shrunk by the largest power-of-two fraction that fits ``limit``
-        (powers of two make the same index patterns recur, which the store keeps once)."""
+        (powers of two make the same index patterns recur, which the store keeps once), their size and
+        that fraction."""
         fraction = 2.0 ** -math.ceil(math.log2(total / limit))
         while True:
             snaps = [(sid, it, shrink(data, fraction)) for sid, it, data in record.snapshots]
@@ -218,9 +245,7 @@ class SnapshotBudget:
             if size <= limit or fraction < 1e-9:
                 break
             fraction /= 2
-        self.shrunk += 1
-        self.last_fraction = fraction
-        return dataclasses.replace(record, snapshots=snaps), size
+        return dataclasses.replace(record, snapshots=snaps), size, fraction
 
     def report(self) -> str:
         """One sentence of what the budget did, for the log at the end of the run."""

@@ -113,10 +113,11 @@ class ParameterSteps:
             rows = rows[indices]
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows if everything else rows[keep]))
         if self._snapshot:
+            elements = self._snapshot_limits()[1]
             for (tid, value, start), kept in zip(self._parameters.update_pairs(), keep.tolist()):
                 if kept:
                     self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
-                                        take_update_snapshot(value, start, max_elements=self.max_elements)))
+                                        take_update_snapshot(value, start, max_elements=elements)))
         self._parameters.release()
 
     def _finish_tiered(self) -> None:
@@ -148,10 +149,11 @@ class ParameterSteps:
                                       values))
         self._rows.append(SummaryRows(update_series, np.zeros(len(update_series), np.int64), updates[keep]))
         if self._snapshot:
+            elements = self._snapshot_limits()[1]
             for (tid, value, start), kept in zip(pairs, keep.tolist()):
                 if kept:
                     self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
-                                        take_update_snapshot(value, start, max_elements=self.max_elements)))
+                                        take_update_snapshot(value, start, max_elements=elements)))
         tracker.release()
 
     def _complete_rows(self, reducer: Reducer, value_rows: list[int]) -> tuple[np.ndarray, np.ndarray]:

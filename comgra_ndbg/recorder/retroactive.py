@@ -63,13 +63,23 @@ class RetroactiveDecision:
         return summary.record or snapshot.record or self._forced
 
     def _take(self, tensor: torch.Tensor, batched: bool, bounds: tuple[float, float] | None = None) -> Any:
-        data = take_snapshot(tensor, batched=batched, num_samples=self.num_samples, max_elements=self.max_elements,
+        num_samples, max_elements = self._snapshot_limits()
+        positions = self._sample_positions
+        data = take_snapshot(tensor, batched=batched, num_samples=num_samples, max_elements=max_elements,
                              bounds=bounds, saturation_margin=self._saturation_margin,
-                             sample_positions=self._sample_positions if batched else None)
+                             sample_positions=positions[:num_samples] if batched and positions is not None else None)
         if batched and self._sample_categories is not None and len(data.sample_index):
             labels = np.array([str(c) for c in self._sample_categories[data.sample_index]], dtype=object)
             data = type(data)(data.shape, data.sample_index, data.sample_stats, data.values, data.value_index, labels)
         return data
+
+    def _snapshot_limits(self) -> tuple[int, int]:
+        """``num_samples`` and ``max_elements`` scaled to what the byte budget kept at the last snapshot step
+        (``SnapshotBudget.take_limits``): what would be sub-sampled away is not gathered."""
+        budget = getattr(self, "_budget", None)
+        if budget is None:
+            return self.num_samples, self.max_elements
+        return budget.take_limits(self.num_samples, self.max_elements)
 
     def _take_deferred(self) -> None:
         for item in self._deferred_values:
