@@ -22,7 +22,7 @@ def host_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     Modules opt in with ``pytestmark = pytest.mark.usefixtures("host_path")``."""
     if request.param == "numpy":
         monkeypatch.setattr(kernels, "AVAILABLE", False)
-        for name in ("moments", "moments_many", "per_row", "summarize", "units"):  # as if numba were missing
+        for name in ("moments", "moments_many", "per_sample", "summarize", "units"):  # as if numba were missing
             monkeypatch.setattr(kernels, name, _missing(name))
     elif not kernels.AVAILABLE:
         pytest.skip("numba is not installed")

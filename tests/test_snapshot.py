@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from comgra_ndbg import Recorder, open_recording
-from comgra_ndbg.recorder.snapshot import evenly_spaced, take_snapshot, take_update_snapshot
+from comgra_ndbg.recorder.snapshot import (_exact_per_sample_stats, _float64_thresholds, _host_sample_stats,
+                                           evenly_spaced, take_snapshot, take_update_snapshot)
+from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
@@ -176,6 +178,84 @@ def test_per_sample_statistics_with_nan_and_inf(device: str) -> None:
     assert stats["std"][1] == pytest.approx(finite.astype(np.float64).std(), rel=1e-9)
     np.testing.assert_array_equal(np.isnan(snap.values), np.isnan(x.numpy().reshape(-1)))
     np.testing.assert_array_equal(np.isposinf(snap.values), np.isposinf(x.numpy().reshape(-1)))
+
+
+def awkward_rows(dtype: np.dtype) -> np.ndarray:
+    """Rows with NaN, ±Inf, zeros, values at the saturation bounds, a constant row (cancelling sums), a mean that
+    dwarfs the spread and a wide range of magnitudes."""
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((10, 300)).astype(dtype)
+    rows[0, 3], rows[1, 0], rows[1, 9], rows[2] = np.nan, np.inf, -np.inf, np.nan
+    rows[3, ::3] = 0.0
+    rows[4, :50], rows[4, 50:100] = 0.999, -1.0
+    rows[5] = 2.5
+    rows[6] = 1 + 1e-4 * rng.standard_normal(300)
+    rows[7] *= np.logspace(-20, 20, 300)
+    rows[8] = np.tanh(4 * rows[8])
+    rows[9] = 0.0
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bounds", [None, (-1.0, 1.0)])
+def test_per_sample_kernel_rows_equal_the_exact_path_s(dtype: np.dtype, bounds: tuple[float, float] | None) -> None:
+    """The kernel reads float32 and float64 rows in place and sums in float64: its rows match the exact torch
+    path's, it flags the NaN, Inf and cancelling rows, and those are redone exactly."""
+    rows = awkward_rows(dtype)
+    exact = _exact_per_sample_stats(torch.from_numpy(rows), bounds, MARGIN)
+    np.testing.assert_allclose(_host_sample_stats(rows, bounds, MARGIN), exact, rtol=1e-12)
+    for i in range(len(rows)):
+        np.testing.assert_allclose(exact[i], sample_reference(rows[i], bounds), rtol=1e-12)
+    if not kernels.AVAILABLE:
+        return
+    got, flags = kernels.per_sample(rows, None if bounds is None else _float64_thresholds(bounds, MARGIN))
+    assert got.shape == (10, NUM_FIELDS) and flags[:3].all()  # NaN and Inf are never summed: redone exactly
+    keep = ~flags
+    np.testing.assert_allclose(got[keep], exact[keep], rtol=1e-12)
+    assert (got[:, FIELD["count"]] == 300).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float16, torch.bfloat16])
+def test_integer_bool_and_half_precision_samples_have_exact_statistics(dtype: torch.dtype) -> None:
+    """Class targets, token ids, masks and half-precision activations: their rows widened to float64 (as the
+    exact path reads them) get the same per-sample statistics."""
+    x = (torch.arange(40).view(5, 8) % 7 - (0 if dtype in (torch.uint8, torch.bool) else 3)).to(dtype)
+    snap = take_snapshot(x, batched=True, num_samples=4, max_elements=100, bounds=(0.0, 1.0))
+    for i in range(4):
+        np.testing.assert_allclose(snap.sample_stats[i], sample_reference(x[i].double().numpy(), (0.0, 1.0)),
+                                   rtol=1e-12)
+    np.testing.assert_array_equal(snap.values, x[:4].float().numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("view", ["transposed", "every_other_row", "channels_last", "requires_grad"])
+def test_strided_views_are_snapshotted_as_their_contiguous_copy(view: str) -> None:
+    base = seeded((12, 3, 4, 5), 8)
+    x = {"transposed": base.reshape(12, 60).t().contiguous().t(), "every_other_row": seeded((24, 3, 4, 5), 9)[::2],
+         "channels_last": base.to(memory_format=torch.channels_last), "requires_grad": base.requires_grad_()}[view]
+    for positions in (None, np.array([7, 0, 3])):
+        got = take_snapshot(x, batched=True, num_samples=5, max_elements=40, bounds=(-1.0, 1.0),
+                            sample_positions=positions)
+        want = take_snapshot(x.detach().contiguous(), batched=True, num_samples=5, max_elements=40,
+                             bounds=(-1.0, 1.0), sample_positions=positions)
+        np.testing.assert_array_equal(got.values, want.values)
+        np.testing.assert_array_equal(got.value_index, want.value_index)
+        np.testing.assert_array_equal(got.sample_index, want.sample_index)
+        np.testing.assert_allclose(got.sample_stats, want.sample_stats, rtol=1e-12)
+
+
+def test_values_are_copies_and_index_patterns_are_shared() -> None:
+    """The values outlive later in-place changes of the tensor; the index arrays of one pattern are one cached,
+    read-only array (the store keeps each pattern once)."""
+    x = seeded((16, 50), 11)
+    before = x.clone()
+    first = take_snapshot(x, batched=True, num_samples=8, max_elements=100)
+    whole = take_snapshot(x, batched=True, num_samples=2, max_elements=1000)
+    x.mul_(-2.0)
+    np.testing.assert_array_equal(first.values, before[:8].numpy()[:, evenly_spaced(50, 12)].reshape(-1))
+    np.testing.assert_array_equal(whole.values, before[:2].numpy().reshape(-1))
+    second = take_snapshot(x, batched=True, num_samples=8, max_elements=100)
+    assert second.value_index is first.value_index and second.sample_index is first.sample_index
+    assert not first.value_index.flags.writeable and not first.sample_index.flags.writeable
 
 
 @pytest.mark.parametrize("device", DEVICES)

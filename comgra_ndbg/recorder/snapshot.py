@@ -16,7 +16,7 @@ import torch
 
 from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.host import difference
-from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
 from comgra_ndbg.store.segment import SnapshotData
 
 __all__ = ["DeferredSnapshot", "SnapshotData", "take_snapshot", "take_update_snapshot", "evenly_spaced",
@@ -114,6 +114,9 @@ def take_snapshot(
     >>> s.sample_index.tolist(), s.values.tolist(), s.value_index.tolist()
     ([0, 1], [0.0, 3.0, 4.0, 7.0], [0, 3, 4, 7])
     """
+    host = _host_view(tensor)
+    if host is not None:
+        return _take_host(host, batched, num_samples, max_elements, bounds, saturation_margin, sample_positions)
     x = tensor.detach()
     if x.layout is not torch.strided:  # a sparse gradient: snapshot it as the dense tensor it stands for
         x = x.to_dense()
@@ -139,13 +142,87 @@ def take_snapshot(
         values = _values(per_sample, None if every else keep_units, 1)
         sample_index = positions
     else:
-        stats = np.zeros((0, NUM_FIELDS))
-        sample_index = np.zeros(0, dtype=np.int64)
+        stats = _NO_STATS
+        sample_index = _NO_SAMPLES
         flat = x.reshape(-1)
-        keep = evenly_spaced(flat.numel(), max_elements)
-        index = None if len(keep) == flat.numel() else keep
+        index = _kept(flat.numel(), max_elements)
         values = _values(flat, index, 0)
     return SnapshotData(shape, sample_index, stats, values, index)
+
+
+def _host_view(tensor: torch.Tensor) -> np.ndarray | None:
+    """``tensor`` as a numpy array sharing its memory, when it is a host tensor numpy can read as it is (real,
+    strided, not a lazily negated view); else None."""
+    if tensor.is_cpu and tensor.layout is torch.strided and tensor.dtype in _HOST_VIEWABLE and not tensor.is_neg():
+        return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+    return None
+
+
+def _take_host(a: np.ndarray, batched: bool, num_samples: int, max_elements: int,
+               bounds: tuple[float, float] | None, saturation_margin: float,
+               sample_positions: np.ndarray | None) -> SnapshotData:
+    """``take_snapshot`` of a host array: numpy and the compiled kernel alone, no torch call per tensor (the
+    same values, indices and statistics as the general path)."""
+    shape = a.shape
+    target = _VALUE_DTYPE.get(a.dtype.type, np.float32)
+    if batched and a.ndim >= 1 and shape[0] > 0:
+        if sample_positions is None:
+            n = min(shape[0], num_samples)
+            positions = _first_samples(n)
+            chosen = a[:n]
+        else:
+            positions = np.asarray(sample_positions, dtype=np.int64)
+            n = len(positions)
+            chosen = a[positions]
+        units, index = _batched_layout(shape, n, max_elements)
+        rows = chosen.reshape(n, units)
+        stats = _host_sample_stats(rows, bounds, saturation_margin)
+        flat = rows.reshape(-1)
+        values = np.array(flat, dtype=target) if index is None else flat.take(index).astype(target, copy=False)
+        return SnapshotData(shape, positions, stats, values, index)
+    flat = a.reshape(-1)
+    index = _kept(flat.size, max_elements)
+    values = np.array(flat, dtype=target) if index is None else flat.take(index).astype(target, copy=False)
+    return SnapshotData(shape, _NO_SAMPLES, _NO_STATS, values, index)
+
+
+@lru_cache(maxsize=1024)
+def _batched_layout(shape: tuple[int, ...], samples: int, max_elements: int) -> tuple[int, np.ndarray | None]:
+    """Units per sample of a batched tensor of ``shape`` and the flat value positions its snapshot of
+    ``samples`` samples keeps (None: every value), cached per shape: the same tensors recur at every snapshot."""
+    units = math.prod(shape[1:])
+    count = max(1, max_elements // max(samples, 1))
+    every = len(evenly_spaced(units, count)) == units
+    return units, None if every else _sample_positions(samples, units, count)
+
+
+@lru_cache(maxsize=1024)
+def _kept(total: int, max_elements: int) -> np.ndarray | None:
+    """The positions a batch-less snapshot of ``total`` elements keeps, None when it keeps every one."""
+    keep = evenly_spaced(total, max_elements)
+    return None if len(keep) == total else keep
+
+
+@lru_cache(maxsize=64)
+def _first_samples(count: int) -> np.ndarray:
+    """``arange(count)``, read-only and cached: the sample index of a snapshot of the first samples."""
+    positions = np.arange(count, dtype=np.int64)
+    positions.setflags(write=False)
+    return positions
+
+
+def _host_sample_stats(rows: np.ndarray, bounds: tuple[float, float] | None, margin_fraction: float) -> np.ndarray:
+    """``_per_sample_stats`` of the ``[samples, units]`` host array ``rows``: the compiled kernel reads float32
+    and float64 rows in place and every other dtype widened to float64, as the exact path reads them."""
+    if not (kernels.AVAILABLE and rows.shape[0] and rows.shape[1]):
+        return _exact_per_sample_stats(torch.from_numpy(np.ascontiguousarray(rows)), bounds, margin_fraction)
+    if rows.dtype.type not in _KERNEL_DTYPES or not rows.flags.c_contiguous:
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+    out, exact = kernels.per_sample(rows, None if bounds is None else _float64_thresholds(bounds, margin_fraction))
+    if exact.any():
+        redo = np.flatnonzero(exact)
+        out[redo] = _exact_per_sample_stats(torch.from_numpy(rows[redo]), bounds, margin_fraction)
+    return out
 
 
 def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elements: int) -> SnapshotData:
@@ -156,12 +233,21 @@ def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elemen
     >>> s.values.tolist(), s.value_index.tolist()
     ([-1.0, 1.0, 4.0], [0, 2, 5])
     """
+    host_value = _host_view(value) if value.dtype is start.dtype and value.dtype in _FLOAT else None
+    host_start = None if host_value is None else _host_view(start)
+    if host_start is not None:  # the common case, with numpy alone
+        a = host_value.reshape(-1)
+        index = _kept(a.size, max_elements)
+        if index is None:
+            values = np.subtract(a, host_start.reshape(-1))
+        else:
+            values = np.subtract(a.take(index), host_start.reshape(-1).take(index))
+        return SnapshotData(host_value.shape, _NO_SAMPLES, _NO_STATS, values, index)
     value, start = value.detach().resolve_neg(), start.detach().resolve_neg()
     numel = value.numel()
-    keep = evenly_spaced(numel, max_elements)
-    index = None if len(keep) == numel else keep
+    index = _kept(numel, max_elements)
     flat_value, flat_start = value.reshape(-1), start.reshape(-1)
-    if value.dtype == start.dtype and value.dtype in (torch.float32, torch.float64) and value.is_cpu and start.is_cpu:
+    if value.dtype == start.dtype and value.dtype in _FLOAT and value.is_cpu and start.is_cpu:
         a, b = flat_value.numpy(), flat_start.numpy()
         if index is not None:
             a, b = a[index], b[index]
@@ -172,12 +258,18 @@ def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elemen
             flat_value, flat_start = flat_value.index_select(0, positions), flat_start.index_select(0, positions)
         delta = difference(flat_value, flat_start)
         values = (delta.abs() if delta.is_complex() else delta).to(_torch_value_dtype(value.dtype)).cpu().numpy()
-    return SnapshotData(tuple(int(d) for d in value.shape), np.zeros(0, dtype=np.int64), np.zeros((0, NUM_FIELDS)),
-                        values, index)
+    return SnapshotData(tuple(int(d) for d in value.shape), _NO_SAMPLES, _NO_STATS, values, index)
 
 
-_HOST_VIEWABLE = (torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
-                  torch.int64, torch.bool)
+_HOST_VIEWABLE = frozenset((torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16,
+                            torch.int32, torch.int64, torch.bool))
+_VALUE_DTYPE = {np.float64: np.float64}  # by numpy scalar type: float64 values stay float64, the rest are float32
+_FLOAT = (torch.float32, torch.float64)
+_KERNEL_DTYPES = (np.float32, np.float64)
+_NO_SAMPLES = np.zeros(0, dtype=np.int64)  # shared by every batch-less snapshot: read-only
+_NO_SAMPLES.setflags(write=False)
+_NO_STATS = np.zeros((0, NUM_FIELDS))
+_NO_STATS.setflags(write=False)
 
 
 _WIDE = (torch.float64, torch.complex128)
@@ -208,24 +300,12 @@ def _values(x: torch.Tensor, keep: np.ndarray | None, axis: int) -> np.ndarray:
 
 
 def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float) -> np.ndarray:
-    """Sufficient statistics of every row of ``x`` (``[samples, units]``), in float64: with the compiled
-    kernels for float CPU tensors (rows holding NaN or Inf, or whose sums cancel, are redone with torch),
-    else with float64 torch ops."""
-    if (kernels.AVAILABLE and x.dtype in (torch.float32, torch.float64) and x.is_cpu and x.shape[0]
-            and x.shape[1]):
-        a = x.numpy().astype(np.float64)  # a few samples: float64 sums are exact enough and cheap here
-        out = np.empty((a.shape[0], NUM_FIELDS))
-        out[:] = _IDENTITY
-        out[:, FIELD["count"]] = a.shape[1]
-        thresholds = None if bounds is None else _float64_thresholds(bounds, margin_fraction)
-        redo = np.flatnonzero(kernels.per_row(a, out, thresholds))
-        if len(redo):
-            out[redo] = _exact_per_sample_stats(x[torch.as_tensor(redo)], bounds, margin_fraction)
-        return out
+    """Sufficient statistics of every row of ``x`` (``[samples, units]``, real), in float64: with the compiled
+    kernel for host tensors (``_host_sample_stats``), else with float64 torch ops on the tensor's device."""
+    if x.is_cpu:
+        return _host_sample_stats(x.numpy() if x.dtype in _HOST_VIEWABLE else x.double().numpy(), bounds,
+                                  margin_fraction)
     return _exact_per_sample_stats(x, bounds, margin_fraction)
-
-
-_IDENTITY = identity_row()
 
 
 @lru_cache(maxsize=256)

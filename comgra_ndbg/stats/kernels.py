@@ -38,7 +38,7 @@ if AVAILABLE:  # else the numpy path in host.py takes over
     from comgra_ndbg.stats.bits import unsigned_bits as _unsigned_bits
     from comgra_ndbg.stats.unit_kernels import deviation, unit_counts
 
-__all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "per_row", "summarize", "units", "warm_up"]
+__all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "per_sample", "summarize", "units", "warm_up"]
 
 BLOCK = 4096
 """Elements summed in the array's dtype before the partial sums move to float64."""
@@ -46,6 +46,7 @@ _PROBES = 64  # evenly spaced elements that decide the shift of the sums
 
 _SUM, _SUM_SQ, _SUM_ABS = FIELD["sum"], FIELD["sum_sq"], FIELD["sum_abs"]
 _MIN, _MAX, _ZEROS = FIELD["min"], FIELD["max"], FIELD["zeros"]
+_COUNT, _NUM_FIELDS = FIELD["count"], NUM_FIELDS
 _UNITS, _DEAD = FIELD["units"], FIELD["dead_units"]
 _BOUNDED, _SATURATED, _SATURATED_UNITS = FIELD["bounded"], FIELD["saturated"], FIELD["saturated_units"]
 _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
@@ -220,35 +221,39 @@ if AVAILABLE:
 
 if AVAILABLE:
     @numba.njit(nogil=True, cache=True)
-    def _per_row(a, thresholds, rows, exact):  # pragma: no cover - compiled
-        """``_moments`` of every row of a C-contiguous ``[n, m]`` array (m >= 1), plus saturation counts."""
+    def _per_sample(a, thresholds):  # pragma: no cover - compiled
+        """``per_sample`` in one compiled call: the rows allocated and set here, each sample widened to float64
+        in a scratch row that ``_moments`` then reads (the same array type it gets for a float64 input)."""
         n, m = a.shape
+        rows = np.zeros((n, _NUM_FIELDS))
+        exact = np.zeros(n, dtype=np.bool_)
+        wide = np.empty(m)
         for i in range(n):
-            values = a[i]
+            for j in range(m):
+                wide[j] = a[i, j]
             row = rows[i]
-            exact[i] = _moments(values, None, None, row)
+            row[_COUNT] = m
+            exact[i] = _moments(wide, None, None, row)
             if thresholds is not None:
                 saturated = 0
                 for j in range(m):
-                    saturated += (values[j] <= thresholds[0]) | (values[j] >= thresholds[1])
+                    saturated += (wide[j] <= thresholds[0]) | (wide[j] >= thresholds[1])
                 row[_BOUNDED] = m
                 row[_SATURATED] = saturated
+        return rows, exact
 
 
-def per_row(a: np.ndarray, rows: np.ndarray, thresholds: np.ndarray | None) -> np.ndarray:
-    """The moments of every row of a C-contiguous ``[n, m]`` array (m >= 1) into ``rows`` (``[n, fields]``,
-    counts and the merge identity already set), with saturation counts when ``thresholds`` are given (as
-    for ``summarize``): the per-sample statistics of a snapshot. Returns the per-row exact flags.
+def per_sample(a: np.ndarray, thresholds: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The moments of every row of a C-contiguous float32 or float64 ``[n, m]`` array (m >= 1), summed in
+    float64 (a few samples: exact enough and cheap), with saturation counts when ``thresholds`` (float64, margin
+    applied) are given: the per-sample statistics of a snapshot. Returns the ``[n, fields]`` rows (count set,
+    unit fields at the merge identity) and the per-row "recompute exactly" flags (NaN, Inf, cancelling sums).
 
-    >>> rows = np.zeros((2, NUM_FIELDS))
-    >>> per_row(np.array([[0.5, 0.0], [-2.0, 0.995]]), rows, np.array([-0.99, 0.99]))
-    array([False, False])
-    >>> rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["saturated"]].tolist()
-    ([0.5, -1.005], [0.0, 2.0])
+    >>> rows, exact = per_sample(np.array([[0.5, 0.0], [-2.0, 0.995]], dtype=np.float32), np.array([-0.99, 0.99]))
+    >>> exact.tolist(), rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["saturated"]].tolist()
+    ([False, False], [0.5, -1.0049999952316284], [0.0, 2.0])
     """
-    exact = np.zeros(a.shape[0], dtype=np.bool_)
-    _per_row(a, thresholds, rows, exact)
-    return exact
+    return _per_sample(a, thresholds)
 
 
 def summarize(a: np.ndarray, row: np.ndarray, thresholds: np.ndarray | None, batched: bool) -> bool:
@@ -353,5 +358,5 @@ def warm_up() -> None:
         moments_many(flat.dtype, addresses, sizes, rows, batches=np.array([2, 0], dtype=np.int64))
         moments_many(flat.dtype, addresses, sizes, rows, copies=addresses)
         moments_many(flat.dtype, addresses, sizes, rows, starts=addresses)
-        per_row(a.astype(np.float64), rows, None)
-        per_row(a.astype(np.float64), rows, thresholds.astype(np.float64))
+        per_sample(a, None)
+        per_sample(a, thresholds.astype(np.float64))
