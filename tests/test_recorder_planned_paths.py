@@ -13,7 +13,9 @@ from torch import nn
 from comgra_ndbg import NeuralDbg, Recorder, open_recording
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError
 from comgra_ndbg.recorder.registration import TensorRegistration
+from comgra_ndbg.recorder.snapshot import take_snapshot
 from comgra_ndbg.stats.reducer import summarize
+from comgra_ndbg.store.schema import FIELD
 from comgra_ndbg.stats.statistics import derive
 
 STATISTICS = ("mean", "std", "abs_max", "zero_fraction", "dead_fraction", "saturated_fraction")
@@ -103,7 +105,7 @@ def test_a_tensor_the_plan_cannot_read_under_a_planned_name_is_skipped_and_logge
 def test_parameter_gradients_on_planned_steps_are_the_accumulated_and_clipped_ones_the_optimizer_uses(
         tmp_path: Path, snapshots: int | None) -> None:
     """Two backward passes per step, then clipping: the step records the gradient ``optimizer.step()`` reads,
-    on steps whose module outputs take their plans (summaries alone) and on snapshot steps (general path)."""
+    on steps whose module outputs take their plans, with snapshots and without."""
     torch.manual_seed(0)
     model, criterion = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -156,3 +158,34 @@ def test_integer_half_precision_and_strided_tensors_take_converting_plans_with_t
             for step in (1, 2):
                 reference = summarize(registered[step][name], batched=True, bounds=None)
                 np.testing.assert_array_equal(rows[step], reference, err_msg=f"{name} at step {step}")
+
+
+def test_snapshot_steps_take_the_plans_and_record_the_general_path_s_snapshots(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot step whose type is known registers planned names along their plans: the snapshot (values,
+    indices, samples, per-sample statistics with the saturation bounds resolved at planning) is the one the
+    general path takes."""
+    general = count_general_path(monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(6, 7, generator=g, requires_grad=True)
+    registered = []
+    with Recorder(tmp_path, trial="t", snapshots=1, num_samples=3, max_elements=12) as rec:
+        for step in range(3):
+            with rec.step(step):
+                batch = {"x": torch.randn(8, 6, generator=g), "target": torch.randint(0, 10, (8,), generator=g),
+                         "h": torch.tanh(3 * torch.randn(8, 6, generator=g) @ weight)}
+                for name, tensor in batch.items():
+                    rec.register_tensor(name, tensor, role="target" if name == "target" else "input")
+                registered.append(batch)
+    assert general == list(registered[0])  # step 0 made the plans; the snapshot steps 1 and 2 took them
+    with open_recording(tmp_path, "t") as recording:
+        for name in registered[0]:
+            for step in range(3):
+                got = recording.snapshot(step, name)
+                want = take_snapshot(registered[step][name], batched=True, num_samples=3, max_elements=12,
+                                     bounds=(-1.0, 1.0) if name == "h" else None)
+                np.testing.assert_array_equal(got.values, want.values, err_msg=f"{name} at step {step}")
+                np.testing.assert_array_equal(got.value_index, want.value_index)
+                np.testing.assert_array_equal(got.sample_index, want.sample_index)
+                np.testing.assert_array_equal(got.sample_rows, want.sample_stats)
+            assert (got.sample_rows[:, FIELD["bounded"]] > 0).all() == (name == "h")  # bounded: saturation was counted

@@ -62,6 +62,7 @@ class RegistrationPlan(NamedTuple):
     series_id: int  # the value series
     deferred: bool  # its gradient is summarised when the backward pass ends (not a compiled region's)
     convert: bool = False  # summarised from its work view, not in place (see the module docstring)
+    bounds: tuple[float, float] | None = None  # the resolved saturation bounds (per-sample statistics of snapshots)
 
 
 def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int | None, batched: bool,
@@ -80,7 +81,7 @@ def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int 
     batch = int(tensor.shape[0]) if batched and tensor.dim() else 0
     return RegistrationPlan(call, type(tensor.grad_fn) if tensor.grad_fn is not None else None,
                             tensor.requires_grad, tensor.dtype, tensor.shape, batch_before, bool(batched), batch,
-                            thresholds, tensor_id, series_id, deferred, convert)
+                            thresholds, tensor_id, series_id, deferred, convert, bounds)
 
 
 def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -> bool:

@@ -56,7 +56,7 @@ class TensorRegistration:
         if not self._step_open:
             self._check_step_open(f"register_tensor({name!r})")
         plan = self._plans.get(name) if type(name) is str and bounds is AUTO else None
-        if (plan is not None and self._summarize and not self._snapshot and name not in self._names
+        if (plan is not None and self._summarize and not self._deferring and name not in self._names
                 and plan.call == (role, node, batched, module) and isinstance(tensor, torch.Tensor)
                 and fits(plan, tensor, self._batch_size)):
             self._register_planned(name, tensor, plan)
@@ -88,7 +88,7 @@ class TensorRegistration:
 
     def _register_planned(self, name: str, tensor: torch.Tensor, plan: RegistrationPlan) -> None:
         """``register_tensor`` on a summary step along ``plan``: what ``_record_tensor`` does for a host tensor,
-        without the decisions the plan holds."""
+        without the decisions the plan holds (its snapshot too, on a snapshot step whose type is known)."""
         self._names.add(name)
         self._step_names.add(name)
         if plan.batch and self._batch_size is None:
@@ -101,6 +101,11 @@ class TensorRegistration:
             self._skipped(name, "value", error)
             return
         self._value_keys.append((plan.series_id, iteration, row))
+        if self._snapshot:
+            try:
+                self._snaps.append((plan.series_id, iteration, self._take(tensor, plan.batched, plan.bounds)))
+            except Exception as error:  # a recorder problem must not break the training run
+                self._skipped(name, "value", error)
         self._structure.add(name, iteration, tensor)
         if plan.requires_grad:
             self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, plan.tensor_id, iteration,
