@@ -354,6 +354,54 @@ def test_update_snapshot_equals_the_snapshot_of_the_materialised_difference(dtyp
             np.testing.assert_array_equal(got.value_index, want.value_index)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("max_elements", [7, 100_000])
+def test_update_snapshot_reads_the_start_from_the_start_s_value_snapshot(dtype: torch.dtype,
+                                                                        max_elements: int) -> None:
+    """A sub-sampled start's elements come from its value snapshot when that holds the same positions, and from
+    ``start`` itself when it holds others (taken with another element limit): the update is the same."""
+    gen = torch.Generator().manual_seed(5)
+    start = torch.randn(16, 9, generator=gen, dtype=dtype)
+    value = start - 0.01 * torch.randn(16, 9, generator=gen, dtype=dtype)
+    want = take_update_snapshot(value, start, max_elements=max_elements)
+    for start_snapshot in (take_snapshot(start, batched=False, num_samples=8, max_elements=max_elements),
+                           take_snapshot(start, batched=False, num_samples=8, max_elements=5)):
+        got = take_update_snapshot(value, start, max_elements=max_elements, start_snapshot=start_snapshot)
+        np.testing.assert_array_equal(got.values, want.values)
+        assert got.values.dtype == want.values.dtype and got.value_index is want.value_index
+    if want.value_index is not None:  # read from the snapshot, not from start
+        moved = take_snapshot(start + 1, batched=False, num_samples=8, max_elements=max_elements)
+        got = take_update_snapshot(value, start, max_elements=max_elements, start_snapshot=moved)
+        np.testing.assert_array_equal(got.values,
+                                      take_update_snapshot(value, start + 1, max_elements=max_elements).values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_recorded_sub_sampled_updates_are_the_parameters_change(tmp_path, dtype: torch.dtype) -> None:
+    """The recorder reads the start of a sub-sampled update from the parameter's value snapshot at the step's
+    start (float32, float64) or from its start-of-step copy (float16): the recorded update is the change of the
+    kept elements either way."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 9), torch.nn.Tanh(), torch.nn.Linear(9, 2)).to(dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before, after = [], []
+    with Recorder(tmp_path, trial="t", snapshots=1, max_elements=10) as rec:
+        rec.track_module("model", model)
+        for step in range(3):
+            with rec.step(step):
+                before.append(model[0].weight.detach().clone())
+                optimizer.zero_grad()
+                model(torch.randn(4, 12, dtype=dtype)).float().pow(2).mean().backward()
+                optimizer.step()
+                after.append(model[0].weight.detach().clone())
+    with open_recording(tmp_path, "t") as recording:
+        for step in range(3):
+            update = recording.snapshot(step, "model.0.weight", "update")
+            np.testing.assert_array_equal(update.value_index, evenly_spaced(108, 10))
+            change = (after[step].double() - before[step].double()).numpy().reshape(-1)[update.value_index]
+            np.testing.assert_array_equal(update.values, change.astype(update.values.dtype))
+
+
 def test_update_snapshot_of_a_complex_parameter_holds_the_magnitude_of_the_change() -> None:
     start = torch.tensor([1 + 1j, 2 - 1j, 0j, -3j], dtype=torch.complex64)
     value = start + torch.tensor([3 + 4j, 0j, -1j, 1 + 0j], dtype=torch.complex64)

@@ -78,8 +78,10 @@ class ParameterSteps:
         elif self.record_updates:
             tracker.capture()
         if self._snapshot:
-            for sid, (_, value) in zip(series.tolist(), tracker.values()):
-                self._snaps.append((sid, 0, self._take(value, False)))
+            starts = self._start_snapshots = {}
+            for sid, (tid, value) in zip(series.tolist(), tracker.values()):
+                data = starts[tid] = self._take(value, False)
+                self._snaps.append((sid, 0, data))
 
     def _parameter_series(self, kind: str) -> np.ndarray:
         """Series ids of every tracked parameter's ``kind``, in ``ParameterTracker.tensor_ids()`` order."""
@@ -113,12 +115,19 @@ class ParameterSteps:
             rows = rows[indices]
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows if everything else rows[keep]))
         if self._snapshot:
-            elements = self._snapshot_limits()[1]
-            for (tid, value, start), kept in zip(self._parameters.update_pairs(), keep.tolist()):
-                if kept:
-                    self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
-                                        take_update_snapshot(value, start, max_elements=elements)))
+            self._take_updates(self._parameters.update_pairs(), keep)
         self._parameters.release()
+
+    def _take_updates(self, pairs: list[tuple[int, torch.Tensor, torch.Tensor]], keep: np.ndarray) -> None:
+        """The update snapshots of the parameters ``keep`` marks, read at the elements their value snapshots at
+        the step's start already hold where those are at hand."""
+        elements = self._snapshot_limits()[1]
+        starts = self._start_snapshots
+        for (tid, value, start), kept in zip(pairs, keep.tolist()):
+            if kept:
+                self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
+                                    take_update_snapshot(value, start, max_elements=elements,
+                                                         start_snapshot=starts.get(tid))))
 
     def _finish_tiered(self) -> None:
         """The values (at the step's start) and updates of a tiered step: sentinel rows, or complete rows on a
@@ -149,11 +158,7 @@ class ParameterSteps:
                                       values))
         self._rows.append(SummaryRows(update_series, np.zeros(len(update_series), np.int64), updates[keep]))
         if self._snapshot:
-            elements = self._snapshot_limits()[1]
-            for (tid, value, start), kept in zip(pairs, keep.tolist()):
-                if kept:
-                    self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
-                                        take_update_snapshot(value, start, max_elements=elements)))
+            self._take_updates(pairs, keep)
         tracker.release()
 
     def _complete_rows(self, reducer: Reducer, value_rows: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -225,9 +225,12 @@ def _host_sample_stats(rows: np.ndarray, bounds: tuple[float, float] | None, mar
     return out
 
 
-def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elements: int) -> SnapshotData:
+def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elements: int,
+                         start_snapshot: SnapshotData | None = None) -> SnapshotData:
     """The snapshot of the batch-less difference ``value - start`` (a parameter update), computed only at the
     at most ``max_elements`` evenly spaced elements it keeps; the same as ``take_snapshot(value - start)``.
+    ``start_snapshot``, ``take_snapshot(start, batched=False, ...)`` taken while ``start`` held its values (the
+    parameter's value snapshot at the step's start), saves reading ``start`` again where it kept the same elements.
 
     >>> s = take_update_snapshot(torch.arange(6.0), torch.ones(6), max_elements=3)
     >>> s.values.tolist(), s.value_index.tolist()
@@ -240,6 +243,9 @@ def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elemen
         index = _kept(a.size, max_elements)
         if index is None:
             values = np.subtract(a, host_start.reshape(-1))
+        elif (start_snapshot is not None and start_snapshot.value_index is index
+              and start_snapshot.values.dtype == a.dtype):
+            values = np.subtract(a.take(index), start_snapshot.values)
         else:
             values = np.subtract(a.take(index), host_start.reshape(-1).take(index))
         return SnapshotData(host_value.shape, _NO_SAMPLES, _NO_STATS, values, index)

@@ -18,7 +18,7 @@ import torch
 
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
 from comgra_ndbg.recorder.policy import Decision
-from comgra_ndbg.recorder.snapshot import DeferredSnapshot
+from comgra_ndbg.recorder.snapshot import DeferredSnapshot, SnapshotData
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.validation import check_name, check_step
 from comgra_ndbg.stats.reducer import Reducer
@@ -66,6 +66,7 @@ class StepCycle:
         self._start_values: Reducer | None = None  # the complete values of a tiered step, queued at its start
         self._start_rows: list[int] = []  # ... at these rows
         self._start_sentinels: np.ndarray | None = None  # the sentinel rows of a tiered step's start values
+        self._start_snapshots: dict[int, SnapshotData] = {}  # tensor id -> its value's snapshot at the step's start
         self._tier_reason = ""  # why a tiered step's sentinels called for complete statistics
         self._summarize = False  # compute summaries this step (policy, forced, or flight recorder)
         self._snapshot = False  # compute snapshots this step
