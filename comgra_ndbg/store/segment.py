@@ -18,9 +18,10 @@ import numpy as np
 
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
-from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset
+from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset, write_slabs
 from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.index_pool import merge_index_pools
+from comgra_ndbg.store.value_blocks import ValueBlocks
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
            "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "array_bytes", "PATHS", "TEXT_FIELDS"]
@@ -66,7 +67,7 @@ class SegmentContent:
     sample_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sample_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, schema.NUM_FIELDS), np.float64))
     sample_category: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
-    values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    values: np.ndarray | ValueBlocks = field(default_factory=lambda: np.zeros(0, np.float32))  # blocks when buffered
     value_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     kpi_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     kpi_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -167,9 +168,12 @@ def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> by
         content.catalog.write(f)
         for field_name in _ARRAYS:
             data = getattr(content, field_name)
-            write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
-            if consume and isinstance(data, np.ndarray) and field_name != "step":
-                setattr(content, field_name, data[:0].copy())
+            if isinstance(data, ValueBlocks):
+                write_slabs(f, _PATHS[field_name], data.shape, data.dtype, data.slabs(consume=consume))
+            else:
+                write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
+            if consume and field_name != "step":
+                setattr(content, field_name, np.zeros((0,) + data.shape[1:], data.dtype))
         f.flush()
         return f.id.get_file_image()
     finally:

@@ -116,7 +116,7 @@ class RecordingWriter:
         self._buffers.summaries.append((step, iteration, np.asarray(series, np.int64), rows))
 
     def add_snapshot(self, step: int, iteration: int, series: int, data: SnapshotData) -> None:
-        self._buffers.snapshots.append((step, iteration, series, data))
+        self._buffers.add_snapshot(step, iteration, series, data)
 
     def add_kpi(self, step: int, kpi: int, value: float, step_type: int) -> None:
         self._buffers.kpis.append((step, kpi, value, step_type))
