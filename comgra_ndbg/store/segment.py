@@ -7,7 +7,7 @@ therefore complete and immutable, which is what makes a recording crash-safe and
 from __future__ import annotations
 
 import contextlib
-import itertools
+import io
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -148,21 +148,19 @@ def write_segment(path: Path, content: SegmentContent, attrs: dict, *, consume: 
     leave a half-written file behind, or crash the process).
 
     ``consume=True`` empties each of ``content``'s arrays once HDF5 holds its copy, so a merge of a whole
-    recording, or the last write at ``close()``, peaks at about two copies of it (the file image and its
-    bytes) instead of three; the step numbers stay, so that a write that fails still says which steps it
-    lost."""
+    recording, or the last write at ``close()``, peaks at about one copy of it (the arrays not yet written
+    and the file image so far) instead of two or three; the step numbers stay, so that a write that fails
+    still says which steps it lost."""
     write_file(Path(path), _image(content, attrs, consume=consume))
 
 
-_IMAGES = itertools.count()
-
-
-def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> bytes:
-    """The bytes of the HDF5 file holding ``content`` (HDF5's in-memory "core" driver: nothing touches disk);
-    with ``consume``, each array of ``content`` is replaced by an empty one as soon as it is written."""
-    name = f"comgra-ndbg-segment-{os.getpid()}-{next(_IMAGES)}"  # HDF5 tells open files apart by name
-    f = h5py.File(name, "w", driver="core", backing_store=False, libver=schema.LIBVER)
-    try:
+def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> memoryview:
+    """The bytes of the HDF5 file holding ``content``, built in a ``BytesIO`` (nothing touches disk) and
+    handed out as a view of it: HDF5's in-memory "core" driver would keep its own image and hand out a copy,
+    two images of the file at once. With ``consume``, each array of ``content`` is replaced by an empty one
+    as soon as it is written."""
+    image = io.BytesIO()
+    with h5py.File(image, "w", libver=schema.LIBVER) as f:
         for key, value in attrs.items():
             f.attrs[key] = value
         content.catalog.write(f)
@@ -174,10 +172,7 @@ def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> by
                 write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
             if consume and field_name != "step":
                 setattr(content, field_name, np.zeros((0,) + data.shape[1:], data.dtype))
-        f.flush()
-        return f.id.get_file_image()
-    finally:
-        f.close()
+    return image.getbuffer()
 
 
 def write_file(path: Path, data: bytes | memoryview) -> None:
