@@ -40,7 +40,7 @@ def merge_files(directory: Path, inputs: list[Segment], level: int, attributes: 
     contents, covers = [], []
     for segment in inputs:
         with h5py.File(segment.path, "r") as f:
-            contents.append(read_segment(f))
+            contents.append(read_segment(f, blocks=True))
             covers.extend(int(v) for v in f.attrs[schema.ATTR_COVERS])
     sequence = max(segment.sequence for segment in inputs)
     out = directory / (schema.FINAL_NAME if complete else segment_name(sequence, level))

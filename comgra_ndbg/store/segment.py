@@ -21,7 +21,7 @@ from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset, write_slabs
 from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.index_pool import merge_index_pools
-from comgra_ndbg.store.value_blocks import ValueBlocks
+from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
            "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "array_bytes", "PATHS", "TEXT_FIELDS"]
@@ -210,14 +210,20 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def read_segment(f: h5py.File) -> SegmentContent:
+def read_segment(f: h5py.File, *, blocks: bool = False) -> SegmentContent:
     """Load a whole segment into memory (used by the merge; the reader reads lazily instead). A damaged chunk
-    raises h5py's ``OSError``, text failing its checksum ``DamagedData``."""
+    raises h5py's ``OSError``, text failing its checksum ``DamagedData``. With ``blocks`` the value pool is
+    read into ``ValueBlocks`` a block at a time, never as one array: a merge lets go of it as it writes it."""
     content = SegmentContent(catalog=Catalog.read(f))
     for name in _ARRAYS:
         if _PATHS[name] not in f:  # a table this file's writer did not know yet: keep the empty default
             continue
         dataset = f[_PATHS[name]]
+        if blocks and name == "values":
+            content.values = ValueBlocks()
+            for start in range(0, len(dataset), BLOCK):
+                content.values.append(dataset[start:start + BLOCK])
+            continue
         data = dataset[()]
         if name in _TEXT:
             data = decode_text(data)
@@ -257,7 +263,8 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
 
     Summary data of older segments has fewer series: missing series are filled with the merge identity.
     Offsets into the sample and value pools are shifted so they stay valid in the concatenated pools; the
-    value-index pool keeps one copy of each distinct index (``index_pool``).
+    value-index pool keeps one copy of each distinct index (``index_pool``). Value pools held in
+    ``ValueBlocks`` are joined into new blocks and emptied (``ValueBlocks.joined``) rather than copied.
     """
     if not parts:
         raise ValueError("nothing to concatenate")
@@ -280,8 +287,11 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
     out.snap_index_offset = np.concatenate(index_offsets)
     width = max(p.snap_shape.shape[1] for p in parts)
     out.snap_shape = np.concatenate([pad_shapes(p.snap_shape, width) for p in parts])
+    in_blocks = any(isinstance(p.values, ValueBlocks) for p in parts)
     for name in _ARRAYS:
         if name in ("summary_data", "value_index", "snap_index_offset", "snap_shape"):
+            continue
+        if name == "values" and in_blocks:
             continue
         if name in pools:
             shifted, base = [], 0
@@ -292,4 +302,6 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
             setattr(out, name, np.concatenate(shifted))
         else:
             setattr(out, name, np.concatenate([getattr(p, name) for p in parts]))
+    if in_blocks:  # after the offsets above, which count the parts' values: joining empties them
+        out.values = ValueBlocks.joined([p.values for p in parts])
     return out

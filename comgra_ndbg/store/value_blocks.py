@@ -68,6 +68,22 @@ class ValueBlocks:
             done += take
             self.size += take
 
+    @classmethod
+    def joined(cls, parts: list[ValueBlocks | np.ndarray]) -> ValueBlocks:
+        """The values of ``parts`` one after the other; the blocks of parts that are ``ValueBlocks`` are let go
+        of as they are copied (those parts are empty afterwards), so joining takes one block more at most.
+
+        >>> a = ValueBlocks(); a.append(np.array([1.0, 2.0], np.float32))
+        >>> joined = ValueBlocks.joined([a, np.array([3.0], np.float32)])
+        >>> np.asarray(joined).tolist(), len(a)
+        ([1.0, 2.0, 3.0], 0)
+        """
+        out = cls()
+        for part in parts:
+            for slab in part.slabs(consume=True) if isinstance(part, ValueBlocks) else (part,):
+                out.append(slab)
+        return out
+
     def slabs(self, *, consume: bool = False) -> Iterator[np.ndarray]:
         """The values held, block by block (the last one cut to what it holds). With ``consume`` each block is
         let go of once the next is asked for: the blocks are empty afterwards."""
