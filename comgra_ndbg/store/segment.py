@@ -7,7 +7,6 @@ therefore complete and immutable, which is what makes a recording crash-safe and
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -21,6 +20,7 @@ from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset, write_slabs
 from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.index_pool import merge_index_pools
+from comgra_ndbg.store.paged_image import PagedImage
 from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
@@ -154,12 +154,12 @@ def write_segment(path: Path, content: SegmentContent, attrs: dict, *, consume: 
     write_file(Path(path), _image(content, attrs, consume=consume))
 
 
-def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> memoryview:
-    """The bytes of the HDF5 file holding ``content``, built in a ``BytesIO`` (nothing touches disk) and
-    handed out as a view of it: HDF5's in-memory "core" driver would keep its own image and hand out a copy,
-    two images of the file at once. With ``consume``, each array of ``content`` is replaced by an empty one
-    as soon as it is written."""
-    image = io.BytesIO()
+def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> PagedImage:
+    """The HDF5 file holding ``content``, built in memory (nothing touches disk) in a ``PagedImage``: one
+    image of the file, where HDF5's in-memory "core" driver keeps its own and hands out a copy, and in pages
+    of their own, where a growing buffer may leave its earlier copies behind. With ``consume``, each array
+    of ``content`` is replaced by an empty one as soon as it is written."""
+    image = PagedImage()
     with h5py.File(image, "w", libver=schema.LIBVER) as f:
         for key, value in attrs.items():
             f.attrs[key] = value
@@ -172,10 +172,10 @@ def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> me
                 write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
             if consume and field_name != "step":
                 setattr(content, field_name, np.zeros((0,) + data.shape[1:], data.dtype))
-    return image.getbuffer()
+    return image
 
 
-def write_file(path: Path, data: bytes | memoryview) -> None:
+def write_file(path: Path, data: bytes | memoryview | PagedImage) -> None:
     """Put ``data`` in place as ``path``: written to ``path.tmp``, fsynced, renamed, the directory fsynced; a
     reader sees the old state or the whole file, never part of it. A failure (a full disk) removes the
     temporary file and raises."""
@@ -183,9 +183,9 @@ def write_file(path: Path, data: bytes | memoryview) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for view in data.views() if isinstance(data, PagedImage) else (memoryview(data),):
+                while view:
+                    view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
