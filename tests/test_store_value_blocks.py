@@ -133,3 +133,21 @@ def test_a_merge_reads_value_pools_into_blocks_and_moves_them_into_the_merged_co
         for step, part in enumerate(_parts(np.random.default_rng(2))[:4]):
             np.testing.assert_array_equal(rec.snapshot(step, "t", "value").values, part)
         assert rec.snapshot(4, "t", "value").values.tolist() == [1e300, 2.0]
+
+
+def test_a_written_segment_hands_its_blocks_to_the_steps_after_it_and_close_lets_them_go(tmp_path):
+    writer = RecordingWriter(tmp_path / "trial", "trial")
+    writer.add_step(0, 0, 1, schema.FLAG_SNAPSHOT, "")
+    writer.add_snapshot(0, 0, 0, _snapshot(np.arange(10, dtype=np.float32)))
+    block = weakref.ref(writer._buffers.values._blocks[0])
+    writer.flush(_catalog())
+    writer.add_step(1, 0, 1, schema.FLAG_SNAPSHOT, "")
+    writer.add_snapshot(1, 0, 0, _snapshot(np.full(4, 7.0, np.float32)))
+    assert writer._buffers.values._blocks[0] is block()  # filled again: no new memory, no page faults
+    writer.flush(_catalog(), wait=False)
+    writer.close(_catalog())
+    gc.collect()
+    assert block() is None
+    with open_recording(tmp_path / "trial") as rec:
+        assert rec.snapshot(0, "t", "value").values.tolist() == list(range(10))
+        assert rec.snapshot(1, "t", "value").values.tolist() == [7.0] * 4

@@ -28,11 +28,12 @@ _Snapshot = tuple[int, int, int, tuple[int, ...], int, np.ndarray, np.ndarray, "
 class RowBuffers:
     """Rows of every table since the last flush."""
 
-    def __init__(self) -> None:
+    def __init__(self, spare_blocks: list[np.ndarray] | None = None) -> None:
+        """``spare_blocks``: blocks of written value pools for ``values`` to fill (``ValueBlocks.recycle``)."""
         self.steps: list[tuple[int, int, int, float, int, str]] = []
         self.summaries: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.snapshots: list[_Snapshot] = []
-        self.values = ValueBlocks()  # every snapshot's element values, in the order of ``snapshots``
+        self.values = ValueBlocks(spare_blocks)  # every snapshot's element values, in the order of ``snapshots``
         self.kpis: list[tuple[int, int, float, int]] = []
         self.notes: list[tuple[int, float, str]] = []
         self.triggers: list[tuple[int, str]] = []

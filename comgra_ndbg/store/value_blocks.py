@@ -7,7 +7,9 @@ and the file image on top of them. Here each snapshot's values are copied, as it
 sequence of blocks, each a mapping of its own of ``BLOCK`` values (whole chunks of the file's value pool);
 the write hands HDF5 one block at a time and gives each back to the system once written, so the file image
 grows as the blocks go. The arrays the snapshots arrived in are freed after their step and their heap
-space serves the next ones.
+space serves the next ones. A block's memory costs a page fault per page the first time it is written;
+during a run, the blocks of a segment once written are kept (``recycle``) for the steps after it, so a
+long run pays that once, not at every snapshot step.
 """
 from __future__ import annotations
 
@@ -37,10 +39,11 @@ class ValueBlocks:
     (dtype('float64'), np.float64(1e+300))
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spare: list[np.ndarray] | None = None) -> None:
         self.dtype = np.dtype(np.float32)
         self.size = 0
         self._blocks: list[np.ndarray] = []
+        self._spare = [] if spare is None else spare  # blocks to fill before mapping new ones, shared
 
     def __len__(self) -> int:
         return self.size
@@ -62,7 +65,7 @@ class ValueBlocks:
         while done < count:
             used = self.size % BLOCK
             if used == 0 and self.size == len(self._blocks) * BLOCK:
-                self._blocks.append(_mapped(self.dtype))
+                self._blocks.append(self._block())
             take = min(BLOCK - used, count - done)
             self._blocks[-1][used:used + take] = values[done:done + take]
             done += take
@@ -97,10 +100,31 @@ class ValueBlocks:
         if consume:
             self.size = 0
 
+    def recycle(self) -> None:
+        """Hand the blocks to the spare list this was made with, for the next ``ValueBlocks`` sharing it to
+        fill: memory already written once, which takes no page faults. The values held are gone.
+
+        >>> spare = []
+        >>> a = ValueBlocks(spare); a.append(np.array([1.0, 2.0], np.float32)); block = a._blocks[0]
+        >>> a.recycle(); b = ValueBlocks(spare); b.append(np.array([3.0], np.float32))
+        >>> b._blocks[0] is block, np.asarray(b).tolist(), len(a), spare
+        (True, [3.0], 0, [])
+        """
+        self._spare.extend(self._blocks)
+        self._blocks, self.size = [], 0
+
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         """The values as one array (a copy)."""
         out = np.concatenate(list(self.slabs())) if self.size else np.zeros(0, self.dtype)
         return out if dtype is None else out.astype(dtype, copy=False)
+
+    def _block(self) -> np.ndarray:
+        """A spare block of this dtype, else a new one (another thread may recycle into the spare list)."""
+        try:
+            block = self._spare.pop()
+        except IndexError:
+            return _mapped(self.dtype)
+        return block if block.dtype == self.dtype else _mapped(self.dtype)
 
     def _widen(self) -> None:
         """Hold float64 from now on: the values held so far are converted."""
