@@ -2,7 +2,8 @@
 
 The recorder hands the writer plain numbers and numpy arrays, one step at a time; they are kept in lists
 (appending costs nothing measurable on the training thread) and turned into the parallel arrays of a
-``SegmentContent`` only when a flush takes them.
+``SegmentContent`` only when a flush takes them. Snapshot element values, most of the bytes, are copied
+into ``ValueBlocks`` as they arrive instead, which the segment's value pool then is.
 """
 from __future__ import annotations
 
@@ -15,23 +16,37 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.index_pool import SharedPool
 from comgra_ndbg.store.segment import SegmentContent, SnapshotData
+from comgra_ndbg.store.value_blocks import ValueBlocks
 
 __all__ = ["RowBuffers"]
+
+_Snapshot = tuple[int, int, int, tuple[int, ...], int, np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
+"""A buffered snapshot without its values: step, iteration, series, shape, the number of values, and
+``SnapshotData``'s sample_index, sample_stats, value_index and sample_category."""
 
 
 class RowBuffers:
     """Rows of every table since the last flush."""
 
-    def __init__(self) -> None:
+    def __init__(self, spare_blocks: list[np.ndarray] | None = None) -> None:
+        """``spare_blocks``: blocks of written value pools for ``values`` to fill (``ValueBlocks.recycle``)."""
         self.steps: list[tuple[int, int, int, float, int, str]] = []
         self.summaries: list[tuple[int, int, np.ndarray, np.ndarray]] = []
-        self.snapshots: list[tuple[int, int, int, SnapshotData]] = []
+        self.snapshots: list[_Snapshot] = []
+        self.values = ValueBlocks(spare_blocks)  # every snapshot's element values, in the order of ``snapshots``
         self.kpis: list[tuple[int, int, float, int]] = []
         self.notes: list[tuple[int, float, str]] = []
         self.triggers: list[tuple[int, str]] = []
         self.log: list[tuple[int, float, str, str, str, str]] = []
         self.profile: list[tuple[int, str, np.ndarray]] = []  # (step, module, row of PROFILE_FIELDS)
         self.process: list[tuple[int, np.ndarray]] = []  # (step, row of PROCESS_FIELDS)
+
+    def add_snapshot(self, step: int, iteration: int, series: int, data: SnapshotData) -> None:
+        """One snapshot: its element values go into ``values``, the rest is kept without them (the
+        arrays of ``data`` may be shared with the recorder; none is written to)."""
+        self.values.append(data.values)
+        self.snapshots.append((step, iteration, series, data.shape, len(data.values), data.sample_index,
+                               data.sample_stats, data.value_index, data.sample_category))
 
     def add_log(self, step: int, category: str, subject: str, message: str, detail: dict | None = None,
                 when: float | None = None) -> None:
@@ -94,31 +109,29 @@ class RowBuffers:
     def _build_snapshots(self, c: SegmentContent) -> None:
         snapshots = self.snapshots
         n = len(snapshots)
-        datas = [s[3] for s in snapshots]
-        c.snap_step = np.array([s[0] for s in snapshots], np.int64)
-        c.snap_iteration = np.array([s[1] for s in snapshots], np.int32)
-        c.snap_series = np.array([s[2] for s in snapshots], np.int32)
-        width = max(schema.MAX_RANK, max(len(d.shape) for d in datas))
-        c.snap_shape = np.array([_padded_shape(d.shape, width) for d in datas], np.int64).reshape(n, width)
-        sample_counts = np.fromiter((len(d.sample_index) for d in datas), np.int64, n)
-        value_counts = np.fromiter((len(d.values) for d in datas), np.int64, n)
+        columns = list(zip(*snapshots))
+        c.snap_step = np.array(columns[0], np.int64)
+        c.snap_iteration = np.array(columns[1], np.int32)
+        c.snap_series = np.array(columns[2], np.int32)
+        shapes, sample_indices, categories = columns[3], columns[5], columns[8]
+        width = max(schema.MAX_RANK, max(len(shape) for shape in shapes))
+        c.snap_shape = np.array([_padded_shape(shape, width) for shape in shapes], np.int64).reshape(n, width)
+        sample_counts = np.fromiter((len(index) for index in sample_indices), np.int64, n)
+        value_counts = np.array(columns[4], np.int64)
         c.snap_samples_count = sample_counts.astype(np.int32)
         c.snap_values_count = value_counts
         c.snap_samples_offset = np.cumsum(sample_counts) - sample_counts
         c.snap_values_offset = np.cumsum(value_counts) - value_counts
         index_pool = SharedPool()
-        c.snap_index_offset = np.fromiter((-1 if d.value_index is None else index_pool.add(d.value_index)
-                                           for d in datas), np.int64, n)
+        c.snap_index_offset = np.fromiter((-1 if index is None else index_pool.add(index) for index in columns[7]),
+                                          np.int64, n)
         c.snap_subsampled = c.snap_index_offset >= 0
-        c.sample_index = np.concatenate([d.sample_index for d in datas]).astype(np.int64, copy=False)
+        c.sample_index = np.concatenate(sample_indices).astype(np.int64, copy=False)
         c.sample_category = np.full(int(sample_counts.sum()), "", dtype=object)
-        for i in [i for i, d in enumerate(datas) if d.sample_category is not None]:
-            c.sample_category[c.snap_samples_offset[i]:c.snap_samples_offset[i] + sample_counts[i]] = \
-                datas[i].sample_category
-        c.sample_stats = np.concatenate([d.sample_stats for d in datas]).reshape(-1, schema.NUM_FIELDS)
-        # float32 element values, unless a float64 tensor's are among them (float32 would turn 1e300 into inf)
-        wide = any(d.values.dtype == np.float64 for d in datas)
-        c.values = np.concatenate([d.values for d in datas]).astype(np.float64 if wide else np.float32, copy=False)
+        for i in [i for i, category in enumerate(categories) if category is not None]:
+            c.sample_category[c.snap_samples_offset[i]:c.snap_samples_offset[i] + sample_counts[i]] = categories[i]
+        c.sample_stats = np.concatenate(columns[6]).reshape(-1, schema.NUM_FIELDS)
+        c.values = self.values
         c.value_index = index_pool.array()
 
 

@@ -15,6 +15,7 @@ files); a recorded step does no extra work.
 """
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterable
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from comgra_ndbg.store import schema
 
-__all__ = ["text_checksum", "write_dataset", "decode_text", "text_intact", "chunk_rows"]
+__all__ = ["text_checksum", "write_dataset", "write_slabs", "decode_text", "text_intact", "chunk_rows"]
 
 _STR = h5py.string_dtype("utf-8")
 
@@ -64,10 +65,14 @@ def text_intact(dataset: h5py.Dataset, values: np.ndarray | None = None) -> bool
     return int(expected) == text_checksum(values.tolist())
 
 
-def chunk_rows(data: np.ndarray) -> tuple[int, ...]:
-    """The chunk shape of a table written with checksums: ``CHUNK_ELEMENTS`` rows (or fewer, for a short
-    table) with every column."""
-    return (min(len(data), schema.CHUNK_ELEMENTS),) + tuple(data.shape[1:])
+def chunk_rows(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The chunk shape of a table of ``shape`` written with checksums: ``CHUNK_ELEMENTS`` rows (or fewer, for
+    a short table) with every column.
+
+    >>> chunk_rows((100, 3)), chunk_rows((40000,))
+    ((100, 3), (16384,))
+    """
+    return (min(shape[0], schema.CHUNK_ELEMENTS),) + tuple(shape[1:])
 
 
 def write_dataset(f: h5py.File, path: str, data: np.ndarray | str, *, text: bool) -> None:
@@ -85,12 +90,31 @@ def write_dataset(f: h5py.File, path: str, data: np.ndarray | str, *, text: bool
     if data.size == 0:  # nothing to protect; HDF5 cannot chunk an empty dataset
         f.create_dataset(path, data=data)
         return
+    f.create_dataset(path, data=data, **_layout(path, data.shape))
+
+
+def write_slabs(f: h5py.File, path: str, shape: tuple[int, ...], dtype: np.dtype, slabs: Iterable[np.ndarray]) -> None:
+    """Create dataset ``path`` of ``shape`` and ``dtype`` as ``write_dataset`` creates it for such an array,
+    written from ``slabs``, its consecutive pieces along the first axis: an array that is never put
+    together in one piece. Pieces of whole chunks (``chunk_rows``) are written as one write would."""
+    if shape[0] == 0:
+        f.create_dataset(path, data=np.zeros(shape, dtype))
+        return
+    dataset = f.create_dataset(path, shape=shape, dtype=dtype, **_layout(path, shape))
+    start = 0
+    for slab in slabs:
+        dataset[start:start + len(slab)] = slab
+        start += len(slab)
+
+
+def _layout(path: str, shape: tuple[int, ...]) -> dict:
+    """Chunks and filters of the numeric dataset ``path`` of ``shape`` (not empty)."""
     kwargs: dict = dict(fletcher32=True)
     if path == schema.SUMMARY_DATA:
-        kwargs.update(chunks=(1, data.shape[1], min(data.shape[2], schema.SUMMARY_CHUNK_ROWS)),
+        kwargs.update(chunks=(1, shape[1], min(shape[2], schema.SUMMARY_CHUNK_ROWS)),
                       compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL, shuffle=True)
     else:
-        kwargs.update(chunks=chunk_rows(data))
-        if data.size > 65536 and path != schema.VALUE_POOL:  # element values barely compress: stored raw
+        kwargs.update(chunks=chunk_rows(shape))
+        if math.prod(shape) > 65536 and path != schema.VALUE_POOL:  # element values barely compress: stored raw
             kwargs.update(compression=schema.COMPRESSION, compression_opts=schema.COMPRESSION_LEVEL, shuffle=True)
-    f.create_dataset(path, data=data, **kwargs)
+    return kwargs

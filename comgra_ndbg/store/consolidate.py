@@ -2,8 +2,10 @@
 
 A merge reads its inputs, concatenates them and writes the result under a final name before it deletes
 them (``write_segment``: temporary name, fsync, rename), so a crash leaves at most inputs that the merged
-file covers. It holds the inputs, their concatenation and the new file's bytes in memory at once, which is
-why nothing merges more than the writer's ``max_file_bytes`` of array bytes into one file.
+file covers. It holds the inputs and their concatenation in memory at once, then the new file's bytes as it
+lets go of the concatenation (the value pools, most of a segment's bytes, are moved from the inputs rather
+than copied, and let go of block by block: ``value_blocks``), which is why nothing merges more than the
+writer's ``max_file_bytes`` of array bytes into one file.
 
 ``consolidate`` is what ``close()`` does with the files left: runs of neighbours under the cap
 (``merger.group_under_cap``) each become one file, the last of them ``recording.h5`` (``complete``); when
@@ -14,7 +16,6 @@ no copy, whatever its size (its own ``complete`` and ``parts`` then say nothing;
 """
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ import h5py
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.live import FINAL_LEVEL
 from comgra_ndbg.store.merger import Segment, group_under_cap
+from comgra_ndbg.store.paged_image import PAGE, PagedImage
 from comgra_ndbg.store.segment import concat, fsync_directory, read_segment, segment_name, write_file, write_segment
 
 __all__ = ["Attributes", "merge_files", "consolidate", "promote"]
@@ -40,7 +42,7 @@ def merge_files(directory: Path, inputs: list[Segment], level: int, attributes: 
     contents, covers = [], []
     for segment in inputs:
         with h5py.File(segment.path, "r") as f:
-            contents.append(read_segment(f))
+            contents.append(read_segment(f, blocks=True))
             covers.extend(int(v) for v in f.attrs[schema.ATTR_COVERS])
     sequence = max(segment.sequence for segment in inputs)
     out = directory / (schema.FINAL_NAME if complete else segment_name(sequence, level))
@@ -85,14 +87,18 @@ def promote(directory: Path, segment: Segment, attributes: Attributes, *, parts:
     out = directory / schema.FINAL_NAME
     if segment.path == out and _names_parts(out, parts):  # a continued trial that recorded nothing new
         return
-    image = io.BytesIO(segment.path.read_bytes())
+    image = PagedImage()
+    with open(segment.path, "rb") as source:
+        for page in iter(lambda: source.read(PAGE), b""):
+            image.write(page)
+    image.seek(0)
     with h5py.File(image, "r+") as f:  # the attributes change in memory; the disk sees one plain write
         covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
         if schema.ATTR_PARTS in f.attrs:
             del f.attrs[schema.ATTR_PARTS]
         for key, value in attributes(segment.sequence, covers, FINAL_LEVEL, complete=True, parts=parts).items():
             f.attrs[key] = value
-    write_file(out, image.getbuffer())
+    write_file(out, image)
     if segment.path != out:
         segment.path.unlink(missing_ok=True)
 

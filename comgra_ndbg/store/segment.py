@@ -7,7 +7,6 @@ therefore complete and immutable, which is what makes a recording crash-safe and
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -18,9 +17,11 @@ import numpy as np
 
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
-from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset
+from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset, write_slabs
 from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.index_pool import merge_index_pools
+from comgra_ndbg.store.paged_image import PagedImage
+from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
            "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "array_bytes", "PATHS", "TEXT_FIELDS"]
@@ -66,7 +67,7 @@ class SegmentContent:
     sample_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sample_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, schema.NUM_FIELDS), np.float64))
     sample_category: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
-    values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    values: np.ndarray | ValueBlocks = field(default_factory=lambda: np.zeros(0, np.float32))  # blocks when buffered
     value_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     kpi_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     kpi_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -147,36 +148,34 @@ def write_segment(path: Path, content: SegmentContent, attrs: dict, *, consume: 
     leave a half-written file behind, or crash the process).
 
     ``consume=True`` empties each of ``content``'s arrays once HDF5 holds its copy, so a merge of a whole
-    recording, or the last write at ``close()``, peaks at about two copies of it (the file image and its
-    bytes) instead of three; the step numbers stay, so that a write that fails still says which steps it
-    lost."""
+    recording, or the last write at ``close()``, peaks at about one copy of it (the arrays not yet written
+    and the file image so far) instead of two or three; the step numbers stay, so that a write that fails
+    still says which steps it lost."""
     write_file(Path(path), _image(content, attrs, consume=consume))
 
 
-_IMAGES = itertools.count()
-
-
-def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> bytes:
-    """The bytes of the HDF5 file holding ``content`` (HDF5's in-memory "core" driver: nothing touches disk);
-    with ``consume``, each array of ``content`` is replaced by an empty one as soon as it is written."""
-    name = f"comgra-ndbg-segment-{os.getpid()}-{next(_IMAGES)}"  # HDF5 tells open files apart by name
-    f = h5py.File(name, "w", driver="core", backing_store=False, libver=schema.LIBVER)
-    try:
+def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> PagedImage:
+    """The HDF5 file holding ``content``, built in memory (nothing touches disk) in a ``PagedImage``: one
+    image of the file, where HDF5's in-memory "core" driver keeps its own and hands out a copy, and in pages
+    of their own, where a growing buffer may leave its earlier copies behind. With ``consume``, each array
+    of ``content`` is replaced by an empty one as soon as it is written."""
+    image = PagedImage()
+    with h5py.File(image, "w", libver=schema.LIBVER) as f:
         for key, value in attrs.items():
             f.attrs[key] = value
         content.catalog.write(f)
         for field_name in _ARRAYS:
             data = getattr(content, field_name)
-            write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
-            if consume and isinstance(data, np.ndarray) and field_name != "step":
-                setattr(content, field_name, data[:0].copy())
-        f.flush()
-        return f.id.get_file_image()
-    finally:
-        f.close()
+            if isinstance(data, ValueBlocks):
+                write_slabs(f, _PATHS[field_name], data.shape, data.dtype, data.slabs(consume=consume))
+            else:
+                write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
+            if consume and field_name != "step":
+                setattr(content, field_name, np.zeros((0,) + data.shape[1:], data.dtype))
+    return image
 
 
-def write_file(path: Path, data: bytes | memoryview) -> None:
+def write_file(path: Path, data: bytes | memoryview | PagedImage) -> None:
     """Put ``data`` in place as ``path``: written to ``path.tmp``, fsynced, renamed, the directory fsynced; a
     reader sees the old state or the whole file, never part of it. A failure (a full disk) removes the
     temporary file and raises."""
@@ -184,9 +183,9 @@ def write_file(path: Path, data: bytes | memoryview) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for view in data.views() if isinstance(data, PagedImage) else (memoryview(data),):
+                while view:
+                    view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -211,14 +210,20 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def read_segment(f: h5py.File) -> SegmentContent:
+def read_segment(f: h5py.File, *, blocks: bool = False) -> SegmentContent:
     """Load a whole segment into memory (used by the merge; the reader reads lazily instead). A damaged chunk
-    raises h5py's ``OSError``, text failing its checksum ``DamagedData``."""
+    raises h5py's ``OSError``, text failing its checksum ``DamagedData``. With ``blocks`` the value pool is
+    read into ``ValueBlocks`` a block at a time, never as one array: a merge lets go of it as it writes it."""
     content = SegmentContent(catalog=Catalog.read(f))
     for name in _ARRAYS:
         if _PATHS[name] not in f:  # a table this file's writer did not know yet: keep the empty default
             continue
         dataset = f[_PATHS[name]]
+        if blocks and name == "values":
+            content.values = ValueBlocks()
+            for start in range(0, len(dataset), BLOCK):
+                content.values.append(dataset[start:start + BLOCK])
+            continue
         data = dataset[()]
         if name in _TEXT:
             data = decode_text(data)
@@ -258,7 +263,8 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
 
     Summary data of older segments has fewer series: missing series are filled with the merge identity.
     Offsets into the sample and value pools are shifted so they stay valid in the concatenated pools; the
-    value-index pool keeps one copy of each distinct index (``index_pool``).
+    value-index pool keeps one copy of each distinct index (``index_pool``). Value pools held in
+    ``ValueBlocks`` are joined into new blocks and emptied (``ValueBlocks.joined``) rather than copied.
     """
     if not parts:
         raise ValueError("nothing to concatenate")
@@ -281,8 +287,11 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
     out.snap_index_offset = np.concatenate(index_offsets)
     width = max(p.snap_shape.shape[1] for p in parts)
     out.snap_shape = np.concatenate([pad_shapes(p.snap_shape, width) for p in parts])
+    in_blocks = any(isinstance(p.values, ValueBlocks) for p in parts)
     for name in _ARRAYS:
         if name in ("summary_data", "value_index", "snap_index_offset", "snap_shape"):
+            continue
+        if name == "values" and in_blocks:
             continue
         if name in pools:
             shifted, base = [], 0
@@ -293,4 +302,6 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
             setattr(out, name, np.concatenate(shifted))
         else:
             setattr(out, name, np.concatenate([getattr(p, name) for p in parts]))
+    if in_blocks:  # after the offsets above, which count the parts' values: joining empties them
+        out.values = ValueBlocks.joined([p.values for p in parts])
     return out

@@ -40,6 +40,7 @@ from comgra_ndbg.store.consolidate import consolidate, merge_files
 from comgra_ndbg.store.merger import BackgroundMerger, Segment
 from comgra_ndbg.store.segment import SegmentContent, SnapshotData, array_bytes, segment_name, write_segment
 from comgra_ndbg.store.trial import ExistingTrial, check_trial_name, existing_trial, prepare_trial_folder
+from comgra_ndbg.store.value_blocks import ValueBlocks
 
 __all__ = ["RecordingWriter", "list_live_segments", "check_trial_name", "FINAL_LEVEL", "Report",
            "DEFAULT_MAX_FILE_BYTES", "check_max_file_bytes"]
@@ -95,7 +96,8 @@ class RecordingWriter:
         self._merger = BackgroundMerger(self._merge, fanout, self.max_file_bytes)
         for sequence, level, path in self.existing.live:
             self._merger.adopt(Segment(sequence, path, array_bytes(path)), level, sealed=level >= FINAL_LEVEL)
-        self._buffers = RowBuffers()
+        self._spare_blocks: list[np.ndarray] = []  # value blocks of written segments, for the next ones to fill
+        self._buffers = RowBuffers(self._spare_blocks)
         self._failures = 0
         self._unwritten: list[tuple[int, SegmentContent]] = []  # taken from the buffers, not yet on disk
         self._job: _BackgroundWrite | None = None
@@ -116,7 +118,7 @@ class RecordingWriter:
         self._buffers.summaries.append((step, iteration, np.asarray(series, np.int64), rows))
 
     def add_snapshot(self, step: int, iteration: int, series: int, data: SnapshotData) -> None:
-        self._buffers.snapshots.append((step, iteration, series, data))
+        self._buffers.add_snapshot(step, iteration, series, data)
 
     def add_kpi(self, step: int, kpi: int, value: float, step_type: int) -> None:
         self._buffers.kpis.append((step, kpi, value, step_type))
@@ -175,7 +177,7 @@ class RecordingWriter:
     def _take_buffered(self, catalog: Catalog) -> None:
         """Move the buffered rows into a segment's content, queued for writing under the next sequence."""
         content = self._buffers.build(catalog.copy())
-        self._buffers = RowBuffers()
+        self._buffers = RowBuffers(self._spare_blocks)
         if not content.is_empty():
             self._sequence += 1
             self._unwritten.append((self._sequence, content))
@@ -193,6 +195,8 @@ class RecordingWriter:
             nbytes = content.nbytes  # before ``consume`` empties it
             write_segment(path, content, self._attrs(sequence, (sequence,), FINAL_LEVEL if last else 0,
                                                      complete=last), consume=consume)
+            if not consume and isinstance(content.values, ValueBlocks):
+                content.values.recycle()  # written: the next steps' values fill its blocks
             del self._unwritten[0]
             self._lock.beat(sequence)
             if not last:
@@ -300,6 +304,7 @@ class RecordingWriter:
         consolidated = False
         try:
             self._settle()  # what a failed background write kept is retried right here
+            self._spare_blocks.clear()  # nothing is buffered after this write: no block is to be filled again
             # A run that never flushed writes its steps straight into the final file: one write, not a
             # segment and a copy of it.
             direct = not self._merger.drain() and not self._unwritten
