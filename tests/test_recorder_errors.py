@@ -362,7 +362,9 @@ def test_an_error_leaves_the_step_usable(tmp_path: Path) -> None:
 # ---- not errors -----------------------------------------------------------------------------------------------
 def test_shape_change_between_steps_is_recorded_faithfully(tmp_path: Path) -> None:
     """Variable sequence lengths are common: a tensor may change shape from one step to the next."""
-    sequences = {0: torch.randn(4, 3, 8), 1: torch.randn(4, 5, 8), 2: torch.randn(2, 5, 8)}
+    g = torch.Generator().manual_seed(0)
+    sequences = {0: torch.randn(4, 3, 8, generator=g), 1: torch.randn(4, 5, 8, generator=g),
+                 2: torch.randn(2, 5, 8, generator=g)}
     with warnings.catch_warnings():
         warnings.simplefilter("error", RecorderWarning)
         with Recorder(tmp_path, trial="t", snapshots=1, num_samples=8) as rec:
@@ -380,7 +382,8 @@ def test_shape_change_between_steps_is_recorded_faithfully(tmp_path: Path) -> No
         from comgra_ndbg.store.schema import FIELD
         assert rows[:, FIELD["units"]].tolist() == [24.0, 40.0, 40.0]
         np.testing.assert_allclose(recording.summary("seq", "value", "mean")[1],
-                                   [s.double().mean().item() for s in sequences.values()], rtol=1e-6)
+                                   [s.double().mean().item() for s in sequences.values()], rtol=1e-6,
+                                   atol=1e-6)  # float32 sums: a mean near 0 is off by ~eps32 x mean |x|
 
 
 def test_nan_and_inf_values_are_recorded_not_raised(tmp_path: Path) -> None:
