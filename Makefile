@@ -24,6 +24,7 @@ bench: setup
 	$(PY) benchmarks/overhead.py
 	$(PY) -m benchmarks.adaptive
 	$(PY) benchmarks/neuraldbg_overhead.py
+	$(PY) -m benchmarks.whole_run
 	$(PY) benchmarks/integrations_overhead.py
 	$(PY) benchmarks/gpu_overhead.py
 	$(PY) benchmarks/read_timeline.py
