@@ -27,7 +27,7 @@ import numpy as np
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event, Evidence
 from comgra_ndbg.analysis.series import RunSeries
-from comgra_ndbg.analysis.shift import level_shifts, log_level, strength
+from comgra_ndbg.analysis.shift import log_level, measured_shifts, strength
 from comgra_ndbg.graph.model import LAYERING_KINDS, DependencyGraph
 
 __all__ = ["ParallelPaths", "parallel_paths", "path_members", "balance_events", "FAMILY"]
@@ -131,8 +131,8 @@ def balance_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, 
             for kind in ("grad", "update"):
                 ratio = (log_level(ma[kind]) - log_level(mb[kind]))[:stop]
                 ratio[:settle] = np.nan
-                for s in level_shifts(ratio, window=t.window, min_history=t.min_history, enter=t.imbalance_decades,
-                                      exit=t.imbalance_decades / 2, persist=t.persist):
+                for s in measured_shifts(ratio, window=t.window, min_history=t.min_history,
+                                         enter=t.imbalance_decades, exit=t.imbalance_decades / 2, persist=t.persist):
                     if s.end - s.start + 1 < t.imbalance_steps and not s.censored:
                         continue
                     moved = _moved(series, {a: ma[kind], b: mb[kind]}, s.start, t.window)

@@ -28,7 +28,7 @@ import numpy as np
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event, Evidence
 from comgra_ndbg.analysis.series import NodeSeries, RunSeries
-from comgra_ndbg.analysis.shift import level_shifts, log_level, rolling_median, runs, strength
+from comgra_ndbg.analysis.shift import log_level, measured_shifts, rolling_median, runs, sparse_positions, strength
 
 __all__ = ["optimizer_events", "update_events", "cluster_events", "loss_events", "update_ratio", "initial_loss",
            "FAMILY", "OPTIMIZER"]
@@ -63,14 +63,14 @@ def update_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, s
         x = log_level(ratio)
         relative = x.copy()
         relative[:settle] = np.nan
-        for s in level_shifts(relative, window=t.window, min_history=t.min_history, enter=t.enter_decades,
-                              exit=t.exit_decades, persist=t.persist, directions=(1,)):
+        for s in measured_shifts(relative, window=t.window, min_history=t.min_history, enter=t.enter_decades,
+                                 exit=t.exit_decades, persist=t.persist, directions=(1,)):
             window = slice(s.start, min(s.start + 3, len(x)))
             evidence = Evidence(f"{node.name}/update/l2÷value/l2", tuple(int(v) for v in steps[window]),
                                 tuple(float(v) for v in ratio[window]), float(10 ** s.baseline))
             events.append(Event(FAMILY, node.name, "update", "stable", "unstable", int(steps[s.start]),
                                 int(steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,)))
-        for i, j in runs(np.nan_to_num(ratio, nan=0.0) > t.update_ratio_high, t.persist):
+        for i, j in _band_runs(ratio, t.update_ratio_high, t.persist):
             if any(e.onset <= steps[i] <= e.end for e in events if e.node == node.name):
                 continue
             magnitude = float(np.log10(np.nanmax(ratio[i:j + 1]) / t.update_ratio_high))
@@ -80,6 +80,16 @@ def update_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, s
                                 magnitude, strength(magnitude + t.enter_decades, t.enter_decades), (evidence,),
                                 at_start=i < t.start_steps))
     return events
+
+
+def _band_runs(ratio: np.ndarray, high: float, persist: int) -> list[tuple[int, int]]:
+    """Index ranges where ``ratio`` stays above ``high`` for ``persist`` values in a row: measured values in a
+    row where the updates were measured at some steps only (``shift.sparse_positions``)."""
+    above = np.nan_to_num(ratio, nan=0.0) > high
+    positions = sparse_positions(ratio)
+    if positions is None:
+        return runs(above, persist)
+    return [(int(positions[i]), int(positions[j])) for i, j in runs(above[positions], persist)]
 
 
 def cluster_events(series: RunSeries, updates: list[Event], thresholds: Thresholds = Thresholds()) -> list[Event]:

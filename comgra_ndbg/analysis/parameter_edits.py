@@ -48,7 +48,8 @@ def _recurring(neighbours: np.ndarray) -> bool:
 def unexplained_change(series: RunSeries, node: NodeSeries) -> np.ndarray:
     """Per step index ``i``: the share of the change from step ``i - 1`` to ``i`` that the update of step
     ``i - 1`` cannot explain, relative to the weight's scale (NaN where the steps are not consecutive or a
-    series is missing)."""
+    series is missing; where that update was not measured, against the updates measured around it:
+    :data:`UNMEASURED_FACTOR`)."""
     value, update = node.stats["value"], node.stats["update"]
     out = np.full(len(series.steps), np.nan)
     if len(series.steps) < 2:
@@ -67,8 +68,43 @@ def unexplained_change(series: RunSeries, node: NodeSeries) -> np.ndarray:
         by_extreme = np.maximum(np.maximum(np.abs(value["max"][1:] - value["max"][:-1]),
                                            np.abs(value["min"][1:] - value["min"][:-1])) - a, 0.0) / extreme
         change = np.fmax(np.fmax(by_norm, by_sum), by_extreme)
+        change = np.where(np.isfinite(u), change, _loose_change(value, update, n0, n1, extreme))
     change[~consecutive] = np.nan
     out[1:] = change
+    return out
+
+
+UNMEASURED_FACTOR = 4.0
+"""Where the update of a step was not measured (``detail="tiered"`` measures updates every k-th step and
+where something changed), the largest update measured in the steps around it, this many times over, stands
+in for it: a looser bound, so only edits well beyond any update are seen there."""
+AROUND = 10
+"""How many steps either side of an unmeasured update the stand-in looks at."""
+
+
+def _loose_change(value: dict, update: dict, n0: np.ndarray, n1: np.ndarray, extreme: np.ndarray) -> np.ndarray:
+    """``unexplained_change`` from norms and extremes alone, against the largest update measured within
+    :data:`AROUND` steps (times :data:`UNMEASURED_FACTOR`); NaN where none was."""
+    u, a = update["l2"][:-1], update["abs_max"][:-1]
+    if not np.isfinite(u).any():
+        return np.full(len(u), np.nan)
+    u_near, a_near = _largest_near(u), _largest_near(a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_norm = np.maximum(np.abs(n1 - n0) - UNMEASURED_FACTOR * u_near, 0.0) / np.fmax(n0, n1)
+        by_extreme = np.maximum(np.maximum(np.abs(value["max"][1:] - value["max"][:-1]),
+                                           np.abs(value["min"][1:] - value["min"][:-1]))
+                                - UNMEASURED_FACTOR * a_near, 0.0) / extreme
+        return np.fmax(by_norm, by_extreme)
+
+
+def _largest_near(x: np.ndarray) -> np.ndarray:
+    """The largest finite value of ``x`` within :data:`AROUND` positions of each position (NaN if none)."""
+    padded = np.r_[np.full(AROUND, np.nan), x, np.full(AROUND, np.nan)]
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * AROUND + 1)
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(windows).any(axis=1)
+        out = np.full(len(x), np.nan)
+        out[finite] = np.nanmax(windows[finite], axis=1)
     return out
 
 

@@ -15,11 +15,12 @@ later baselines, so a recovery is not mistaken for a shift the other way.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Shift", "log_level", "rolling_median", "level_shifts", "runs", "strength"]
+__all__ = ["Shift", "log_level", "rolling_median", "level_shifts", "measured_shifts", "sparse_positions", "runs",
+           "strength"]
 
 FLOOR = 1e-30  # exact zeros become this before the log, so a collapse to 0 is a (large) finite shift
 
@@ -116,6 +117,37 @@ def level_shifts(x: np.ndarray, *, window: int, min_history: int, enter: float, 
         base = rolling_median(history, window, min_history)
         i = end + 1
     return shifts
+
+
+def sparse_positions(x: np.ndarray) -> np.ndarray | None:
+    """The finite positions of ``x`` when it holds a value at fewer than half of its positions from its first
+    finite one on — a statistic measured at some steps only (``detail="tiered"`` measures parameter updates
+    every k-th step and where something changed) — else None."""
+    finite = np.flatnonzero(np.isfinite(x))
+    if len(finite) == 0 or 2 * len(finite) >= len(x) - finite[0]:
+        return None
+    return finite
+
+
+def measured_shifts(x: np.ndarray, *, window: int, min_history: int, enter: float, exit: float, persist: int,
+                    directions: tuple[int, ...] = (-1, 1)) -> list[Shift]:
+    """:func:`level_shifts` of a series that may be measured at some steps only: a sparse one
+    (:func:`sparse_positions`) is read as its measured values in a row, with ``min_history`` scaled by the
+    share of steps measured (at least ``persist``), and its shifts are returned at their positions in ``x``.
+
+    >>> x = np.full(150, np.nan); x[::10] = 0.0; x[75:78] = 2.0
+    >>> [(s.start, s.end) for s in measured_shifts(x, window=20, min_history=10, enter=1, exit=0.5, persist=3)]
+    [(75, 77)]
+    """
+    positions = sparse_positions(x)
+    if positions is None:
+        return level_shifts(x, window=window, min_history=min_history, enter=enter, exit=exit, persist=persist,
+                            directions=directions)
+    share = len(positions) / (len(x) - positions[0])
+    shifts = level_shifts(np.asarray(x, dtype=np.float64)[positions], window=window,
+                          min_history=max(persist, int(np.ceil(min_history * share))), enter=enter, exit=exit,
+                          persist=persist, directions=directions)
+    return [replace(s, start=int(positions[s.start]), end=int(positions[s.end])) for s in shifts]
 
 
 def runs(mask: np.ndarray, min_length: int) -> list[tuple[int, int]]:

@@ -40,23 +40,37 @@ from comgra_ndbg.analysis.optimizer_stability import FAMILY, OPTIMIZER
 from comgra_ndbg.analysis.series import NodeSeries, RunSeries
 from comgra_ndbg.analysis.shift import runs, strength
 
-__all__ = ["stagnation_events", "had_gradient", "stopped_share"]
+__all__ = ["stagnation_events", "had_gradient", "stopped_share", "change_bound"]
 
 
 def _change(series: RunSeries, node: NodeSeries) -> np.ndarray:
     """How much the node changed at each step: its update's largest element where an update was recorded,
-    else (a parameter that needs no gradient gets no update row) 0 where its value's summary is exactly the
-    one of the step before, NaN where that cannot be told."""
+    else (a parameter that needs no gradient gets no update row; ``detail="tiered"`` measures updates at
+    some steps only) from its value's summary against the step before: 0 where it is exactly the same, a
+    lower bound of the largest element of the change where it is not (:func:`change_bound`), NaN where the
+    step before was not recorded."""
     n = len(series.steps)
     change = node.stats["update"]["abs_max"].copy() if node.has("update") else np.full(n, np.nan)
     if not node.has("value") or n < 2:
         return change
     value = node.stats["value"]
-    same = same_summary(value, np.arange(n - 1), np.arange(1, n))
-    same &= np.diff(series.steps) == 1
+    before, after = np.arange(n - 1), np.arange(1, n)
+    same = same_summary(value, before, after)
+    bound = np.where(same, 0.0, change_bound(value, before, after))
+    bound[np.diff(series.steps) != 1] = np.nan
     unknown = np.flatnonzero(~np.isfinite(change[1:])) + 1
-    change[unknown] = np.where(same[unknown - 1], 0.0, np.nan)
+    change[unknown] = bound[unknown - 1]
     return change
+
+
+def change_bound(value: Mapping[str, np.ndarray], before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """A lower bound of ``max |W_after - W_before|`` from two value summaries: the minimum, the maximum and
+    the mean each move by at most that much, and the norm by at most ``sqrt(count)`` times it. Positive
+    wherever one of them differs; NaN where they cannot be read."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shifts = [np.abs(value[stat][after] - value[stat][before]) for stat in ("min", "max", "mean")]
+        shifts.append(np.abs(value["l2"][after] - value["l2"][before]) / np.sqrt(value["count"][after]))
+        return np.fmax.reduce(shifts)
 
 
 SENTINEL_RTOL = 1e-6
