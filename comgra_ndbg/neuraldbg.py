@@ -82,11 +82,10 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
     every leaf module). ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the
     :class:`Recorder`; among them ``byte_budget`` (default 256 MiB of snapshots per run, 1 MiB per step; None
     for no bound) keeps large models' recordings small (``docs/recording.md``, "Byte budget").
-    ``detail="full"`` (default) summarises everything at every step; ``detail="tiered"`` summarises parameter
-    values and updates completely every 10th step and whenever a sentinel (norm, extremes, non-finite count,
-    taken every step) moves, activations and gradients at every step (``recorder/tiers.py``). Since the
-    summary kernels were vectorised its sentinels cost more than the complete rows they replace, so it is
-    slower than the default (``docs/recording.md``, "Statistic tiers").
+    ``detail="tiered"`` (default) summarises activations, gradients and parameter values at every step and
+    measures parameter updates at the first 20 steps, every 10th step, at snapshot steps and wherever a
+    parameter, its ``requires_grad`` or an optimizer's setting changed (``recorder/tiers.py``);
+    ``detail="full"`` measures every update of every step too (``docs/recording.md``, "Statistic tiers").
 
     ``resume=True`` continues an existing trial (killed or finished; checkpoint-restart training): steps are
     numbered on from its last recorded step, or from ``first_step`` (the step the restarted run begins
@@ -151,7 +150,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         profile: Any = None,
         record_eval: bool = True,
         eval_step_type: str = EVAL,
-        detail: Any = "full",
+        detail: Any = "tiered",
         **recorder_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):

@@ -1,29 +1,34 @@
-"""Statistic tiers: sentinel rows of parameter values and updates at every step, complete ones every k-th step
-and, for every parameter at once, at the step where a sentinel moved (real tiny training runs, real files)."""
+"""Statistic tiers: parameter values and gradients at every step, updates measured every k-th step, at
+snapshot steps and from the step where something changed that changes updates (real tiny training runs,
+real files)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.optim import optimizer as optim_module
 
 from comgra_ndbg import NeuralDbg, Recorder, open_recording
 from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.recorder.flight import FlightRecorder, NonFinite
-from comgra_ndbg.recorder.tiers import Tiers, as_tiers
+from comgra_ndbg.recorder.tiers import Tiers, TierState, as_tiers
+from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 from comgra_ndbg.stats.sentinels import is_sentinel
 
 STEPS = 24
-QUIET = Tiers(update_factor=1e6)  # only edits and non-finite values move a sentinel: the schedule is exact
+QUIET = Tiers(update_factor=1e6, first=0)  # only what changes updates moves the tiers: the schedule is exact
 
 
-def _train(folder, *, detail, edit_at=None, lr_at=None, nan_at=None, steps=STEPS, **options):
+def _train(folder, *, detail, edit_at=None, data_edit_at=None, lr_at=None, nan_at=None, freeze_at=None,
+           steps=STEPS, **options):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(steps)]
+    options.setdefault("snapshots", None)
     with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, **options):
         for step, (x, y) in enumerate(batches):
             with torch.no_grad():
@@ -31,8 +36,12 @@ def _train(folder, *, detail, edit_at=None, lr_at=None, nan_at=None, steps=STEPS
                     model[2].weight.mul_(30.0)
                 if step == nan_at:
                     model[0].bias[3] = float("nan")
+            if step == data_edit_at:  # no version counter sees this one
+                model[2].weight.data.mul_(30.0)
             if step == lr_at:
                 optimizer.param_groups[0]["lr"] *= 1000
+            if step == freeze_at:
+                model[0].requires_grad_(False)
             optimizer.zero_grad()
             criterion(model(x), y).backward()
             optimizer.step()
@@ -42,65 +51,97 @@ def _train(folder, *, detail, edit_at=None, lr_at=None, nan_at=None, steps=STEPS
 PARAMETERS = ("model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias")
 
 
-def _complete_steps(recording, kind):
-    """Per parameter tensor: the steps whose ``kind`` row is complete, and the steps that have a row."""
-    out = {}
-    for name in PARAMETERS:
-        steps, rows = recording.summary_rows(name, kind)
-        out[name] = (set(steps[~is_sentinel(rows)].tolist()), steps.tolist())
-    return out
+def _update_steps(recording, names=PARAMETERS):
+    return {name: recording.summary_rows(name, "update")[0].tolist() for name in names}
 
 
-def test_sentinels_every_step_complete_rows_every_kth_step(tmp_path):
-    tiers = Tiers(full_every=5, update_factor=1e6)
+def test_updates_every_kth_step_values_and_gradients_every_step(tmp_path):
+    tiers = Tiers(full_every=5, update_factor=1e6, first=0)
     with _train(tmp_path / "tiered", detail=tiers) as tiered, _train(tmp_path / "full", detail="full") as full:
-        for kind in ("value", "update"):
-            for name, (complete, steps) in _complete_steps(tiered, kind).items():
-                assert steps == list(range(STEPS)), (name, kind)
-                assert complete == {0, 5, 10, 15, 20}, (name, kind)
+        for name, steps in _update_steps(tiered).items():
+            assert steps == [0, 5, 10, 15, 20], name
         for name in PARAMETERS:
-            for kind in ("value", "update"):
-                for stat in ("l2", "rms", "min", "max", "abs_max", "nonfinite"):
-                    np.testing.assert_allclose(tiered.summary(name, kind, stat)[1], full.summary(name, kind, stat)[1],
-                                               rtol=1e-5, atol=1e-9, err_msg=f"{name} {kind} {stat}")
-                mean = tiered.summary(name, kind, "mean")[1]
-                assert np.isnan(mean[[1, 2, 3, 4, 6, 19]]).all() and np.isfinite(mean[[0, 5, 10]]).all()
-            grad = tiered.summary(name, "grad", "mean")[1]
-            assert np.isfinite(grad).all()  # gradients stay complete at every step
+            for kind in ("value", "grad"):
+                steps, rows = tiered.summary_rows(name, kind)
+                assert steps.tolist() == list(range(STEPS)) and not is_sentinel(rows).any(), (name, kind)
+                np.testing.assert_array_equal(rows, full.summary_rows(name, kind)[1], err_msg=f"{name} {kind}")
+            full_steps, full_rows = full.summary_rows(name, "update")
+            np.testing.assert_array_equal(tiered.summary_rows(name, "update")[1], full_rows[[0, 5, 10, 15, 20]])
         assert tiered.config["detail"].startswith("Tiers(full_every=5")
         assert full.config["detail"] == "'full'"
+        assert not any("tiers" in reason for reason in tiered.step_reasons().values())
 
 
-def test_an_edited_weight_makes_every_parameter_complete_at_that_step(tmp_path):
+def test_snapshot_steps_measure_updates_for_their_update_snapshots(tmp_path):
+    with _train(tmp_path, detail=Tiers(full_every=7, update_factor=1e6, first=0), snapshots=10) as recording:
+        assert _update_steps(recording)["model.0.weight"] == [0, 7, 10, 14, 20, 21]
+        assert set(recording.snapshot_steps("model.0.weight", "update").tolist()) == {0, 10, 20}
+
+
+def test_an_edit_under_no_grad_measures_updates_from_that_step(tmp_path):
     with _train(tmp_path, detail=QUIET, edit_at=13) as recording:
-        for kind in ("value", "update"):
-            for name, (complete, _) in _complete_steps(recording, kind).items():
-                assert complete == {0, 10, 13, 14, 15, 20}, (name, kind)  # the edit, then hold=2 steps
-        assert "changed beyond its update" in recording.step_reasons()[13]
-        assert "sentinel" not in recording.step_reasons().get(12, "")
+        for name, steps in _update_steps(recording).items():
+            assert steps == [0, 10, 13, 14, 15, 20], name  # the edit, then hold=2 steps
+        assert "a parameter was changed between steps" in recording.step_reasons()[13]
+        assert "tiers" not in recording.step_reasons().get(12, "")
         l2 = recording.summary("model.2.weight", "value", "l2")[1]
-        assert l2[13] > 10 * l2[12]  # the sentinel of the step before holds the weight as it was
+        assert l2[13] > 10 * l2[12]
 
 
-def test_a_learning_rate_jump_makes_every_update_complete_at_that_step(tmp_path):
-    with _train(tmp_path, detail=Tiers(), lr_at=13) as recording:
+def test_an_edit_no_version_counter_sees_moves_the_values(tmp_path):
+    with _train(tmp_path, detail=Tiers(update_factor=4.0, first=0), data_edit_at=13) as recording:
         reasons = recording.step_reasons()
-        assert "updates' size jumped" in reasons[13]
-        for name, (complete, _) in _complete_steps(recording, "update").items():
-            assert 13 in complete and 12 not in complete, name
-        update = recording.summary("model.0.weight", "update", "l2")[1]
-        assert update[13] > 100 * update[12]
+        assert "changed beyond its updates" in reasons[13] and "tiers" not in reasons.get(12, "")
+        for name, steps in _update_steps(recording).items():
+            # the values of step 13 showed it, so the next steps measure; step 14's show the update of step
+            # 13, 30 times the last one measured (step 10), which keeps them measuring one step longer
+            assert steps == [0, 10, 14, 15, 16, 20], name
 
 
-def test_nonfinite_parameter_gets_exact_counts_at_once(tmp_path):
-    with _train(tmp_path, detail=QUIET, nan_at=7, steps=9) as recording:
-        steps, rows = recording.summary_rows("model.0.bias", "value")
-        assert not is_sentinel(rows[steps.tolist().index(7)])
+def test_a_learning_rate_change_measures_updates_at_that_step(tmp_path):
+    with _train(tmp_path, detail=QUIET, lr_at=13) as recording:
+        assert "an optimizer's settings jumped" in recording.step_reasons()[13]
+        steps, l2 = recording.summary("model.0.weight", "update", "l2")
+        assert steps.tolist() == [0, 10, 13, 14, 15, 20]
+        assert l2[2] > 100 * l2[1]  # step 13 against step 10
+
+
+def test_a_frozen_layer_measures_updates_at_that_step(tmp_path):
+    with _train(tmp_path, detail=QUIET, freeze_at=13) as recording:
+        assert "requires_grad changed" in recording.step_reasons()[13]
+        # the freeze, then hold=2 steps; step 14's values show model.0 stopped moving: 2 steps more
+        assert _update_steps(recording)["model.2.weight"] == [0, 10, 13, 14, 15, 16, 20]
+        assert _update_steps(recording)["model.0.weight"] == [0, 10]  # frozen, unmoved: no update rows
+
+
+def test_nonfinite_parameter_values_are_counted_and_measure_updates(tmp_path):
+    with _train(tmp_path, detail=QUIET, nan_at=7, steps=10) as recording:
         assert recording.summary("model.0.bias", "value", "nonfinite")[1][7] == 1
-        assert "non-finite" in recording.step_reasons()[7]
+        assert "non-finite" in recording.step_reasons()[7] or "changed between steps" in recording.step_reasons()[7]
+        assert _update_steps(recording)["model.0.bias"] == [0, 7, 8, 9]
 
 
-def test_flight_ring_keeps_the_sentinel_steps_before_a_trigger(tmp_path):
+def test_a_parameter_that_stops_moving_measures_updates_without_settings():
+    """A learning rate set to 0 where nothing watches the optimizer: the identical value rows say it."""
+    state = TierState(Tiers(hold=1, first=0))
+    rows = np.zeros((2, NUM_FIELDS))
+    rows[:, FIELD["count"]] = 4
+    history = []
+    for step in range(8):
+        due, _ = state.decide(step, [(0, 0, True), (0, 0, True)])
+        if step < 5:  # both parameters move until step 5; the second stops there
+            rows[:, FIELD["sum"]] += 0.1
+        else:
+            rows[0, FIELD["sum"]] += 0.1
+        rows[:, FIELD["sum_sq"]] = rows[:, FIELD["sum"]] ** 2
+        history.append((due, state.observe_values(step, rows.copy())))
+        state.finish(step, [(0, 0, True), (0, 0, True)])
+    assert [due for due, _ in history] == [True, False, False, False, False, False, True, False]
+    assert history[5][1] == "tiers: a parameter stopped changing"
+    assert all(reason == "" for i, (_, reason) in enumerate(history) if i != 5)
+
+
+def test_flight_ring_keeps_the_steps_before_a_trigger(tmp_path):
     torch.manual_seed(0)
     model = nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -119,10 +160,48 @@ def test_flight_ring_keeps_the_sentinel_steps_before_a_trigger(tmp_path):
                 optimizer.step()
     with open_recording(tmp_path / "t") as recording:
         assert recording.steps.tolist() == [6, 7, 8, 9]
-        steps, rows = recording.summary_rows("model.weight", "update")
-        assert steps.tolist() == [6, 7, 8, 9]
-        assert is_sentinel(rows).tolist() == [True, True, True, False]  # 9: the NaN reached the update
+        assert recording.summary_rows("model.weight", "value")[0].tolist() == [6, 7, 8, 9]
+        # the ring snapshots every step, and an update snapshot needs the step's start: all are measured
+        assert recording.summary_rows("model.weight", "update")[0].tolist() == [6, 7, 8, 9]
+        assert recording.snapshot_steps("model.weight", "update").tolist() == [6, 7, 8, 9]
         assert np.isfinite(recording.summary("model.weight", "value", "l2")[1]).all()
+
+
+def _recorder_loop(folder, tiers, lr_at_step):
+    """A Recorder loop (no NeuralDbg) with SGD whose learning rate is ``lr_at_step(step)``."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(folder, trial="t", snapshots=None, detail=tiers) as rec:
+        rec.track_module("model", model)
+        for step in range(30):
+            optimizer.param_groups[0]["lr"] = lr_at_step(step)
+            with rec.step(step):
+                optimizer.zero_grad()
+                rec.register_tensor("out", model(torch.randn(3, 4)), role="output").square().sum().backward()
+                rec.record_gradients()
+                optimizer.step()
+    return open_recording(folder / "t")
+
+
+def test_an_optimizers_settings_are_watched_under_the_recorder_api(tmp_path):
+    hooks = len(optim_module._global_optimizer_pre_hooks)
+    jump = _recorder_loop(tmp_path / "jump", QUIET, lambda step: 0.01 if step < 13 else 0.3)
+    with jump:
+        assert "an optimizer's settings jumped" in jump.step_reasons()[13]
+        steps, l2 = jump.summary("model.weight", "update", "l2")
+        assert steps.tolist() == [0, 10, 13, 14, 15, 20]
+        assert l2[2] > 5 * l2[1]  # measured at step 13 from before the optimizer's step
+    assert len(optim_module._global_optimizer_pre_hooks) == hooks  # removed at close
+    schedule = _recorder_loop(tmp_path / "cosine", QUIET, lambda step: 0.05 * (1 + np.cos(np.pi * step / 60)))
+    with schedule:
+        assert schedule.summary_rows("model.weight", "update")[0].tolist() == [0, 10, 20]
+        assert not any("tiers" in reason for reason in schedule.step_reasons().values())
+
+
+def test_the_first_steps_measure_their_updates(tmp_path):
+    with _recorder_loop(tmp_path, Tiers(first=5, full_every=10, update_factor=1e6), lambda step: 0.1) as recording:
+        assert recording.summary_rows("model.weight", "update")[0].tolist() == [0, 1, 2, 3, 4, 10, 20]
 
 
 def test_detail_is_checked_at_the_boundary(tmp_path):
@@ -132,40 +211,29 @@ def test_detail_is_checked_at_the_boundary(tmp_path):
         Tiers(full_every=0)
     with pytest.raises(InvalidArgumentError, match="update_factor"):
         Tiers(update_factor=0.5)
+    with pytest.raises(InvalidArgumentError, match="first"):
+        Tiers(first=-1)
     assert as_tiers("full") is None and as_tiers("tiered") == Tiers()
 
 
-def test_the_gui_shows_what_a_sentinel_row_holds(tmp_path):
+def test_the_gui_shows_updates_where_they_were_measured(tmp_path):
     from comgra_ndbg.gui.queries import statistics_at, timeline_curves
     from comgra_ndbg.gui.state import ReaderCache, Selection
 
     _train(tmp_path, detail=QUIET).close()
     cache = ReaderCache(tmp_path)
     selection = Selection(trial="t", step_type="train", step=3, iteration=0, node="model.0.parameters",
-                          tensor="model.0.weight", kind="update", stat="mean")
+                          tensor="model.0.weight", kind="update", stat="l2")
     steps, values = timeline_curves(cache, selection)["train"]
-    assert steps.tolist() == [0, 10, 20] and np.isfinite(values).all()  # a line through the complete rows
-    steps, values = timeline_curves(cache, Selection(**{**selection.__dict__, "stat": "l2"}))["train"]
+    assert steps.tolist() == [0, 10, 20] and np.isfinite(values).all()  # a line through the measured steps
+    steps, values = timeline_curves(cache, Selection(**{**selection.__dict__, "kind": "value"}))["train"]
     assert steps.tolist() == list(range(STEPS)) and np.isfinite(values).all()
-    at_sentinel, at_complete = statistics_at(cache, selection), statistics_at(cache, Selection(
-        **{**selection.__dict__, "step": 10}))
-    assert "mean" not in at_sentinel and "abs_mean" not in at_sentinel and at_sentinel["l2"] > 0
-    assert np.isfinite(at_complete["mean"]) and set(at_sentinel) < set(at_complete)
-
-
-def test_ranks_with_the_same_sentinel_rows_agree():
-    from comgra_ndbg.analysis.ranks import _COMPARED, _close
-    from comgra_ndbg.stats.sentinels import sentinel_rows
-
-    rows = sentinel_rows([torch.tensor([1.0, -2.0, 3.0])])[:, _COMPARED]
-    moved = sentinel_rows([torch.tensor([1.0, -2.0, 3.5])])[:, _COMPARED]
-    assert _close(rows, rows.copy(), 1e-6).all()
-    assert not _close(rows, moved, 1e-6).any()
+    assert statistics_at(cache, Selection(**{**selection.__dict__, "step": 10}))["l2"] > 0
 
 
 @pytest.mark.parametrize("detail", ["tiered", "full"])
-def test_a_layer_frozen_by_requires_grad_is_diagnosed_from_sentinel_rows(tmp_path, detail):
-    """No update rows after the freeze: stagnation reads the value rows, sentinel and complete alike."""
+def test_a_layer_frozen_by_requires_grad_is_diagnosed_with_either_detail(tmp_path, detail):
+    """No update rows after the freeze: stagnation reads the value rows."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
     criterion, optimizer = nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -180,3 +248,13 @@ def test_a_layer_frozen_by_requires_grad_is_diagnosed_from_sentinel_rows(tmp_pat
             optimizer.step()
         top = dbg.diagnose().hypotheses[0]
     assert (top.type, top.node, top.onset) == ("update_stagnation", "model.2.parameters", 44)
+
+
+def test_neuraldbg_defaults_to_the_tiers_and_the_recorder_to_full(tmp_path):
+    model = nn.Linear(3, 2)
+    with NeuralDbg(model, tmp_path, trial="n") as dbg:
+        model(torch.randn(4, 3)).sum().backward()
+    with Recorder(tmp_path, trial="r") as rec:
+        rec.track_module("model", model)
+    with open_recording(dbg.path) as tiered, open_recording(rec.path) as full:
+        assert tiered.config["detail"] == repr(Tiers()) and full.config["detail"] == "'full'"

@@ -251,6 +251,9 @@ class GradientRecording:
             self._rows.append(SummaryRows(keys[:, 0], keys[:, 1], rows[keys[:, 2]]))
         for series, indices in self._value_blocks:
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
+        if self._tier_rows is not None:
+            self._observe_tier_values(rows[self._tier_rows])
+            self._tier_rows = None
         self._value_keys, self._value_blocks = [], []
 
     def _report_failed(self, reducer: Reducer, kind: str, tensor_of_row: dict[int, int]) -> None:

@@ -11,9 +11,8 @@ import torch
 from comgra_ndbg.errors import InvalidArgumentError, InvalidTensorError, RecorderStateError
 from comgra_ndbg.recorder.snapshot import take_update_snapshot
 from comgra_ndbg.recorder.step_record import SummaryRows
+from comgra_ndbg.recorder.tiers import optimizer_settings
 from comgra_ndbg.recorder.validation import check_name, check_text
-from comgra_ndbg.stats.reducer import Reducer
-from comgra_ndbg.stats.sentinels import sentinel_rows, update_sentinel_rows
 from comgra_ndbg.store import schema
 
 __all__ = ["ParameterSteps"]
@@ -62,26 +61,48 @@ class ParameterSteps:
         tracker.watch()
         tracker.forget_gradients()  # accumulated between steps: not this step's
         series = self._parameter_series(schema.KIND_VALUE)
-        self._tiered = self._tier_state is not None and self._summarize and self.record_updates
-        if self._tiered:
-            self._complete = self._tier_state.complete(self._step)
-            self._start_values = Reducer(self._saturation_margin) if self._complete else None
-            self._start_rows = tracker.capture(self._start_values)
-            if not self._complete:  # the copy was just written: its sentinels read it from cache
-                self._start_sentinels = sentinel_rows([start for _, _, start in tracker.update_pairs()])
-        elif self._summarize:
-            if self.record_updates:
+        state = self._tier_state
+        measure = self.record_updates
+        if state is not None and self._summarize and measure:
+            self._tiered = True
+            due, self._tier_reason = state.decide(self._step, tracker.marks())
+            measure = due or self._snapshot  # an update snapshot needs the start-of-step copy
+        if self._summarize:
+            if measure:
                 indices = tracker.capture(self._values)
             else:
                 indices = self._values.add_many([value for _, value in tracker.values()])
             self._value_blocks.append((series, indices))
-        elif self.record_updates:
+            if self._tiered:
+                self._tier_rows = indices
+        elif measure:
             tracker.capture()
         if self._snapshot:
             starts = self._start_snapshots = {}
             for sid, (tid, value) in zip(series.tolist(), tracker.values()):
                 data = starts[tid] = self._take(value, False)
                 self._snaps.append((sid, 0, data))
+
+    def _tier_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Every optimizer's step is about to run (a global pre-hook, installed with the tiers): when it holds
+        tracked parameters and its settings jumped, the open step measures its updates from here, with the
+        parameters copied before the optimizer changes them (``tiers``)."""
+        tracker, state = self._parameters, self._tier_state
+        if not tracker.holds(optimizer):
+            return
+        step = self._step if self._step_open else (self._last_step if self._last_step is not None else -1)
+        if not state.settings_jumped(step, id(optimizer), optimizer_settings(optimizer)):
+            return
+        if self._step_open and self._tiered and not tracker.captured:
+            tracker.capture()
+            self._tier_reason = "; ".join(filter(None, (self._tier_reason, "tiers: an optimizer's settings jumped")))
+
+    def _observe_tier_values(self, rows: np.ndarray) -> None:
+        """The parameter value rows of a tiered step (``tiers``): whether the next steps measure updates."""
+        reason = self._tier_state.observe_values(self._step, rows)
+        if reason and not self._tier_reason:
+            self._tier_reason = "; ".join(filter(None, (self._tier_reason, reason + ": updates measured from the "
+                                                                                     "next step")))
 
     def _parameter_series(self, kind: str) -> np.ndarray:
         """Series ids of every tracked parameter's ``kind``, in ``ParameterTracker.tensor_ids()`` order."""
@@ -94,10 +115,9 @@ class ParameterSteps:
         return cached
 
     def _finish_parameters(self) -> None:
-        if not self._parameters.captured:
-            return
         if self._tiered:
-            self._finish_tiered()
+            self._tier_state.finish(self._step, self._parameters.marks())
+        if not self._parameters.captured:
             return
         keep = self._parameters.update_mask()  # a frozen parameter that did not move has no update
         everything = bool(keep.all())
@@ -113,6 +133,8 @@ class ParameterSteps:
                 self._report_failed(self._updates, schema.KIND_UPDATE,
                                     dict(zip(indices, self._parameters.tensor_ids())))
             rows = rows[indices]
+            if self._tiered:
+                self._tier_state.observe_updates(rows[keep], keep)
             self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows if everything else rows[keep]))
         if self._snapshot:
             self._take_updates(self._parameters.update_pairs(), keep)
@@ -128,46 +150,3 @@ class ParameterSteps:
                 self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
                                     take_update_snapshot(value, start, max_elements=elements,
                                                          start_snapshot=starts.get(tid))))
-
-    def _finish_tiered(self) -> None:
-        """The values (at the step's start) and updates of a tiered step: sentinel rows, or complete rows on a
-        step that is due or whose sentinels moved (then for every parameter at once); ``tiers``."""
-        tracker, state = self._parameters, self._tier_state
-        keep = tracker.update_mask()
-        tids = tracker.tensor_ids()
-        pairs = tracker.update_pairs()
-        reason = ""
-        if self._complete:
-            values, updates = self._complete_rows(self._start_values, self._start_rows)
-        else:
-            starts = [start for _, _, start in pairs]
-            values = self._start_sentinels
-            updates = update_sentinel_rows([value for _, value, _ in pairs], starts, tracker.scratch())
-            reason = state.moved(self._step, values, updates[keep], keep)
-            if reason:
-                reducer = Reducer(self._saturation_margin)
-                values, updates = self._complete_rows(reducer, reducer.add_many(starts))
-        state.observe(self._step, values, updates[keep], keep, moved=bool(reason))
-        self._tier_reason = reason
-        if keep.all():
-            update_series = self._parameter_series(schema.KIND_UPDATE)
-        else:  # a frozen parameter that did not move gets no update series at all
-            update_series = np.array([self.catalog.series_id(tid, schema.KIND_UPDATE)
-                                      for tid, kept in zip(tids, keep.tolist()) if kept], dtype=np.int64)
-        self._rows.append(SummaryRows(self._parameter_series(schema.KIND_VALUE), np.zeros(len(tids), np.int64),
-                                      values))
-        self._rows.append(SummaryRows(update_series, np.zeros(len(update_series), np.int64), updates[keep]))
-        if self._snapshot:
-            self._take_updates(pairs, keep)
-        tracker.release()
-
-    def _complete_rows(self, reducer: Reducer, value_rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Complete rows of every parameter's value at the step's start (queued in ``reducer`` as
-        ``value_rows``) and of every update."""
-        tids = self._parameters.tensor_ids()
-        update_rows = self._parameters.summarize_updates(reducer)
-        rows = reducer.collect()
-        if reducer.failed:
-            owner = dict(zip(value_rows, tids)) | dict(zip(update_rows, tids))
-            self._report_failed(reducer, schema.KIND_VALUE, owner)
-        return rows[value_rows], rows[update_rows]

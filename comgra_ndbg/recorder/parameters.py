@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+import weakref
 
 import numpy as np
 import torch
@@ -59,6 +60,7 @@ class ParameterTracker:
     _watching: bool = False
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
     _names: dict[str, torch.nn.Parameter] | None = None
+    _holders: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # optimizer -> (sizes, holds)
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
               on_gradient: Callable[[int, torch.Tensor], None] | None = None,
@@ -86,6 +88,7 @@ class ParameterTracker:
                 self._step_hooks += self._hooks_of([entry])
         self._buffers = None
         self._names = None
+        self._holders = weakref.WeakKeyDictionary()
 
     def watch(self) -> None:
         """Mark parameters that receive a gradient from now until ``unwatch()`` as fresh, and hand over the
@@ -120,6 +123,21 @@ class ParameterTracker:
     def values(self) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, detached value) of every tracked parameter."""
         return [(t.tensor_id, t.parameter.detach()) for t in self.tracked]
+
+    def holds(self, optimizer: Any) -> bool:
+        """Whether ``optimizer``'s param groups hold a tracked parameter (cached while their sizes stay)."""
+        key = tuple(len(group["params"]) for group in optimizer.param_groups)
+        cached = self._holders.get(optimizer)
+        if cached is None or cached[0] != key:
+            ids = {id(t.parameter) for t in self.tracked}
+            cached = (key, any(id(p) in ids for group in optimizer.param_groups for p in group["params"]))
+            self._holders[optimizer] = cached
+        return cached[1]
+
+    def marks(self) -> list[tuple[int, int, bool]]:
+        """(version counter, storage address, requires_grad) of every tracked parameter: what an in-place
+        change, a replaced ``.data`` or a frozen layer moves (``tiers``)."""
+        return [(p._version, p.data_ptr(), p.requires_grad) for p in (t.parameter for t in self.tracked)]
 
     def tensor_ids(self) -> list[int]:
         """The tensor ids of the tracked parameters, in the order of ``values()`` and ``capture()``."""

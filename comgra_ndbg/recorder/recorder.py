@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from comgra_ndbg.errors import InvalidArgumentError, RecorderWarning
 from comgra_ndbg.recorder.budget import DEFAULT_BYTE_BUDGET, ByteBudget, SnapshotBudget, as_byte_budget
@@ -81,11 +84,11 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
     segment files holds two to three times a file's bytes in memory, so a recording larger than the cap
     ends as several files of about that size, read exactly like one (``docs/format.md``, "Size cap").
 
-    ``detail`` says how completely tracked parameters are summarised (``recorder/tiers.py``): ``"full"``
-    (the default) summarises every value, gradient and update at every recorded step; ``"tiered"`` (or a
-    ``Tiers``) takes sentinel rows of values and updates (norm, extremes,
-    non-finite counts) between complete ones every ``full_every``-th step and at once, for every parameter,
-    when a sentinel moves; with the vectorised summary kernels that costs more time than ``"full"``.
+    ``detail`` says at which recorded steps tracked parameters' updates are measured (``recorder/tiers.py``):
+    ``"full"`` (the default) at every one; ``"tiered"`` (or a ``Tiers``) at the first steps, every
+    ``full_every``-th step, snapshot steps and where a parameter, its ``requires_grad`` or an optimizer's
+    setting changed (a global optimizer pre-hook watches the settings while the recorder is open). Values
+    and gradients are summarised at every recorded step either way.
 
     ``mode="w-"`` (default) refuses an existing trial; ``mode="w"`` with ``overwrite=True`` replaces it;
     ``mode="a"`` continues it (killed or finished) after its last recorded step: steps up to that one are
@@ -213,6 +216,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
             _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._tier_state = None if tiers is None else TierState(tiers)
+        self._tier_hook = None if tiers is None else _optimizer_pre_hook(self)
         if tiers is not None:
             _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
@@ -245,6 +249,9 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._closed = True
         self._guard("closing the recording", lambda: self._writer.close(self.catalog))
         self._parameters.close()
+        if self._tier_hook is not None:
+            self._tier_hook.remove()
+            self._tier_hook = None
         self._problems.warn_recurring()
 
     def flush(self) -> None:
@@ -295,3 +302,16 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         if self.enabled and self._skipped_steps:
             self._write_skipped()
         return getattr(self, "_last_kpis", None) if self.enabled else None
+
+
+def _optimizer_pre_hook(recorder: Recorder) -> Any:
+    """A global pre-hook of every optimizer's ``step()`` for the tiers (``TierState.settings_jumped``); it
+    holds the recorder weakly, and a failure in it is logged, never raised into the training loop."""
+    ref = weakref.ref(recorder)
+
+    def hook(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        rec = ref()
+        if rec is not None and rec.enabled and not rec._closed:
+            rec._guard("watching an optimizer's settings", partial(rec._tier_optimizer_step, optimizer))
+
+    return register_optimizer_step_pre_hook(torch.compiler.disable(hook))  # untraced in a compiled step

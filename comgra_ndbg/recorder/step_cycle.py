@@ -61,13 +61,10 @@ class StepCycle:
         self._summary_decision = _SKIP
         self._snapshot_decision = _SKIP
         self._forced = False
-        self._tiered = False  # parameter values and updates follow the tiers this step (``tiers``)
-        self._complete = False  # ... and are summarised completely
-        self._start_values: Reducer | None = None  # the complete values of a tiered step, queued at its start
-        self._start_rows: list[int] = []  # ... at these rows
-        self._start_sentinels: np.ndarray | None = None  # the sentinel rows of a tiered step's start values
+        self._tiered = False  # whether this step's updates are measured is the tiers' decision (``tiers``)
+        self._tier_rows: list[int] | None = None  # the rows of its parameter values in ``_values``
         self._start_snapshots: dict[int, SnapshotData] = {}  # tensor id -> its value's snapshot at the step's start
-        self._tier_reason = ""  # why a tiered step's sentinels called for complete statistics
+        self._tier_reason = ""  # why the tiers measure updates off their schedule (``tiers``)
         self._summarize = False  # compute summaries this step (policy, forced, or flight recorder)
         self._snapshot = False  # compute snapshots this step
         self._deferring = False  # snapshots wait for decide_step's sample choice

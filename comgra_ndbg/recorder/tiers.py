@@ -1,20 +1,28 @@
-"""Statistic tiers: how much of each tracked parameter's value and update a recorded step summarises.
+"""Statistic tiers: at which recorded steps tracked parameters' updates are measured.
 
-``detail="full"`` summarises every parameter's value, gradient and update completely at every recorded
-step. ``detail="tiered"`` (``Tiers()``) keeps the gradients complete and takes
-*sentinel* rows of values and updates (``stats/sentinels.py``: count, non-finite counts, Σx², min, max, in
-one pass over the parameter and its start-of-step copy) except on
+Measuring an update needs a copy of every parameter at the step's start and a second pass over both after
+the optimizer step; on a small model the two cost about as much as everything else the recorder does for
+the parameters (``docs/recording.md``, "Statistic tiers"). ``detail="full"`` pays them at every recorded
+step. ``detail="tiered"`` (``Tiers()``) summarises every parameter's value and gradient completely at every
+recorded step, as ``"full"`` does, and its update only
 
-- every ``full_every``-th step (``step % full_every == 0``), and
-- every step at which a sentinel *moved*, and the ``hold`` steps after it. Then every parameter's value and
-  update is summarised completely at once, so the step where something changed holds all of it.
+- at the ``first`` steps of a run (``step < first``), where training is least settled, at every
+  ``full_every``-th step (``step % full_every == 0``) and at every snapshot step;
+- at a step that starts with a parameter changed since the last step ended (an edit under
+  ``torch.no_grad()``, a checkpoint loaded: its version counter or storage moved) or with a parameter's
+  ``requires_grad`` flipped;
+- at a step whose optimizer's settings jumped, seen by a global pre-hook of every optimizer's ``step()``
+  that holds a tracked parameter, right before it changes them (the parameters are copied there): a
+  learning rate, momentum or weight decay that changed by more than ``settings_factor`` either way, to or
+  from 0, or any other setting changed. A schedule that moves the learning rate a little at every step
+  does not count; its effect shows at the next measured step;
+- at the ``hold`` steps after a step whose parameter values *moved*: a value holds NaN or ±Inf, a parameter's
+  norm or extremes changed since the previous step by more than ``edit_fraction`` of its scale beyond
+  ``update_factor`` times its last measured update (an edit the version counter did not see, an update
+  that grew), or a parameter that was moving is suddenly exactly where it was (it stopped being updated).
 
-A sentinel moves when a value or an update holds NaN or ±Inf, when a parameter's norm or extremes changed
-since the previous step by more than ``edit_fraction`` of its scale beyond what the previous update explains
-(an edit under ``torch.no_grad()``: the bound of ``analysis/parameter_edits.py``), when the norm of all
-updates together left ``[1/update_factor, update_factor]`` times its running reference (a learning-rate
-change), or when a parameter that moved stopped moving (a frozen layer). Single small tensors' updates are
-not compared on their own: a bias of a few elements changes its update norm tenfold between healthy steps. The state is a few floats per parameter; deciding costs microseconds.
+At the other steps a parameter has a value row and no update row: the update is absent there, not
+estimated. The state is a few floats per parameter; deciding costs microseconds.
 
 >>> tiers = as_tiers("tiered")
 >>> tiers.full_every, as_tiers("full") is None
@@ -22,43 +30,53 @@ not compared on their own: a bias of a few elements changes its update norm tenf
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from comgra_ndbg.errors import InvalidArgumentError
+from comgra_ndbg.stats.drift import BEYOND, NONFINITE, STOPPED, DriftState
 from comgra_ndbg.stats.fields import FIELD
 
-__all__ = ["DETAILS", "Tiers", "TierState", "as_tiers"]
+__all__ = ["DETAILS", "Tiers", "TierState", "as_tiers", "settings_jumped", "optimizer_settings"]
 
 DETAILS = ("full", "tiered")
 """The named presets of ``detail=``."""
 
-_NAN, _INF, _SUM_SQ, _MIN, _MAX = FIELD["nan"], FIELD["inf"], FIELD["sum_sq"], FIELD["min"], FIELD["max"]
+_SUM_SQ, _MIN, _MAX = FIELD["sum_sq"], FIELD["min"], FIELD["max"]
+_REASONS = {NONFINITE: "tiers: a non-finite parameter value", STOPPED: "tiers: a parameter stopped changing",
+            BEYOND: "tiers: a parameter changed beyond its updates"}
 
 
 @dataclass(frozen=True)
 class Tiers:
-    """Sentinel rows for parameter values and updates between complete ones (see the module docstring)."""
+    """Parameter updates measured every ``full_every``-th step and where something moved (module docstring)."""
 
     full_every: int = 10
     edit_fraction: float = 0.01
     update_factor: float = 4.0
     hold: int = 2
-    memory: float = 0.3  # weight of the newest update norm in the running reference (of its logarithm)
+    settings_factor: float = 2.0
+    first: int = 20
 
     def __post_init__(self) -> None:
         if not isinstance(self.full_every, int) or isinstance(self.full_every, bool) or self.full_every < 1:
             raise InvalidArgumentError(f"Tiers(full_every=...) must be an int >= 1, got {self.full_every!r}")
-        if not isinstance(self.hold, int) or isinstance(self.hold, bool) or self.hold < 0:
-            raise InvalidArgumentError(f"Tiers(hold=...) must be an int >= 0, got {self.hold!r}")
-        if not (0 < self.edit_fraction < 1) or not (self.update_factor > 1) or not (0 < self.memory <= 1):
-            raise InvalidArgumentError(f"Tiers needs 0 < edit_fraction < 1, update_factor > 1 and 0 < memory <= 1, "
-                                       f"got {self.edit_fraction!r}, {self.update_factor!r}, {self.memory!r}")
+        for name in ("hold", "first"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(f"Tiers({name}=...) must be an int >= 0, got {value!r}")
+        if not (0 < self.edit_fraction < 1) or not (self.update_factor > 1) or not (self.settings_factor > 1):
+            raise InvalidArgumentError(f"Tiers needs 0 < edit_fraction < 1, update_factor > 1 and settings_factor > 1, "
+                                       f"got {self.edit_fraction!r}, {self.update_factor!r} and "
+                                       f"{self.settings_factor!r}")
 
     def describe(self) -> str:
-        return (f"parameter values and updates: complete every {self.full_every} steps and when a sentinel moves "
-                f"(edit > {self.edit_fraction:g}, update x{self.update_factor:g}, non-finite), sentinels between")
+        return (f"parameter updates: measured at the first {self.first} steps, every {self.full_every} steps, "
+                f"at snapshot steps and where a parameter, its requires_grad or an optimizer's settings changed "
+                f"(values and gradients: every step)")
 
 
 def as_tiers(detail: object) -> Tiers | None:
@@ -73,70 +91,95 @@ def as_tiers(detail: object) -> Tiers | None:
 
 
 class TierState:
-    """What the sentinels of the previous steps were, and the decision for the next step."""
+    """What the previous steps showed of the parameters, and whether the next step measures updates."""
 
     def __init__(self, tiers: Tiers) -> None:
         self.tiers = tiers
-        self._last_step: int | None = None
-        self._values: np.ndarray | None = None  # [n, 3]: norm, min, max of each value at the last step
-        self._updates: np.ndarray | None = None  # [n, 2]: norm, largest magnitude of each update at the last step
-        self._moving: np.ndarray | None = None  # [n]: whether each parameter's last update was not zero
-        self._reference = np.nan  # running mean of log10 of the norm of all updates together
+        self._end: tuple[int, list[Any]] | None = None  # (step, marks of the parameters at its end)
+        self._settings: dict[int, Any] = {}  # id of an optimizer -> its settings at its last step
+        self._drift: DriftState | None = None  # the parameters' value facts at the last observed step
+        self._values_step = -2  # ... which was this one
+        self._allowed: np.ndarray | None = None  # [n, 2]: how far norms and extremes may move (last measured updates)
         self._hold_until = -1
 
-    def complete(self, step: int) -> bool:
-        """Whether ``step`` summarises every parameter completely whatever its sentinels say."""
-        return step % self.tiers.full_every == 0 or step <= self._hold_until
-
-    def moved(self, step: int, values: np.ndarray, updates: np.ndarray, kept: np.ndarray) -> str:
-        """Why the sentinel rows of ``step`` (``values`` of every parameter, ``updates`` of those ``kept``)
-        call for complete statistics, or ``""``."""
-        if (values[:, [_NAN, _INF]] > 0).any() or (updates[:, [_NAN, _INF]] > 0).any():
-            return "sentinel: non-finite parameter or update"
-        norm, low, high = _value_facts(values)
-        if self._last_step == step - 1 and self._values is not None and len(self._values) == len(norm):
-            before, update = self._values, self._updates
-            with np.errstate(divide="ignore", invalid="ignore"):
-                by_norm = np.maximum(np.abs(norm - before[:, 0]) - update[:, 0], 0.0) / np.fmax(norm, before[:, 0])
-                scale = np.fmax(np.fmax(np.abs(low), np.abs(high)), np.fmax(np.abs(before[:, 1]), np.abs(before[:, 2])))
-                shift = np.fmax(np.abs(high - before[:, 2]), np.abs(low - before[:, 1]))
-                by_extreme = np.maximum(shift - update[:, 1], 0.0) / scale
-            if (np.nan_to_num(np.fmax(by_norm, by_extreme), nan=0.0) > self.tiers.edit_fraction).any():
-                return "sentinel: a parameter changed beyond its update"
-        if self._moving is not None and len(self._moving) == len(kept):
-            if (self._moving[kept] & (updates[:, _SUM_SQ] == 0)).any():
-                return "sentinel: a parameter stopped changing"
-            total = _log_norm(updates[:, _SUM_SQ].sum())
-            if np.isfinite(self._reference) and abs(total - self._reference) > np.log10(self.tiers.update_factor):
-                return "sentinel: the updates' size jumped"
-        return ""
-
-    def observe(self, step: int, values: np.ndarray, updates: np.ndarray, kept: np.ndarray, *,
-                moved: bool) -> None:
-        """Remember the rows of ``step`` (sentinel or complete) for the next decision."""
-        norm, low, high = _value_facts(values)
-        size = np.zeros((len(kept), 2))
-        size[kept] = np.stack([np.sqrt(updates[:, _SUM_SQ]), np.fmax(np.abs(updates[:, _MIN]),
-                                                                     np.abs(updates[:, _MAX]))], axis=1)
-        self._values, self._updates = np.stack([norm, low, high], axis=1), size
-        self._last_step = step
-        moving = np.zeros(len(kept), dtype=bool)
-        moving[kept] = updates[:, _SUM_SQ] > 0
-        self._moving = moving
-        total = _log_norm(updates[:, _SUM_SQ].sum())
-        if moved or not np.isfinite(self._reference):
-            self._reference = total  # a move starts the reference anew: the new regime is the normal one
-        elif np.isfinite(total):
-            self._reference += self.tiers.memory * (total - self._reference)
-        if moved:
+    def decide(self, step: int, marks: Sequence[Any]) -> tuple[bool, str]:
+        """Whether ``step`` measures every parameter's update from its start, and why when it is not the
+        schedule. ``marks`` (``ParameterTracker.marks()``) say per parameter what changed it since the last
+        step's end."""
+        reason = ""
+        if self._end is not None and self._end[0] == step - 1 and self._end[1] != marks:
+            before = self._end[1]
+            if len(before) != len(marks) or any(m[2] != b[2] for m, b in zip(marks, before)):
+                reason = "tiers: a parameter's requires_grad changed"
+            elif any(m != b for m, b in zip(marks, before)):
+                reason = "tiers: a parameter was changed between steps"
+        if reason:
             self._hold_until = step + self.tiers.hold
+            return True, reason
+        return step < self.tiers.first or step % self.tiers.full_every == 0 or step <= self._hold_until, ""
+
+    def settings_jumped(self, step: int, owner: int, settings: Any) -> bool:
+        """Whether an optimizer's ``settings`` (``optimizer_settings``) jumped since its last step
+        (:func:`settings_jumped`); if so, the ``hold`` steps after ``step`` measure their updates too."""
+        before, self._settings[owner] = self._settings.get(owner), settings
+        if before is None or before == settings or not settings_jumped(before, settings, self.tiers.settings_factor):
+            return False
+        self._hold_until = max(self._hold_until, step + self.tiers.hold)
+        return True
+
+    def finish(self, step: int, marks: list[Any]) -> None:
+        """Remember the parameters' marks at the end of ``step`` (after its optimizer step)."""
+        self._end = (step, marks)
+
+    def observe_values(self, step: int, values: np.ndarray) -> str:
+        """Rows of every parameter's value at the start of ``step``: why the next steps should measure their
+        updates (they then do for ``hold`` steps), or ``""`` (``stats/drift.py``)."""
+        drift, last = self._drift, self._values_step
+        compare = drift is not None and drift.n == len(values) and last == step - 1
+        if drift is None or drift.n != len(values):
+            drift = self._drift = DriftState(len(values))
+        self._values_step = step
+        allowed = self._allowed if self._allowed is not None and len(self._allowed) == len(values) else None
+        reason = _REASONS.get(drift.observe(values, compare=compare, allowed=allowed,
+                                            fraction=self.tiers.edit_fraction), "")
+        if reason:
+            self._hold_until = max(self._hold_until, step + self.tiers.hold)
+        return reason
+
+    def observe_updates(self, updates: np.ndarray, kept: np.ndarray) -> None:
+        """Rows of the updates of a step that measured them (``kept`` marks the parameters that have one):
+        ``update_factor`` times their norm and largest element is what the next steps' values may move."""
+        size = np.zeros((len(kept), 2))
+        size[kept] = np.stack([np.sqrt(updates[:, _SUM_SQ]),
+                               np.fmax(np.abs(updates[:, _MIN]), np.abs(updates[:, _MAX]))], axis=1)
+        self._allowed = self.tiers.update_factor * np.nan_to_num(size, nan=np.inf, posinf=np.inf)
 
 
-def _value_facts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return np.sqrt(values[:, _SUM_SQ]), values[:, _MIN], values[:, _MAX]
+def optimizer_settings(optimizer: Any) -> tuple:
+    """The settings of every param group of ``optimizer`` that are numbers, flags or tuples of them (learning
+    rate, momentum, betas, weight decay, ...), in a comparable tuple; tensors (a capturable learning rate)
+    are left out, as reading them could wait for a device."""
+    return tuple(tuple((key, value) for key, value in group.items()
+                       if key != "params" and isinstance(value, (int, float, tuple)))
+                 for group in optimizer.param_groups)
 
 
-def _log_norm(sum_sq: float) -> float:
-    """log10 of a norm from its Σx²; -inf for zero, NaN for NaN."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(0.5 * np.log10(sum_sq))
+def settings_jumped(before: Any, now: Any, factor: float) -> bool:
+    """Whether settings ``now`` differ from ``before`` by a jump: another structure, a changed non-number, a
+    number that changed sign, became or stopped being 0, or changed by more than ``factor`` either way.
+
+    >>> settings_jumped((("lr", 0.1),), (("lr", 0.099),), 2.0), settings_jumped((("lr", 0.1),), (("lr", 0.0),), 2.0)
+    (False, True)
+    """
+    if isinstance(before, tuple) and isinstance(now, tuple):
+        return len(before) != len(now) or any(settings_jumped(b, n, factor) for b, n in zip(before, now))
+    numbers = (int, float)
+    if (isinstance(before, numbers) and isinstance(now, numbers) and not isinstance(before, bool)
+            and not isinstance(now, bool)):
+        if before == now:
+            return False
+        if before == 0 or now == 0 or (before < 0) != (now < 0):
+            return True
+        ratio = abs(now / before)
+        return not (1 / factor <= ratio <= factor)
+    return before != now
