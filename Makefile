@@ -25,6 +25,8 @@ bench: setup
 	$(PY) -m benchmarks.adaptive
 	$(PY) benchmarks/neuraldbg_overhead.py
 	$(PY) -m benchmarks.whole_run
+	$(PY) -m benchmarks.tiers_side_by_side
+	$(PY) -m benchmarks.tiers_side_by_side --width 1024 --batch 32 --steps 300
 	$(PY) benchmarks/integrations_overhead.py
 	$(PY) benchmarks/gpu_overhead.py
 	$(PY) benchmarks/read_timeline.py

@@ -1,4 +1,4 @@
-"""Statistic tiers: the cost of NeuralDbg with ``detail="tiered"`` beside its default ``detail="full"``, and
+"""Statistic tiers: the cost of NeuralDbg's default ``detail="tiered"`` beside ``detail="full"``, and
 diagnosis scores, in one report.
 
 Workloads (``benchmarks/neuraldbg_overhead.py``): the 8-block 256-wide tanh MLP with plain SGD (the
@@ -6,9 +6,10 @@ cheapest bare step, where recording shows most) and with Adam, and the small tra
 Variants, run interleaved in rounds with the order rotated each round, one torch thread:
 
 - bare: the training loop alone;
-- tiered: ``detail="tiered"`` — sentinel rows of parameter values and updates between complete ones,
-  summaries every step, snapshots every 10th step;
-- full (the default): every parameter's value, gradient and update summarised at every step;
+- tiered (the default): ``detail="tiered"`` — every value and gradient summarised at every step, parameter
+  updates measured at the first 20 steps, every 10th step and where something changed (``recorder/tiers.py``),
+  snapshots every 10th step;
+- full: ``detail="full"`` — every parameter's update summarised at every step too;
 - tiered / full without snapshots (``snapshots=None``): the summaries' share;
 - nothing recorded: a policy that skips every step (the hooks return at once);
 - hook entries alone (``hook_floor.run_hook_floor``): NeuralDbg's hook entry points with empty bodies, the
@@ -16,7 +17,7 @@ Variants, run interleaved in rounds with the order rotated each round, one torch
 - two floors (``neuraldbg_overhead.run_floor``: the same statistics from the compiled kernels called
   directly in bare hooks, no bookkeeping, no storage): every statistic of the full default, and the
   activations' and all gradients' statistics alone. The second is what any tiering that keeps activations
-  and gradients complete at every step costs at the least, however cheap its parameter sentinels.
+  and gradients complete at every step costs at the least, however rarely it measures updates.
 
 Each figure is the median over rounds of each round's median step time, as a ratio to bare (wall clock
 and CPU time of this process; the second is steadier on a shared machine), with the load average.
@@ -43,10 +44,10 @@ from comgra_ndbg.stats import kernels
 
 VARIANTS = {
     "bare": None,
-    "tiered": dict(detail="tiered"),
-    "full (default)": {},
-    "tiered, no snapshots": dict(detail="tiered", snapshots=None),
-    "full, no snapshots": dict(snapshots=None),
+    "tiered (default)": {},
+    "full": dict(detail="full"),
+    "tiered, no snapshots": dict(snapshots=None),
+    "full, no snapshots": dict(detail="full", snapshots=None),
     "nothing recorded": dict(summaries=None, snapshots=None),
     "hook entries alone": "hooks",
     "floor: everything": "floor",

@@ -23,7 +23,7 @@ from benchmarks.diagbench.grid import GRID
 from benchmarks.diagbench.lofo import DEFAULT, fit_calibration, lofo
 from benchmarks.diagbench.report import report
 from benchmarks.diagbench.specs import all_specs
-from benchmarks.diagbench.training import DETAIL_VARIABLE
+from benchmarks.diagbench.training import DEFAULTS, DETAIL_VARIABLE
 from comgra_ndbg.stats import kernels
 
 COST = {"cnn": 4, "resmlp": 3, "transformer": 3, "rnn": 2, "mlp": 2, "twobranch": 1, "autoencoder": 1}
@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop-healthy-seeds", type=int, default=2,
                         help="with --families loop: seeds of every healthy control of the other families checked "
                              "for loop-invariant hypotheses (default 2; 0: none)")
-    parser.add_argument("--detail", choices=("full", "tiered"), default="full",
-                        help="the recorders' detail= for the runs trained here (default full)")
+    parser.add_argument("--detail", choices=(DEFAULTS, "full", "tiered"), default=DEFAULTS,
+                        help="the recorders' detail= for the runs trained here (default: each recorder's own, "
+                             "tiered for NeuralDbg, full for Recorder)")
     parser.add_argument("--validate-only", action="store_true", help="train and validate, do not analyse")
     parser.add_argument("--fit-calibration", action="store_true",
                         help="print calibration constants fitted on every run (for analysis/calibration.py)")
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                      families=args.families, exclude=args.exclude_families, held_back=args.with_held_back,
                      seed_offset=args.seed_offset, analysis=not args.validate_only)
     print(report(result))
-    if args.detail != "full":
-        print(f"recorded with detail={args.detail!r}")
+    print("recorded with each recorder's default detail (NeuralDbg: 'tiered', Recorder: 'full')"
+          if args.detail == DEFAULTS else f"recorded with detail={args.detail!r}")
     if args.fit_calibration and result.get("analysed"):
         fitted, rows = fit_calibration(result["runs"], DEFAULT)
         print(f"fitted on {rows} hypotheses: " + (f"constant {fitted:.4f}" if isinstance(fitted, float) else

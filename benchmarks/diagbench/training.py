@@ -120,17 +120,19 @@ def _loop(spec: RunSpec, setup: Setup, rec: Recorder | None, probe: SpreadProbe,
 
 
 DETAIL_VARIABLE = "COMGRA_DIAGBENCH_DETAIL"
-"""The environment variable ``--detail`` sets for the worker processes: the recorders' ``detail=`` (default
-``full``; ``tiered`` scores the diagnosis on recordings with statistic tiers, ``docs/recording.md``)."""
+"""The environment variable ``--detail`` sets for the worker processes: the recorders' ``detail=``
+(``defaults``, the default: each recorder's own, ``"tiered"`` for ``NeuralDbg`` and ``"full"`` for
+``Recorder``; ``full`` or ``tiered`` for all of them, ``docs/recording.md``, "Statistic tiers")."""
+DEFAULTS = "defaults"
 
 
 def _recording(family: Family, spec: RunSpec, setup: Setup, folder: Path) -> AbstractContextManager:
-    detail = os.environ.get(DETAIL_VARIABLE, "full")
+    detail = os.environ.get(DETAIL_VARIABLE, DEFAULTS)
+    chosen = {} if detail == DEFAULTS else {"detail": detail}
     if family.recording == RECORDER:
-        return Recorder(folder, trial=spec.name, detail=detail)
+        return Recorder(folder, trial=spec.name, **chosen)
     criterion = setup.criterion if setup.config.loss == "hooked" else None
-    return NeuralDbg(setup.model, folder, trial=spec.name, optimizer=setup.optimizer, loss=criterion,
-                     detail=detail)
+    return NeuralDbg(setup.model, folder, trial=spec.name, optimizer=setup.optimizer, loss=criterion, **chosen)
 
 
 def train_run(spec: RunSpec, folder: Path) -> Path:

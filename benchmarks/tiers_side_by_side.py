@@ -1,0 +1,83 @@
+"""Statistic tiers side by side in one process: ``NeuralDbg`` with ``detail="tiered"`` (its default) and with
+``detail="full"``, with and without snapshots, beside a bare copy of the same model.
+
+Every variant trains its own copy of the workload (same seed, same batches); each step runs every variant
+once, the order reversed every other step, so all of them share the machine's state (load, caches, clock)
+step by step — on a shared machine that is steadier than separate processes, whose step times differ by ±5 %
+run to run. Reported: the median and the mean CPU time per step after the first ``--skip`` steps, as a
+ratio to the bare copy's median. Running four models in one process evicts each other's data from the
+caches, so absolute times are longer than alone; the ratios are what is compared.
+
+Workloads of ``benchmarks/neuraldbg_overhead.py``: the tanh MLP (``--width`` wide, 8 blocks, batch
+``--batch``) with SGD or Adam, or the small transformer with Adam.
+
+Run: ``python -m benchmarks.tiers_side_by_side [--workload mlp-sgd] [--width 256] [--batch 64] [--steps 600]``.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+import benchmarks.overhead as overhead
+from benchmarks.neuraldbg_overhead import OPTIMIZERS, TanhMLP, TinyTransformer, token_data
+from comgra_ndbg import NeuralDbg
+from comgra_ndbg.stats import kernels
+
+VARIANTS = {
+    "bare": None,
+    "tiered (default), no snapshots": dict(snapshots=None),
+    "full, no snapshots": dict(detail="full", snapshots=None),
+    "tiered (default)": {},
+    "full": dict(detail="full"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=("mlp-sgd", "mlp-adam", "transformer"), default="mlp-sgd")
+    parser.add_argument("--width", type=int, default=overhead.WIDTH)
+    parser.add_argument("--batch", type=int, default=overhead.BATCH)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--skip", type=int, default=30, help="steps left out of the figures (warm-up)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    kernels.warm_up()
+    overhead.WIDTH, overhead.BATCH = args.width, args.batch
+    if args.workload == "transformer":
+        make, data, optimizer_name = TinyTransformer, token_data(args.steps), "adam"
+    else:
+        make, data, optimizer_name = TanhMLP, overhead.make_data(args.steps), args.workload.split("-")[1]
+    runs = []
+    for name, options in VARIANTS.items():
+        torch.manual_seed(0)
+        model, criterion = make(), nn.CrossEntropyLoss()
+        optimizer = OPTIMIZERS[optimizer_name](model.parameters())
+        dbg = None if options is None else NeuralDbg(model, tempfile.mkdtemp(), trial="run", loss=criterion,
+                                                     optimizer=optimizer, **options)
+        runs.append((name, model, criterion, optimizer, dbg, []))
+    for index, (inputs, targets) in enumerate(data):
+        for name, model, criterion, optimizer, dbg, times in (runs if index % 2 == 0 else runs[::-1]):
+            start = time.process_time()
+            optimizer.zero_grad()
+            criterion(model(inputs), targets).backward()
+            optimizer.step()
+            times.append(time.process_time() - start)
+    for run in runs:
+        if run[4] is not None:
+            run[4].close()
+    bare = float(np.median(runs[0][5][args.skip:]))
+    print(f"{args.workload}, width {args.width}, batch {args.batch}, {args.steps} steps (first {args.skip} left out), "
+          f"1 torch thread, CPU time per step, every variant in one process, steps interleaved")
+    for name, *_, times in runs:
+        t = np.array(times[args.skip:])
+        print(f"  {name:<32} median {np.median(t) * 1e3:7.3f} ms {np.median(t) / bare:6.3f}x   "
+              f"mean {t.mean() * 1e3:7.3f} ms {t.mean() / bare:6.3f}x")
+
+
+if __name__ == "__main__":
+    main()
