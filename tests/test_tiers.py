@@ -199,6 +199,17 @@ def test_an_optimizers_settings_are_watched_under_the_recorder_api(tmp_path):
         assert not any("tiers" in reason for reason in schedule.step_reasons().values())
 
 
+def test_a_recorder_dropped_without_close_takes_its_optimizer_hook_with_it(tmp_path):
+    import gc
+
+    hooks = len(optim_module._global_optimizer_pre_hooks)
+    rec = Recorder(tmp_path, trial="t", detail="tiered")
+    assert len(optim_module._global_optimizer_pre_hooks) == hooks + 1
+    del rec
+    gc.collect()
+    assert len(optim_module._global_optimizer_pre_hooks) == hooks
+
+
 def test_the_first_steps_measure_their_updates(tmp_path):
     with _recorder_loop(tmp_path, Tiers(first=5, full_every=10, update_factor=1e6), lambda step: 0.1) as recording:
         assert recording.summary_rows("model.weight", "update")[0].tolist() == [0, 1, 2, 3, 4, 10, 20]

@@ -306,7 +306,8 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
 
 def _optimizer_pre_hook(recorder: Recorder) -> Any:
     """A global pre-hook of every optimizer's ``step()`` for the tiers (``TierState.settings_jumped``); it
-    holds the recorder weakly, and a failure in it is logged, never raised into the training loop."""
+    holds the recorder weakly (and goes with it), and a failure in it is logged, never raised into the
+    training loop."""
     ref = weakref.ref(recorder)
 
     def hook(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -314,4 +315,6 @@ def _optimizer_pre_hook(recorder: Recorder) -> Any:
         if rec is not None and rec.enabled and not rec._closed:
             rec._guard("watching an optimizer's settings", partial(rec._tier_optimizer_step, optimizer))
 
-    return register_optimizer_step_pre_hook(torch.compiler.disable(hook))  # untraced in a compiled step
+    handle = register_optimizer_step_pre_hook(torch.compiler.disable(hook))  # untraced in a compiled step
+    weakref.finalize(recorder, handle.remove)  # a recorder dropped without close() takes its hook with it
+    return handle
