@@ -228,6 +228,7 @@ def test_detail_is_checked_at_the_boundary(tmp_path):
 
 
 def test_the_gui_shows_updates_where_they_were_measured(tmp_path):
+    from comgra_ndbg.gui.panels import missing_statistics_text
     from comgra_ndbg.gui.queries import statistics_at, timeline_curves
     from comgra_ndbg.gui.state import ReaderCache, Selection
 
@@ -240,6 +241,11 @@ def test_the_gui_shows_updates_where_they_were_measured(tmp_path):
     steps, values = timeline_curves(cache, Selection(**{**selection.__dict__, "kind": "value"}))["train"]
     assert steps.tolist() == list(range(STEPS)) and np.isfinite(values).all()
     assert statistics_at(cache, Selection(**{**selection.__dict__, "step": 10}))["l2"] > 0
+    assert statistics_at(cache, selection) is None  # step 3: not measured
+    text = missing_statistics_text(cache, Selection(**{**selection.__dict__, "step": 13}), "whole batch")
+    assert text.endswith("nearest 10 and 20.")
+    value = Selection(**{**selection.__dict__, "kind": "value", "step": 99})
+    assert "nearest" not in missing_statistics_text(cache, value, "whole batch")
 
 
 @pytest.mark.parametrize("detail", ["tiered", "full"])

@@ -96,6 +96,21 @@ def _scale_bar() -> Any:
 
 
 # ---- tensor panel --------------------------------------------------------------------------------------
+def missing_statistics_text(cache: ReaderCache, selection: Selection, where: str) -> str:
+    """Why the selection has no statistics at its step; for a parameter update recorded at other steps
+    (``detail="tiered"`` measures updates at some steps only), the nearest steps that have one."""
+    text = f"No statistics of {selection.tensor} ({selection.kind}) at step {selection.step}, {where}."
+    if selection.kind != "update" or selection.sample is not None:
+        return text
+    steps, _ = cache.series_rows(selection.trial, selection.tensor, selection.kind, selection.iteration)
+    before, after = steps[steps < selection.step], steps[steps > selection.step]
+    near = [f"{int(before[-1])}" if len(before) else "", f"{int(after[0])}" if len(after) else ""]
+    if not any(near):
+        return text
+    return (text + " Its update was measured at other steps (the statistic tiers measure updates every 10th "
+            "step and where something changed): nearest " + " and ".join(n for n in near if n) + ".")
+
+
 def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
     """The Tensors tab's header, statistics table, histogram and element values for the selection."""
     theme = options.theme
@@ -109,8 +124,7 @@ def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions)
     stats = statistics_at(cache, selection)
     rows = statistics_rows(stats) if stats is not None else None
     stats_view = (markdown_table(("statistic", "value"), rows, table_id=ids.STATS_TABLE + "-table")
-                  if rows is not None else message(f"No statistics of {selection.tensor} ({selection.kind}) "
-                                                    f"at step {selection.step}, {where}."))
+                  if rows is not None else message(missing_statistics_text(cache, selection, where)))
     snapshot = cache.snapshot(selection.trial, selection.tensor, selection.kind, selection.step,
                               selection.iteration)
     values = element_values(snapshot, selection.sample) if snapshot is not None else None
