@@ -121,6 +121,17 @@ def test_nonfinite_parameter_values_are_counted_and_measure_updates(tmp_path):
         assert _update_steps(recording)["model.0.bias"] == [0, 7, 8, 9]
 
 
+def test_the_first_recorded_steps_measure_whatever_their_numbers():
+    """A run continued from a checkpoint at step 1003 measures its first steps too."""
+    state = TierState(Tiers(first=3, full_every=10))
+    marks = [(0, 0, True)]
+    decided = []
+    for step in range(1003, 1012):
+        decided.append(state.decide(step, marks)[0])
+        state.finish(step, marks)
+    assert decided == [True, True, True, False, False, False, False, True, False]  # 1003-1005, then 1010
+
+
 def test_a_parameter_that_stops_moving_measures_updates_without_settings():
     """A learning rate set to 0 where nothing watches the optimizer: the identical value rows say it."""
     state = TierState(Tiers(hold=1, first=0))

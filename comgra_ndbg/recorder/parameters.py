@@ -60,7 +60,8 @@ class ParameterTracker:
     _watching: bool = False
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
     _names: dict[str, torch.nn.Parameter] | None = None
-    _holders: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # optimizer -> (sizes, holds)
+    # optimizer -> (its param groups' sizes, whether they hold a tracked parameter): ``holds``
+    _holders: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
               on_gradient: Callable[[int, torch.Tensor], None] | None = None,

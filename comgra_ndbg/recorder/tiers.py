@@ -6,7 +6,7 @@ the parameters (``docs/recording.md``, "Statistic tiers"). ``detail="full"`` pay
 step. ``detail="tiered"`` (``Tiers()``) summarises every parameter's value and gradient completely at every
 recorded step, as ``"full"`` does, and its update only
 
-- at the ``first`` steps of a run (``step < first``), where training is least settled, at every
+- at the ``first`` recorded steps of a run (or of its continuation), where training is least settled, at every
   ``full_every``-th step (``step % full_every == 0``) and at every snapshot step;
 - at a step that starts with a parameter changed since the last step ended (an edit under
   ``torch.no_grad()``, a checkpoint loaded: its version counter or storage moved) or with a parameter's
@@ -74,7 +74,7 @@ class Tiers:
                                        f"{self.settings_factor!r}")
 
     def describe(self) -> str:
-        return (f"parameter updates: measured at the first {self.first} steps, every {self.full_every} steps, "
+        return (f"parameter updates: measured at the first {self.first} recorded steps, every {self.full_every} steps, "
                 f"at snapshot steps and where a parameter, its requires_grad or an optimizer's settings changed "
                 f"(values and gradients: every step)")
 
@@ -101,6 +101,7 @@ class TierState:
         self._values_step = -2  # ... which was this one
         self._allowed: np.ndarray | None = None  # [n, 2]: how far norms and extremes may move (last measured updates)
         self._hold_until = -1
+        self._decided = 0  # steps decided so far: the first ``first`` of them measure their updates
 
     def decide(self, step: int, marks: Sequence[Any]) -> tuple[bool, str]:
         """Whether ``step`` measures every parameter's update from its start, and why when it is not the
@@ -113,10 +114,12 @@ class TierState:
                 reason = "tiers: a parameter's requires_grad changed"
             elif any(m != b for m, b in zip(marks, before)):
                 reason = "tiers: a parameter was changed between steps"
+        self._decided += 1
         if reason:
             self._hold_until = step + self.tiers.hold
             return True, reason
-        return step < self.tiers.first or step % self.tiers.full_every == 0 or step <= self._hold_until, ""
+        return (self._decided <= self.tiers.first or step % self.tiers.full_every == 0
+                or step <= self._hold_until), ""
 
     def settings_jumped(self, step: int, owner: int, settings: Any) -> bool:
         """Whether an optimizer's ``settings`` (``optimizer_settings``) jumped since its last step
