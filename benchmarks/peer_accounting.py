@@ -60,7 +60,8 @@ def folder_bytes(folder: Path) -> int:
 
 
 def recording_summaries(trial: Path) -> Recorded:
-    """The summaries in a closed NeuralDbg recording: series x statistic fields x summarized steps.
+    """The summaries in a closed NeuralDbg recording: its summary rows x statistic fields, as series x mean
+    statistics per series and step x summarized steps.
 
     Read through the library's reader (``open_recording``), which opens every file of the trial: a recording
     larger than the writer's ``max_file_bytes`` closes into several files, named by the ``parts`` of its
@@ -73,10 +74,12 @@ def recording_summaries(trial: Path) -> Recorded:
                                        f"recording after NeuralDbg.close()")
         catalog = recording.catalog
         steps: set[int] = set()
+        rows = 0
         for tensor, kind in catalog.series:
             summarized, _ = recording.summary_rows(catalog.tensors[tensor].name, kind)
             steps.update(summarized.tolist())
-        return from_counts(set(catalog.series), steps, len(catalog.series) * schema.NUM_FIELDS * len(steps))
+            rows += len(summarized)  # a series with rows at some steps only (tiered updates) counts those
+        return from_counts(set(catalog.series), steps, rows * schema.NUM_FIELDS)
 
 
 def tensorboard_histograms(folder: Path) -> Recorded:

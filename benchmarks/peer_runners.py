@@ -5,9 +5,10 @@ and the small transformer (2 layers of width 128, sequences of 32 tokens, batch 
 trains the same data with the same plain loop; what differs is what is attached to it:
 
 - ``bare``: nothing;
-- ``ndbg-defaults``: ``NeuralDbg(model, ...)`` with its defaults (summaries every step, snapshots every 10th);
-- ``ndbg-all-every-step``: summaries and snapshots every step;
-- ``ndbg-all-every-10th``: summaries and snapshots every 10th step;
+- ``ndbg-defaults``: ``NeuralDbg(model, ...)`` with its defaults (summaries every step, parameter updates
+  tiered, ``docs/recording.md`` "Statistic tiers", snapshots every 10th);
+- ``ndbg-all-every-step``: summaries of everything (``detail="full"``) and snapshots every step;
+- ``ndbg-all-every-10th``: summaries of everything (``detail="full"``) and snapshots every 10th step;
 - ``comgra-default``: Comgra 0.11.5's ``ComgraRecorder`` with its defaults (every sample of the batch per
   tensor, singular values of parameters), every 10th step (``DecisionMakerForRecordingsFrequencyPerType(10)``),
   every leaf module's output registered from a forward hook, parameters tracked, gradients recorded;
@@ -121,11 +122,11 @@ class NeuralDbgPeer(Peer):
 
 
 class NeuralDbgEveryStep(NeuralDbgPeer):
-    options = dict(summaries=1, snapshots=1)
+    options = dict(summaries=1, snapshots=1, detail="full")
 
 
 class NeuralDbgEvery10th(NeuralDbgPeer):
-    options = dict(summaries=EVERY, snapshots=EVERY)
+    options = dict(summaries=EVERY, snapshots=EVERY, detail="full")
 
 
 class ComgraPeer(Peer):
@@ -260,7 +261,7 @@ PEERS: dict[str, type[Peer]] = {
 }
 PEER_LABELS = {
     "bare": "bare",
-    "ndbg-defaults": "NeuralDbg defaults (summaries every step, snapshots every 10th)",
+    "ndbg-defaults": "NeuralDbg defaults (summaries every step, updates tiered, snapshots every 10th)",
     "ndbg-all-every-step": "NeuralDbg, everything every step",
     "ndbg-all-every-10th": "NeuralDbg, everything every 10th step",
     "comgra-default": "Comgra 0.11.5 defaults, every 10th step",

@@ -15,7 +15,7 @@ from torch import nn
 from benchmarks import peer_runners
 from benchmarks.peer_accounting import Recorded, from_counts, recording_summaries
 from benchmarks.peer_table import rotated, run_once, summarize, table
-from comgra_ndbg import NeuralDbg, RecordingFormatError
+from comgra_ndbg import NeuralDbg, RecordingFormatError, open_recording
 from comgra_ndbg.store.schema import ATTR_PARTS, FINAL_NAME, NUM_FIELDS
 
 STEPS = 11
@@ -65,6 +65,16 @@ def test_neuraldbg_counts_its_summaries(tiny, tmp_path, peer, steps):
     # every leaf output and the parameters, values and gradients, parameter updates, input, target, loss
     assert run.recorded.tensors >= 2 * LEAF_OUTPUTS + 3 * PARAMETERS
     check_formula(run.recorded)
+
+
+def test_neuraldbg_counts_the_rows_of_updates_measured_at_some_steps(tiny, tmp_path):
+    """The defaults measure parameter updates at some steps only: those series count where they have rows."""
+    run = peer_runners.train("ndbg-defaults", tiny, 40, tmp_path)
+    with open_recording(tmp_path / "run") as recording:
+        rows = sum(len(recording.summary_rows(recording.catalog.tensors[t].name, kind)[0])
+                   for t, kind in recording.catalog.series)
+    assert run.recorded.tensors * run.recorded.statistics * run.recorded.steps == pytest.approx(rows * NUM_FIELDS)
+    assert run.recorded.statistics < NUM_FIELDS  # updates at 20 + 2 of the 40 steps
 
 
 def test_neuraldbg_counts_every_part_of_a_recording_closed_into_several_files(tiny, tmp_path, monkeypatch):
