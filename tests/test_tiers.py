@@ -221,6 +221,33 @@ def test_a_recorder_dropped_without_close_takes_its_optimizer_hook_with_it(tmp_p
     assert len(optim_module._global_optimizer_pre_hooks) == hooks
 
 
+@pytest.mark.parametrize("jumping_first", [True, False])
+def test_two_optimizers_one_of_which_jumps(tmp_path, jumping_first):
+    """A copy taken when the second optimizer jumps would show the first one's parameters as unchanged: the
+    step is measured only when the jumping optimizer steps first, and the hold measures the steps after."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    first_opt = torch.optim.SGD(model[0].parameters(), lr=0.05)
+    second_opt = torch.optim.SGD(model[2].parameters(), lr=0.05)
+    jumping = first_opt if jumping_first else second_opt
+    with Recorder(tmp_path, trial="t", snapshots=None, detail=QUIET) as rec:
+        rec.track_module("model", model)
+        for step in range(20):
+            if step == 13:
+                jumping.param_groups[0]["lr"] = 0.5
+            with rec.step(step):
+                first_opt.zero_grad()
+                second_opt.zero_grad()
+                rec.register_tensor("out", model(torch.randn(16, 4)), role="output").square().mean().backward()
+                rec.record_gradients()
+                first_opt.step()
+                second_opt.step()
+    with open_recording(tmp_path / "t") as recording:
+        steps, l2 = recording.summary("model.0.weight", "update", "l2")
+        assert steps.tolist() == ([0, 10, 13, 14, 15] if jumping_first else [0, 10, 14, 15])
+        assert (l2 > 0).all()  # no update of a parameter that moved reads as zero
+
+
 def test_the_first_steps_measure_their_updates(tmp_path):
     with _recorder_loop(tmp_path, Tiers(first=5, full_every=10, update_factor=1e6), lambda step: 0.1) as recording:
         assert recording.summary_rows("model.weight", "update")[0].tolist() == [0, 1, 2, 3, 4, 10, 20]

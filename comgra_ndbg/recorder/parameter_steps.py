@@ -63,6 +63,7 @@ class ParameterSteps:
         series = self._parameter_series(schema.KIND_VALUE)
         state = self._tier_state
         measure = self.record_updates
+        self._tier_stepped = 0  # steps of optimizers holding tracked parameters in this step so far
         if state is not None and self._summarize and measure:
             self._tiered = True
             due, self._tier_reason = state.decide(self._step, tracker.marks())
@@ -91,9 +92,13 @@ class ParameterSteps:
         if not tracker.holds(optimizer):
             return
         step = self._step if self._step_open else (self._last_step if self._last_step is not None else -1)
+        stepped = self._tier_stepped
+        self._tier_stepped += 1
         if not state.settings_jumped(step, id(optimizer), optimizer_settings(optimizer)):
             return
-        if self._step_open and self._tiered and not tracker.captured:
+        # after another optimizer of the model stepped, a copy now would show its parameters as unchanged:
+        # the hold measures the steps after instead
+        if self._step_open and self._tiered and not tracker.captured and not stepped:
             tracker.capture()
             self._tier_reason = "; ".join(filter(None, (self._tier_reason, "tiers: an optimizer's settings jumped")))
 

@@ -217,6 +217,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._tier_state = None if tiers is None else TierState(tiers)
         self._tier_hook = None if tiers is None else _optimizer_pre_hook(self)
+        self._tier_stepped = 0  # ``ParameterSteps._tier_optimizer_step``
         if tiers is not None:
             _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
