@@ -25,6 +25,7 @@ from torch import nn
 from comgra_ndbg.instrument.compile_cache import evict_compiled_code
 from comgra_ndbg.instrument.hooks import INPUT, from_compiled_code, input_names, tensor_leaves
 from comgra_ndbg.recorder.grad_hook import on_gradient
+from comgra_ndbg.recorder.parameters import optimizer_holds
 
 __all__ = ["StepDetection", "LOSS", "gradient_fingerprint"]
 
@@ -219,13 +220,7 @@ class StepDetection:
     # ---- every optimizer's step (patches' global hooks) ---------------------------------------------------
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` holds a parameter of the model (cached while its groups keep their sizes)."""
-        key = tuple(len(group["params"]) for group in optimizer.param_groups)
-        cached = self._owners.get(optimizer)
-        if cached is None or cached[0] != key:
-            ids = self._parameter_ids
-            cached = (key, any(id(p) in ids for group in optimizer.param_groups for p in group["params"]))
-            self._owners[optimizer] = cached
-        return cached[1]
+        return optimizer_holds(optimizer, lambda: self._parameter_ids, self._owners)
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._light:

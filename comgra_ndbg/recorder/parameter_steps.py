@@ -106,8 +106,7 @@ class ParameterSteps:
         """The parameter value rows of a tiered step (``tiers``): whether the next steps measure updates."""
         reason = self._tier_state.observe_values(self._step, rows)
         if reason and not self._tier_reason:
-            self._tier_reason = "; ".join(filter(None, (self._tier_reason, reason + ": updates measured from the "
-                                                                                     "next step")))
+            self._tier_reason = reason + ": updates measured from the next step"
 
     def _parameter_series(self, kind: str) -> np.ndarray:
         """Series ids of every tracked parameter's ``kind``, in ``ParameterTracker.tensor_ids()`` order."""

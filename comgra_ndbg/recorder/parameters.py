@@ -16,10 +16,10 @@ read it, as ``NeuralDbg`` does.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-import weakref
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 
-__all__ = ["ParameterTracker"]
+__all__ = ["ParameterTracker", "optimizer_holds"]
 
 
 @dataclass
@@ -127,13 +127,7 @@ class ParameterTracker:
 
     def holds(self, optimizer: Any) -> bool:
         """Whether ``optimizer``'s param groups hold a tracked parameter (cached while their sizes stay)."""
-        key = tuple(len(group["params"]) for group in optimizer.param_groups)
-        cached = self._holders.get(optimizer)
-        if cached is None or cached[0] != key:
-            ids = {id(t.parameter) for t in self.tracked}
-            cached = (key, any(id(p) in ids for group in optimizer.param_groups for p in group["params"]))
-            self._holders[optimizer] = cached
-        return cached[1]
+        return optimizer_holds(optimizer, lambda: {id(t.parameter) for t in self.tracked}, self._holders)
 
     def marks(self) -> list[tuple[int, int, bool]]:
         """(version counter, storage address, requires_grad) of every tracked parameter: what an in-place
@@ -285,6 +279,18 @@ class _HostLayout:
                            np.array([p.data_ptr() for p in params], dtype=np.int64),
                            np.array([p.numel() for p in params], dtype=np.int64),
                            np.array([b.data_ptr() for b in buffers], dtype=np.int64))
+
+
+def optimizer_holds(optimizer: Any, ids: Callable[[], set[int]], cache: weakref.WeakKeyDictionary) -> bool:
+    """Whether ``optimizer``'s param groups hold a parameter whose ``id`` is in ``ids()``; ``cache`` keeps the
+    answer per optimizer while its groups keep their sizes, so a step pays one tuple of lengths."""
+    key = tuple(len(group["params"]) for group in optimizer.param_groups)
+    cached = cache.get(optimizer)
+    if cached is None or cached[0] != key:
+        wanted = ids()
+        cached = (key, any(id(p) in wanted for group in optimizer.param_groups for p in group["params"]))
+        cache[optimizer] = cached
+    return cached[1]
 
 
 def _layout_key(params: list[torch.nn.Parameter]) -> list[tuple]:
