@@ -82,10 +82,12 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
     every leaf module). ``summaries``, ``snapshots``, ``flight_recorder`` and ``recorder_options`` go to the
     :class:`Recorder`; among them ``byte_budget`` (default 256 MiB of snapshots per run, 1 MiB per step; None
     for no bound) keeps large models' recordings small (``docs/recording.md``, "Byte budget").
-    ``detail="tiered"`` (default) summarises activations, gradients and parameter values at every step and
-    measures parameter updates at the first 20 steps, every 10th step, at snapshot steps and wherever a
-    parameter, its ``requires_grad`` or an optimizer's setting changed (``recorder/tiers.py``);
-    ``detail="full"`` measures every update of every step too (``docs/recording.md``, "Statistic tiers").
+    ``detail="tiered"`` (default) measures everything — module outputs, their gradients, parameter updates —
+    at the first 32 steps, every 10th step and the one after it, at snapshot steps and for 2 steps after
+    something moved; the *sentinel steps* between record every parameter's value and gradient, the model's
+    inputs and the KPIs, which the tiers watch for what moved (``recorder/tiers.py``,
+    ``recorder/sentinel_steps.py``). ``detail=Tiers(sentinels=False)`` records module outputs at every step,
+    ``detail="full"`` every update of every step too (``docs/recording.md``, "Statistic tiers").
 
     ``resume=True`` continues an existing trial (killed or finished; checkpoint-restart training): steps are
     numbered on from its last recorded step, or from ``first_step`` (the step the restarted run begins
@@ -210,6 +212,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
                 raise
             raise RecordingExistsError(f"{error} (NeuralDbg(..., resume=True) continues it)") from None
         self.path = self.recorder.path
+        self.recorder.use_sentinels()
         if announce:
             budget = self.recorder.byte_budget
             print(f"comgra_ndbg: recording to {self.path}" + (f" ({budget.describe()})" if budget else ""))

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from comgra_ndbg.instrument.hooks import input_names
 from comgra_ndbg.instrument.loss import loss_value, step_loss
 
 __all__ = ["LIGHT_AFTER", "LightSteps"]
@@ -83,6 +84,9 @@ class LightSteps:
         self._light_lrs: tuple[Any, list[tuple[int, dict]]] | None = None  # (optimizer, its lr KPIs) till a full step
         self._light_kpis: list[tuple[int, float]] = []  # the open light step's learning rates
         self._light_steps = 0  # light steps so far
+        self._light_sentinel = False  # the open light step is a sentinel step (``Recorder.sentinel_step``)
+        self._light_rows: Any = None  # ... its parameters' rows, once taken at an optimizer's step
+        self._light_taken = False  # ... whether they were
         self._inv_gap = False  # light steps ran since the invariants last looked at a step
 
     def _may_go_light(self) -> bool:
@@ -91,9 +95,21 @@ class LightSteps:
         return (self._next_step - self._first_step >= LIGHT_AFTER and not self._hooks.collecting_now
                 and not self._pending and not self._layer_handles and not callbacks["before_step"]
                 and not callbacks["after_step"] and not callbacks["after_layer"]
-                and self.recorder.would_skip(self._next_step, self.step_type))
+                and self._light_kind())
 
-    def _light_pass(self) -> bool:
+    def _light_kind(self) -> bool:
+        """Whether the Recorder lets the next step be light: it would record nothing, or it may be a sentinel
+        step (which then records the parameters' values and gradients at its optimizer's step)."""
+        rec = self.recorder
+        self._light_sentinel = False
+        if rec.would_skip(self._next_step, self.step_type):
+            return True
+        self._light_sentinel = rec.sentinel_step(self._next_step, self.step_type)
+        if self._light_sentinel:
+            rec.open_sentinel(self._next_step)
+        return self._light_sentinel
+
+    def _light_pass(self, args: tuple = (), kwargs: dict | None = None) -> bool:
         """The model's forward pre-hook while light steps may run: True when this pass is a training pass of
         a light step (the one open, or a new one); False for an evaluation pass, for a step that must be
         recorded or checked, after ending the open light step where a full step would end (an optimizer
@@ -102,6 +118,11 @@ class LightSteps:
         goes on with the open light step (more than twice the passes of the last full step). The full path
         takes every pass this returns False for."""
         if not (torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and self._root.training):
+            if self._light and self._light_sentinel and torch.is_grad_enabled() and not self._root.training:
+                # a pass in eval() mode that builds a graph (an evaluation with gradients, or eval() left on
+                # while training): the full path, which tells the two apart, takes it from here
+                self._safely("ending a light step", self._end_light_step)
+                self._light_ready = False
             return False
         if self._light:
             self._light_passes += 1
@@ -137,6 +158,10 @@ class LightSteps:
         self._light_backwards = False
         self._light_backward_calls = 0
         self._light_grads = None
+        self._light_rows, self._light_taken = None, False
+        if self._light_sentinel:
+            self._safely("recording the model's inputs", self.recorder.sentinel_inputs,
+                         input_names(args, kwargs or {}))
         self._light_version = self._light_version_now()
         self._hooks.capture = self._eval_capture = False
         self._hooks.detach()
@@ -235,7 +260,11 @@ class LightSteps:
             self._light_kpis = []
         if self._loss_sources:
             self._loss_sources = {}
-        self.recorder.skip_step(self._light_step, self.step_type, kpis)
+        rows = None
+        if self._light_sentinel:
+            rows = self._light_rows if self._light_taken else self.recorder.sentinel_rows(self._light_step)
+            self._light_rows, self._light_taken = None, False
+        self.recorder.skip_step(self._light_step, self.step_type, kpis, rows)
         self._light_steps += 1
         self._inv_gap = self._inv
         self._finished = self._light_step
@@ -275,6 +304,13 @@ class LightSteps:
                 return
             cached = self._light_lrs = (optimizer, self._inv_light_lrs(optimizer))
         self._light_kpis += [(kpi, group["lr"]) for kpi, group in cached[1]]
+
+    def _light_sentinels(self, optimizer: torch.optim.Optimizer) -> None:
+        """Any optimizer's step pre-hook in a sentinel step: the first that holds the model's parameters
+        takes their values and gradients, as they are when it updates them."""
+        if not self._light_taken and (optimizer is self._light_optimizer or self._owns(optimizer)):
+            self._light_taken = True
+            self._light_rows = self.recorder.sentinel_rows(self._light_step)
 
     def _light_foreign_step(self, optimizer: torch.optim.Optimizer) -> None:
         """The step post-hook of an optimizer other than ``optimizer=`` in a light step: one holding the

@@ -58,7 +58,7 @@ class StepDetection:
     """Step and iteration boundaries of ``NeuralDbg`` (see the module docstring); not used on its own."""
 
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if (self._light_ready and self._light_pass()) or self._closed or self._hooks.collecting_now:
+        if (self._light_ready and self._light_pass(args, kwargs)) or self._closed or self._hooks.collecting_now:
             return
         self._hooks.capture = self._eval_capture = False  # also after a pass that raised before its end
         self._training_pass = (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -68,7 +68,8 @@ class StepDetection:
                 self._safely("recording an evaluation run", self._eval_file)
             self._safely("ending the last step", self._end_finished_step)
             self._run_pending()  # the user's step hooks, and a halt (outside the recorder's fault isolation)
-            if self._light_ready and self._light_pass():  # the step that just ended lets this one be light
+            # the step that just ended lets this one be light
+            if self._light_ready and self._light_pass(args, kwargs):
                 return
             self._before_step()
             self._safely("starting a forward pass", self._start_pass, args, kwargs)
@@ -224,6 +225,8 @@ class StepDetection:
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._light:
+            if self._light_sentinel and not self._closed:
+                self._safely("recording parameter sentinels", self._light_sentinels, optimizer)
             if self._inv and not self._closed:
                 self._safely("recording the learning rate", self._light_before_step, optimizer)
             return
@@ -269,7 +272,9 @@ class StepDetection:
             if self._losses:
                 self._record_loss_kpi(rec)
             step = rec.current_step
-            self._light_after_full = not rec.is_recording and not self._foreign_steps
+            # sentinel steps follow loops of one training pass per step (accumulation, a GAN's passes: full)
+            sentinel = rec.sentinel_eligible and self._iteration == 0
+            self._light_after_full = (not rec.is_recording or sentinel) and not self._foreign_steps
             self._light_passes_max = 2 * (self._iteration + 1) + 1
             self._stuck_finished(max(self._stuck_passes_before + self._iteration + 1, self._stuck_calls))
             rec.finish_step()

@@ -91,22 +91,44 @@ class ParameterSteps:
         tracker, state = self._parameters, self._tier_state
         if not tracker.holds(optimizer):
             return
-        step = self._step if self._step_open else (self._last_step if self._last_step is not None else -1)
+        sentinel = self._sentinel_step
+        step = (self._step if self._step_open else sentinel if sentinel is not None else
+                self._last_step if self._last_step is not None else -1)
         stepped = self._tier_stepped
         self._tier_stepped += 1
         if not state.settings_jumped(step, id(optimizer), optimizer_settings(optimizer)):
             return
         # after another optimizer of the model stepped, a copy now would show its parameters as unchanged:
         # the hold measures the steps after instead
-        if self._step_open and self._tiered and not tracker.captured and not stepped:
+        if tracker.captured or stepped:
+            return
+        if self._step_open and self._tiered:
             tracker.capture()
             self._tier_reason = "; ".join(filter(None, (self._tier_reason, "tiers: an optimizer's settings jumped")))
+        elif not self._step_open and sentinel is not None:
+            tracker.capture()  # the sentinel step measures this update (``sentinel_steps``)
 
     def _observe_tier_values(self, rows: np.ndarray) -> None:
         """The parameter value rows of a tiered step (``tiers``): whether the next steps measure updates."""
         reason = self._tier_state.observe_values(self._step, rows)
         if reason and not self._tier_reason:
-            self._tier_reason = reason + ": updates measured from the next step"
+            self._tier_reason = reason + ": the next steps are measured in full"
+
+    def _observe_tier_gradients(self, rows: SummaryRows) -> None:
+        """The parameter gradient rows among a tiered step's ``rows``, watched as a sentinel step's are (a jump,
+        a non-finite or a missing gradient holds the next steps in full)."""
+        find = self.catalog.find_series
+        series = np.array([-1 if (sid := find(tid, schema.KIND_GRAD)) is None else sid
+                           for tid in self._parameters.tensor_ids()], dtype=np.int64)  # creates no series
+        order = np.argsort(rows.series, kind="stable")
+        at = np.minimum(np.searchsorted(rows.series[order], series), max(len(order) - 1, 0))
+        found = (len(order) > 0) & (rows.series[order][at] == series) if len(order) else np.zeros(len(series), bool)
+        requires = np.array([t.parameter.requires_grad for t in self._parameters.tracked], dtype=bool)
+        missing = bool((requires & ~found).any())
+        grads = rows.data[order[at]] if found.all() else None
+        reason = self._tier_state.observe_gradients(self._step, grads, missing)
+        if reason and not self._tier_reason:
+            self._tier_reason = reason + ": the next steps are measured in full"
 
     def _parameter_series(self, kind: str) -> np.ndarray:
         """Series ids of every tracked parameter's ``kind``, in ``ParameterTracker.tensor_ids()`` order."""

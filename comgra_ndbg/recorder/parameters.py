@@ -170,6 +170,16 @@ class ParameterTracker:
             torch._foreach_copy_(self._buffers, params)
         return []
 
+    def summarize_values(self, reducer: Reducer) -> list[int]:
+        """Queue the summary of every parameter's value (no copy); returns the row indices, in
+        ``tensor_ids()`` order. One kernel call by address while the parameters are where ``capture()`` last
+        found them."""
+        params = [t.parameter for t in self.tracked]
+        layout = self._layout if kernels.AVAILABLE else None
+        if layout is not None and _layout_key(params) == self._layout_key:
+            return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params))
+        return reducer.add_many([p.detach() for p in params])
+
     @property
     def captured(self) -> bool:
         """Whether a copy taken by ``capture()`` awaits its updates."""

@@ -40,6 +40,7 @@ from comgra_ndbg.recorder.parameters import ParameterTracker
 from comgra_ndbg.recorder.plan import RegistrationPlan
 from comgra_ndbg.recorder.policy import Policy, PolicySpec, as_policy
 from comgra_ndbg.recorder.problems import ProblemLog
+from comgra_ndbg.recorder.sentinel_steps import SentinelSteps
 from comgra_ndbg.recorder.profiling import ProfileRecording
 from comgra_ndbg.recorder.registration import AUTO, TensorRegistration
 from comgra_ndbg.recorder.retroactive import RetroactiveDecision
@@ -60,8 +61,8 @@ __all__ = ["Recorder", "RecorderWarning", "AUTO"]  # RecorderWarning lives in er
 _LOG = logging.getLogger("comgra_ndbg")
 
 
-class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDecision, ParameterSteps, KpiRecording,
-               FaultIsolation, ProfileRecording):
+class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDecision, ParameterSteps, SentinelSteps,
+               KpiRecording, FaultIsolation, ProfileRecording):
     """Records registered tensors, their gradients, tracked parameters and their updates, per step.
 
     ``path`` is a group folder; the trial's recording goes to ``path/trial``. ``summaries`` and
@@ -207,7 +208,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._steps_since_flush = 0
         self._noted: set[str] = set()
         self._token = 0
-        self._skipped_steps: list[tuple[int, str, list]] = []  # steps of skip_step not handed to the writer yet
+        self._skipped_steps: list[tuple] = []  # steps of skip_step not handed to the writer yet
         self._hooks: list[Any] = []
         self._budget = None if budget is None else SnapshotBudget(budget)
         self._dispatcher = StepDispatcher(self._writer, self.catalog, flight_recorder, self._trigger_failed,
@@ -218,6 +219,10 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._tier_state = None if tiers is None else TierState(tiers)
         self._tier_hook = None if tiers is None else _optimizer_pre_hook(self)
         self._tier_stepped = 0  # ``ParameterSteps._tier_optimizer_step``
+        self._sentinels_on = False  # sentinel steps may run (``use_sentinels``): gradients are watched too
+        self._sentinel_inputs: list[tuple[int, int]] = []  # (series, row in ``_values``) of its inputs
+        self._sentinel_step: int | None = None  # the sentinel step open (``open_sentinel``), if any
+        self._sentinel_series: dict[tuple, np.ndarray] = {}  # a sentinel step's series ids, per layout
         if tiers is not None:
             _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}

@@ -18,6 +18,7 @@ import torch
 
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
 from comgra_ndbg.recorder.policy import Decision
+from comgra_ndbg.recorder.sentinel_steps import Sentinel
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot, SnapshotData
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.validation import check_name, check_step
@@ -123,6 +124,7 @@ class StepCycle:
         if step_type is not None:
             check_name(step_type, "step types")
         self._seen_steps.add(step)
+        self._sentinel_step = None  # a light step the full path goes on with is no sentinel step
         self._replayed = self.resume_after is not None and step <= self.resume_after
         self._step_open = True
         self._before_step = (self._last_step, self._last_step_type)  # what discard_step() puts back
@@ -164,33 +166,39 @@ class StepCycle:
                 and not self.snapshot_policy.decide(step, step_type).record
                 and not self._dispatcher.is_forced(step))
 
-    def skip_step(self, step: int, step_type: str, kpis: list[tuple[int, float | torch.Tensor]]) -> None:
+    def skip_step(self, step: int, step_type: str, kpis: list[tuple[int, float | torch.Tensor]],
+                  sentinel: Sentinel | None = None) -> None:
         """A whole step that records nothing (:meth:`would_skip` said so), in one call: its number is taken
         and its KPIs (``(catalog.kpi_id, value)`` pairs) are written, as ``start_step``, ``record_kpi`` and
         ``finish_step`` would, at a fraction of their cost: the steps are kept and handed to the writer
         :data:`SKIPPED_BATCH` at a time, or sooner when anything else is written (a step, a note, a KPI
         outside a step, a flush, the close) and when the periodic flush is due, so that a live reader sees
-        them as soon as it would see a recorded step."""
+        them as soon as it would see a recorded step. ``sentinel`` (from :meth:`sentinel_rows`) makes it a
+        sentinel step (``sentinel_steps``): written as a summary step holding its parameters' rows."""
         if step in self._seen_steps or self._step_open:
             raise RecorderStateError(f"skip_step({step}): the step was started before or step {self._step} is "
                                      f"open; skip_step takes a new step number between steps")
         self._seen_steps.add(step)
         self._last_step, self._last_step_type = step, step_type
-        self._skipped_steps.append((step, step_type, kpis))
+        if sentinel is not None:
+            sentinel = self._end_sentinel(step, sentinel)
+        self._skipped_steps.append((step, step_type, kpis, sentinel, time.time()))
         if (len(self._skipped_steps) >= SKIPPED_BATCH
                 or time.monotonic() - self._last_flush >= self.flush_every_seconds):
             self._write_skipped()
 
     def _write_skipped(self) -> None:
-        """Hand the steps kept by :meth:`skip_step` to the writer (their KPIs), oldest first."""
+        """Hand the steps kept by :meth:`skip_step` to the writer (their KPIs and sentinel rows), oldest first."""
         skipped, self._skipped_steps = self._skipped_steps, []
         if not skipped or not self.enabled or self._closed:
             return
         names, add, type_of = self.catalog.kpi_names, self._writer.add_kpi, self.catalog.step_type_id
-        for step, step_type, kpis in skipped:
+        for step, step_type, kpis, sentinel, when in skipped:
             values = {}
-            if kpis:
+            if kpis or sentinel is not None:
                 type_id = type_of(step_type)
+                if sentinel is not None:
+                    self._write_sentinel(step, type_id, sentinel, when)
                 for kpi, value in kpis:
                     number = float(value.item()) if isinstance(value, torch.Tensor) else float(value)
                     add(step, kpi, number, type_id)
@@ -303,12 +311,14 @@ class StepCycle:
         self._guard("discovering the dependency graph", self._discover_graph)
         self._finish_parameters()
         self._collect_values()
+        rows = SummaryRows.join(self._rows)
+        if self._tiered and self._sentinels_on:
+            self._observe_tier_gradients(rows)
         reasons = [d.reason for d in (self._summary_decision, self._snapshot_decision) if d.record]
         if self._tier_reason:
             reasons.append(self._tier_reason)
         if self._forced:
             reasons.insert(0, self._dispatcher.forced_reason(self._step))
-        rows = SummaryRows.join(self._rows)
         self._check_overflow(rows)
         return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
                           rows, self._snaps)

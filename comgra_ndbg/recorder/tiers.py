@@ -1,4 +1,5 @@
-"""Statistic tiers: at which recorded steps tracked parameters' updates are measured.
+"""Statistic tiers: at which recorded steps tracked parameters' updates (and, under ``NeuralDbg``, module
+outputs) are measured.
 
 Measuring an update needs a copy of every parameter at the step's start and a second pass over both after
 the optimizer step; on a small model the two cost about as much as everything else the recorder does for
@@ -19,10 +20,15 @@ recorded step, as ``"full"`` does, and its update only
 - at the ``hold`` steps after a step whose parameter values *moved*: a value holds NaN or ±Inf, a parameter's
   norm or extremes changed since the previous step by more than ``edit_fraction`` of its scale beyond
   ``update_factor`` times its last measured update (an edit the version counter did not see, an update
-  that grew), or a parameter that was moving is suddenly exactly where it was (it stopped being updated).
+  that grew), or a parameter that was moving is suddenly exactly where it was (it stopped being updated);
+  once sentinel steps ran, also after one whose parameter *gradients* moved: a non-finite gradient, or a
+  gradient norm that changed by more than ``gradient_factor`` either way since the step before.
 
 At the other steps a parameter has a value row and no update row: the update is absent there, not
-estimated. The state is a few floats per parameter; deciding costs microseconds.
+estimated. The state is a few floats per parameter; deciding costs microseconds. With ``sentinels``
+(default), ``NeuralDbg``'s steps that the tiers would not measure are *sentinel steps*: light, with only
+the parameters' values and gradients, the inputs and the KPIs (``recorder/sentinel_steps.py``); the steps
+that measure updates, and the step after each, record everything.
 
 >>> tiers = as_tiers("tiered")
 >>> tiers.full_every, as_tiers("full") is None
@@ -45,7 +51,7 @@ __all__ = ["DETAILS", "Tiers", "TierState", "as_tiers", "settings_jumped", "opti
 DETAILS = ("full", "tiered")
 """The named presets of ``detail=``."""
 
-_SUM_SQ, _MIN, _MAX = FIELD["sum_sq"], FIELD["min"], FIELD["max"]
+_SUM_SQ, _MIN, _MAX, _NAN, _INF = FIELD["sum_sq"], FIELD["min"], FIELD["max"], FIELD["nan"], FIELD["inf"]
 _REASONS = {NONFINITE: "tiers: a non-finite parameter value", STOPPED: "tiers: a parameter stopped changing",
             BEYOND: "tiers: a parameter changed beyond its updates"}
 
@@ -60,23 +66,30 @@ class Tiers:
     hold: int = 2
     settings_factor: float = 2.0
     first: int = 20
+    gradient_factor: float = 10.0
+    sentinels: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.full_every, int) or isinstance(self.full_every, bool) or self.full_every < 1:
             raise InvalidArgumentError(f"Tiers(full_every=...) must be an int >= 1, got {self.full_every!r}")
+        if not isinstance(self.sentinels, bool):
+            raise InvalidArgumentError(f"Tiers(sentinels=...) must be True or False, got {self.sentinels!r}")
         for name in ("hold", "first"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgumentError(f"Tiers({name}=...) must be an int >= 0, got {value!r}")
-        if not (0 < self.edit_fraction < 1) or not (self.update_factor > 1) or not (self.settings_factor > 1):
-            raise InvalidArgumentError(f"Tiers needs 0 < edit_fraction < 1, update_factor > 1 and settings_factor > 1, "
-                                       f"got {self.edit_fraction!r}, {self.update_factor!r} and "
-                                       f"{self.settings_factor!r}")
+        if (not (0 < self.edit_fraction < 1) or not (self.update_factor > 1) or not (self.settings_factor > 1)
+                or not (self.gradient_factor > 1)):
+            raise InvalidArgumentError(f"Tiers needs 0 < edit_fraction < 1 and update_factor, settings_factor and "
+                                       f"gradient_factor > 1, got {self.edit_fraction!r}, {self.update_factor!r}, "
+                                       f"{self.settings_factor!r} and {self.gradient_factor!r}")
 
     def describe(self) -> str:
         return (f"parameter updates: measured at the first {self.first} recorded steps, every {self.full_every} steps, "
                 f"at snapshot steps and where a parameter, its requires_grad or an optimizer's settings changed "
-                f"(values and gradients: every step)")
+                f"(values and gradients: every step)"
+                + ("; under NeuralDbg, sentinel steps between the measured ones record only the parameters' "
+                   "values and gradients, the inputs and the KPIs" if self.sentinels else ""))
 
 
 def as_tiers(detail: object) -> Tiers | None:
@@ -102,24 +115,40 @@ class TierState:
         self._allowed: np.ndarray | None = None  # [n, 2]: how far norms and extremes may move (last measured updates)
         self._hold_until = -1
         self._decided = 0  # steps decided so far: the first ``first`` of them measure their updates
+        self._grad_norms: np.ndarray | None = None  # every parameter's squared gradient norm at the last observed step
+        self._grads_step = -2  # ... which was this one
+
+    def _changed(self, step: int, marks: Sequence[Any]) -> str:
+        """Why the parameters' ``marks`` at the start of ``step`` differ from those at the end of the step
+        before, or ``""``."""
+        if self._end is None or self._end[0] != step - 1 or self._end[1] == marks:
+            return ""
+        before = self._end[1]
+        if len(before) != len(marks) or any(m[2] != b[2] for m, b in zip(marks, before)):
+            return "tiers: a parameter's requires_grad changed"
+        return "tiers: a parameter was changed between steps" if any(m != b for m, b in zip(marks, before)) else ""
+
+    def due(self, step: int, marks: Sequence[Any]) -> bool:
+        """Whether ``step`` would measure its updates (:meth:`decide`, as a query that changes nothing)."""
+        return (bool(self._changed(step, marks)) or self._decided < self.tiers.first
+                or step % self.tiers.full_every == 0 or step <= self._hold_until)
 
     def decide(self, step: int, marks: Sequence[Any]) -> tuple[bool, str]:
         """Whether ``step`` measures every parameter's update from its start, and why when it is not the
         schedule. ``marks`` (``ParameterTracker.marks()``) say per parameter what changed it since the last
         step's end."""
-        reason = ""
-        if self._end is not None and self._end[0] == step - 1 and self._end[1] != marks:
-            before = self._end[1]
-            if len(before) != len(marks) or any(m[2] != b[2] for m, b in zip(marks, before)):
-                reason = "tiers: a parameter's requires_grad changed"
-            elif any(m != b for m, b in zip(marks, before)):
-                reason = "tiers: a parameter was changed between steps"
+        reason = self._changed(step, marks)
         self._decided += 1
         if reason:
             self._hold_until = step + self.tiers.hold
             return True, reason
         return (self._decided <= self.tiers.first or step % self.tiers.full_every == 0
                 or step <= self._hold_until), ""
+
+    def sentinel(self, step: int, marks: list[Any]) -> None:
+        """``step`` was a sentinel step (its parameters' values and gradients only; ``marks`` at its end)."""
+        self._decided += 1
+        self._end = (step, marks)
 
     def settings_jumped(self, step: int, owner: int, settings: Any) -> bool:
         """Whether an optimizer's ``settings`` (``optimizer_settings``) jumped since its last step
@@ -145,6 +174,32 @@ class TierState:
         allowed = self._allowed if self._allowed is not None and len(self._allowed) == len(values) else None
         reason = _REASONS.get(drift.observe(values, compare=compare, allowed=allowed,
                                             fraction=self.tiers.edit_fraction), "")
+        if reason:
+            self._hold_until = max(self._hold_until, step + self.tiers.hold)
+        return reason
+
+    def observe_gradients(self, step: int, gradients: np.ndarray | None, missing: bool = False) -> str:
+        """Rows of every parameter's gradient in ``step`` (None: not every parameter got one; ``missing``: a
+        parameter that requires grad got none): why the next steps should measure everything (they then do
+        for ``hold`` steps), or ``""``. A missing gradient, a gradient that holds NaN or ±Inf, or one whose
+        norm changed by more than ``gradient_factor`` either way since the step before (to or from exactly 0
+        included), moved: a layer left out of the loss, or one that started to vanish, explode or die."""
+        last, self._grads_step = self._grads_step, step
+        if gradients is None or missing:
+            self._grad_norms = None
+            if missing:
+                self._hold_until = max(self._hold_until, step + self.tiers.hold)
+                return "tiers: a parameter that requires grad got no gradient"
+            return ""
+        squares = gradients[:, _SUM_SQ]
+        before, self._grad_norms = self._grad_norms, squares
+        reason = ""
+        if gradients[:, _NAN].any() or gradients[:, _INF].any() or not np.isfinite(squares.sum()):
+            reason = "tiers: a non-finite parameter gradient"
+        elif before is not None and last == step - 1 and len(before) == len(squares):
+            factor = self.tiers.gradient_factor ** 2  # compared on squared norms
+            if (squares > factor * before).any() or (before > factor * squares).any():
+                reason = "tiers: a parameter gradient jumped"
         if reason:
             self._hold_until = max(self._hold_until, step + self.tiers.hold)
         return reason

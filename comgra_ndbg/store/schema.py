@@ -81,6 +81,9 @@ STEP_TYPES = "step_types"  # utf-8 list, cumulative
 
 FLAG_SUMMARY = 1
 FLAG_SNAPSHOT = 2
+SENTINEL_REASON = "tiers: sentinel step (parameter values and gradients)"
+"""How a sentinel step's reason begins: a summary step holding only the parameters' values and gradients,
+the model's inputs and KPIs (``recorder/sentinel_steps.py``); its module outputs are absent, not estimated."""
 
 # ---- summaries: sufficient statistics, one row per (step, iteration) -------------------------------------
 SUMMARY_STEP = "summary/step"  # int64 [rows]

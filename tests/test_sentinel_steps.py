@@ -1,0 +1,272 @@
+"""Sentinel steps: between the steps the tiers measure, NeuralDbg records only every parameter's value and
+gradient (light steps, no module hooks), and measures everything again where those rows move (real tiny
+training runs, real files)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from comgra_ndbg import NeuralDbg, open_recording
+from comgra_ndbg.errors import InvalidArgumentError
+from comgra_ndbg.instrument.light_steps import LIGHT_AFTER
+from comgra_ndbg.recorder.sentinel_steps import SENTINEL_REASON
+from comgra_ndbg.recorder.tiers import Tiers, TierState
+from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
+
+STEPS = 70
+PARAMETERS = ("model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias")
+QUIET = Tiers(update_factor=1e6)  # values never move the tiers here: the schedule is exact
+
+
+def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edit_at=None, lr_at=None,
+           steps=STEPS, **options):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(steps)]
+    options.setdefault("snapshots", None)
+    with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, **options):
+        for step, (x, y) in enumerate(batches):
+            if step == edit_at:
+                with torch.no_grad():
+                    model[0].weight.mul_(1.5)
+            if step == lr_at:
+                optimizer.param_groups[0]["lr"] *= 100
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            if step == scale_grad_at:
+                loss = loss * 1000.0  # every gradient of this step 1000x: a jump the sentinels see
+            loss.backward()
+            if step == nan_grad_at:
+                model[2].bias.grad[0] = float("nan")
+            optimizer.step()
+    return model, open_recording(folder / "t")
+
+
+def _measured(recording):
+    """Steps whose module outputs were recorded (everything measured)."""
+    return recording.summary_rows("model.1", "value")[0].tolist()
+
+
+def _schedule(after=()):
+    """Steps measured in full: the first LIGHT_AFTER, each 10th and the one after it, and ``after``."""
+    base = set(range(LIGHT_AFTER)) | {s for s in range(STEPS) if s % 10 == 0} | {s + 1 for s in range(STEPS)
+                                                                                if s % 10 == 0}
+    return sorted((base | set(after)) & set(range(STEPS)))
+
+
+def test_sentinel_steps_record_parameters_only_between_measured_steps(tmp_path):
+    _, recording = _train(tmp_path, detail=QUIET)
+    with recording:
+        measured = _measured(recording)
+        assert measured == _schedule()
+        reasons = recording.step_reasons()
+        sentinels = sorted(set(range(STEPS)) - set(measured))
+        assert sentinels and all(reasons[s] == SENTINEL_REASON for s in sentinels)
+        for name in PARAMETERS:
+            for kind in ("value", "grad"):
+                assert recording.summary_rows(name, kind)[0].tolist() == list(range(STEPS)), (name, kind)
+        for name in ("model.0", "model.2", "loss", "target"):
+            assert recording.summary_rows(name, "value")[0].tolist() == measured, name
+        assert recording.summary_rows("input", "value")[0].tolist() == list(range(STEPS))  # data faults show
+        assert recording.summary_rows("model.0", "grad")[0].tolist() == measured
+        assert set(recording.summary_rows("model.0.weight", "update")[0].tolist()) <= set(measured)
+        loss_steps, _ = recording.kpi("loss")
+        assert loss_steps.tolist() == list(range(STEPS))  # the loss KPI at every step
+
+
+def test_sentinel_rows_are_the_rows_a_full_recording_has(tmp_path):
+    _, recording = _train(tmp_path / "tiered", detail=QUIET)
+    _, full = _train(tmp_path / "full", detail="full")
+    with recording, full:
+        sentinels = sorted(set(range(STEPS)) - set(_measured(recording)))
+        for name in PARAMETERS:
+            for kind in ("value", "grad"):
+                steps, rows = recording.summary_rows(name, kind)
+                full_steps, full_rows = full.summary_rows(name, kind)
+                assert steps.tolist() == full_steps.tolist()
+                np.testing.assert_array_equal(rows[sentinels], full_rows[sentinels], err_msg=f"{name} {kind}")
+        steps, rows = recording.summary_rows("input", "value")
+        np.testing.assert_array_equal(rows, full.summary_rows("input", "value")[1])
+
+
+def test_training_under_sentinel_steps_is_bit_identical_to_bare(tmp_path):
+    recorded, recording = _train(tmp_path, detail=QUIET)
+    recording.close()
+    torch.manual_seed(0)
+    bare = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    criterion, optimizer = nn.CrossEntropyLoss(), torch.optim.SGD(bare.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    for x, y in [(torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(STEPS)]:
+        optimizer.zero_grad()
+        criterion(bare(x), y).backward()
+        optimizer.step()
+    for a, b in zip(recorded.parameters(), bare.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_gradient_jump_at_a_sentinel_step_measures_the_next_steps(tmp_path):
+    _, recording = _train(tmp_path, detail=QUIET, scale_grad_at=45)
+    with recording:
+        measured = _measured(recording)
+        # 46 and 47 held by the jump at 45, 48 by the jump back down at 46 (and the gradients after the 1000x
+        # step may go on moving)
+        assert {42, 43, 44, 45}.isdisjoint(measured) and {46, 47, 48} <= set(measured)
+        assert set(measured) - set(_schedule()) <= set(range(46, 60))
+        reasons = recording.step_reasons()
+        assert reasons[45].startswith(SENTINEL_REASON) and "a parameter gradient jumped" in reasons[45]
+        assert reasons[44] == SENTINEL_REASON
+
+
+def test_a_nonfinite_gradient_at_a_sentinel_step_measures_the_next_steps(tmp_path):
+    _, recording = _train(tmp_path, detail=QUIET, nan_grad_at=53)
+    with recording:
+        measured = _measured(recording)
+        assert 53 not in measured and {54, 55} <= set(measured)
+        assert "a non-finite parameter gradient" in recording.step_reasons()[53]
+        steps, rows = recording.summary_rows("model.2.bias", "grad")
+        assert rows[steps.tolist().index(53), FIELD["nan"]] == 1
+
+
+def test_a_parameter_edited_between_steps_is_measured_at_that_step(tmp_path):
+    _, recording = _train(tmp_path, detail=QUIET, edit_at=56)
+    with recording:
+        measured = _measured(recording)
+        assert {56, 57, 58} <= set(measured)
+        assert "changed between steps" in recording.step_reasons()[56]
+        assert 56 in recording.summary_rows("model.0.weight", "update")[0].tolist()
+
+
+def test_a_learning_rate_jump_at_a_sentinel_step_measures_its_update_there(tmp_path):
+    _, recording = _train(tmp_path / "tiered", detail=QUIET, lr_at=45)
+    _, full = _train(tmp_path / "full", detail="full", lr_at=45)
+    with recording, full:
+        reasons = recording.step_reasons()
+        assert reasons[45].startswith(SENTINEL_REASON) and "an optimizer's settings jumped" in reasons[45]
+        assert {46, 47} <= set(_measured(recording)) and 45 not in _measured(recording)
+        for name in PARAMETERS:
+            steps, rows = recording.summary_rows(name, "update")
+            assert 45 in steps.tolist() and 44 not in steps.tolist()
+            full_steps, full_rows = full.summary_rows(name, "update")
+            np.testing.assert_array_equal(rows[steps.tolist().index(45)], full_rows[45], err_msg=name)
+
+
+def test_without_sentinels_every_step_records_its_module_outputs(tmp_path):
+    _, recording = _train(tmp_path, detail=Tiers(update_factor=1e6, sentinels=False))
+    with recording:
+        assert _measured(recording) == list(range(STEPS))
+        assert SENTINEL_REASON not in recording.step_reasons().values()
+
+
+def test_snapshot_steps_are_never_sentinel_steps(tmp_path):
+    _, recording = _train(tmp_path, detail=Tiers(update_factor=1e6, full_every=25), snapshots=7)
+    with recording:
+        measured = set(_measured(recording))
+        assert {s for s in range(STEPS) if s % 7 == 0} <= measured
+        assert {s for s in range(LIGHT_AFTER, STEPS) if s % 7 and (s - 1) % 7 and s % 25 and (s - 1) % 25}.isdisjoint(
+            measured)
+
+
+def test_tiers_check_their_new_settings():
+    with pytest.raises(InvalidArgumentError, match="gradient_factor"):
+        Tiers(gradient_factor=1.0)
+    with pytest.raises(InvalidArgumentError, match="sentinels"):
+        Tiers(sentinels="yes")
+
+
+def _grad_rows(norms, nan=None):
+    rows = np.zeros((len(norms), NUM_FIELDS))
+    rows[:, FIELD["sum_sq"]] = np.square(norms)
+    if nan is not None:
+        rows[nan, FIELD["nan"]] = 1
+    return rows
+
+
+def test_gradient_drift_rules():
+    state = TierState(Tiers(first=0))
+    assert state.observe_gradients(10, _grad_rows([1.0, 2.0])) == ""
+    assert state.observe_gradients(11, _grad_rows([5.0, 0.5])) == ""  # within 10x either way
+    assert state.observe_gradients(12, _grad_rows([5.0, 0.04])) == "tiers: a parameter gradient jumped"
+    assert state.due(13, []) and state.due(14, []) and not state.due(15, [])
+    assert state.observe_gradients(20, _grad_rows([500.0, 0.04])) == ""  # not consecutive: nothing to compare
+    assert state.observe_gradients(21, _grad_rows([500.0, 0.0])) == "tiers: a parameter gradient jumped"
+    assert state.observe_gradients(22, _grad_rows([500.0, 1.0], nan=0)) == "tiers: a non-finite parameter gradient"
+    assert state.observe_gradients(23, None) == "" and state.observe_gradients(24, _grad_rows([1.0, 1.0])) == ""
+
+
+def test_the_gui_names_the_nearest_measured_steps_at_a_sentinel_step(tmp_path):
+    from comgra_ndbg.gui.panels import missing_statistics_text
+    from comgra_ndbg.gui.queries import statistics_at, timeline_curves
+    from comgra_ndbg.gui.state import ReaderCache, Selection
+
+    _train(tmp_path, detail=QUIET)[1].close()
+    cache = ReaderCache(tmp_path)
+    selection = Selection(trial="t", step_type="train", step=45, iteration=0, node="model.1", tensor="model.1",
+                          kind="value", stat="mean")
+    assert statistics_at(cache, selection) is None
+    text = missing_statistics_text(cache, selection, "whole batch")
+    assert "sentinel steps" in text and text.endswith("nearest 41 and 50.")
+    steps, values = timeline_curves(cache, selection)["train"]
+    assert steps.tolist() == _schedule() and np.isfinite(values).all()  # a line through the measured steps
+    weight = Selection(**{**selection.__dict__, "node": "model.0.parameters", "tensor": "model.0.weight",
+                          "kind": "grad", "stat": "l2"})
+    assert statistics_at(cache, weight)["l2"] > 0  # the sentinels: parameters at every step
+
+
+class _WithAux(nn.Module):
+    """A body and an auxiliary head whose loss term the loop may drop (``use_aux``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.aux = nn.Linear(6, 1)
+        self.use_aux = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        return out + 0.01 * self.aux(x) if self.use_aux else out
+
+
+def _aux_loop(folder, drop_at=None, eval_at=None, detail=QUIET):
+    torch.manual_seed(0)
+    model, criterion = _WithAux(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, snapshots=None):
+        for step in range(STEPS):
+            x, y = torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)
+            model.use_aux = drop_at is None or step < drop_at
+            if step == eval_at:
+                model.eval()  # left on: every later training pass runs in eval() mode
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+    return open_recording(folder / "t")
+
+
+def test_a_parameter_left_without_gradient_keeps_the_steps_full(tmp_path):
+    with _aux_loop(tmp_path, drop_at=44) as recording:
+        measured = recording.summary_rows("model.body.1", "value")[0].tolist()
+        reasons = recording.step_reasons()
+        assert any(reasons[s].startswith(SENTINEL_REASON) for s in range(LIGHT_AFTER, 44))
+        assert set(range(45, STEPS)) <= set(measured)
+        assert "got no gradient" in reasons[44]
+        assert not any(reasons[s].startswith(SENTINEL_REASON) for s in range(45, STEPS))
+
+
+def test_training_left_in_eval_mode_goes_back_to_the_full_path(tmp_path):
+    """A pass in eval() mode that builds a graph ends the sentinel step: from there the full path sees the
+    loop exactly as it does without sentinel steps."""
+    with _aux_loop(tmp_path / "a", eval_at=44) as recording, \
+            _aux_loop(tmp_path / "b", eval_at=44, detail=Tiers(update_factor=1e6, sentinels=False)) as full:
+        reasons = recording.step_reasons()
+        assert any(reasons[s].startswith(SENTINEL_REASON) for s in range(LIGHT_AFTER, 44))
+        assert [s for s in reasons if s >= 44] == [s for s in full.step_reasons() if s >= 44]
+        assert not any(reasons[s].startswith(SENTINEL_REASON) for s in reasons if s >= 44)
+        assert [(e.step, e.message) for e in recording.log("invariant") if e.step >= 44] == \
+            [(e.step, e.message) for e in full.log("invariant") if e.step >= 44]
+        assert recording.kpi("loss")[0].tolist() == full.kpi("loss")[0].tolist()
