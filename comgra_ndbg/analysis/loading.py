@@ -19,7 +19,8 @@ __all__ = ["load_series", "node_info", "load_run_facts", "pass_push", "step_type
 
 def load_series(recording: Recording) -> RunSeries:
     """Every summarized series of every tensor, merged per node, plus the KPIs, the dependency graph and what
-    the loop-invariant analysis reads (the ``invariant`` log, each input's and target's own rows)."""
+    the loop-invariant analysis reads (the ``invariant`` log, each input's and target's own rows). At
+    sentinel steps, module outputs and gradients read from the steps recorded in full (``series.hold_rows``)."""
     rows: dict[tuple[str, str], list] = {}
     roles: dict[str, str] = {}
     inputs: dict[str, list[TensorRows]] = {"input": [], "target": []}
@@ -38,9 +39,15 @@ def load_series(recording: Recording) -> RunSeries:
             if node.name in roles:
                 roles[node.name] = node.role
     log = tuple(LoopFacts.row(e.step, e.subject, e.message, e.detail) for e in recording.log("invariant"))
+    reasons = recording.step_reasons()
+    held = np.array(sorted(s for s, reason in reasons.items() if reason.startswith(schema.SENTINEL_REASON)),
+                    dtype=np.int64)
+    moved = np.array(sorted(s for s, reason in reasons.items()  # the tiers saw something move there
+                            if "tiers:" in reason and reason != schema.SENTINEL_REASON), dtype=np.int64)
     series = build_series(rows, roles=roles, kpis=kpis, graph=graph, trial=recording.trial,
                           node_order=recording.nodes, info=node_info(recording),
-                          loop=LoopFacts(log, tuple(inputs["input"]), tuple(inputs["target"])))
+                          loop=LoopFacts(log, tuple(inputs["input"]), tuple(inputs["target"])), held=held,
+                          moved=moved)
     return replace(series, pass_push=pass_push(recording, series.steps, prediction_nodes(series)),
                    step_types=step_types(recording, series.steps))
 

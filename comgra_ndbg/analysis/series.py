@@ -24,11 +24,12 @@ from comgra_ndbg.errors import UnknownSeriesError
 from comgra_ndbg.graph.model import LAYERING_KINDS, PARAMETER_ROLE, DependencyGraph
 from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.stats.statistics import derive, merge_rows
-from comgra_ndbg.store.schema import NUM_FIELDS, identity_row
+from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
-__all__ = ["NodeSeries", "RunSeries", "build_series", "forward_order"]
+__all__ = ["NodeSeries", "RunSeries", "build_series", "forward_order", "hold_rows"]
 
 Rows = tuple[np.ndarray, np.ndarray]  # (steps [n], rows [n, NUM_FIELDS])
+_COUNT, _NAN, _INF = FIELD["count"], FIELD["nan"], FIELD["inf"]
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,20 @@ def forward_order(names: list[str], roles: Mapping[str, str], graph: DependencyG
 def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, str],
                  kpis: Mapping[str, tuple[np.ndarray, np.ndarray]], graph: DependencyGraph | None = None,
                  trial: str = "", node_order: list[str] | None = None,
-                 info: Mapping[str, NodeInfo] | None = None, loop: Any = None) -> RunSeries:
+                 info: Mapping[str, NodeInfo] | None = None, loop: Any = None,
+                 held: np.ndarray | None = None, moved: np.ndarray | None = None) -> RunSeries:
     """Align node-level summary rows on the union of their steps and derive every statistic.
 
     ``rows`` maps ``(node, kind)`` to ``(steps, rows)``; several entries for one node (its tensors) may be
     passed as a list of such pairs under one key. ``roles`` maps node -> role. ``kpis`` maps name ->
     ``(steps, values)``. ``info`` maps node -> :class:`~comgra_ndbg.analysis.structure.NodeInfo`. ``loop``
     is what the loop-invariant analysis reads besides (:class:`~comgra_ndbg.analysis.invariants.LoopFacts`).
+    ``held`` are sentinel steps (``recorder/sentinel_steps.py``), where only parameters, inputs and KPIs
+    were recorded, ``moved`` those of them whose rows moved the tiers: at sentinel steps an absent value
+    series (a module output) and every gradient series — the parameters' too, so that gradients relative
+    to the output's compare rows of one kind — are read from the steps recorded in full around them
+    (:func:`hold_rows`); parameter values and inputs are read as recorded, updates as measured (their rules
+    read sparse series).
     """
     all_steps = [np.asarray(s, dtype=np.int64) for entry in rows.values() for s, _ in _pairs(entry)]
     all_steps += [np.asarray(s, dtype=np.int64) for s, _ in kpis.values()]
@@ -192,6 +200,9 @@ def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, st
                 full[np.searchsorted(steps, np.asarray(s, dtype=np.int64))] = np.asarray(r, dtype=np.float64)
             aligned.append(full)
         merged = aligned[0] if len(aligned) == 1 else merge_rows(np.stack(aligned), axis=0)
+        if held is not None and len(held) and kind != "update":
+            merged = hold_rows(merged, np.isin(steps, held), every=kind == "grad", steps=steps,
+                               moved=None if moved is None else np.isin(steps, moved))
         per_node.setdefault(node, {})[kind] = derive(merged)
     names = node_order or list(dict.fromkeys([n for n, _ in rows] + list(roles)))
     names = [n for n in names if n in per_node]
@@ -204,6 +215,55 @@ def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, st
         values[where], mask[where] = np.asarray(v, dtype=np.float64), True
         aligned_kpis[name], present[name] = values, mask
     return RunSeries(steps, nodes, aligned_kpis, graph, trial, present, dict(info or {}), loop)
+
+
+def hold_rows(rows: np.ndarray, held: np.ndarray, *, every: bool = False, steps: np.ndarray | None = None,
+              moved: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` with each absent row at a ``held`` position filled in from the rows measured around it, at
+    positions not held: ``every`` fills the rows present at held positions too. Between two measurements
+    with no ``moved`` position after the first up to the second (a sentinel step whose rows moved, or a step
+    the tiers measured because something moved), the statistic changed slowly enough for the sentinels to
+    stay quiet: it is interpolated linearly in ``steps`` (non-finite counts held); after the last
+    measurement, or up to a moved position, the last measured row is held, so a change begins where it was
+    first measured. Rows before the first measurement stay as they are.
+
+    >>> rows = np.zeros((5, NUM_FIELDS)); rows[[0, 3, 4], FIELD["count"]] = 4; rows[[3, 4], FIELD["sum"]] = 6, 9
+    >>> held, steps = np.array([False, True, True, False, True]), np.arange(5)
+    >>> hold_rows(rows, held)[:, FIELD["count"]].tolist(), hold_rows(rows, held)[:, FIELD["sum"]].tolist()
+    ([4.0, 4.0, 4.0, 4.0, 4.0], [0.0, 0.0, 0.0, 6.0, 9.0])
+    >>> hold_rows(rows, held, steps=steps)[:, FIELD["sum"]].tolist()
+    [0.0, 2.0, 4.0, 6.0, 9.0]
+    >>> hold_rows(rows, held, every=True, steps=steps, moved=np.array([False, False, False, True, False]))[
+    ...     :, FIELD["sum"]].tolist()
+    [0.0, 0.0, 0.0, 6.0, 6.0]
+    """
+    present = rows[:, _COUNT] > 0
+    fill = held if every else held & ~present
+    if not fill.any():
+        return rows
+    n = len(rows)
+    measured = present & ~held
+    positions = np.arange(n)
+    last = np.maximum.accumulate(np.where(measured, positions, -1))
+    fill = fill & (last >= 0)
+    out = rows.copy()
+    out[fill] = rows[last[fill]]
+    if steps is None:
+        return out
+    following = np.minimum.accumulate(np.where(measured, positions, n)[::-1])[::-1]
+    between = fill & (following < n)
+    if moved is not None and moved.any():
+        count = np.cumsum(moved)
+        between &= count[np.minimum(following, n - 1)] == count[np.maximum(last, 0)]
+    ends_finite = (rows[:, _NAN] + rows[:, _INF] == 0)
+    between &= ends_finite[np.maximum(last, 0)] & ends_finite[np.minimum(following, n - 1)]
+    if between.any():
+        before, after = last[between], following[between]
+        weight = ((steps[between] - steps[before]) / (steps[after] - steps[before]))[:, None]
+        blended = (1 - weight) * rows[before] + weight * rows[after]
+        blended[:, [_NAN, _INF]] = rows[before][:, [_NAN, _INF]]
+        out[between] = blended
+    return out
 
 
 def _pairs(entry: Rows | list[Rows]) -> list[Rows]:

@@ -97,18 +97,25 @@ def _scale_bar() -> Any:
 
 # ---- tensor panel --------------------------------------------------------------------------------------
 def missing_statistics_text(cache: ReaderCache, selection: Selection, where: str) -> str:
-    """Why the selection has no statistics at its step; for a parameter update recorded at other steps
-    (``detail="tiered"`` measures updates at some steps only), the nearest steps that have one."""
+    """Why the selection has no statistics at its step; for a statistic the statistic tiers record at some
+    steps only (a parameter update; a module output or its gradient, absent at sentinel steps), the nearest
+    steps that have one."""
     text = f"No statistics of {selection.tensor} ({selection.kind}) at step {selection.step}, {where}."
-    if selection.kind != "update" or selection.sample is not None:
+    if selection.sample is not None:
         return text
     steps, _ = cache.series_rows(selection.trial, selection.tensor, selection.kind, selection.iteration)
     before, after = steps[steps < selection.step], steps[steps > selection.step]
     near = [f"{int(before[-1])}" if len(before) else "", f"{int(after[0])}" if len(after) else ""]
-    if not any(near):
+    nearest = " and ".join(n for n in near if n)
+    if selection.kind == "update":
+        if not nearest:
+            return text
+        return (text + " Its update was measured at other steps (the statistic tiers measure updates every 10th "
+                "step and where something changed): nearest " + nearest + ".")
+    if not (len(before) and len(after)):
         return text
-    return (text + " Its update was measured at other steps (the statistic tiers measure updates every 10th "
-            "step and where something changed): nearest " + " and ".join(n for n in near if n) + ".")
+    return (text + " It was recorded at other steps (between the steps the statistic tiers measure in full, "
+            "sentinel steps record only the parameters' values and gradients): nearest " + nearest + ".")
 
 
 def tensor_panel(cache: ReaderCache, selection: Selection, options: ViewOptions) -> dict[str, Any]:
