@@ -9,6 +9,12 @@ variants run interleaved in rounds, so machine noise hits all of them alike; the
 median step time over bare, in wall-clock time and in CPU time of this process (the second is steadier on
 a machine shared with other work).
 
+The "summaries" variants pass ``detail="full"``: every step records everything, which is what the floor
+and the bookkeeping compare. "defaults" is ``NeuralDbg``'s own default (``detail="tiered"``): between the
+steps it measures in full (the first 32, every 10th and the one after it, and where something moved),
+sentinel steps record only the parameters' values and gradients, the input and the KPIs
+(``recorder/sentinel_steps.py``), so its median step is a sentinel step.
+
 "hooks only" is NeuralDbg with a policy that skips every step: the hooks, step detection and the loss KPI
 run, no statistic is computed, so it isolates the instrumentation from the Recorder's reductions.
 
@@ -191,9 +197,10 @@ VARIANTS = {
     "disabled": dict(enabled=False),
     "hooks only": dict(summaries=None, snapshots=None),
     "hooks only, invariants off": dict(summaries=None, snapshots=None, invariants=False),
-    "summaries": dict(summaries=1, snapshots=None),
-    "summaries, invariants off": dict(summaries=1, snapshots=None, invariants=False),
-    "summaries+snapshots": dict(summaries=1, snapshots=10),
+    "summaries": dict(summaries=1, snapshots=None, detail="full"),
+    "summaries, invariants off": dict(summaries=1, snapshots=None, invariants=False, detail="full"),
+    "summaries+snapshots": dict(summaries=1, snapshots=10, detail="full"),
+    "defaults": {},
 }
 LABELS = {
     "bare": "bare training loop",
@@ -203,6 +210,7 @@ LABELS = {
     "summaries": "NeuralDbg, summaries every step",
     "summaries, invariants off": "NeuralDbg, summaries every step, invariants=False",
     "summaries+snapshots": "NeuralDbg, summaries every step, snapshots every 10th",
+    "defaults": "NeuralDbg defaults (tiered: sentinel steps between)",
     "floor": "statistics alone, no bookkeeping (a floor)",
 }
 

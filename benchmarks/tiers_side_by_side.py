@@ -1,12 +1,15 @@
-"""Statistic tiers side by side in one process: ``NeuralDbg`` with ``detail="tiered"`` (its default) and with
+"""Statistic tiers side by side in one process: ``NeuralDbg`` with ``detail="tiered"`` (its default, sentinel
+steps between the measured ones), with ``Tiers(sentinels=False)`` (module outputs at every step) and with
 ``detail="full"``, with and without snapshots, beside a bare copy of the same model.
 
 Every variant trains its own copy of the workload (same seed, same batches); each step runs every variant
 once, the order reversed every other step, so all of them share the machine's state (load, caches, clock)
 step by step — on a shared machine that is steadier than separate processes, whose step times differ by ±5 %
 run to run. Reported: the median and the mean CPU time per step after the first ``--skip`` steps, as a
-ratio to the bare copy's median. Running four models in one process evicts each other's data from the
-caches, so absolute times are longer than alone; the ratios are what is compared.
+ratio to the bare copy's median (the median step of the default is a sentinel step; the mean counts the
+measured steps, every 10th and the one after it, and the snapshots). Running several models in one process
+evicts each other's data from the caches, so absolute times are longer than alone; the ratios are what is
+compared.
 
 Workloads of ``benchmarks/neuraldbg_overhead.py``: the tanh MLP (``--width`` wide, 8 blocks, batch
 ``--batch``) with SGD or Adam, or the small transformer with Adam.
@@ -26,6 +29,7 @@ from torch import nn
 import benchmarks.overhead as overhead
 from benchmarks.neuraldbg_overhead import OPTIMIZERS, TanhMLP, TinyTransformer, token_data
 from comgra_ndbg import NeuralDbg
+from comgra_ndbg.recorder.tiers import Tiers
 from comgra_ndbg.stats import kernels
 
 VARIANTS = {
@@ -33,6 +37,7 @@ VARIANTS = {
     "tiered (default), no snapshots": dict(snapshots=None),
     "full, no snapshots": dict(detail="full", snapshots=None),
     "tiered (default)": {},
+    "tiered, no sentinel steps": dict(detail=Tiers(sentinels=False)),
     "full": dict(detail="full"),
 }
 
