@@ -1,5 +1,5 @@
-"""Sentinel steps: between the steps the tiers measure, only the parameters' values and gradients (a mixin
-of ``Recorder``).
+"""Sentinel steps: between the steps the tiers measure, only the parameters' values and gradients, the
+model's inputs and the KPIs (a mixin of ``Recorder``).
 
 A recorded step of a small model spends most of its overhead in Python per registered tensor: a hook per
 module output and per gradient, their registration and bookkeeping (``docs/recording.md``, "Statistic
@@ -7,10 +7,11 @@ tiers"). With ``Tiers(sentinels=True)`` (the default of ``detail="tiered"``), a 
 tiers would not measure in full — not among the first steps, not a ``full_every``-th or snapshot step, not
 held after something moved — runs as a light step (no hooks in the modules) that records the loss and
 learning-rate KPIs, the model's inputs and *every parameter's value and gradient*, summarised by two kernel
-calls at the optimizer's step. Those rows are the sentinels: the tiers watch them (a non-finite value or gradient, a
-parameter edited, a gradient norm that jumped by ``gradient_factor``) and measure everything — module
-outputs, their gradients, updates — at the ``hold`` steps after one moved, so the steps around an onset are
-complete. A sentinel step is written as a summary step whose activations are absent (not estimated).
+calls at the optimizer's step. Those rows are the sentinels: the tiers watch them (a non-finite value or
+gradient, a missing gradient, a parameter edited, a gradient norm that jumped by ``gradient_factor``) and
+measure everything — module outputs, their gradients, updates — at the ``hold`` steps after one moved, so
+the steps around an onset are complete. A sentinel step is written as a summary step whose module outputs
+are absent (not estimated).
 """
 from __future__ import annotations
 
