@@ -14,6 +14,7 @@ from comgra_ndbg.instrument.light_steps import LIGHT_AFTER
 from comgra_ndbg.recorder.sentinel_steps import SENTINEL_REASON
 from comgra_ndbg.recorder.tiers import Tiers, TierState
 from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
+from tiny_tanh_run import tiny_run
 
 STEPS = 70
 PARAMETERS = ("model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias")
@@ -22,12 +23,7 @@ QUIET = Tiers(update_factor=1e6)  # values never move the tiers here: the schedu
 
 def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edit_at=None, lr_at=None,
            steps=STEPS, **options):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-    criterion = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(steps)]
+    model, criterion, optimizer, batches = tiny_run(steps)
     options.setdefault("snapshots", None)
     with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, **options):
         for step, (x, y) in enumerate(batches):
@@ -97,11 +93,8 @@ def test_sentinel_rows_are_the_rows_a_full_recording_has(tmp_path):
 def test_training_under_sentinel_steps_is_bit_identical_to_bare(tmp_path):
     recorded, recording = _train(tmp_path, detail=QUIET)
     recording.close()
-    torch.manual_seed(0)
-    bare = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-    criterion, optimizer = nn.CrossEntropyLoss(), torch.optim.SGD(bare.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(1)
-    for x, y in [(torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(STEPS)]:
+    bare, criterion, optimizer, batches = tiny_run(STEPS)
+    for x, y in batches:
         optimizer.zero_grad()
         criterion(bare(x), y).backward()
         optimizer.step()

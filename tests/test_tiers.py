@@ -15,6 +15,7 @@ from comgra_ndbg.recorder.flight import FlightRecorder, NonFinite
 from comgra_ndbg.recorder.tiers import Tiers, TierState, as_tiers
 from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 from comgra_ndbg.stats.sentinels import is_sentinel
+from tiny_tanh_run import tiny_run
 
 STEPS = 24
 QUIET = Tiers(update_factor=1e6, first=0)  # only what changes updates moves the tiers: the schedule is exact
@@ -22,12 +23,7 @@ QUIET = Tiers(update_factor=1e6, first=0)  # only what changes updates moves the
 
 def _train(folder, *, detail, edit_at=None, data_edit_at=None, lr_at=None, nan_at=None, freeze_at=None,
            steps=STEPS, **options):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-    criterion = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(steps)]
+    model, criterion, optimizer, batches = tiny_run(steps)
     options.setdefault("snapshots", None)
     with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, **options):
         for step, (x, y) in enumerate(batches):
