@@ -11,10 +11,14 @@ measured steps, every 10th and the one after it, and the snapshots). Running sev
 evicts each other's data from the caches, so absolute times are longer than alone; the ratios are what is
 compared.
 
+``--kinds`` splits the default's mean by what its steps recorded (read back from its recording): sentinel
+steps, steps measured in full, and those of them that took snapshots, each with its share of the mean.
+
 Workloads of ``benchmarks/neuraldbg_overhead.py``: the tanh MLP (``--width`` wide, 8 blocks, batch
 ``--batch``) with SGD or Adam, or the small transformer with Adam.
 
-Run: ``python -m benchmarks.tiers_side_by_side [--workload mlp-sgd] [--width 256] [--batch 64] [--steps 600]``.
+Run: ``python -m benchmarks.tiers_side_by_side [--workload mlp-sgd] [--width 256] [--batch 64] [--steps 600]
+[--kinds] [--variants NAME ...]``.
 """
 from __future__ import annotations
 
@@ -28,9 +32,10 @@ from torch import nn
 
 import benchmarks.overhead as overhead
 from benchmarks.neuraldbg_overhead import OPTIMIZERS, TanhMLP, TinyTransformer, token_data
-from comgra_ndbg import NeuralDbg
+from comgra_ndbg import NeuralDbg, open_recording
 from comgra_ndbg.recorder.tiers import Tiers
 from comgra_ndbg.stats import kernels
+from comgra_ndbg.store import schema
 
 VARIANTS = {
     "bare": None,
@@ -49,6 +54,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=overhead.BATCH)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--skip", type=int, default=30, help="steps left out of the figures (warm-up)")
+    parser.add_argument("--kinds", action="store_true", help="split the default's mean by the kind of step")
+    parser.add_argument("--variants", nargs="+", choices=tuple(VARIANTS)[1:], default=tuple(VARIANTS)[1:],
+                        help="the variants to run beside bare (fewer evict each other's data less)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     kernels.warm_up()
@@ -57,14 +65,19 @@ def main() -> None:
         make, data, optimizer_name = TinyTransformer, token_data(args.steps), "adam"
     else:
         make, data, optimizer_name = TanhMLP, overhead.make_data(args.steps), args.workload.split("-")[1]
-    runs = []
+    runs, folders = [], {}
     for name, options in VARIANTS.items():
+        if options is not None and name not in args.variants:
+            continue
         torch.manual_seed(0)
         model, criterion = make(), nn.CrossEntropyLoss()
         optimizer = OPTIMIZERS[optimizer_name](model.parameters())
-        dbg = None if options is None else NeuralDbg(model, tempfile.mkdtemp(), trial="run", loss=criterion,
+        folder = tempfile.mkdtemp()
+        dbg = None if options is None else NeuralDbg(model, folder, trial="run", loss=criterion,
                                                      optimizer=optimizer, **options)
         runs.append((name, model, criterion, optimizer, dbg, []))
+        if dbg is not None:
+            folders[name] = folder
     for index, (inputs, targets) in enumerate(data):
         for name, model, criterion, optimizer, dbg, times in (runs if index % 2 == 0 else runs[::-1]):
             start = time.process_time()
@@ -82,6 +95,41 @@ def main() -> None:
         t = np.array(times[args.skip:])
         print(f"  {name:<32} median {np.median(t) * 1e3:7.3f} ms {np.median(t) / bare:6.3f}x   "
               f"mean {t.mean() * 1e3:7.3f} ms {t.mean() / bare:6.3f}x")
+    if args.kinds and "tiered (default)" in folders:
+        default = next(r for r in runs if r[0] == "tiered (default)")
+        print_kinds(folders["tiered (default)"], np.array(default[5]), args.skip, bare)
+
+
+def step_kind(reason: str, snapshot: bool) -> str:
+    """What a step of the default recorded, from the reason its recording gives and whether it holds
+    snapshots."""
+    if reason.startswith(schema.SENTINEL_REASON.split(" (")[0]):
+        return "sentinel"
+    return "measured, snapshots" if snapshot else "measured"
+
+
+def step_kinds(folder: str, steps: int, trial: str = "run") -> np.ndarray:
+    """The kind (``step_kind``) of each of steps ``0 .. steps - 1`` of the recording of ``trial`` in ``folder``."""
+    with open_recording(folder, trial=trial) as recording:
+        reasons = recording.step_reasons()
+        snapshots = set()
+        for info in recording.tensors:
+            if schema.KIND_VALUE in recording.kinds(info.name):
+                snapshots.update(int(s) for s in recording.snapshot_steps(info.name))
+    return np.array([step_kind(reasons.get(step, ""), step in snapshots) for step in range(steps)])
+
+
+def print_kinds(folder: str, times: np.ndarray, skip: int, bare: float) -> None:
+    """The default's steps after ``skip`` by kind: how many, their median and mean over the bare median, and
+    the share of the run's mean each kind contributes above bare."""
+    kinds = step_kinds(folder, len(times))[skip:]
+    times = times[skip:]
+    print("  the default's steps by kind:")
+    for kind in ("sentinel", "measured", "measured, snapshots"):
+        t = times[kinds == kind]
+        if len(t):
+            print(f"    {kind:<22} {len(t):4d} steps  median {np.median(t) / bare:6.3f}x  mean {t.mean() / bare:6.3f}x"
+                  f"   adds {(t - bare).sum() / len(times) / bare:+6.3f}x to the run's mean")
 
 
 if __name__ == "__main__":
