@@ -3,10 +3,14 @@ pool block by block and let go of as they are written, read back as they were gi
 from __future__ import annotations
 
 import gc
+import mmap
+import sys
 import weakref
+from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 from comgra_ndbg import open_recording
 from comgra_ndbg.store import schema
@@ -151,3 +155,28 @@ def test_a_written_segment_hands_its_blocks_to_the_steps_after_it_and_close_lets
     with open_recording(tmp_path / "trial") as rec:
         assert rec.snapshot(0, "t", "value").values.tolist() == list(range(10))
         assert rec.snapshot(1, "t", "value").values.tolist() == [7.0] * 4
+
+
+def _resident_kib(array: np.ndarray) -> int:
+    """Resident kiB of the mapping that holds ``array`` (``/proc/self/smaps``)."""
+    address = array.ctypes.data
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not line.startswith(("Rss", "Size")) and head.count("-") == 1 and ":" not in head:
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low <= address < high
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1])
+    raise AssertionError("no mapping holds the array")
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and hasattr(mmap, "MAP_POPULATE")
+                         and Path("/proc/self/smaps").exists()), reason="MAP_POPULATE and smaps are Linux's")
+def test_a_new_block_is_resident_before_any_value_is_written_to_it():
+    """The block's pages are mapped in one call when it is made, not one page fault per page as values
+    arrive on the training thread."""
+    blocks = ValueBlocks()
+    blocks.append(np.zeros(1, np.float32))
+    assert _resident_kib(blocks._blocks[0]) >= BLOCK * 4 // 1024
