@@ -22,7 +22,7 @@ QUIET = Tiers(update_factor=1e6)  # values never move the tiers here: the schedu
 
 
 def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edit_at=None, lr_at=None,
-           steps=STEPS, **options):
+           steps=STEPS, strided_grads=False, **options):
     model, criterion, optimizer, batches = tiny_run(steps)
     options.setdefault("snapshots", None)
     with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, **options):
@@ -39,6 +39,9 @@ def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edi
             loss.backward()
             if step == nan_grad_at:
                 model[2].bias.grad[0] = float("nan")
+            if strided_grads:  # the same values, laid out column-major: not a contiguous array
+                for layer in (model[0], model[2]):
+                    layer.weight.grad = layer.weight.grad.t().contiguous().t()
             optimizer.step()
     return model, open_recording(folder / "t")
 
@@ -88,6 +91,26 @@ def test_sentinel_rows_are_the_rows_a_full_recording_has(tmp_path):
                 np.testing.assert_array_equal(rows[sentinels], full_rows[sentinels], err_msg=f"{name} {kind}")
         steps, rows = recording.summary_rows("input", "value")
         np.testing.assert_array_equal(rows, full.summary_rows("input", "value")[1])
+
+
+def test_strided_gradients_are_summarised_apart_from_the_values_with_the_same_rows(tmp_path, monkeypatch):
+    """Gradients the single kernel call cannot read in place (here: column-major) take the general path,
+    with the rows a full recording has."""
+    from comgra_ndbg.recorder.parameters import ParameterTracker
+
+    fused = []
+    original = ParameterTracker.summarize_with_gradients
+    monkeypatch.setattr(ParameterTracker, "summarize_with_gradients",
+                        lambda self, reducer, grads: fused.append(original(self, reducer, grads)) or fused[-1])
+    _, recording = _train(tmp_path / "tiered", detail=QUIET, strided_grads=True)
+    assert fused and all(rows is None for rows in fused)
+    _, full = _train(tmp_path / "full", detail="full", strided_grads=True)
+    with recording, full:
+        sentinels = sorted(set(range(STEPS)) - set(_measured(recording)))
+        for name in PARAMETERS:
+            for kind in ("value", "grad"):
+                rows, full_rows = recording.summary_rows(name, kind)[1], full.summary_rows(name, kind)[1]
+                np.testing.assert_allclose(rows[sentinels], full_rows[sentinels], rtol=1e-6, err_msg=f"{name} {kind}")
 
 
 def test_training_under_sentinel_steps_is_bit_identical_to_bare(tmp_path):

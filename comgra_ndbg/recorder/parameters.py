@@ -180,6 +180,25 @@ class ParameterTracker:
             return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params))
         return reducer.add_many([p.detach() for p in params])
 
+    def summarize_with_gradients(self, reducer: Reducer, grads: list[torch.Tensor]) -> range | None:
+        """Queue the summaries of every parameter's value and then of ``grads`` (one per tracked parameter, in
+        ``tensor_ids()`` order) in one kernel call; returns their row indices, values first. None, and nothing
+        queued, when the parameters are not where ``capture()`` last found them or a gradient is not a
+        contiguous host array of its parameter's dtype and size: the caller then queues them apart."""
+        layout = self._layout if kernels.AVAILABLE else None
+        if layout is None or len(grads) != len(layout.size_list):
+            return None
+        params = [t.parameter for t in self.tracked]
+        if _layout_key(params) != self._layout_key:
+            return None
+        dtype = params[0].dtype
+        for grad, size in zip(grads, layout.size_list):
+            if not (grad.dtype is dtype and grad.is_cpu and grad.is_contiguous() and not grad.is_neg()
+                    and grad.numel() == size):
+                return None
+        addresses = np.concatenate((layout.addresses, np.array([g.data_ptr() for g in grads], dtype=np.int64)))
+        return reducer.add_addressed(layout.dtype, addresses, layout.sizes_twice, params + grads)
+
     @property
     def captured(self) -> bool:
         """Whether a copy taken by ``capture()`` awaits its updates."""
@@ -278,6 +297,8 @@ class _HostLayout:
     addresses: np.ndarray
     sizes: np.ndarray
     copies: np.ndarray
+    size_list: list[int]  # ``sizes`` as ints
+    sizes_twice: np.ndarray  # ``sizes`` twice over: the values, then the gradients
 
     @staticmethod
     def of(params: list[torch.nn.Parameter], buffers: list[torch.Tensor]) -> _HostLayout | None:
@@ -285,10 +306,11 @@ class _HostLayout:
         if dtype not in (torch.float32, torch.float64) or not all(
                 p.dtype == dtype and p.is_cpu and p.is_contiguous() and not p.is_neg() and p.numel() for p in params):
             return None
+        sizes = np.array([p.numel() for p in params], dtype=np.int64)
         return _HostLayout(np.dtype(np.float32 if dtype == torch.float32 else np.float64),
-                           np.array([p.data_ptr() for p in params], dtype=np.int64),
-                           np.array([p.numel() for p in params], dtype=np.int64),
-                           np.array([b.data_ptr() for b in buffers], dtype=np.int64))
+                           np.array([p.data_ptr() for p in params], dtype=np.int64), sizes,
+                           np.array([b.data_ptr() for b in buffers], dtype=np.int64), sizes.tolist(),
+                           np.concatenate((sizes, sizes)))
 
 
 def optimizer_holds(optimizer: Any, ids: Callable[[], set[int]], cache: weakref.WeakKeyDictionary) -> bool:

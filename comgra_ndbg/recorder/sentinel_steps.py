@@ -100,11 +100,15 @@ class SentinelSteps:
         grads = [t.parameter.grad for t in tracked]
         complete = not any(g is None for g in grads)  # (``None in grads`` would compare tensors with ==)
         with_grad = grads if complete else [g for g in grads if g is not None]
-        value_rows = tracker.summarize_values(self._values)
-        grad_rows = self._values.add_many(with_grad) if with_grad else []
+        both = tracker.summarize_with_gradients(self._values, grads) if complete else None
+        if both is not None:  # one kernel call over the values and the gradients
+            value_rows, grad_rows = both[:len(grads)], both[len(grads):]
+        else:
+            value_rows = tracker.summarize_values(self._values)
+            grad_rows = self._values.add_many(with_grad) if with_grad else []
         rows = self._values.collect()
-        value_data = rows[value_rows]
-        grad_data = rows[grad_rows] if with_grad else np.zeros((0, schema.NUM_FIELDS))
+        value_data = _rows(rows, value_rows)
+        grad_data = _rows(rows, grad_rows) if with_grad else np.zeros((0, schema.NUM_FIELDS))
         missing = not complete and any(g is None and t.parameter.requires_grad for g, t in zip(grads, tracked))
         moved = state.observe_values(step, value_data)
         moved = state.observe_gradients(step, grad_data if complete else None, missing) or moved
@@ -165,3 +169,10 @@ class SentinelSteps:
         series = self._parameter_series(schema.KIND_UPDATE)[keep]
         joined = SummaryRows.join([sentinel.rows, SummaryRows(series, np.zeros(len(series), np.int64), rows)])
         return Sentinel(joined, "; ".join(filter(None, (sentinel.moved, "tiers: an optimizer's settings jumped"))))
+
+
+def _rows(rows: np.ndarray, indices: range | list[int]) -> np.ndarray:
+    """``rows[indices]``, as a slice where the indices are a range (no index array built)."""
+    if isinstance(indices, range):
+        return rows[indices.start:indices.stop]
+    return rows[indices]
