@@ -7,12 +7,13 @@ once, the order reversed every other step, so all of them share the machine's st
 step by step — on a shared machine that is steadier than separate processes, whose step times differ by ±5 %
 run to run. Reported: the median and the mean CPU time per step after the first ``--skip`` steps, as a
 ratio to the bare copy's median (the median step of the default is a sentinel step; the mean counts the
-measured steps, every 10th and the one after it, and the snapshots). Running several models in one process
-evicts each other's data from the caches, so absolute times are longer than alone; the ratios are what is
-compared.
+measured steps, every 10th and the one after it, and the snapshots), and the mean over the bare copy's mean
+(a whole run's time against a bare run's). Running several models in one process evicts each other's data
+from the caches, so absolute times are longer than alone; the ratios are what is compared.
 
 ``--kinds`` splits the default's mean by what its steps recorded (read back from its recording): sentinel
-steps, steps measured in full, and those of them that took snapshots, each with its share of the mean.
+steps, steps measured in full, and those of them that took snapshots, each with what it adds to the run's
+mean over the bare copy's mean (a whole run's time against a bare run's).
 
 Workloads of ``benchmarks/neuraldbg_overhead.py``: the tanh MLP (``--width`` wide, 8 blocks, batch
 ``--batch``) with SGD or Adam, or the small transformer with Adam.
@@ -23,6 +24,7 @@ Run: ``python -m benchmarks.tiers_side_by_side [--workload mlp-sgd] [--width 256
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import time
 
@@ -58,6 +60,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=tuple(VARIANTS)[1:], default=tuple(VARIANTS)[1:],
                         help="the variants to run beside bare (fewer evict each other's data less)")
     args = parser.parse_args()
+    if args.kinds and "tiered (default)" not in args.variants:
+        parser.error("--kinds splits the default's steps: keep \"tiered (default)\" among --variants")
     torch.set_num_threads(1)
     kernels.warm_up()
     overhead.WIDTH, overhead.BATCH = args.width, args.batch
@@ -72,12 +76,11 @@ def main() -> None:
         torch.manual_seed(0)
         model, criterion = make(), nn.CrossEntropyLoss()
         optimizer = OPTIMIZERS[optimizer_name](model.parameters())
-        folder = tempfile.mkdtemp()
-        dbg = None if options is None else NeuralDbg(model, folder, trial="run", loss=criterion,
-                                                     optimizer=optimizer, **options)
+        dbg = None
+        if options is not None:
+            folders[name] = tempfile.mkdtemp()
+            dbg = NeuralDbg(model, folders[name], trial="run", loss=criterion, optimizer=optimizer, **options)
         runs.append((name, model, criterion, optimizer, dbg, []))
-        if dbg is not None:
-            folders[name] = folder
     for index, (inputs, targets) in enumerate(data):
         for name, model, criterion, optimizer, dbg, times in (runs if index % 2 == 0 else runs[::-1]):
             start = time.process_time()
@@ -89,20 +92,25 @@ def main() -> None:
         if run[4] is not None:
             run[4].close()
     bare = float(np.median(runs[0][5][args.skip:]))
+    bare_mean = float(np.mean(runs[0][5][args.skip:]))
     print(f"{args.workload}, width {args.width}, batch {args.batch}, {args.steps} steps (first {args.skip} left out), "
           f"1 torch thread, CPU time per step, every variant in one process, steps interleaved")
     for name, *_, times in runs:
         t = np.array(times[args.skip:])
         print(f"  {name:<32} median {np.median(t) * 1e3:7.3f} ms {np.median(t) / bare:6.3f}x   "
-              f"mean {t.mean() * 1e3:7.3f} ms {t.mean() / bare:6.3f}x")
-    if args.kinds and "tiered (default)" in folders:
+              f"mean {t.mean() * 1e3:7.3f} ms {t.mean() / bare:6.3f}x ({t.mean() / bare_mean:6.3f}x bare's mean)")
+    if args.kinds:
         default = next(r for r in runs if r[0] == "tiered (default)")
-        print_kinds(folders["tiered (default)"], np.array(default[5]), args.skip, bare)
+        print_kinds(folders["tiered (default)"], np.array(default[5]), args.skip, bare, bare_mean)
+    for folder in folders.values():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def step_kind(reason: str, snapshot: bool) -> str:
-    """What a step of the default recorded, from the reason its recording gives and whether it holds
-    snapshots."""
+def step_kind(reason: str | None, snapshot: bool) -> str:
+    """What a step of the default recorded, from the reason its recording gives (None: the step is not in
+    the recording) and whether it holds snapshots."""
+    if reason is None:
+        return "unrecorded"
     if reason.startswith(schema.SENTINEL_REASON.split(" (")[0]):
         return "sentinel"
     return "measured, snapshots" if snapshot else "measured"
@@ -116,20 +124,20 @@ def step_kinds(folder: str, steps: int, trial: str = "run") -> np.ndarray:
         for info in recording.tensors:
             if schema.KIND_VALUE in recording.kinds(info.name):
                 snapshots.update(int(s) for s in recording.snapshot_steps(info.name))
-    return np.array([step_kind(reasons.get(step, ""), step in snapshots) for step in range(steps)])
+    return np.array([step_kind(reasons.get(step), step in snapshots) for step in range(steps)])
 
 
-def print_kinds(folder: str, times: np.ndarray, skip: int, bare: float) -> None:
+def print_kinds(folder: str, times: np.ndarray, skip: int, bare: float, bare_mean: float) -> None:
     """The default's steps after ``skip`` by kind: how many, their median and mean over the bare median, and
-    the share of the run's mean each kind contributes above bare."""
+    what each kind adds to the run's mean over bare's mean (the kinds' shares sum to that ratio minus 1)."""
     kinds = step_kinds(folder, len(times))[skip:]
     times = times[skip:]
     print("  the default's steps by kind:")
-    for kind in ("sentinel", "measured", "measured, snapshots"):
+    for kind in ("sentinel", "measured", "measured, snapshots", "unrecorded"):
         t = times[kinds == kind]
         if len(t):
             print(f"    {kind:<22} {len(t):4d} steps  median {np.median(t) / bare:6.3f}x  mean {t.mean() / bare:6.3f}x"
-                  f"   adds {(t - bare).sum() / len(times) / bare:+6.3f}x to the run's mean")
+                  f"   adds {(t - bare_mean).sum() / len(times) / bare_mean:+6.3f}x to the run's mean")
 
 
 if __name__ == "__main__":

@@ -93,15 +93,30 @@ def test_sentinel_rows_are_the_rows_a_full_recording_has(tmp_path):
         np.testing.assert_array_equal(rows, full.summary_rows("input", "value")[1])
 
 
+def _spy_on_the_single_call(monkeypatch) -> list:
+    """What ``summarize_with_gradients`` returned at each sentinel step (a range: the single kernel call)."""
+    from comgra_ndbg.recorder.parameters import ParameterTracker
+
+    returned = []
+    original = ParameterTracker.summarize_with_gradients
+    monkeypatch.setattr(ParameterTracker, "summarize_with_gradients",
+                        lambda self, reducer, grads: returned.append(original(self, reducer, grads)) or returned[-1])
+    return returned
+
+
+def test_a_sentinel_step_summarises_values_and_gradients_in_one_call(tmp_path, monkeypatch):
+    returned = _spy_on_the_single_call(monkeypatch)
+    _, recording = _train(tmp_path, detail=QUIET)
+    with recording:
+        sentinels = set(range(STEPS)) - set(_measured(recording))
+    assert len(returned) == len(sentinels)
+    assert all(isinstance(rows, range) and len(rows) == 2 * len(PARAMETERS) for rows in returned)
+
+
 def test_strided_gradients_are_summarised_apart_from_the_values_with_the_same_rows(tmp_path, monkeypatch):
     """Gradients the single kernel call cannot read in place (here: column-major) take the general path,
     with the rows a full recording has."""
-    from comgra_ndbg.recorder.parameters import ParameterTracker
-
-    fused = []
-    original = ParameterTracker.summarize_with_gradients
-    monkeypatch.setattr(ParameterTracker, "summarize_with_gradients",
-                        lambda self, reducer, grads: fused.append(original(self, reducer, grads)) or fused[-1])
+    fused = _spy_on_the_single_call(monkeypatch)
     _, recording = _train(tmp_path / "tiered", detail=QUIET, strided_grads=True)
     assert fused and all(rows is None for rows in fused)
     _, full = _train(tmp_path / "full", detail="full", strided_grads=True)

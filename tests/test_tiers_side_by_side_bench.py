@@ -17,6 +17,7 @@ def test_a_step_kind_comes_from_its_reason_and_its_snapshots() -> None:
                      False) == "sentinel"
     assert step_kind("every step", False) == "measured"
     assert step_kind("every step; every 10 steps", True) == "measured, snapshots"
+    assert step_kind(None, False) == "unrecorded"
 
 
 def test_the_kinds_of_a_default_run_follow_the_schedule(tmp_path) -> None:

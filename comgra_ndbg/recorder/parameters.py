@@ -183,8 +183,10 @@ class ParameterTracker:
     def summarize_with_gradients(self, reducer: Reducer, grads: list[torch.Tensor]) -> range | None:
         """Queue the summaries of every parameter's value and then of ``grads`` (one per tracked parameter, in
         ``tensor_ids()`` order) in one kernel call; returns their row indices, values first. None, and nothing
-        queued, when the parameters are not where ``capture()`` last found them or a gradient is not a
-        contiguous host array of its parameter's dtype and size: the caller then queues them apart."""
+        queued, when that does not apply: no compiled kernels, no host layout (parameters on a device, of
+        several dtypes, or never captured), parameters not where ``capture()`` last found them, or a gradient
+        that is not a contiguous host array of its parameter's dtype and size. The caller then queues them
+        apart."""
         layout = self._layout if kernels.AVAILABLE else None
         if layout is None or len(grads) != len(layout.size_list):
             return None

@@ -6,8 +6,9 @@ module output and per gradient, their registration and bookkeeping (``docs/recor
 tiers"). With ``Tiers(sentinels=True)`` (the default of ``detail="tiered"``), a ``NeuralDbg`` step that the
 tiers would not measure in full — not among the first steps, not a ``full_every``-th or snapshot step, not
 held after something moved — runs as a light step (no hooks in the modules) that records the loss and
-learning-rate KPIs, the model's inputs and *every parameter's value and gradient*, summarised by one kernel
-call at the optimizer's step (two where a gradient is not a contiguous host array like its parameter). Those rows are the sentinels: the tiers watch them (a non-finite value or
+learning-rate KPIs, the model's inputs and *every parameter's value and gradient*, summarised at the
+optimizer's step by one kernel call (``ParameterTracker.summarize_with_gradients``; apart, by the general
+path, where it does not apply). Those rows are the sentinels: the tiers watch them (a non-finite value or
 gradient, a missing gradient, a parameter edited, a gradient norm that jumped by ``gradient_factor``) and
 measure everything — module outputs, their gradients, updates — at the ``hold`` steps after one moved, so
 the steps around an onset are complete. A sentinel step is written as a summary step whose module outputs
