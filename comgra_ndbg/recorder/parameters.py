@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.stats import kernels
+from comgra_ndbg.stats.host import lean
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 
@@ -195,8 +196,7 @@ class ParameterTracker:
             return None
         dtype = params[0].dtype
         for grad, size in zip(grads, layout.size_list):
-            if not (grad.dtype is dtype and grad.is_cpu and grad.is_contiguous() and not grad.is_neg()
-                    and grad.numel() == size):
+            if not (grad.dtype is dtype and grad.numel() == size and lean(grad)):
                 return None
         addresses = np.concatenate((layout.addresses, np.array([g.data_ptr() for g in grads], dtype=np.int64)))
         return reducer.add_addressed(layout.dtype, addresses, layout.sizes_twice, params + grads)
