@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from comgra_ndbg.stats import drift
-from comgra_ndbg.stats.drift import BEYOND, NONFINITE, STOPPED, DriftState
+from comgra_ndbg.stats.drift import BEYOND, JUMPED, NONFINITE, STOPPED, DriftState, gradients_moved
 from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 
 
@@ -82,3 +82,53 @@ def test_what_the_findings_mean(monkeypatch, compiled):
     bad = again.copy()
     bad[1, FIELD["inf"]] = 2
     assert state.observe(bad, compare=True, allowed=allowed, fraction=0.01) == NONFINITE
+
+
+def _gradient_rows(rng, n):
+    rows = np.zeros((n, NUM_FIELDS))
+    rows[:, FIELD["sum_sq"]] = 10.0 ** rng.uniform(-6, 3, size=n)
+    rows[rng.random(n) < 0.1, FIELD["sum_sq"]] = 0.0  # a gradient that is exactly zero
+    if rng.random() < 0.1:
+        rows[int(rng.integers(n)), FIELD["nan" if rng.random() < 0.5 else "inf"]] = 1
+    if rng.random() < 0.05:
+        rows[int(rng.integers(n)), FIELD["sum_sq"]] = np.inf if rng.random() < 0.5 else np.nan
+    if rng.random() < 0.05:
+        rows[:, FIELD["sum_sq"]] = 1e308  # every norm finite, their sum is not
+    return rows
+
+
+@pytest.mark.skipif(not drift.AVAILABLE, reason="numba unavailable: only the numpy pass exists")
+def test_the_compiled_gradient_pass_finds_what_the_numpy_pass_finds(monkeypatch):
+    rng = np.random.default_rng(2)
+    found = {0: 0, NONFINITE: 0, JUMPED: 0}
+    for trial in range(400):
+        n = int(rng.integers(1, 8))
+        norms = [np.zeros(n), np.zeros(n)]
+        for step in range(5):
+            rows = _gradient_rows(rng, n)
+            compare = step > 0 and rng.random() < 0.9
+            results = []
+            for compiled, state in zip((True, False), norms):
+                monkeypatch.setattr(drift, "AVAILABLE", compiled)
+                results.append(gradients_moved(rows, state, compare, 100.0))
+            assert results[0] == results[1], (trial, step, rows[:, FIELD["sum_sq"]])
+            np.testing.assert_array_equal(norms[0], norms[1])
+            found[results[0]] += 1
+    assert min(found.values()) > 50  # every finding was met often
+
+
+@pytest.mark.parametrize("compiled", [True, False] if drift.AVAILABLE else [False])
+def test_what_the_gradient_findings_mean(monkeypatch, compiled):
+    monkeypatch.setattr(drift, "AVAILABLE", compiled)
+    rows, norms = np.zeros((2, NUM_FIELDS)), np.zeros(2)
+    rows[:, FIELD["sum_sq"]] = [1.0, 4.0]
+    assert gradients_moved(rows, norms, False, 100.0) == 0 and norms.tolist() == [1.0, 4.0]
+    rows[:, FIELD["sum_sq"]] = [90.0, 0.05]  # each within 100x of the step before, either way
+    assert gradients_moved(rows, norms, True, 100.0) == 0
+    rows[:, FIELD["sum_sq"]] = [90.0, 0.0]  # to exactly 0
+    assert gradients_moved(rows, norms, True, 100.0) == JUMPED
+    rows[:, FIELD["sum_sq"]] = [90.0, 1e-9]  # from exactly 0, but not compared (not the step before)
+    assert gradients_moved(rows, norms, False, 100.0) == 0
+    rows[0, FIELD["nan"]] = 3
+    assert gradients_moved(rows, norms, True, 100.0) == NONFINITE
+    assert norms.tolist() == [90.0, 1e-9]  # the norms now, whatever was found

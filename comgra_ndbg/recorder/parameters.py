@@ -195,10 +195,13 @@ class ParameterTracker:
         if _layout_key(params) != self._layout_key:
             return None
         dtype = params[0].dtype
+        pointers = []
         for grad, size in zip(grads, layout.size_list):
             if not (grad.dtype is dtype and grad.numel() == size and lean(grad)):
                 return None
-        addresses = np.concatenate((layout.addresses, np.array([g.data_ptr() for g in grads], dtype=np.int64)))
+            pointers.append(grad.data_ptr())
+        addresses = layout.addresses_twice
+        addresses[len(pointers):] = pointers
         return reducer.add_addressed(layout.dtype, addresses, layout.sizes_twice, params + grads)
 
     @property
@@ -301,6 +304,7 @@ class _HostLayout:
     copies: np.ndarray
     size_list: list[int]  # ``sizes`` as ints
     sizes_twice: np.ndarray  # ``sizes`` twice over: the values, then the gradients
+    addresses_twice: np.ndarray  # ``addresses``, then room for the gradients' (``summarize_with_gradients``)
 
     @staticmethod
     def of(params: list[torch.nn.Parameter], buffers: list[torch.Tensor]) -> _HostLayout | None:
@@ -309,10 +313,10 @@ class _HostLayout:
                 p.dtype == dtype and p.is_cpu and p.is_contiguous() and not p.is_neg() and p.numel() for p in params):
             return None
         sizes = np.array([p.numel() for p in params], dtype=np.int64)
-        return _HostLayout(np.dtype(np.float32 if dtype == torch.float32 else np.float64),
-                           np.array([p.data_ptr() for p in params], dtype=np.int64), sizes,
+        addresses = np.array([p.data_ptr() for p in params], dtype=np.int64)
+        return _HostLayout(np.dtype(np.float32 if dtype == torch.float32 else np.float64), addresses, sizes,
                            np.array([b.data_ptr() for b in buffers], dtype=np.int64), sizes.tolist(),
-                           np.concatenate((sizes, sizes)))
+                           np.concatenate((sizes, sizes)), np.concatenate((addresses, np.zeros_like(addresses))))
 
 
 def optimizer_holds(optimizer: Any, ids: Callable[[], set[int]], cache: weakref.WeakKeyDictionary) -> bool:

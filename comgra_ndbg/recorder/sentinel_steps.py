@@ -115,18 +115,23 @@ class SentinelSteps:
         moved = state.observe_gradients(step, grad_data if complete else None, missing) or moved
         input_rows = [row for _, row in inputs]
         key = (complete, len(tracked), tuple(sid for sid, _ in inputs))
-        series = self._sentinel_series.get(key) if complete else None
-        if series is None:
-            if complete:
-                grad_series = self._parameter_series(schema.KIND_GRAD)
-            else:
-                tids = tracker.tensor_ids()
-                grad_series = np.array([self.catalog.series_id(tid, schema.KIND_GRAD)
-                                        for tid, g in zip(tids, grads) if g is not None], dtype=np.int64)
-            series = np.concatenate([self._parameter_series(schema.KIND_VALUE), grad_series,
-                                     np.array(key[2], dtype=np.int64)])
-            if complete:
-                self._sentinel_series[key] = series
+        if (both is not None and not self._values.failed and both.start == len(input_rows)
+                and both.stop == len(rows) and input_rows == list(range(len(input_rows)))):
+            # the usual step: the collected rows are the inputs', the values' and the gradients', in that order
+            cached = self._sentinel_series.get(key)
+            if cached is None:
+                series = np.concatenate([np.array(key[2], dtype=np.int64), self._parameter_series(schema.KIND_VALUE),
+                                         self._parameter_series(schema.KIND_GRAD)])
+                cached = self._sentinel_series[key] = (series, np.zeros(len(series), np.int64))
+            return Sentinel(SummaryRows(cached[0], cached[1], rows), moved)
+        if complete:
+            grad_series = self._parameter_series(schema.KIND_GRAD)
+        else:
+            tids = tracker.tensor_ids()
+            grad_series = np.array([self.catalog.series_id(tid, schema.KIND_GRAD)
+                                    for tid, g in zip(tids, grads) if g is not None], dtype=np.int64)
+        series = np.concatenate([self._parameter_series(schema.KIND_VALUE), grad_series,
+                                 np.array(key[2], dtype=np.int64)])
         data = np.concatenate([value_data, grad_data, rows[input_rows]])
         failed = self._values.failed
         if failed:  # a row that could not be computed stays absent

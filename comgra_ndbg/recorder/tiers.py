@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from comgra_ndbg.errors import InvalidArgumentError
-from comgra_ndbg.stats.drift import BEYOND, NONFINITE, STOPPED, DriftState
+from comgra_ndbg.stats.drift import BEYOND, NONFINITE, STOPPED, DriftState, gradients_moved
 from comgra_ndbg.stats.fields import FIELD
 
 __all__ = ["DETAILS", "Tiers", "TierState", "as_tiers", "settings_jumped", "optimizer_settings"]
@@ -51,7 +51,7 @@ __all__ = ["DETAILS", "Tiers", "TierState", "as_tiers", "settings_jumped", "opti
 DETAILS = ("full", "tiered")
 """The named presets of ``detail=``."""
 
-_SUM_SQ, _MIN, _MAX, _NAN, _INF = FIELD["sum_sq"], FIELD["min"], FIELD["max"], FIELD["nan"], FIELD["inf"]
+_SUM_SQ, _MIN, _MAX = FIELD["sum_sq"], FIELD["min"], FIELD["max"]
 _REASONS = {NONFINITE: "tiers: a non-finite parameter value", STOPPED: "tiers: a parameter stopped changing",
             BEYOND: "tiers: a parameter changed beyond its updates"}
 
@@ -191,18 +191,15 @@ class TierState:
                 self._hold_until = max(self._hold_until, step + self.tiers.hold)
                 return "tiers: a parameter that requires grad got no gradient"
             return ""
-        squares = gradients[:, _SUM_SQ]
-        before, self._grad_norms = self._grad_norms, squares
-        reason = ""
-        if gradients[:, _NAN].any() or gradients[:, _INF].any() or not np.isfinite(squares.sum()):
-            reason = "tiers: a non-finite parameter gradient"
-        elif before is not None and last == step - 1 and len(before) == len(squares):
-            factor = self.tiers.gradient_factor ** 2  # compared on squared norms
-            if (squares > factor * before).any() or (before > factor * squares).any():
-                reason = "tiers: a parameter gradient jumped"
-        if reason:
-            self._hold_until = max(self._hold_until, step + self.tiers.hold)
-        return reason
+        norms = self._grad_norms
+        compare = norms is not None and last == step - 1 and len(norms) == len(gradients)
+        if norms is None or len(norms) != len(gradients):
+            norms = self._grad_norms = np.zeros(len(gradients))
+        found = gradients_moved(gradients, norms, compare, self.tiers.gradient_factor ** 2)  # on squared norms
+        if not found:
+            return ""
+        self._hold_until = max(self._hold_until, step + self.tiers.hold)
+        return "tiers: a non-finite parameter gradient" if found == NONFINITE else "tiers: a parameter gradient jumped"
 
     def observe_updates(self, updates: np.ndarray, kept: np.ndarray) -> None:
         """Rows of the updates of a step that measured them (``kept`` marks the parameters that have one):

@@ -10,8 +10,13 @@ value rows of every step in between. Per parameter, from its value row now and a
   minimum or maximum further than ``allowed[:, 1]`` plus ``fraction`` of its largest magnitude (the norm
   moves at most by the update's norm, the extremes at most by its largest element).
 
+Per parameter gradient, from its row now and its squared norm at the step before (:func:`gradients_moved`):
+*non-finite* (a NaN or ±Inf element, or squared norms whose sum overflows) or *jumped* (its norm changed by
+more than a factor either way, to or from exactly 0 included).
+
 One compiled pass over the rows (a few microseconds for hundreds of parameters, where numpy's dozen
-small-array calls cost about twenty); numpy does the same where numba is unavailable.
+small-array calls cost about twenty, and several times that right after a kernel has streamed the
+parameters through the caches); numpy does the same where numba is unavailable.
 
 >>> from comgra_ndbg.stats.fields import NUM_FIELDS
 >>> rows = np.zeros((1, NUM_FIELDS)); rows[0, FIELD["sum_sq"]] = 4.0; rows[0, FIELD["max"]] = 2.0
@@ -32,14 +37,16 @@ from comgra_ndbg.stats.fields import FIELD
 if AVAILABLE:
     import numba
 
-__all__ = ["DriftState", "NONFINITE", "STOPPED", "BEYOND"]
+__all__ = ["DriftState", "NONFINITE", "STOPPED", "BEYOND", "JUMPED", "gradients_moved"]
 
-NONFINITE, STOPPED, BEYOND = 1, 2, 3
-"""What :meth:`DriftState.observe` found (0: nothing), in the order it looks."""
+NONFINITE, STOPPED, BEYOND, JUMPED = 1, 2, 3, 4
+"""What :meth:`DriftState.observe` (the first three) and :func:`gradients_moved` (``NONFINITE``, ``JUMPED``)
+found (0: nothing), in the order they look."""
 
 _NAN, _INF = FIELD["nan"], FIELD["inf"]
 _FACTS = np.array([FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")], dtype=np.int64)
 _SQ, _LOW, _HIGH = 1, 3, 4  # positions of Σx², min and max among the facts
+_SUM_SQ = FIELD["sum_sq"]
 
 
 class DriftState:
@@ -66,6 +73,34 @@ class DriftState:
                                    compare and self.moving_known, check)
         self.moving_known = compare
         return int(found)
+
+
+def gradients_moved(rows: np.ndarray, norms: np.ndarray, compare: bool, factor: float) -> int:
+    """Whether parameter gradients moved, from their rows ``[n, NUM_FIELDS]``: :data:`NONFINITE` (a NaN or
+    ±Inf element, or a sum of squared norms that is not finite), else, with ``compare``, :data:`JUMPED` when a
+    squared norm is more than ``factor`` times, or less than 1/``factor`` of, its value in ``norms`` (the
+    step before's); else 0. ``norms`` (``[n]``) receives the squared norms now.
+
+    >>> from comgra_ndbg.stats.fields import NUM_FIELDS
+    >>> rows, norms = np.zeros((2, NUM_FIELDS)), np.zeros(2)
+    >>> rows[:, FIELD["sum_sq"]] = [1.0, 4.0]
+    >>> gradients_moved(rows, norms, False, 100.0), norms.tolist()
+    (0, [1.0, 4.0])
+    >>> rows[1, FIELD["sum_sq"]] = 0.01
+    >>> gradients_moved(rows, norms, True, 100.0) == JUMPED
+    True
+    """
+    if AVAILABLE:
+        return int(_gradients(np.ascontiguousarray(rows, dtype=np.float64), norms, compare, float(factor)))
+    squares = rows[:, _SUM_SQ].copy()
+    before = norms.copy()
+    norms[:] = squares
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is what this looks for
+        if rows[:, _NAN].any() or rows[:, _INF].any() or not np.isfinite(squares.sum()):
+            return NONFINITE
+        if compare and ((squares > factor * before).any() or (before > factor * squares).any()):
+            return JUMPED
+    return 0
 
 
 def _observe_numpy(rows, facts, moving, limits, fraction, compare, stopped, check):  # noqa: ANN001
@@ -135,3 +170,22 @@ if AVAILABLE:
         if any_beyond:
             return BEYOND
         return 0
+
+    @numba.njit(nogil=True, cache=True)
+    def _gradients(rows, norms, compare, factor):  # pragma: no cover - compiled
+        nonfinite = False
+        jumped = False
+        total = 0.0
+        for i in range(rows.shape[0]):
+            square = rows[i, _SUM_SQ]
+            if rows[i, _NAN] != 0 or rows[i, _INF] != 0:
+                nonfinite = True
+            total += square
+            if compare:
+                before = norms[i]
+                if square > factor * before or before > factor * square:
+                    jumped = True
+            norms[i] = square
+        if nonfinite or not np.isfinite(total):
+            return NONFINITE
+        return JUMPED if jumped else 0

@@ -90,7 +90,10 @@ def summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarray
     rows[:, _COUNT] = sizes
     exact = parallel.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
                                   batches=batches)
-    for position in np.flatnonzero(exact).tolist():
+    flags = exact.tolist()  # (a plain list: numpy's small reductions are slow right after the kernel's pass)
+    if True not in flags:
+        return
+    for position in [i for i, flag in enumerate(flags) if flag]:
         row = rows[position]
         row[MOMENT_COLUMNS] = np.nan
         value = tensors[position].detach()
