@@ -225,12 +225,12 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     around its own shift and flags its own non-finite or cancelling sums, so a row is as exact as the
     single-thread one (see the module docstring for how its sums may differ). ``shared`` forces the
     choice (True: use the team whenever one is found, however small the work; False: never)."""
-    body = _body_address() if shared is not False else 0
-    entry = openmp.entry() if body else 0
+    entry = openmp.entry() if shared is not False else 0
     threads = openmp.threads() if entry else 1
     if entry and (shared or threads > 1):
         total = sum(sizes.tolist())
-        if shared or total >= MIN_ELEMENTS:
+        body = _body_address() if shared or total >= MIN_ELEMENTS else 0  # compiled (or loaded) when first needed
+        if body:
             none = np.zeros(len(sizes), dtype=np.int64)
             exact = np.zeros(len(sizes), dtype=np.bool_)
             _run(entry, body, _part(total, threads), dtype.itemsize, addresses, none if starts is None else starts,
