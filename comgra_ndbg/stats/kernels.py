@@ -23,6 +23,8 @@ Batched arrays get a second pass for their unit statistics (dead and saturated u
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from comgra_ndbg.stats.bits import AVAILABLE
@@ -310,11 +312,25 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     >>> rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["zeros"]].tolist()
     ([-1.0, 1.0], [0.0, 1.0])
     """
-    none = np.zeros(len(sizes), dtype=np.int64)
+    none = _zeros(len(sizes))
     exact = np.zeros(len(sizes), dtype=np.bool_)
-    _moments_many(np.empty(0, dtype=dtype), addresses, none if starts is None else starts,
-                  none if copies is None else copies, sizes, none if batches is None else batches, rows, exact)
+    like = _LIKE.get(np.dtype(dtype).type)
+    if like is None:
+        like = np.empty(0, dtype=dtype)
+    _moments_many(like, addresses, none if starts is None else starts, none if copies is None else copies, sizes,
+                  none if batches is None else batches, rows, exact)
     return exact
+
+
+_LIKE = {np.float32: np.empty(0, np.float32), np.float64: np.empty(0, np.float64)}
+"""An empty array of each kernel dtype: what ``_moments_many`` reads the addressed elements as."""
+
+
+@lru_cache(maxsize=64)
+def _zeros(count: int) -> np.ndarray:
+    """``count`` int64 zeros, cached ("no start, no copy, no batch" for every array of a call; the kernel
+    only reads them). Left writable: numba would compile another variant for a read-only array."""
+    return np.zeros(count, dtype=np.int64)
 
 
 def units(a: np.ndarray, row: np.ndarray, bounds: tuple[float, float] | None) -> bool:
