@@ -227,6 +227,9 @@ def test_gradient_drift_rules():
     assert state.observe_gradients(21, _grad_rows([500.0, 0.0])) == "tiers: a parameter gradient jumped"
     assert state.observe_gradients(22, _grad_rows([500.0, 1.0], nan=0)) == "tiers: a non-finite parameter gradient"
     assert state.observe_gradients(23, None) == "" and state.observe_gradients(24, _grad_rows([1.0, 1.0])) == ""
+    # another number of parameters at the next step: nothing to compare with, whatever the norms
+    assert state.observe_gradients(25, _grad_rows([1000.0, 1000.0, 1000.0])) == ""
+    assert state.observe_gradients(26, _grad_rows([1000.0, 1000.0, 1e6])) == "tiers: a parameter gradient jumped"
 
 
 def test_the_gui_names_the_nearest_measured_steps_at_a_sentinel_step(tmp_path):
@@ -301,3 +304,56 @@ def test_training_left_in_eval_mode_goes_back_to_the_full_path(tmp_path):
         assert [(e.step, e.message) for e in recording.log("invariant") if e.step >= 44] == \
             [(e.step, e.message) for e in full.log("invariant") if e.step >= 44]
         assert recording.kpi("loss")[0].tolist() == full.kpi("loss")[0].tolist()
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.t, self.b, self.c = nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.b(self.t(self.a(x))) + self.c(z)
+
+
+def _train_two_inputs(folder, detail):
+    torch.manual_seed(0)
+    model, criterion = _TwoInputs(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, snapshots=None):
+        for _ in range(STEPS):
+            x, z, y = torch.randn(32, 6, generator=g), torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,),
+                                                                                                      generator=g)
+            optimizer.zero_grad()
+            criterion(model(x, z), y).backward()
+            optimizer.step()
+    return open_recording(folder / "t")
+
+
+def test_a_sentinel_step_hands_on_its_collected_rows_with_the_rows_a_full_recording_has(tmp_path, monkeypatch):
+    """The usual sentinel step writes the reducer's collected rows as they are (inputs, values, gradients), with
+    the series in that order: every row, two inputs' included, equals a full recording's."""
+    from comgra_ndbg.recorder.sentinel_steps import SentinelSteps
+    from comgra_ndbg.stats.reducer import Reducer
+
+    collected, handed = [], []
+    collect, rows_of = Reducer.collect, SentinelSteps._sentinel_rows
+    monkeypatch.setattr(Reducer, "collect", lambda self: collected.append(collect(self)) or collected[-1])
+    monkeypatch.setattr(SentinelSteps, "_sentinel_rows",
+                        lambda self, step: handed.append((rows_of(self, step), collected[-1])) or handed[-1][0])
+    tiered = _train_two_inputs(tmp_path / "tiered", QUIET)
+    monkeypatch.undo()
+    full = _train_two_inputs(tmp_path / "full", "full")
+    with tiered, full:
+        sentinels = sorted(set(range(STEPS)) - set(tiered.summary_rows("model.a", "value")[0].tolist()))
+        assert len(handed) == len(sentinels) > 20
+        assert all(sentinel.rows.data is rows for sentinel, rows in handed)  # no copy, no reordering
+        for name in ("a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"):
+            for kind in ("value", "grad"):
+                rows, full_rows = tiered.summary_rows(f"model.{name}", kind)[1], full.summary_rows(f"model.{name}",
+                                                                                                   kind)[1]
+                np.testing.assert_array_equal(rows[sentinels], full_rows[sentinels], err_msg=f"{name} {kind}")
+        for name in ("input[0]", "input[1]"):
+            steps, rows = tiered.summary_rows(name, "value")
+            assert steps.tolist() == list(range(STEPS))
+            np.testing.assert_array_equal(rows, full.summary_rows(name, "value")[1], err_msg=name)

@@ -92,7 +92,7 @@ def _gradient_rows(rng, n):
         rows[int(rng.integers(n)), FIELD["nan" if rng.random() < 0.5 else "inf"]] = 1
     if rng.random() < 0.05:
         rows[int(rng.integers(n)), FIELD["sum_sq"]] = np.inf if rng.random() < 0.5 else np.nan
-    if rng.random() < 0.05:
+    if rng.random() < 0.05 and n > 1:
         rows[:, FIELD["sum_sq"]] = 1e308  # every norm finite, their sum is not
     return rows
 
@@ -129,6 +129,18 @@ def test_what_the_gradient_findings_mean(monkeypatch, compiled):
     assert gradients_moved(rows, norms, True, 100.0) == JUMPED
     rows[:, FIELD["sum_sq"]] = [90.0, 1e-9]  # from exactly 0, but not compared (not the step before)
     assert gradients_moved(rows, norms, False, 100.0) == 0
+    rows[:, FIELD["sum_sq"]] = [7.0, 3.0]
     rows[0, FIELD["nan"]] = 3
     assert gradients_moved(rows, norms, True, 100.0) == NONFINITE
-    assert norms.tolist() == [90.0, 1e-9]  # the norms now, whatever was found
+    assert norms.tolist() == [7.0, 3.0]  # the norms now, whatever was found
+
+
+@pytest.mark.parametrize("compiled", [True, False] if drift.AVAILABLE else [False])
+def test_norms_of_another_length_are_refused_not_written_past(monkeypatch, compiled):
+    monkeypatch.setattr(drift, "AVAILABLE", compiled)
+    rows, big = np.ones((5, NUM_FIELDS)), np.zeros(5)
+    with pytest.raises(ValueError, match="5 values"):
+        gradients_moved(rows, big[:2], False, 100.0)
+    with pytest.raises(ValueError, match="5 values"):
+        gradients_moved(rows, big[::2], False, 100.0)
+    assert big.tolist() == [0.0] * 5  # nothing was written

@@ -222,8 +222,8 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._sentinels_on = False  # sentinel steps may run (``use_sentinels``): gradients are watched too
         self._sentinel_inputs: list[tuple[int, int]] = []  # (series, row in ``_values``) of its inputs
         self._sentinel_step: int | None = None  # the sentinel step open (``open_sentinel``), if any
-        self._sentinel_series: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # a sentinel step's series
-        # ids and iterations, per layout
+        # a sentinel step's series ids and iterations, per layout of its rows
+        self._sentinel_series: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         if tiers is not None:
             _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}

@@ -124,14 +124,21 @@ class SentinelSteps:
                                          self._parameter_series(schema.KIND_GRAD)])
                 cached = self._sentinel_series[key] = (series, np.zeros(len(series), np.int64))
             return Sentinel(SummaryRows(cached[0], cached[1], rows), moved)
-        if complete:
-            grad_series = self._parameter_series(schema.KIND_GRAD)
-        else:
-            tids = tracker.tensor_ids()
-            grad_series = np.array([self.catalog.series_id(tid, schema.KIND_GRAD)
-                                    for tid, g in zip(tids, grads) if g is not None], dtype=np.int64)
-        series = np.concatenate([self._parameter_series(schema.KIND_VALUE), grad_series,
-                                 np.array(key[2], dtype=np.int64)])
+        apart = ("apart",) + key  # the general order: values, gradients, inputs
+        cached = self._sentinel_series.get(apart) if complete else None
+        if cached is None:
+            if complete:
+                grad_series = self._parameter_series(schema.KIND_GRAD)
+            else:
+                tids = tracker.tensor_ids()
+                grad_series = np.array([self.catalog.series_id(tid, schema.KIND_GRAD)
+                                        for tid, g in zip(tids, grads) if g is not None], dtype=np.int64)
+            series = np.concatenate([self._parameter_series(schema.KIND_VALUE), grad_series,
+                                     np.array(key[2], dtype=np.int64)])
+            cached = (series, np.zeros(len(series), np.int64))
+            if complete:
+                self._sentinel_series[apart] = cached
+        series = cached[0]
         data = np.concatenate([value_data, grad_data, rows[input_rows]])
         failed = self._values.failed
         if failed:  # a row that could not be computed stays absent

@@ -11,7 +11,8 @@ value rows of every step in between. Per parameter, from its value row now and a
   moves at most by the update's norm, the extremes at most by its largest element).
 
 Per parameter gradient, from its row now and its squared norm at the step before (:func:`gradients_moved`):
-*non-finite* (a NaN or ±Inf element, or squared norms whose sum overflows) or *jumped* (its norm changed by
+*non-finite* (a NaN or ±Inf element, a squared norm that is not finite, or squared norms whose sum
+overflows) or *jumped* (its norm changed by
 more than a factor either way, to or from exactly 0 included).
 
 One compiled pass over the rows (a few microseconds for hundreds of parameters, where numpy's dozen
@@ -90,7 +91,11 @@ def gradients_moved(rows: np.ndarray, norms: np.ndarray, compare: bool, factor: 
     >>> gradients_moved(rows, norms, True, 100.0) == JUMPED
     True
     """
-    if AVAILABLE:
+    if not (isinstance(norms, np.ndarray) and norms.shape == (len(rows),) and norms.dtype == np.float64
+            and norms.flags.c_contiguous and norms.flags.writeable):
+        raise ValueError(f"gradients_moved needs norms as a writable contiguous float64 array of {len(rows)} "
+                         f"values (one per row), got {getattr(norms, 'shape', type(norms).__name__)}")
+    if AVAILABLE:  # (the compiled pass writes norms[i] unchecked: hence the check above)
         return int(_gradients(np.ascontiguousarray(rows, dtype=np.float64), norms, compare, float(factor)))
     squares = rows[:, _SUM_SQ].copy()
     before = norms.copy()
