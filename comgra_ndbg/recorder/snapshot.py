@@ -219,7 +219,8 @@ def _host_sample_stats(rows: np.ndarray, bounds: tuple[float, float] | None, mar
     if rows.dtype.type not in _KERNEL_DTYPES or not rows.flags.c_contiguous:
         rows = np.ascontiguousarray(rows, dtype=np.float64)
     out, exact = kernels.per_sample(rows, None if bounds is None else _float64_thresholds(bounds, margin_fraction))
-    if exact.any():
+    flags = exact.tolist()  # (a plain list: a small numpy reduction costs ~7 µs right after the kernels' passes)
+    if True in flags:
         redo = np.flatnonzero(exact)
         out[redo] = _exact_per_sample_stats(torch.from_numpy(rows[redo]), bounds, margin_fraction)
     return out
