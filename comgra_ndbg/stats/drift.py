@@ -12,8 +12,7 @@ value rows of every step in between. Per parameter, from its value row now and a
 
 Per parameter gradient, from its row now and its squared norm at the step before (:func:`gradients_moved`):
 *non-finite* (a NaN or ±Inf element, a squared norm that is not finite, or squared norms whose sum
-overflows) or *jumped* (its norm changed by
-more than a factor either way, to or from exactly 0 included).
+overflows) or *jumped* (its norm changed by more than a factor either way, to or from exactly 0 included).
 
 One compiled pass over the rows (a few microseconds for hundreds of parameters, where numpy's dozen
 small-array calls cost about twenty, and several times that right after a kernel has streamed the
@@ -78,9 +77,9 @@ class DriftState:
 
 def gradients_moved(rows: np.ndarray, norms: np.ndarray, compare: bool, factor: float) -> int:
     """Whether parameter gradients moved, from their rows ``[n, NUM_FIELDS]``: :data:`NONFINITE` (a NaN or
-    ±Inf element, or a sum of squared norms that is not finite), else, with ``compare``, :data:`JUMPED` when a
-    squared norm is more than ``factor`` times, or less than 1/``factor`` of, its value in ``norms`` (the
-    step before's); else 0. ``norms`` (``[n]``) receives the squared norms now.
+    ±Inf element, or a sum of squared norms that is not finite: a non-finite norm or an overflow), else, with
+    ``compare``, :data:`JUMPED` when a squared norm is more than ``factor`` times, or less than 1/``factor``
+    of, its value in ``norms`` (the step before's); else 0. ``norms`` (``[n]``) receives the squared norms now.
 
     >>> from comgra_ndbg.stats.fields import NUM_FIELDS
     >>> rows, norms = np.zeros((2, NUM_FIELDS)), np.zeros(2)

@@ -40,7 +40,7 @@ if AVAILABLE:  # else the numpy path in host.py takes over
     from comgra_ndbg.stats.bits import unsigned_bits as _unsigned_bits
     from comgra_ndbg.stats.unit_kernels import deviation, unit_counts
 
-__all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "per_sample", "summarize", "units", "warm_up"]
+__all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "nones", "per_sample", "summarize", "units", "warm_up"]
 
 BLOCK = 4096
 """Elements summed in the array's dtype before the partial sums move to float64."""
@@ -312,7 +312,7 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     >>> rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["zeros"]].tolist()
     ([-1.0, 1.0], [0.0, 1.0])
     """
-    none = _zeros(len(sizes))
+    none = nones(len(sizes))
     exact = np.zeros(len(sizes), dtype=np.bool_)
     like = _LIKE.get(np.dtype(dtype).type)
     if like is None:
@@ -327,9 +327,14 @@ _LIKE = {np.float32: np.empty(0, np.float32), np.float64: np.empty(0, np.float64
 
 
 @lru_cache(maxsize=64)
-def _zeros(count: int) -> np.ndarray:
-    """``count`` int64 zeros, cached ("no start, no copy, no batch" for every array of a call; the kernel
-    only reads them). Left writable: numba would compile another variant for a read-only array."""
+def nones(count: int) -> np.ndarray:
+    """``count`` int64 zeros, cached: "no start, no copy, no batch" for every array of a ``moments_many``
+    call (here and in ``parallel``); the kernels only read them, callers must not write them. Left writable:
+    numba would compile another variant for a read-only array.
+
+    >>> nones(3).tolist(), nones(3) is nones(3)
+    ([0, 0, 0], True)
+    """
     return np.zeros(count, dtype=np.int64)
 
 

@@ -231,7 +231,7 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
         total = sum(sizes.tolist())
         body = _body_address() if shared or total >= MIN_ELEMENTS else 0  # compiled (or loaded) when first needed
         if body:
-            none = np.zeros(len(sizes), dtype=np.int64)
+            none = kernels.nones(len(sizes))
             exact = np.zeros(len(sizes), dtype=np.bool_)
             _run(entry, body, _part(total, threads), dtype.itemsize, addresses, none if starts is None else starts,
                  none if copies is None else copies, sizes, none if batches is None else batches, rows, exact)
