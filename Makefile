@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 
-.PHONY: setup test demo bench clean
+.PHONY: setup kernels test demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,13 +14,17 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-test: setup
+# the statistics kernels, built ahead of time for this machine once (about 30 s) and loaded from then on
+kernels: setup
+	$(PY) -c "from comgra_ndbg.stats import parallel; parallel.warm_up()"
+
+test: kernels
 	$(PY) -m pytest
 
 demo: setup
 	$(PY) -m comgra_ndbg.cli demo $(DEMO_ARGS)
 
-bench: setup
+bench: kernels
 	$(PY) benchmarks/overhead.py
 	$(PY) -m benchmarks.adaptive
 	$(PY) benchmarks/neuraldbg_overhead.py

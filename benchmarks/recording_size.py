@@ -108,11 +108,12 @@ def project_snapshots(per_snapshot: int, steps: int) -> tuple[int, int]:
     return budget.spent, taken
 
 
-def peak_rss(variant: str, steps: int) -> int:
-    """Peak resident set in bytes of a fresh process training the MLP as ``variant``."""
+def peak_rss(variant: str, steps: int) -> dict:
+    """Peak resident set in bytes of a fresh process training the MLP as ``variant`` (``maxrss``), the
+    kernels' backend it ran (``kernels``) and whether numba was imported (``numba``)."""
     out = subprocess.run([sys.executable, __file__, "--child", variant, "--mlp-steps", str(steps)], check=True,
                          capture_output=True, text=True).stdout
-    return int(json.loads(out.strip().splitlines()[-1])["maxrss"])
+    return json.loads(out.strip().splitlines()[-1])
 
 
 class MLP(nn.Module):
@@ -158,7 +159,12 @@ def child(variant: str, steps: int) -> None:
                 train()
     else:
         train()
-    print(json.dumps({"maxrss": high_water_mark()}))
+    kind = None
+    if variant != "bare":
+        from comgra_ndbg.stats import backend
+
+        kind = backend.kind()
+    print(json.dumps({"maxrss": high_water_mark(), "kernels": kind, "numba": "numba" in sys.modules}))
 
 
 def high_water_mark() -> int:
@@ -216,7 +222,11 @@ def main() -> None:
         print(f"  checks: snapshot step within its bound {per_snapshot <= DEFAULT_BYTE_BUDGET.step_bytes}, "
               f"run within the budget {snap_bytes <= DEFAULT_BYTE_BUDGET.run_bytes}, projected <= 2 GB "
               f"{projected <= 2e9}")
-    rss = {variant: peak_rss(variant, args.mlp_steps) for variant in ("bare", "imported", "kernels", "recorded")}
+    from comgra_ndbg.stats import kernels
+
+    kernels.warm_up()  # a first build of the kernels happens here, not in a measured process
+    children = {variant: peak_rss(variant, args.mlp_steps) for variant in ("bare", "imported", "kernels", "recorded")}
+    rss = {variant: child["maxrss"] for variant, child in children.items()}
     mib = {variant: value / 2**20 for variant, value in rss.items()}
     print(f"MLP 8x256, {args.mlp_steps} steps, peak RSS of a fresh process: bare {mib['bare']:.0f} MiB, "
           f"comgra_ndbg imported {mib['imported']:.0f} MiB ({rss['imported'] / rss['bare']:.3f}x), its compiled "
@@ -225,7 +235,10 @@ def main() -> None:
     print(f"  of the {mib['recorded'] - mib['bare']:.0f} MiB above bare: fixed, whatever the model's size: the "
           f"import {mib['imported'] - mib['bare']:.0f} MiB and the kernels {mib['kernels'] - mib['imported']:.0f} "
           f"MiB; the recording itself (buffers, flight ring, the merge at close) "
-          f"{mib['recorded'] - mib['kernels']:.0f} MiB ({(rss['recorded'] - rss['kernels']) / rss['bare']:.1%} of bare)")
+          f"{mib['recorded'] - mib['kernels']:.0f} MiB ({(rss['recorded'] - rss['kernels']) / rss['bare']:.1%} of "
+          f"bare)")
+    recorded = children["recorded"]
+    print(f"  the kernels ran {recorded['kernels'] or 'in numpy'}; numba imported while recording: {recorded['numba']}")
 
 if __name__ == "__main__":
     main()

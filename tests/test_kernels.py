@@ -1,4 +1,4 @@
-"""The compiled single-pass kernels (``stats.kernels``, ``unit_kernels``) and ``Reducer.add_many`` against
+"""The compiled single-pass kernels (``stats.kernels``, ``stats.compiled``) and ``Reducer.add_many`` against
 numpy in float64.
 
 The kernels take liberties for speed (float32 partial sums, fast-math, min/max from bit patterns, no NaN
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from comgra_ndbg.stats import kernels, unit_kernels
+from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.reducer import Reducer, summarize
 from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD, identity_row
@@ -203,8 +203,8 @@ def spread_of(row: np.ndarray) -> tuple[float, float, float]:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("shape", [(2, 1), (2, 3), (64, 256), (3, unit_kernels.ROWS + 5), (unit_kernels.ROWS + 3, 2),
-                                   (2 * unit_kernels.ROWS + 1, 3)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 1), (2, 3), (64, 256), (3, kernels.ROWS + 5), (kernels.ROWS + 3, 2),
+                                   (2 * kernels.ROWS + 1, 3)], ids=str)
 def test_the_sample_spread_equals_numpy_across_row_and_column_blocks(shape: tuple[int, int], dtype: type) -> None:
     rng = np.random.default_rng(shape[0] * 7 + shape[1])
     a = (rng.standard_normal(shape) * rng.uniform(0.1, 3.0, shape[1]) + rng.standard_normal(shape[1])).astype(dtype)

@@ -100,7 +100,7 @@ def test_dead_units_of_batched_arrays_match() -> None:
 def test_the_sample_spread_equals_numpy_across_unit_item_boundaries(dtype: type) -> None:
     """Units are shared out in ranges, each item summing around its own units' first samples: the merged
     spread is that of the whole batch, whatever the cut (``MIN_UNITS`` per item when the batch is taller than
-    an item; rows past ``unit_kernels.ROWS`` move to float64 sums within an item)."""
+    an item; rows past ``kernels.ROWS`` move to float64 sums within an item)."""
     rng = np.random.default_rng(5)
     shapes = [(64, 2048), (3, 50_000), (5000, 300), (20_000, 3), (1, 9000), (8, 3)]
     arrays = [(rng.standard_normal(shape) * rng.uniform(0.5, 2.0, shape[1]) + rng.standard_normal(shape[1]))
@@ -109,8 +109,8 @@ def test_the_sample_spread_equals_numpy_across_unit_item_boundaries(dtype: type)
     flat = [a.reshape(-1) for a in arrays]
     batches = np.array([shape[0] for shape in shapes], dtype=np.int64)
     sizes = np.array([a.size for a in flat], dtype=np.int64)
-    table = parallel._plan(sizes, batches, parallel._part(int(sizes.sum()), 2))
-    units = table[table[:, 1] == parallel._UNIT_COUNTS]
+    table = parallel.plan(sizes, batches, parallel._part(int(sizes.sum()), 2))
+    units = table[table[:, 1] == parallel.UNIT_COUNTS]
     part = parallel._part(int(sizes.sum()), 2)
     assert part // 5000 < parallel.MIN_UNITS
     assert np.bincount(units[:, 0]).tolist() == [-(-shape[1] // max(part // shape[0], parallel.MIN_UNITS))
@@ -210,12 +210,16 @@ def test_one_torch_thread_still_gives_the_right_rows() -> None:
     assert row[0, FIELD["sum"]] == a.sum() and row[0, FIELD["max"]] == 299_999.0 and row[0, FIELD["zeros"]] == 1
 
 
+def _never(*args: object) -> None:
+    raise AssertionError("the shared team was called for work too small to share")
+
+
 def test_small_work_stays_on_the_calling_thread_and_the_part_size_is_bounded(monkeypatch) -> None:
     assert parallel._part(10, 2) == parallel.PART[0]
     assert parallel._part(10**9, 2) == parallel.PART[1]
     middle = parallel._part(2_000_000, 4)
     assert parallel.PART[0] <= middle <= parallel.PART[1] and middle % kernels.BLOCK == 0
-    monkeypatch.setattr(parallel, "_run", None)  # calling the team would fail
+    monkeypatch.setattr(parallel, "_TEAM", [_never])  # calling the team would fail
     a = np.ones(100, dtype=np.float32)
     row = np.tile(identity_row(), (1, 1))
     assert parallel.moments_many(a.dtype, addresses([a]), np.array([100]), row).tolist() == [False]

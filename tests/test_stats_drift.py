@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from comgra_ndbg.stats import drift
+from comgra_ndbg.stats.backend import entries
 from comgra_ndbg.stats.drift import BEYOND, JUMPED, NONFINITE, STOPPED, DriftState, gradients_moved
 from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 
@@ -21,7 +22,7 @@ def _rows(rng, n):
 
 def _observe(rows, state, compare, allowed, compiled):
     limits = allowed if allowed is not None else np.zeros((state.n, 2))
-    run = drift._observe if compiled else drift._observe_numpy
+    run = entries().observe if compiled else drift._observe_numpy
     found = run(np.ascontiguousarray(rows), state.facts, state.moving, limits, 0.01, compare,
                 compare and state.moving_known, allowed is not None)
     state.moving_known = compare

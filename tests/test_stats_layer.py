@@ -73,20 +73,37 @@ def later():
         "h5py", "comgra_ndbg.store.reader"])
 
 
+def module_name(path: Path) -> str:
+    return ".".join((PACKAGE, *path.relative_to(STATS).with_suffix("").parts))
+
+
 def test_the_stats_layer_imports_nothing_from_the_layers_above_it() -> None:
-    files = sorted(STATS.glob("*.py"))
-    assert {"fields.py", "kernels.py", "reducer.py", "statistics.py"} <= {f.name for f in files}
+    files = sorted(STATS.rglob("*.py"))
+    assert {"fields.py", "kernels.py", "reducer.py", "statistics.py", "entries.py"} <= {f.name for f in files}
     found = {}
     for path in files:
-        names = imported_modules(path.read_text(encoding="utf-8"), f"{PACKAGE}.{path.stem}")
+        names = imported_modules(path.read_text(encoding="utf-8"), module_name(path))
         if forbidden(names):
-            found[path.name] = forbidden(names)
+            found[module_name(path)] = forbidden(names)
     assert found == {}, f"modules of comgra_ndbg/stats importing from outside the layer: {found}"
 
 
-def test_the_layer_is_one_package_of_modules_under_400_lines() -> None:
-    assert not [p for p in STATS.iterdir() if p.is_dir() and p.name != "__pycache__"]
-    too_long = {p.name: n for p in STATS.glob("*.py") if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+def test_only_the_compiled_sources_import_numba() -> None:
+    """Everything outside ``stats.compiled`` runs without numba: the module built ahead of time replaces it."""
+    found = {}
+    for path in sorted(STATS.rglob("*.py")):
+        if path.parent.name == "compiled":
+            continue
+        names = imported_modules(path.read_text(encoding="utf-8"), module_name(path))
+        numba = [n for n in names if n.split(".")[0] in ("numba", "llvmlite") or n.startswith(f"{PACKAGE}.compiled.")]
+        if numba:
+            found[module_name(path)] = numba
+    assert found == {"comgra_ndbg.stats.backend": ["comgra_ndbg.stats.compiled.entries"]}, found
+
+
+def test_the_layer_is_one_package_and_its_compiled_sources_of_modules_under_400_lines() -> None:
+    assert [p.name for p in STATS.iterdir() if p.is_dir() and p.name != "__pycache__"] == ["compiled"]
+    too_long = {p.name: n for p in STATS.rglob("*.py") if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
     assert too_long == {}
 
 

@@ -50,6 +50,7 @@ from comgra_ndbg.recorder.tiers import Tiers, TierState, as_tiers
 from comgra_ndbg.recorder.step_cycle import StepCycle
 from comgra_ndbg.recorder.validation import (check_group_path, check_hyperparameters, check_parameter_groups,
                                              check_settings)
+from comgra_ndbg.stats import backend, kernels
 from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
@@ -231,6 +232,8 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._gradient_layouts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (kind, keys) -> (series, iterations)
         self._plans: dict[str, RegistrationPlan] = {}  # name -> how its last registration was recorded (``plan``)
         self._reset_step_state()
+        if kernels.AVAILABLE:  # loaded (or, once per machine, built) here rather than inside the first step
+            self._guard("loading the statistics kernels", backend.entries)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:

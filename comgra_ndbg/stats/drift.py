@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from comgra_ndbg.stats.bits import AVAILABLE
-from comgra_ndbg.stats.fields import FIELD
-
-if AVAILABLE:
-    import numba
+from comgra_ndbg.stats.backend import entries
+from comgra_ndbg.stats.kernels import AVAILABLE
+from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 
 __all__ = ["DriftState", "NONFINITE", "STOPPED", "BEYOND", "JUMPED", "gradients_moved"]
 
@@ -57,17 +55,20 @@ class DriftState:
         self.facts = np.zeros((n, len(_FACTS)))
         self.moving = np.zeros(n, dtype=np.bool_)
         self.moving_known = False
+        self._no_limits = np.zeros((n, 2))
 
     def observe(self, rows: np.ndarray, *, compare: bool, allowed: np.ndarray | None, fraction: float) -> int:
         """Take the value rows ``[n, NUM_FIELDS]`` of a step; with ``compare`` (the previous observation was
         the step before) tell what moved since: :data:`NONFINITE`, :data:`STOPPED`, :data:`BEYOND` or 0.
         ``allowed`` (``[n, 2]``, or None for no *beyond* check) is how far norms and extremes may move."""
         check = allowed is not None
-        limits = allowed if check else np.zeros((self.n, 2))
-        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        limits = np.ascontiguousarray(allowed, dtype=np.float64) if check else self._no_limits
+        rows = _rows(rows, self.n)
+        if limits.shape != (self.n, 2):
+            raise ValueError(f"allowed must hold two limits per parameter, shape ({self.n}, 2), got {limits.shape}")
         if AVAILABLE:
-            found = _observe(rows, self.facts, self.moving, limits, fraction, compare, compare and self.moving_known,
-                             check)
+            found = entries().observe(rows, self.facts, self.moving, limits, float(fraction), bool(compare),
+                                      bool(compare and self.moving_known), check)
         else:
             found = _observe_numpy(rows, self.facts, self.moving, limits, fraction, compare,
                                    compare and self.moving_known, check)
@@ -95,7 +96,7 @@ def gradients_moved(rows: np.ndarray, norms: np.ndarray, compare: bool, factor: 
         raise ValueError(f"gradients_moved needs norms as a writable contiguous float64 array of {len(rows)} "
                          f"values (one per row), got {getattr(norms, 'shape', type(norms).__name__)}")
     if AVAILABLE:  # (the compiled pass writes norms[i] unchecked: hence the check above)
-        return int(_gradients(np.ascontiguousarray(rows, dtype=np.float64), norms, compare, float(factor)))
+        return int(entries().gradients(_rows(rows, len(norms)), norms, bool(compare), float(factor)))
     squares = rows[:, _SUM_SQ].copy()
     before = norms.copy()
     norms[:] = squares
@@ -105,6 +106,14 @@ def gradients_moved(rows: np.ndarray, norms: np.ndarray, compare: bool, factor: 
         if compare and ((squares > factor * before).any() or (before > factor * squares).any()):
             return JUMPED
     return 0
+
+
+def _rows(rows: np.ndarray, n: int) -> np.ndarray:
+    """``rows`` as the C-contiguous float64 ``[n, >= NUM_FIELDS]`` array the compiled passes read unchecked."""
+    rows = np.ascontiguousarray(rows, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[0] != n or rows.shape[1] < NUM_FIELDS:
+        raise ValueError(f"drift checks need statistics rows of shape ({n}, {NUM_FIELDS}), got {rows.shape}")
+    return rows
 
 
 def _observe_numpy(rows, facts, moving, limits, fraction, compare, stopped, check):  # noqa: ANN001
@@ -129,67 +138,3 @@ def _observe_numpy(rows, facts, moving, limits, fraction, compare, stopped, chec
         beyond = ((np.abs(norm - norm_old) > limits[:, 0] + fraction * np.fmax(norm, norm_old))
                   | (np.fmax(delta[:, _LOW], delta[:, _HIGH]) > limits[:, 1] + fraction * scale))
     return BEYOND if beyond.any() else 0
-
-
-if AVAILABLE:
-    @numba.njit(nogil=True, cache=True)
-    def _observe(rows, facts, moving, limits, fraction, compare, stopped, check):  # pragma: no cover - compiled
-        n = rows.shape[0]
-        found = 0
-        for i in range(n):
-            if rows[i, _NAN] > 0 or rows[i, _INF] > 0:
-                found = NONFINITE
-        any_stopped = False
-        any_beyond = False
-        for i in range(n):
-            changed = False
-            d_low = 0.0
-            d_high = 0.0
-            for k in range(_FACTS.shape[0]):
-                value = rows[i, _FACTS[k]]
-                if value != facts[i, k]:
-                    changed = True
-                if k == _LOW:
-                    d_low = abs(value - facts[i, k])
-                elif k == _HIGH:
-                    d_high = abs(value - facts[i, k])
-            if compare and found == 0:
-                if stopped and moving[i] and not changed:
-                    any_stopped = True
-                if check:
-                    norm, norm_old = np.sqrt(rows[i, _FACTS[_SQ]]), np.sqrt(facts[i, _SQ])
-                    scale = max(abs(rows[i, _FACTS[_LOW]]), abs(rows[i, _FACTS[_HIGH]]), abs(facts[i, _LOW]),
-                                abs(facts[i, _HIGH]))
-                    if (abs(norm - norm_old) > limits[i, 0] + fraction * max(norm, norm_old)
-                            or max(d_low, d_high) > limits[i, 1] + fraction * scale):
-                        any_beyond = True
-            if compare:
-                moving[i] = changed
-            for k in range(_FACTS.shape[0]):
-                facts[i, k] = rows[i, _FACTS[k]]
-        if found:
-            return found
-        if any_stopped:
-            return STOPPED
-        if any_beyond:
-            return BEYOND
-        return 0
-
-    @numba.njit(nogil=True, cache=True)
-    def _gradients(rows, norms, compare, factor):  # pragma: no cover - compiled
-        nonfinite = False
-        jumped = False
-        total = 0.0
-        for i in range(rows.shape[0]):
-            square = rows[i, _SUM_SQ]
-            if rows[i, _NAN] != 0 or rows[i, _INF] != 0:
-                nonfinite = True
-            total += square
-            if compare:
-                before = norms[i]
-                if square > factor * before or before > factor * square:
-                    jumped = True
-            norms[i] = square
-        if nonfinite or not np.isfinite(total):
-            return NONFINITE
-        return JUMPED if jumped else 0

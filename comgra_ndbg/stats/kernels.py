@@ -1,4 +1,4 @@
-"""Single-pass summary kernels for host arrays, compiled with numba.
+"""Single-pass summary kernels for host arrays, compiled with numba: the checked Python entry points.
 
 A summary needs Σx, Σx², Σ|x|, min, max and the zero count. numpy computes each in its own pass, and each
 call costs microseconds of dispatch; these kernels read every element once and vectorise all six
@@ -12,14 +12,19 @@ How the arithmetic stays exact enough under ``fastmath``:
   error does not grow with the tensor's size. When a few evenly spaced elements show a mean that dwarfs
   the spread (LayerNorm gains of 1 ± 1e-4), the sums are taken around one of those elements, which keeps
   Σx² from cancelling; the caller receives plain Σx and Σx², rebuilt in float64.
-- Minimum and maximum are integer reductions on the IEEE-754 bit patterns (``bits``: integer min/max
+- Minimum and maximum are integer reductions on the IEEE-754 bit patterns (``compiled.bits``: integer min/max
   vectorise, NaN-aware float min/max do not): for non-negative floats the signed pattern orders like the
   value, for negative floats the unsigned one orders like the magnitude.
 - NaN and ±Inf are never looked for: they make a sum non-finite, and such rows are reported back for an
   exact float64 recompute (as are rows whose shifted sums still cancel).
 
 Batched arrays get a second pass for their unit statistics (dead and saturated units, the sample spread;
-``unit_kernels``), which flags its rows for the exact recompute by the same rules.
+``compiled.units``), which flags its rows for the exact recompute by the same rules.
+
+The loops are in ``compiled`` (``moments``, ``units``, ``bits``); they run from the module ``backend`` has
+built ahead of time for this machine, or through numba's JIT. Neither checks what it is given, so the
+functions here check every array's dtype, layout and size first and raise TypeError, never read or write
+past an array.
 """
 from __future__ import annotations
 
@@ -27,226 +32,81 @@ from functools import lru_cache
 
 import numpy as np
 
-from comgra_ndbg.stats.bits import AVAILABLE
-from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
+from comgra_ndbg.stats import backend
+from comgra_ndbg.stats.fields import NUM_FIELDS
 
-if AVAILABLE:  # else the numpy path in host.py takes over
-    import numba
-    from numba import types
-    from numba.extending import intrinsic
+__all__ = ["AVAILABLE", "BLOCK", "ROWS", "SPREAD_TOLERANCE", "moments", "moments_many", "nones", "per_sample",
+           "summarize", "units", "warm_up"]
 
-    from comgra_ndbg.stats.bits import from_bits as _from_bits
-    from comgra_ndbg.stats.bits import signed_bits as _signed_bits
-    from comgra_ndbg.stats.bits import unsigned_bits as _unsigned_bits
-    from comgra_ndbg.stats.unit_kernels import deviation, unit_counts
-
-__all__ = ["AVAILABLE", "BLOCK", "moments", "moments_many", "nones", "per_sample", "summarize", "units", "warm_up"]
+AVAILABLE = backend.available()
+"""Whether the compiled kernels run here (else the numpy path in host.py takes over); which backend runs
+them, the module built ahead of time or numba's JIT, is decided on first use (``backend``)."""
 
 BLOCK = 4096
 """Elements summed in the array's dtype before the partial sums move to float64."""
-_PROBES = 64  # evenly spaced elements that decide the shift of the sums
+PROBES = 64
+"""Evenly spaced elements that decide the shift of the sums."""
+ROWS = 4096
+"""Rows per unit (and elements per row) the unit statistics sum in the array's dtype before float64."""
+SPREAD_TOLERANCE = 1e-2
+"""A spread below this fraction of Σd² is recomputed exactly: the float32 sums cannot resolve it."""
 
-_SUM, _SUM_SQ, _SUM_ABS = FIELD["sum"], FIELD["sum_sq"], FIELD["sum_abs"]
-_MIN, _MAX, _ZEROS = FIELD["min"], FIELD["max"], FIELD["zeros"]
-_COUNT, _NUM_FIELDS = FIELD["count"], NUM_FIELDS
-_UNITS, _DEAD = FIELD["units"], FIELD["dead_units"]
-_BOUNDED, _SATURATED, _SATURATED_UNITS = FIELD["bounded"], FIELD["saturated"], FIELD["saturated_units"]
-_SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
-
-if AVAILABLE:
-    @numba.njit(fastmath=True, nogil=True, cache=True)
-    def _block(a, start, copy_to, c, shifted, low, high, negative):  # pragma: no cover - compiled
-        """One block of ``_shifted_sums``: its sums in the array's dtype (Σd, Σd², Σ|x|, the non-zero count)
-        and the extremes' bit patterns so far, as a tuple (no array allocated per call). The arguments are
-        slices, so the loop runs from 0 over a whole view, which LLVM vectorises; the same loop over
-        ``range(begin, end)`` of the whole array was not (its indices might be negative, for all the
-        compiler knows) and ran about seven times slower. ``shifted`` (c is not 0) is a flag the loop
-        is compiled twice for: without the shift it does one operation in eleven less per element (an array
-        in the L2 cache is summarised about 30 % faster)."""
-        one = np.ones(1, a.dtype)[0]
-        zero = one - one
-        s = zero
-        q = zero
-        b = zero
-        nz = zero
-        for i in range(a.size):
-            if start is not None:
-                x = a[i] - start[i]
-            else:
-                x = a[i]
-            if copy_to is not None:
-                copy_to[i] = a[i]
-            d = x - c if shifted else x
-            s += d
-            q += d * d
-            b += abs(x)
-            nz += one if x != zero else zero
-            k = _signed_bits(x)
-            u = _unsigned_bits(x)
-            low = k if k < low else low
-            high = k if k > high else high
-            negative = u if u > negative else negative
-        return s, q, b, nz, low, high, negative
-
-    @numba.njit(fastmath=True, nogil=True, cache=True)
-    def _shifted_sums(a, start, copy_to):  # pragma: no cover - compiled
-        """``(Σ(x-c), Σ(x-c)², Σ|x|, the non-zero count, c, max, min)`` (extremes from bit patterns) of
-        ``x = a - start`` (or of ``a`` when ``start`` is None), copying ``a`` into ``copy_to`` when given.
-        The shift c is 0 unless the mean of ``_PROBES`` evenly spaced elements exceeds three times their
-        spread; then it is the probe closest to that mean (an element, so integer data stays exact)."""
-        n = a.size
-        one = np.ones(1, a.dtype)[0]
-        zero = one - one
-        stride = max(n // _PROBES, 1)
-        probes = (n - 1) // stride + 1
-        mean = 0.0
-        mean_sq = 0.0
-        for i in range(0, n, stride):
-            p = (a[i] - start[i]) if start is not None else a[i]
-            mean += p / probes
-            mean_sq += p * p / probes
-        c = zero
-        if mean * mean > 9.0 * (mean_sq - mean * mean):  # the mean dwarfs the spread: shift by a probe near it
-            for i in range(0, n, stride):
-                p = (a[i] - start[i]) if start is not None else a[i]
-                if abs(p - mean) < abs(c - mean):
-                    c = p
-        if start is not None:
-            first = a[0] - start[0]
-        else:
-            first = a[0]
-        total = 0.0  # each block's sums in the array's dtype, added up in float64
-        total_sq = 0.0
-        total_abs = 0.0
-        nonzero = 0.0
-        low = _signed_bits(first)
-        high = low
-        negative = _unsigned_bits(first)
-        shifted = c != zero
-        for begin in range(0, n, BLOCK):
-            end = min(begin + BLOCK, n)
-            if start is not None and copy_to is not None:
-                s, q, b, nz, low, high, negative = _block(a[begin:end], start[begin:end], copy_to[begin:end], c,
-                                                          shifted, low, high, negative)
-            elif start is not None:
-                s, q, b, nz, low, high, negative = _block(a[begin:end], start[begin:end], None, c, shifted,
-                                                          low, high, negative)
-            elif copy_to is not None:
-                s, q, b, nz, low, high, negative = _block(a[begin:end], None, copy_to[begin:end], c, shifted,
-                                                          low, high, negative)
-            else:
-                s, q, b, nz, low, high, negative = _block(a[begin:end], None, None, c, shifted, low, high,
-                                                          negative)
-            total += s
-            total_sq += q
-            total_abs += b
-            nonzero += nz
-        # Largest value: the largest signed pattern if any element is >= +0, else (all negative) the smallest.
-        largest = _from_bits(high) if high >= 0 else _from_bits(low)
-        # Smallest value: the largest unsigned pattern if any element is negative (sign bit set), else the
-        # smallest signed pattern.
-        smallest = _from_bits(negative) if _signed_bits(_from_bits(negative)) < 0 else _from_bits(low)
-        return total, total_sq, total_abs, nonzero, c, largest, smallest
-
-    @numba.njit(nogil=True, cache=True)
-    def _moments(a, start, copy_to, row):  # pragma: no cover - compiled
-        """Fill the moment fields of ``row``; returns True when they need the exact recompute."""
-        s, q, total_abs, nonzero, c, largest, smallest = _shifted_sums(a, start, copy_to)
-        n = a.size
-        row[_SUM] = s + n * c
-        row[_SUM_SQ] = q + 2.0 * c * s + n * c * c  # Σx² = Σ(x-c)² + 2cΣ(x-c) + nc²
-        row[_SUM_ABS] = total_abs
-        row[_ZEROS] = n - nonzero
-        row[_MAX] = largest
-        row[_MIN] = smallest
-        if not (np.isfinite(s) and np.isfinite(q) and np.isfinite(total_abs) and np.isfinite(c)):
-            return True
-        return n > 1 and q > 0 and q - s * s / n < 1e-2 * q
-
-    @intrinsic
-    def _pointer(typingctx, address, like):  # noqa: ARG001
-        """The integer ``address`` as a pointer to elements of ``like``'s dtype."""
-        if not isinstance(address, types.Integer) or not isinstance(like, types.Array):
-            return None
-        target = types.CPointer(like.dtype)
-
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], context.get_value_type(target))
-
-        return target(address, like), codegen
-
-    @numba.njit(nogil=True, cache=True)
-    def _moments_many(like, addresses, starts, copies, sizes, batches, rows, exact):  # pragma: no cover
-        """``_moments`` over arrays given by address (``starts``/``copies`` hold 0 where there is none), and
-        the unit statistics of those with a batch size in ``batches`` (0: batch-less)."""
-        for j in range(sizes.size):
-            a = numba.carray(_pointer(addresses[j], like), (sizes[j],))
-            if starts[j] != 0:
-                exact[j] = _moments(a, numba.carray(_pointer(starts[j], like), (sizes[j],)), None, rows[j])
-            elif copies[j] != 0:
-                exact[j] = _moments(a, None, numba.carray(_pointer(copies[j], like), (sizes[j],)), rows[j])
-            else:
-                exact[j] = _moments(a, None, None, rows[j])
-            if batches[j] > 0:
-                again = _units(a.reshape((batches[j], sizes[j] // batches[j])), None, True, rows[j])
-                exact[j] = exact[j] or again
-
-    @numba.njit(nogil=True, cache=True)
-    def _units(a, thresholds, batched, row):  # pragma: no cover - compiled
-        """The unit statistics of a ``[batch, units]`` array into ``row`` (whose moments are already there):
-        units, dead units and the sample spread when ``batched``, saturation counts with ``thresholds``.
-        Returns True when the spread needs the exact recompute."""
-        spread = batched and a.shape[0] > 1
-        out = np.empty(5)
-        unit_counts(a, thresholds, spread, 0, a.shape[1], out)
-        if batched:
-            row[_UNITS] = a.shape[1]
-            row[_DEAD] = out[0]
-        if thresholds is not None:
-            row[_BOUNDED] = a.size
-            row[_SATURATED] = out[1]
-            if batched:
-                row[_SATURATED_UNITS] = out[2]
-        if not spread:
-            return False
-        value, again = deviation(out)
-        row[_SPREAD_COUNT] = a.size
-        row[_SPREAD_SUM_SQ] = row[_SUM_SQ]
-        row[_SPREAD_DEV] = value
-        return again
-
-    @numba.njit(nogil=True, cache=True)
-    def _summarize(a, thresholds, batched, row):  # pragma: no cover - compiled
-        """Moments and unit statistics of a ``[batch, units]`` array in one call; returns the exact flag."""
-        exact = _moments(a.reshape(-1), None, None, row)
-        if batched or thresholds is not None:
-            again = _units(a, thresholds, batched, row)
-            exact = exact or again
-        return exact
+_SUFFIX = {np.dtype(np.float32): "_f32", np.dtype(np.float64): "_f64"}
+_F64, _I64, _BOOL = np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_)
+_NAMES: dict[tuple[str, str], object] = {}
 
 
-if AVAILABLE:
-    @numba.njit(nogil=True, cache=True)
-    def _per_sample(a, thresholds):  # pragma: no cover - compiled
-        """``per_sample`` in one compiled call: the rows allocated and set here, each sample widened to float64
-        in a scratch row that ``_moments`` then reads (the same array type it gets for a float64 input)."""
-        n, m = a.shape
-        rows = np.zeros((n, _NUM_FIELDS))
-        exact = np.zeros(n, dtype=np.bool_)
-        wide = np.empty(m)
-        for i in range(n):
-            for j in range(m):
-                wide[j] = a[i, j]
-            row = rows[i]
-            row[_COUNT] = m
-            exact[i] = _moments(wide, None, None, row)
-            if thresholds is not None:
-                saturated = 0
-                for j in range(m):
-                    saturated += (wide[j] <= thresholds[0]) | (wide[j] >= thresholds[1])
-                row[_BOUNDED] = m
-                row[_SATURATED] = saturated
-        return rows, exact
+def _entry(name: str, suffix: str) -> object:
+    """The compiled entry ``name + suffix`` of this process's backend."""
+    found = _NAMES.get((name, suffix))
+    if found is None:
+        found = _NAMES[name, suffix] = getattr(backend.entries(), name + suffix)
+    return found
+
+
+def _kind(a: object, ndim: int, what: str) -> str:
+    """The entry suffix for ``a``: a C-contiguous float32 or float64 array of ``ndim`` dimensions, at least
+    one element (the compiled code reads its first element unchecked). Anything else is a TypeError."""
+    if type(a) is np.ndarray and a.ndim == ndim and a.flags.c_contiguous and a.size:
+        suffix = _SUFFIX.get(a.dtype)
+        if suffix is not None:
+            return suffix
+    raise TypeError(f"{what} must be a non-empty C-contiguous float32 or float64 numpy array of {ndim} "
+                    f"dimension(s), got {_describe(a)}; convert it with np.ascontiguousarray(x, np.float32)")
+
+
+def _like(a: object, other: np.ndarray, what: str, writable: bool = False) -> None:
+    """``a`` must be a C-contiguous array of ``other``'s dtype and shape (writable when asked)."""
+    if not (type(a) is np.ndarray and a.dtype == other.dtype and a.shape == other.shape and a.flags.c_contiguous
+            and (a.flags.writeable or not writable)):
+        raise TypeError(f"{what} must be a C-contiguous{' writable' if writable else ''} {other.dtype} array of "
+                        f"shape {other.shape}, got {_describe(a)}")
+
+
+def _row(row: object, count: int = 0) -> None:
+    """``row`` must be a writable C-contiguous float64 array of at least ``NUM_FIELDS`` values, with at least
+    ``count`` rows when it is 2-D (``count`` > 0): the compiled code writes its fields unchecked."""
+    if type(row) is np.ndarray and row.dtype == _F64 and row.flags.c_contiguous and row.flags.writeable:
+        if (count == 0 and row.ndim == 1 and row.shape[0] >= NUM_FIELDS) or (
+                count > 0 and row.ndim == 2 and row.shape[0] >= count and row.shape[1] >= NUM_FIELDS):
+            return
+    shape = f"[{count}, >= {NUM_FIELDS}]" if count else f"[>= {NUM_FIELDS}]"
+    raise TypeError(f"the statistics row(s) must be a writable C-contiguous float64 array of shape {shape}, "
+                    f"got {_describe(row)}")
+
+
+def _thresholds(thresholds: object, dtype: np.dtype) -> None:
+    if not (type(thresholds) is np.ndarray and thresholds.dtype == dtype and thresholds.ndim == 1
+            and thresholds.shape[0] >= 2 and thresholds.flags.c_contiguous):
+        raise TypeError(f"saturation thresholds must be a C-contiguous {dtype} array (low, high), got "
+                        f"{_describe(thresholds)}")
+
+
+def _describe(a: object) -> str:
+    if isinstance(a, np.ndarray):
+        layout = "C-contiguous" if a.flags.c_contiguous else "not C-contiguous"
+        return f"a {a.dtype} array of shape {a.shape}, {layout}{'' if a.flags.writeable else ', read-only'}"
+    return type(a).__name__
 
 
 def per_sample(a: np.ndarray, thresholds: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -255,11 +115,16 @@ def per_sample(a: np.ndarray, thresholds: np.ndarray | None) -> tuple[np.ndarray
     applied) are given: the per-sample statistics of a snapshot. Returns the ``[n, fields]`` rows (count set,
     unit fields at the merge identity) and the per-row "recompute exactly" flags (NaN, Inf, cancelling sums).
 
+    >>> from comgra_ndbg.stats.fields import FIELD
     >>> rows, exact = per_sample(np.array([[0.5, 0.0], [-2.0, 0.995]], dtype=np.float32), np.array([-0.99, 0.99]))
     >>> exact.tolist(), rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["saturated"]].tolist()
     ([False, False], [0.5, -1.0049999952316284], [0.0, 2.0])
     """
-    return _per_sample(a, thresholds)
+    suffix = _kind(a, 2, "per_sample's array")
+    if thresholds is None:
+        return _entry("per_sample", suffix)(a)
+    _thresholds(thresholds, _F64)
+    return _entry("per_sample_bounded", suffix)(a, thresholds)
 
 
 def summarize(a: np.ndarray, row: np.ndarray, thresholds: np.ndarray | None, batched: bool) -> bool:
@@ -268,6 +133,7 @@ def summarize(a: np.ndarray, row: np.ndarray, thresholds: np.ndarray | None, bat
     sample spread, and with ``thresholds`` (an array of a's dtype holding the saturation thresholds, margin
     applied) the saturation counts. Returns True when the moments or the spread need the exact recompute.
 
+    >>> from comgra_ndbg.stats.fields import FIELD
     >>> row = np.zeros(NUM_FIELDS)
     >>> summarize(np.array([[0.0, 0.995], [0.0, -0.2]], dtype=np.float32), row,
     ...           np.array([-0.99, 0.99], dtype=np.float32), True)
@@ -275,7 +141,12 @@ def summarize(a: np.ndarray, row: np.ndarray, thresholds: np.ndarray | None, bat
     >>> [int(row[FIELD[f]]) for f in ("units", "dead_units", "bounded", "saturated", "saturated_units")]
     [2, 1, 4, 1, 0]
     """
-    return bool(_summarize(a, thresholds, batched, row))
+    suffix = _kind(a, 2, "summarize's array")
+    _row(row)
+    if thresholds is None:
+        return bool(_entry("summarize", suffix)(a, bool(batched), row))
+    _thresholds(thresholds, a.dtype)
+    return bool(_entry("summarize_bounded", suffix)(a, thresholds, bool(batched), row))
 
 
 def moments(a: np.ndarray, row: np.ndarray, *, start: np.ndarray | None = None,
@@ -286,13 +157,25 @@ def moments(a: np.ndarray, row: np.ndarray, *, start: np.ndarray | None = None,
     one element. Returns True when the row holds a non-finite or cancelling sum and must be recomputed
     exactly. ``copy_to`` receives a copy of ``a`` in the same pass.
 
+    >>> from comgra_ndbg.stats.fields import FIELD
     >>> row = np.zeros(NUM_FIELDS)
     >>> moments(np.array([3.0, -1.0, 0.0], dtype=np.float32), row)
     False
     >>> [float(row[FIELD[f]]) for f in ("zeros", "sum", "sum_sq", "sum_abs", "min", "max")]
     [1.0, 2.0, 10.0, 4.0, -1.0, 3.0]
     """
-    return bool(_moments(a, start, copy_to, row))
+    suffix = _kind(a, 1, "moments' array")
+    _row(row)
+    if start is not None:
+        _like(start, a, "start")
+        if copy_to is not None:
+            _like(copy_to, a, "copy_to", writable=True)
+            return bool(_entry("moments_start_copy", suffix)(a, start, copy_to, row))
+        return bool(_entry("moments_start", suffix)(a, start, row))
+    if copy_to is not None:
+        _like(copy_to, a, "copy_to", writable=True)
+        return bool(_entry("moments_copy", suffix)(a, copy_to, row))
+    return bool(_entry("moments", suffix)(a, row))
 
 
 def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: np.ndarray, *,
@@ -305,6 +188,7 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
 
     The caller keeps the arrays alive and unchanged during the call.
 
+    >>> from comgra_ndbg.stats.fields import FIELD
     >>> a, b = np.array([1.0, -2.0], dtype=np.float32), np.array([0.5, 0.5, 0.0], dtype=np.float32)
     >>> rows = np.zeros((2, NUM_FIELDS))
     >>> moments_many(a.dtype, np.array([a.ctypes.data, b.ctypes.data]), np.array([2, 3]), rows)
@@ -312,18 +196,36 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     >>> rows[:, FIELD["sum"]].tolist(), rows[:, FIELD["zeros"]].tolist()
     ([-1.0, 1.0], [0.0, 1.0])
     """
-    none = nones(len(sizes))
+    suffix, arrays = addressed(dtype, addresses, sizes, rows, starts, copies, batches)
     exact = np.zeros(len(sizes), dtype=np.bool_)
-    like = _LIKE.get(np.dtype(dtype).type)
-    if like is None:
-        like = np.empty(0, dtype=dtype)
-    _moments_many(like, addresses, none if starts is None else starts, none if copies is None else copies, sizes,
-                  none if batches is None else batches, rows, exact)
+    _entry("moments_many", suffix)(_LIKE[suffix], *arrays, rows, exact)
     return exact
 
 
-_LIKE = {np.float32: np.empty(0, np.float32), np.float64: np.empty(0, np.float64)}
-"""An empty array of each kernel dtype: what ``_moments_many`` reads the addressed elements as."""
+def addressed(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: np.ndarray,
+              starts: np.ndarray | None, copies: np.ndarray | None,
+              batches: np.ndarray | None) -> tuple[str, tuple[np.ndarray, ...]]:
+    """The checks of ``moments_many``'s arguments (shared with ``parallel``): the entry suffix of ``dtype``
+    and the five int64 arrays (addresses, starts, copies, sizes, batches; ``nones`` for a missing one). What
+    the addresses point at cannot be checked: that is the caller's promise."""
+    suffix = _SUFFIX.get(np.dtype(dtype))
+    if suffix is None:
+        raise TypeError(f"moments_many sums float32 or float64 arrays, not {dtype}")
+    count = len(sizes)
+    none = nones(count)
+    arrays = (addresses, none if starts is None else starts, none if copies is None else copies, sizes,
+              none if batches is None else batches)
+    for name, array in zip(("addresses", "starts", "copies", "sizes", "batches"), arrays):
+        if not (type(array) is np.ndarray and array.dtype == _I64 and array.shape == (count,)
+                and array.flags.c_contiguous):
+            raise TypeError(f"moments_many's {name} must be a C-contiguous int64 array of {count} values (one per "
+                            f"array), got {_describe(array)}")
+    _row(rows, count)
+    return suffix, arrays
+
+
+_LIKE = {"_f32": np.empty(0, np.float32), "_f64": np.empty(0, np.float64)}
+"""An empty array of each kernel dtype: what the compiled ``moments_many`` reads the addressed elements as."""
 
 
 @lru_cache(maxsize=64)
@@ -344,6 +246,7 @@ def units(a: np.ndarray, row: np.ndarray, bounds: tuple[float, float] | None) ->
     thresholds, margin applied), bounded, saturated elements and saturated units. Returns True when the
     spread needs the exact recompute.
 
+    >>> from comgra_ndbg.stats.fields import FIELD
     >>> a, row = np.array([[0.0, 0.995], [0.0, -0.2]], dtype=np.float32), np.zeros(NUM_FIELDS)
     >>> moments(a.reshape(-1), row), units(a, row, (-0.99, 0.99))
     (False, False)
@@ -352,14 +255,19 @@ def units(a: np.ndarray, row: np.ndarray, bounds: tuple[float, float] | None) ->
     >>> round(float(row[FIELD["spread_dev_sq"]]), 4), int(row[FIELD["spread_count"]])  # 2 × ((0.995 + 0.2) / 2)²
     (0.714, 4)
     """
-    thresholds = None if bounds is None else np.array(bounds, dtype=a.dtype)
-    return bool(_units(a, thresholds, True, row))
+    suffix = _kind(a, 2, "units' array")
+    _row(row)
+    if bounds is None:
+        return bool(_entry("units", suffix)(a, True, row))
+    return bool(_entry("units_bounded", suffix)(a, np.array(bounds, dtype=a.dtype), True, row))
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's disk cache) every kernel variant the recorder uses, for float32 and
-    float64, now rather than on the first recorded step: about 7 s the first time on a machine, 0.3 s
-    once cached. Timing code calls it so that the one-time cost stays out of its measurements.
+    """Load the kernels now rather than on the first recorded step, and run every entry the recorder uses
+    for float32 and float64 once: the first time on a machine (or after an upgrade) this builds the module
+    ahead of time (about 30 s, ``backend``), later it takes milliseconds; on numba's JIT it compiles every
+    variant (about 7 s the first time, 0.3 s from numba's cache). Timing code calls it so that the one-time
+    cost stays out of its measurements, and so can a container's build step.
 
     >>> warm_up()
     """

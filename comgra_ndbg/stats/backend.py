@@ -1,0 +1,253 @@
+"""Which compiled kernels this process runs, decided without importing numba.
+
+Three backends offer the same entry points (``compiled.entries``):
+
+- **ahead of time**: the extension module ``compiled.build`` makes for this machine's CPU, these kernel
+  sources and these numba, numpy and Python versions, kept in the cache folder. Loading it maps well under
+  1 MiB and never imports numba or llvmlite.
+- **JIT**: numba's dispatchers, compiled on first call or loaded from numba's disk cache. The same machine
+  code, but numba, llvmlite and LLVM's code generator stay in the process: about 110 MiB of resident memory
+  on a training process that uses 300.
+- **none**: numba is not installed; the numpy paths of ``host``, ``drift`` and ``parallel`` run instead.
+
+When numba is installed and the module for this key is missing, the first process that needs the kernels
+builds it, in a process of its own (tens of seconds, once per machine and version; other processes that
+need it meanwhile wait for that build rather than start their own) and loads it. A build that fails (no C
+compiler, a cache folder that cannot be written) is remembered in the cache folder beside the module's
+name, warned about once, and the JIT runs instead; delete the ``.failed`` file to try again.
+
+Environment:
+
+- ``COMGRA_NDBG_KERNELS``: ``auto`` (the default: the module, built when missing, else the JIT), ``jit``
+  (never the module) or ``numpy`` (no compiled kernels at all).
+- ``COMGRA_NDBG_CACHE_DIR``: where modules are kept (default ``$XDG_CACHE_HOME/comgra_ndbg``, else
+  ``~/.cache/comgra_ndbg``).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import numpy as np
+
+__all__ = ["AHEAD_OF_TIME", "JIT", "BuildError", "available", "entries", "folder", "key", "kind",
+           "load_ahead_of_time", "load_jit", "mode"]
+
+AHEAD_OF_TIME, JIT = "ahead of time", "jit"
+MODULE_NAME = "comgra_ndbg_kernels"  # the name compiled.build gives the module (kept in step by a test)
+BUILD_TIMEOUT = 900.0
+"""Seconds a build may take before the JIT is used instead (a build takes well under a minute)."""
+_STATS = Path(__file__).resolve().parent
+_SOURCES = ("kernels.py", "fields.py", "drift.py", "parallel.py")  # the constants the compiled code reads
+_LOCK = threading.Lock()
+_ENTRIES: ModuleType | SimpleNamespace | None = None
+_KIND: str | None = None
+
+
+class BuildError(RuntimeError):
+    """The module could not be built ahead of time; the message holds the build's own error output."""
+
+
+def mode() -> str:
+    """``COMGRA_NDBG_KERNELS``: "auto", "jit" or "numpy" (anything else is an error)."""
+    value = os.environ.get("COMGRA_NDBG_KERNELS", "auto").strip().lower() or "auto"
+    if value not in ("auto", "jit", "numpy"):
+        raise ValueError(f"COMGRA_NDBG_KERNELS={value!r} is not a kernel mode: use auto, jit or numpy")
+    return value
+
+
+def available() -> bool:
+    """Whether compiled kernels can run here (the module is built, or numba is installed to build or JIT it),
+    found without loading either."""
+    chosen = mode()
+    if chosen == "numpy":
+        return False
+    if chosen == "auto" and _module_file(folder()) is not None:
+        return True
+    return importlib.util.find_spec("numba") is not None
+
+
+def entries() -> ModuleType | SimpleNamespace:
+    """The entry points of the backend this process runs (resolved once, on first use: see the module's
+    docstring). Raises RuntimeError where no compiled kernels are available (``available()`` is False)."""
+    global _ENTRIES, _KIND
+    if _ENTRIES is None:
+        with _LOCK:
+            if _ENTRIES is None:
+                _ENTRIES, _KIND = _resolve()
+    return _ENTRIES
+
+
+def kind() -> str | None:
+    """:data:`AHEAD_OF_TIME` or :data:`JIT` once ``entries()`` has resolved, else None."""
+    return _KIND
+
+
+def load_ahead_of_time(build: bool = True) -> ModuleType:
+    """The module built ahead of time for this key, building it first when missing and ``build`` is set.
+    Raises :class:`BuildError` when it is missing and cannot be built."""
+    where = folder()
+    path = _module_file(where)
+    if path is None:
+        if not build:
+            raise BuildError(f"no kernel module has been built in {where}")
+        _build(where)
+        path = _module_file(where)
+        if path is None:
+            raise BuildError(f"the build left no kernel module in {where}")
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_jit() -> SimpleNamespace:
+    """The entry points as numba's JIT dispatchers (this imports numba)."""
+    from comgra_ndbg.stats.compiled.entries import jit_namespace
+
+    return jit_namespace()
+
+
+def folder() -> Path:
+    """Where the module for this key is (or will be) kept."""
+    configured = os.environ.get("COMGRA_NDBG_CACHE_DIR")
+    if configured:
+        root = Path(configured)
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "comgra_ndbg"
+    return root / f"kernels-{key()[:24]}"
+
+
+_KEY: str | None = None
+
+
+def key() -> str:
+    """A hash of everything the module's machine code depends on: the kernels' sources (and the constants
+    they read), the numba, numpy and Python versions, and this machine's CPU."""
+    global _KEY
+    if _KEY is None:
+        digest = hashlib.sha256()
+        for path in sorted((_STATS / "compiled").glob("*.py")) + [_STATS / name for name in _SOURCES]:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        try:
+            numba_version = importlib.metadata.version("numba")
+        except importlib.metadata.PackageNotFoundError:
+            numba_version = "absent"
+        for part in (numba_version, np.__version__, sys.version, sys.platform, platform.machine(), _cpu()):
+            digest.update(part.encode() + b"\0")
+        _KEY = digest.hexdigest()
+    return _KEY
+
+
+def _cpu() -> str:
+    """This machine's CPU model and instruction-set flags (what ``target_cpu = "host"`` compiles for)."""
+    wanted = ("vendor_id", "model name", "flags", "cpu family", "model", "Features", "CPU part")
+    found = []
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:  # the first processor's block is enough
+                if not line.strip():
+                    break
+                if line.split(":")[0].strip() in wanted:
+                    found.append(line.strip())
+    except OSError:
+        return platform.processor()
+    return "\n".join(found)
+
+
+def _module_file(where: Path) -> Path | None:
+    if not where.is_dir():
+        return None
+    found = sorted(where.glob(f"{MODULE_NAME}.*"))
+    return found[0] if found else None
+
+
+def _resolve() -> tuple[ModuleType | SimpleNamespace, str]:
+    chosen = mode()
+    if chosen == "numpy" or not available():
+        raise RuntimeError("no compiled kernels here: numba is not installed (or COMGRA_NDBG_KERNELS=numpy); "
+                           "check stats.kernels.AVAILABLE before calling them")
+    if chosen == "auto":
+        where = folder()
+        failed = where.with_name(where.name + ".failed")
+        if _module_file(where) is not None or not failed.exists():
+            try:
+                return load_ahead_of_time(), AHEAD_OF_TIME
+            except (BuildError, OSError, ImportError) as error:
+                _remember(failed, error)
+                warnings.warn(f"the statistics kernels run through numba's JIT (about 110 MiB more memory): they "
+                              f"could not be built ahead of time ({error}); {failed} records this, delete it "
+                              f"to try again", RuntimeWarning, stacklevel=4)
+    return load_jit(), JIT
+
+
+def _remember(failed: Path, error: Exception) -> None:
+    try:
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        failed.write_text(f"{type(error).__name__}: {error}\n")
+    except OSError:
+        pass
+
+
+def _build(where: Path) -> None:
+    """Build the module into ``where`` in a process of its own, one builder at a time per cache folder."""
+    import tempfile
+
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BuildError(f"cannot create the cache folder {where.parent}: {error}") from error
+    with _exclusive(where.parent / f"{where.name}.lock"):
+        if _module_file(where) is not None:  # another process built it while this one waited
+            return
+        scratch = Path(tempfile.mkdtemp(dir=where.parent, prefix=f".{where.name}-"))
+        environment = dict(os.environ, COMGRA_NDBG_KERNELS="jit")
+        root = str(_STATS.parent.parent)  # the comgra_ndbg this process runs, whatever sys.path the child has
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, environment.get("PYTHONPATH")) if p)
+        try:
+            done = subprocess.run([sys.executable, "-m", "comgra_ndbg.stats.compiled.build", str(scratch)],
+                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT, env=environment)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            _remove(scratch)
+            raise BuildError(f"the build did not finish: {error}") from error
+        if done.returncode != 0 or _module_file(scratch) is None:
+            _remove(scratch)
+            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+            raise BuildError(f"the build exited with {done.returncode}: " + " | ".join(tail))
+        try:
+            os.replace(scratch, where)
+        except OSError:
+            _remove(scratch)
+            if _module_file(where) is None:
+                raise
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (``fcntl.flock``) while the block runs; no lock where
+    there is no ``fcntl``."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

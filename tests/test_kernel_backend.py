@@ -1,0 +1,274 @@
+"""``stats.backend``: the kernels run from a module built ahead of time for this machine, which computes what
+numba's JIT computes and leaves numba out of the process; a build that cannot be made falls back to the
+JIT once and is not retried; the entry points refuse arrays they would misread."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from comgra_ndbg.stats import backend, kernels, openmp, parallel
+from comgra_ndbg.stats.compiled import build
+from comgra_ndbg.stats.drift import DriftState, gradients_moved
+from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
+
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
+COMPILER = shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.fixture(scope="module")
+def both():
+    """The module built ahead of time (built now if this machine has none yet) and the JIT's dispatchers."""
+    if COMPILER is None:
+        pytest.skip("no C compiler: the module cannot be built here")
+    return backend.load_ahead_of_time(), backend.load_jit()
+
+
+def _arrays(rng: np.random.Generator, dtype: type) -> list[np.ndarray]:
+    """Arrays that take every path of the kernels: one element, block edges, a mean that dwarfs the
+    spread (the shifted sums), zeros, NaN and Inf (the exact recompute), and a large array."""
+    block = kernels.BLOCK
+    out = [rng.normal(size=n).astype(dtype) for n in (1, 7, block - 1, block + 1, 3 * block + 5, 60_000)]
+    out.append((1.0 + 1e-4 * rng.normal(size=5000)).astype(dtype))
+    out.append(np.where(rng.random(3000) < 0.3, 0.0, rng.normal(size=3000)).astype(dtype))
+    spoiled = rng.normal(size=2000).astype(dtype)
+    spoiled[[5, 900]] = [np.nan, np.inf]
+    out.append(spoiled)
+    out.append(np.full(100, np.finfo(dtype).max / 4, dtype=dtype))  # float32 sums overflow
+    return out
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, tuple):
+        return all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    return a == b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_module_built_ahead_of_time_computes_what_the_jit_computes(both, dtype) -> None:
+    aot, jit = both
+    rng = np.random.default_rng(7)
+    suffix = "_f32" if dtype == np.float32 else "_f64"
+    compared = 0
+    for a in _arrays(rng, dtype):
+        start = (a * 0.5).astype(dtype)
+        thresholds = np.array([-0.9, 0.9], dtype=dtype)
+        batched = a[: a.size - a.size % 4].reshape(4, -1) if a.size >= 4 else a.reshape(1, -1)
+        calls = [("moments", (a,)), ("moments_start", (a, start)), ("moments_copy", None), ("moments_start_copy", None),
+                 ("units", (batched, True)), ("units_bounded", (batched, thresholds, True)),
+                 ("summarize", (batched, False)), ("summarize_bounded", (batched, thresholds, True))]
+        for name, arguments in calls:
+            results = []
+            copy = np.empty_like(a)  # one buffer for both: where it lies decides the loop LLVM's alias check takes
+            for module in (aot, jit):
+                row = np.zeros(NUM_FIELDS)
+                if name == "moments_copy":
+                    results.append((getattr(module, name + suffix)(a, copy, row), row, copy.copy()))
+                elif name == "moments_start_copy":
+                    results.append((getattr(module, name + suffix)(a, start, copy, row), row, copy.copy()))
+                else:
+                    results.append((getattr(module, name + suffix)(*arguments, row), row))
+            assert _same(*results), f"{name}{suffix} on {a.size} elements"
+            compared += 1
+        for name, arguments in (("per_sample", (batched,)), ("per_sample_bounded", (batched, np.array([-0.9, 0.9])))):
+            assert _same(getattr(aot, name + suffix)(*arguments), getattr(jit, name + suffix)(*arguments)), name
+    arrays = _arrays(rng, dtype)
+    addresses = np.array([x.ctypes.data for x in arrays], dtype=np.int64)
+    sizes = np.array([x.size for x in arrays], dtype=np.int64)
+    batches = np.array([2 if x.size % 2 == 0 else 0 for x in arrays], dtype=np.int64)
+    none = np.zeros(len(arrays), dtype=np.int64)
+    like = np.empty(0, dtype)
+    results = []
+    for module in (aot, jit):
+        rows, exact = np.zeros((len(arrays), NUM_FIELDS)), np.zeros(len(arrays), dtype=np.bool_)
+        getattr(module, "moments_many" + suffix)(like, addresses, none, none, sizes, batches, rows, exact)
+        results.append((rows, exact))
+    assert _same(*results) and results[0][1].any() and not results[0][1].all()
+    assert compared == 8 * len(arrays)
+
+
+def test_the_drift_passes_and_the_team_plan_agree_between_the_backends(both) -> None:
+    aot, jit = both
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 6))
+        rows = rng.normal(size=(n, NUM_FIELDS)) * rng.choice([1e-3, 1.0, 1e200], size=(n, 1))
+        rows[:, FIELD["nan"]] = rng.random(n) < 0.1
+        facts, moving = rng.normal(size=(n, 5)), rng.random(n) < 0.5
+        limits = np.abs(rng.normal(size=(n, 2)))
+        flags = [bool(b) for b in rng.random(3) < 0.5]
+        found = []
+        for module in (aot, jit):
+            f, m = facts.copy(), moving.copy()
+            found.append((module.observe(rows, f, m, limits, 0.01, *flags), f, m))
+        assert _same(*found)
+        norms = np.abs(rng.normal(size=n))
+        found = [(module.gradients(rows, kept, flags[0], 100.0), kept) for module, kept in
+                 ((aot, norms.copy()), (jit, norms.copy()))]
+        assert _same(*found)
+    sizes = np.array([10, 70_000, 3, 9000], dtype=np.int64)
+    batches = np.array([0, 7, 0, 3], dtype=np.int64)
+    assert _same(aot.team_plan(sizes, batches, 8192), jit.team_plan(sizes, batches, 8192))
+
+
+@pytest.mark.skipif(not openmp.entry(), reason="no OpenMP team to share here")
+def test_the_team_pass_of_the_module_matches_the_jit(both) -> None:
+    aot, jit = both
+    rng = np.random.default_rng(5)
+    arrays = [rng.normal(size=n).astype(np.float32) for n in (50_000, 3, 120_000)]
+    addresses = np.array([x.ctypes.data for x in arrays], dtype=np.int64)
+    sizes = np.array([x.size for x in arrays], dtype=np.int64)
+    none = np.zeros(3, dtype=np.int64)
+    results = []
+    for module in (aot, jit):
+        rows, exact = np.zeros((3, NUM_FIELDS)), np.zeros(3, dtype=np.bool_)
+        module.team_run(openmp.entry(), 16_384, 4, addresses, none, none, sizes, none, rows, exact)
+        results.append((rows, exact))
+    assert _same(*results)
+    assert np.isclose(results[0][0][2, FIELD["sum"]], arrays[2].astype(np.float64).sum(), rtol=1e-5)
+
+
+def test_a_recording_with_the_module_built_never_imports_numba(both, tmp_path) -> None:
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from torch import nn
+        from comgra_ndbg import NeuralDbg
+        from comgra_ndbg.stats import backend
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with NeuralDbg(model, {str(tmp_path)!r}, trial="lean", optimizer=optimizer, loss=nn.CrossEntropyLoss()):
+            for step in range(30):
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 2, (16,))).backward()
+                optimizer.step()
+        print(backend.kind(), sorted(m for m in ("numba", "llvmlite") if m in sys.modules))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == f"{backend.AHEAD_OF_TIME} []"
+
+
+def test_a_build_that_fails_falls_back_to_the_jit_once_and_is_not_retried(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("COMGRA_NDBG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COMGRA_NDBG_KERNELS", "auto")
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the build process exits with 1 at once
+    with pytest.warns(RuntimeWarning, match="could not be built ahead of time.*exited with 1"):
+        entries, kind = backend._resolve()
+    assert kind == backend.JIT and hasattr(entries, "moments_f32")
+    failed = backend.folder().with_name(backend.folder().name + ".failed")
+    assert "BuildError" in failed.read_text()
+    assert not list(tmp_path.glob(".kernels-*"))  # the scratch folder of the failed build is gone
+
+    def no_build(where):
+        raise AssertionError("a build recorded as failed was tried again")
+
+    monkeypatch.setattr(backend, "_build", no_build)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backend._resolve()[1] == backend.JIT
+    failed.unlink()  # deleting the record retries the build
+    with pytest.raises(AssertionError, match="tried again"):
+        backend._resolve()
+
+
+def test_the_kernel_mode_comes_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("COMGRA_NDBG_KERNELS", "numpy")
+    assert backend.available() is False
+    with pytest.raises(RuntimeError, match="no compiled kernels"):
+        backend._resolve()
+    monkeypatch.setenv("COMGRA_NDBG_KERNELS", "jit")
+
+    def no_module(build=True):
+        raise AssertionError("the JIT mode loaded the module")
+
+    monkeypatch.setattr(backend, "load_ahead_of_time", no_module)
+    assert backend._resolve()[1] == backend.JIT
+    monkeypatch.setenv("COMGRA_NDBG_KERNELS", "fast")
+    with pytest.raises(ValueError, match="'fast' is not a kernel mode: use auto, jit or numpy"):
+        backend.mode()
+
+
+def test_the_cache_folder_follows_the_settings(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("COMGRA_NDBG_CACHE_DIR", str(tmp_path / "mine"))
+    assert backend.folder() == tmp_path / "mine" / f"kernels-{backend.key()[:24]}"
+    monkeypatch.delenv("COMGRA_NDBG_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert backend.folder().parent == tmp_path / "xdg" / "comgra_ndbg"
+    assert build.MODULE_NAME == backend.MODULE_NAME
+
+
+def test_a_builder_waits_for_the_one_before_and_uses_its_module(monkeypatch, tmp_path) -> None:
+    lock = tmp_path / "k.lock"
+    order = []
+
+    def second() -> None:
+        with backend._exclusive(lock):
+            order.append("second")
+
+    with backend._exclusive(lock):
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        time.sleep(0.2)
+        order.append("first")
+    waiting.join(5)
+    assert order == ["first", "second"]
+    where = tmp_path / "kernels-x"
+    where.mkdir()
+    (where / f"{backend.MODULE_NAME}.so").write_bytes(b"")
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("built although another process had built the module")
+
+    monkeypatch.setattr(subprocess, "run", no_run)
+    backend._build(where)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kernels.moments(np.zeros(4, np.float16), np.zeros(NUM_FIELDS)), "float32 or float64"),
+    (lambda: kernels.moments(np.zeros(8, np.float32)[::2], np.zeros(NUM_FIELDS)), "C-contiguous"),
+    (lambda: kernels.moments(np.zeros((2, 2), np.float32), np.zeros(NUM_FIELDS)), "of 1 dimension"),
+    (lambda: kernels.moments(np.zeros(0, np.float32), np.zeros(NUM_FIELDS)), "non-empty"),
+    (lambda: kernels.moments([1.0, 2.0], np.zeros(NUM_FIELDS)), "got list"),
+    (lambda: kernels.moments(np.zeros(4, np.float32), np.zeros(NUM_FIELDS - 1)), "statistics row"),
+    (lambda: kernels.moments(np.zeros(4, np.float32), np.zeros(NUM_FIELDS, np.float32)), "float64"),
+    (lambda: kernels.moments(np.zeros(4, np.float32), np.zeros(NUM_FIELDS), start=np.zeros(4)), "float32 array"),
+    (lambda: kernels.moments(np.zeros(4, np.float32), np.zeros(NUM_FIELDS), copy_to=np.zeros(3, np.float32)),
+     r"shape \(4,\)"),
+    (lambda: kernels.moments(np.zeros(4, np.float32), np.zeros(NUM_FIELDS), copy_to=_read_only()), "writable"),
+    (lambda: kernels.summarize(np.zeros((2, 3)), np.zeros(NUM_FIELDS), np.zeros(2, np.float32), True), "thresholds"),
+    (lambda: kernels.per_sample(np.zeros((2, 3), np.float32), np.zeros(1)), "thresholds"),
+    (lambda: kernels.moments_many(np.dtype(np.float32), np.zeros(2, np.int64), np.zeros(2, np.int32),
+                                  np.zeros((2, NUM_FIELDS))), "sizes must be a C-contiguous int64"),
+    (lambda: kernels.moments_many(np.dtype(np.float32), np.zeros(2, np.int64), np.zeros(2, np.int64),
+                                  np.zeros((1, NUM_FIELDS))), "statistics row"),
+    (lambda: kernels.moments_many(np.dtype(np.int32), np.zeros(2, np.int64), np.zeros(2, np.int64),
+                                  np.zeros((2, NUM_FIELDS))), "not int32"),
+    (lambda: parallel.plan(np.zeros(2, np.int64), np.zeros(3, np.int64), 8), "batches"),
+])
+def test_the_entry_points_refuse_arrays_they_would_misread(call, message) -> None:
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+def _read_only() -> np.ndarray:
+    a = np.zeros(4, np.float32)
+    a.setflags(write=False)
+    return a
+
+
+def test_the_drift_checks_refuse_rows_of_another_shape() -> None:
+    with pytest.raises(ValueError, match=r"shape \(2, 17\)"):
+        gradients_moved(np.zeros((2, 5)), np.zeros(2), True, 100.0)
+    with pytest.raises(ValueError, match=r"two limits per parameter"):
+        DriftState(2).observe(np.zeros((2, NUM_FIELDS)), compare=True, allowed=np.zeros((2, 3)), fraction=0.1)
+    with pytest.raises(ValueError, match=r"shape \(2, 17\)"):
+        DriftState(2).observe(np.zeros((3, NUM_FIELDS)), compare=True, allowed=None, fraction=0.1)
