@@ -180,6 +180,18 @@ def test_a_build_that_fails_falls_back_to_the_jit_once_and_is_not_retried(monkey
         backend._resolve()
 
 
+def test_a_module_that_does_not_load_is_removed_and_reported(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("COMGRA_NDBG_CACHE_DIR", str(tmp_path))
+    where = backend.folder()
+    where.mkdir(parents=True)
+    (where / f"{backend.MODULE_NAME}.cpython-damaged.so").write_bytes(b"not a shared object")
+    with pytest.raises(backend.BuildError, match="does not load"):
+        backend.load_ahead_of_time(build=False)
+    assert not where.exists()
+    with pytest.raises(backend.BuildError, match="no kernel module has been built"):
+        backend.load_ahead_of_time(build=False)
+
+
 def test_the_kernel_mode_comes_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("COMGRA_NDBG_KERNELS", "numpy")
     assert backend.available() is False

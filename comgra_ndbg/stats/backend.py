@@ -106,9 +106,13 @@ def load_ahead_of_time(build: bool = True) -> ModuleType:
         path = _module_file(where)
         if path is None:
             raise BuildError(f"the build left no kernel module in {where}")
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError) as error:  # a damaged file: removed, so that a retry builds it afresh
+        _remove(where)
+        raise BuildError(f"the kernel module {path} does not load ({error})") from error
     return module
 
 
@@ -181,7 +185,7 @@ def _resolve() -> tuple[ModuleType | SimpleNamespace, str]:
     if chosen == "auto":
         where = folder()
         failed = where.with_name(where.name + ".failed")
-        if _module_file(where) is not None or not failed.exists():
+        if not failed.exists():
             try:
                 return load_ahead_of_time(), AHEAD_OF_TIME
             except (BuildError, OSError, ImportError) as error:
