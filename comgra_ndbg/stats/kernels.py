@@ -67,7 +67,7 @@ def _entry(name: str, suffix: str) -> object:
 def _kind(a: object, ndim: int, what: str) -> str:
     """The entry suffix for ``a``: a C-contiguous float32 or float64 array of ``ndim`` dimensions, at least
     one element (the compiled code reads its first element unchecked). Anything else is a TypeError."""
-    if type(a) is np.ndarray and a.ndim == ndim and a.flags.c_contiguous and a.size:
+    if type(a) is np.ndarray and a.ndim == ndim and a.size and a.flags.c_contiguous:
         suffix = _SUFFIX.get(a.dtype)
         if suffix is not None:
             return suffix
@@ -85,11 +85,16 @@ def _like(a: object, other: np.ndarray, what: str, writable: bool = False) -> No
 
 def _row(row: object, count: int = 0) -> None:
     """``row`` must be a writable C-contiguous float64 array of at least ``NUM_FIELDS`` values, with at least
-    ``count`` rows when it is 2-D (``count`` > 0): the compiled code writes its fields unchecked."""
-    if type(row) is np.ndarray and row.dtype == _F64 and row.flags.c_contiguous and row.flags.writeable:
-        if (count == 0 and row.ndim == 1 and row.shape[0] >= NUM_FIELDS) or (
-                count > 0 and row.ndim == 2 and row.shape[0] >= count and row.shape[1] >= NUM_FIELDS):
-            return
+    ``count`` rows when it is 2-D (``count`` > 0): the compiled code writes its fields unchecked. (The checks
+    are ordered and spelled for speed: this runs for every summarised array.)"""
+    if type(row) is np.ndarray and (row.dtype is _F64 or row.dtype == _F64):
+        flags = row.flags
+        if flags.c_contiguous and flags.writeable:
+            if count == 0:
+                if row.ndim == 1 and len(row) >= NUM_FIELDS:
+                    return
+            elif row.ndim == 2 and len(row) >= count and row.shape[1] >= NUM_FIELDS:
+                return
     shape = f"[{count}, >= {NUM_FIELDS}]" if count else f"[>= {NUM_FIELDS}]"
     raise TypeError(f"the statistics row(s) must be a writable C-contiguous float64 array of shape {shape}, "
                     f"got {_describe(row)}")
@@ -215,9 +220,10 @@ def addressed(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: n
     none = nones(count)
     arrays = (addresses, none if starts is None else starts, none if copies is None else copies, sizes,
               none if batches is None else batches)
-    for name, array in zip(("addresses", "starts", "copies", "sizes", "batches"), arrays):
-        if not (type(array) is np.ndarray and array.dtype == _I64 and array.shape == (count,)
+    for array in arrays:  # (a 2-D array of ``count`` rows passes, and only its first values are read)
+        if not (type(array) is np.ndarray and (array.dtype is _I64 or array.dtype == _I64) and len(array) == count
                 and array.flags.c_contiguous):
+            name = ("addresses", "starts", "copies", "sizes", "batches")[[a is array for a in arrays].index(True)]
             raise TypeError(f"moments_many's {name} must be a C-contiguous int64 array of {count} values (one per "
                             f"array), got {_describe(array)}")
     _row(rows, count)
