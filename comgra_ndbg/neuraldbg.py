@@ -29,20 +29,16 @@ tensor ``backward()`` is called on is the loss (``comgra_ndbg.instrument.loss``)
 """
 from __future__ import annotations
 
-import html
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from comgra_ndbg.analysis.api import analyze
-from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Event, Hypothesis
-from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError, RecordingExistsError
 from comgra_ndbg.graph.eager import unwrap_compiled
 from comgra_ndbg.instrument import patches
@@ -62,6 +58,9 @@ from comgra_ndbg.instrument.stuck_steps import StuckSteps
 from comgra_ndbg.recorder.distributed import detect_rank, is_ddp_wrapped, shared_trial_name, unwrap_ddp
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
 from comgra_ndbg.recorder.validation import check_step
+
+if TYPE_CHECKING:  # the analysis is imported when a diagnosis is asked for, not by a recording
+    from comgra_ndbg.analysis.events import CausalChain, CausalLink, Diagnosis, Event, Hypothesis
 
 __all__ = ["Explanations", "NeuralDbg"]
 
@@ -323,6 +322,8 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         recording for the GUI."""
         if not self.enabled or self.path is None:
             raise RecorderStateError("this NeuralDbg is disabled (enabled=False): nothing was recorded to analyse")
+        from comgra_ndbg.analysis.api import analyze
+
         self.recorder.flush()
         return analyze(self.path)
 
@@ -340,6 +341,8 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
     def trace_causal_chain(self, failure_type: str) -> CausalChain | None:
         """The causal chain of the best hypothesis of ``failure_type`` (e.g. ``"vanishing"``; a longer name
         such as ``"vanishing_gradients"`` matches too), or None when the run shows no such failure."""
+        from comgra_ndbg.analysis.hypotheses import TYPE_TEXT
+
         if not any(_is_type(failure_type, known) for known in TYPE_TEXT):
             raise InvalidArgumentError(f"unknown failure type {failure_type!r}; failure types are {sorted(TYPE_TEXT)}")
         return next((h.chain for h in self.get_causal_hypotheses() if _is_type(failure_type, h.type)), None)
@@ -394,6 +397,8 @@ class Explanations(tuple):
         """In a Jupyter notebook: the diagnosis' table when known, else the sentences as a numbered list."""
         if self.diagnosis is not None:
             return self.diagnosis._repr_html_()
+        import html
+
         tag = "ol" if self.numbered else "ul"
         return f"<{tag}>" + "".join(f"<li>{html.escape(sentence)}</li>" for sentence in self) + f"</{tag}>"
 

@@ -20,7 +20,6 @@ breakpoint stops is finished with the step when training goes on or the block en
 from __future__ import annotations
 
 import difflib
-import pdb
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -136,6 +135,8 @@ def debug_layer(call: LayerCall) -> None:
     module, inputs, output, grad, step = call.module, call.inputs, call.output, call.grad, call.step  # noqa: F841
     print(f"comgra_ndbg: breakpoint at {call.node!r} ({call.at}) in step {step}: {call.reason}. In scope: module, "
           f"inputs, output, grad, step, call; 'c' continues training.")
+    import pdb  # with bdb, cmd and code: imported when a breakpoint is reached
+
     pdb.Pdb().set_trace(sys._getframe())
 
 

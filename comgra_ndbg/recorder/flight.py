@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import abc
 import collections
-import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -107,7 +106,7 @@ class LossSpike(Trigger):
             return f"KPI {self.kpi!r} is {value}"
         reason = None
         if len(self._history) >= self.min_history:
-            median = statistics.median(self._history)
+            median = _median(self._history)
             if median > 0 and value > self.factor * median:
                 reason = (f"{self.kpi} {value:.3g} exceeds {self.factor:g}x its running median {median:.3g} "
                           f"(KPI {self.kpi!r})")
@@ -245,3 +244,14 @@ class FlightRecorder:
         self._ring.clear()
         self._bytes = 0
         return entries
+
+
+def _median(values: Iterable[float]) -> float:
+    """``statistics.median`` (which imports ``decimal`` and ``fractions``: half a MiB, for one median).
+
+    >>> _median([3.0, 1.0, 2.0]), _median([4.0, 1.0, 3.0, 2.0])
+    (2.0, 2.5)
+    """
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -1,4 +1,14 @@
 """The recording's file format: schema, catalog, segment files, writer and reader (the only h5py users)."""
-from comgra_ndbg.store.reader import Note, Recording, Snapshot, list_trials, open_recording
-
 __all__ = ["open_recording", "list_trials", "Recording", "Snapshot", "Note"]
+
+
+def __getattr__(name: str) -> object:
+    """The reader's names, imported when first asked for: the writer's modules (imported by the recorder)
+    do not need the reader."""
+    if name in __all__:
+        from comgra_ndbg.store import reader
+
+        value = getattr(reader, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'comgra_ndbg.store' has no attribute {name!r}")

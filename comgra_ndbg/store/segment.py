@@ -160,7 +160,9 @@ def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> Pa
     of their own, where a growing buffer may leave its earlier copies behind. With ``consume``, each array
     of ``content`` is replaced by an empty one as soon as it is written."""
     image = PagedImage()
-    with h5py.File(image, "w", libver=schema.LIBVER) as f:
+    # No raw-data chunk cache: every chunk is written whole (slabs are whole chunks), and HDF5's default
+    # 1 MiB cache per dataset made a 1 MiB slab's write hold about 8 MiB of filtered chunk buffers at once.
+    with h5py.File(image, "w", libver=schema.LIBVER, rdcc_nbytes=0) as f:
         for key, value in attrs.items():
             f.attrs[key] = value
         content.catalog.write(f)
