@@ -82,18 +82,25 @@ def test_the_module_built_ahead_of_time_computes_what_the_jit_computes(both, dty
         for name, arguments in (("per_sample", (batched,)), ("per_sample_bounded", (batched, np.array([-0.9, 0.9])))):
             assert _same(getattr(aot, name + suffix)(*arguments), getattr(jit, name + suffix)(*arguments)), name
     arrays = _arrays(rng, dtype)
+    halves = [(x * 0.5).astype(dtype) for x in arrays]
+    copies = [np.empty_like(x) for x in arrays]
     addresses = np.array([x.ctypes.data for x in arrays], dtype=np.int64)
     sizes = np.array([x.size for x in arrays], dtype=np.int64)
     batches = np.array([2 if x.size % 2 == 0 else 0 for x in arrays], dtype=np.int64)
     none = np.zeros(len(arrays), dtype=np.int64)
+    starts = np.array([h.ctypes.data if j % 3 == 1 else 0 for j, h in enumerate(halves)], dtype=np.int64)
+    targets = np.array([c.ctypes.data if j % 3 == 2 else 0 for j, c in enumerate(copies)], dtype=np.int64)
     like = np.empty(0, dtype)
-    results = []
-    for module in (aot, jit):
-        rows, exact = np.zeros((len(arrays), NUM_FIELDS)), np.zeros(len(arrays), dtype=np.bool_)
-        getattr(module, "moments_many" + suffix)(like, addresses, none, none, sizes, batches, rows, exact)
-        results.append((rows, exact))
-    assert _same(*results) and results[0][1].any() and not results[0][1].all()
-    assert compared == 8 * len(arrays)
+    for begin, copy in ((none, none), (starts, targets)):
+        results = []
+        for module in (aot, jit):
+            rows, exact = np.zeros((len(arrays), NUM_FIELDS)), np.zeros(len(arrays), dtype=np.bool_)
+            assert getattr(module, "moments_many" + suffix)(like, addresses, begin, copy, sizes, batches, rows,
+                                                           exact) == -1
+            results.append((rows, exact, [c.copy() for c in copies]))
+        assert _same(results[0][:2], results[1][:2]) and results[0][1].any() and not results[0][1].all()
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(results[0][2], results[1][2]))
+    assert compared > 0
 
 
 def test_the_drift_passes_and_the_team_plan_agree_between_the_backends(both) -> None:
@@ -165,7 +172,7 @@ def test_a_build_that_fails_falls_back_to_the_jit_once_and_is_not_retried(monkey
         entries, kind = backend._resolve()
     assert kind == backend.JIT and hasattr(entries, "moments_f32")
     failed = backend.folder().with_name(backend.folder().name + ".failed")
-    assert "BuildError" in failed.read_text()
+    assert "the build exited with 1" in failed.read_text()
     assert not list(tmp_path.glob(".kernels-*"))  # the scratch folder of the failed build is gone
 
     def no_build(where):
@@ -190,6 +197,27 @@ def test_a_module_that_does_not_load_is_removed_and_reported(monkeypatch, tmp_pa
     assert not where.exists()
     with pytest.raises(backend.BuildError, match="no kernel module has been built"):
         backend.load_ahead_of_time(build=False)
+
+
+def test_processes_waiting_for_a_build_that_failed_do_not_run_it_again(monkeypatch, tmp_path) -> None:
+    runs = []
+
+    def failing(scratch):
+        runs.append(scratch)
+        raise backend.BuildError("the build exited with 1: no compiler")
+
+    monkeypatch.setattr(backend, "_run_build", failing)
+    where = tmp_path / "kernels-k"
+    with pytest.raises(backend.BuildError, match="no compiler"):
+        backend._build(where)
+    with pytest.raises(backend.BuildError, match="an earlier build failed: the build exited with 1: no compiler"):
+        backend._build(where)  # what a process that waited on the lock meanwhile does
+    assert len(runs) == 1 and not runs[0].exists() and not where.exists()
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == ["kernels-k.failed"]
+
+
+def test_a_built_module_is_readable_by_the_machine_s_other_users(both) -> None:
+    assert backend.folder().stat().st_mode & 0o755 == 0o755
 
 
 def test_the_kernel_mode_comes_from_the_environment(monkeypatch) -> None:
@@ -265,10 +293,30 @@ def test_a_builder_waits_for_the_one_before_and_uses_its_module(monkeypatch, tmp
     (lambda: kernels.moments_many(np.dtype(np.int32), np.zeros(2, np.int64), np.zeros(2, np.int64),
                                   np.zeros((2, NUM_FIELDS))), "not int32"),
     (lambda: parallel.plan(np.zeros(2, np.int64), np.zeros(3, np.int64), 8), "batches"),
+    (lambda: kernels.moments_many(np.dtype(np.float32), np.zeros((2, 1), np.int64), np.ones(2, np.int64),
+                                  np.zeros((2, NUM_FIELDS))), "addresses must be a C-contiguous int64 array of 2"),
+    (lambda: kernels.units(np.zeros((2, 3), np.float32), np.zeros(NUM_FIELDS), (0.5,)), "thresholds"),
 ])
 def test_the_entry_points_refuse_arrays_they_would_misread(call, message) -> None:
     with pytest.raises(TypeError, match=message):
         call()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("size, batch, address", [(0, 0, "real"), (0, 0, "none"), (-3, 0, "real"),
+                                                  (7, 3, "real"), (7, -1, "real"), (8, 0, "none")])
+def test_arrays_described_wrongly_by_address_are_refused_before_any_is_read(size, batch, address, shared) -> None:
+    if shared and not openmp.entry():
+        pytest.skip("no OpenMP team to share here")
+    good = np.arange(1.0, 9.0, dtype=np.float32)
+    a = np.arange(1.0, 8.0, dtype=np.float32)
+    addresses = np.array([good.ctypes.data, a.ctypes.data if address == "real" else 0], dtype=np.int64)
+    rows = np.zeros((2, NUM_FIELDS))
+    with pytest.raises(ValueError, match=rf"array 1 of moments_many cannot be read as described .* size {size}, "
+                                         rf"batch {batch}\)"):
+        parallel.moments_many(np.dtype(np.float32), addresses, np.array([8, size], dtype=np.int64), rows,
+                              batches=np.array([2, batch], dtype=np.int64), shared=shared)
+    assert not rows.any()  # the good array before it was not summarised either
 
 
 def _read_only() -> np.ndarray:

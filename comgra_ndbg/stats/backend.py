@@ -14,7 +14,9 @@ When numba is installed and the module for this key is missing, the first proces
 builds it, in a process of its own (tens of seconds, once per machine and version; other processes that
 need it meanwhile wait for that build rather than start their own) and loads it. A build that fails (no C
 compiler, a cache folder that cannot be written) is remembered in the cache folder beside the module's
-name, warned about once, and the JIT runs instead; delete the ``.failed`` file to try again.
+name, so that no process tries it again, and warned about; those processes run the JIT instead. Delete the
+``.failed`` file to try again. A module that does not load (a damaged file) is removed, and the next process
+builds it afresh.
 
 Environment:
 
@@ -138,17 +140,21 @@ _KEY: str | None = None
 
 def key() -> str:
     """A hash of everything the module's machine code depends on: the kernels' sources (and the constants
-    they read), the numba, numpy and Python versions, and this machine's CPU."""
+    they read), the numba, llvmlite, numpy and Python versions, numba's CPU and optimisation settings, and
+    this machine's CPU (model and the features it reports, which the build compiles for)."""
     global _KEY
     if _KEY is None:
         digest = hashlib.sha256()
         for path in sorted((_STATS / "compiled").glob("*.py")) + [_STATS / name for name in _SOURCES]:
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        try:
-            numba_version = importlib.metadata.version("numba")
-        except importlib.metadata.PackageNotFoundError:
-            numba_version = "absent"
-        for part in (numba_version, np.__version__, sys.version, sys.platform, platform.machine(), _cpu()):
+        versions = []
+        for package in ("numba", "llvmlite"):
+            try:
+                versions.append(importlib.metadata.version(package))
+            except importlib.metadata.PackageNotFoundError:
+                versions.append("absent")
+        settings = [os.environ.get(name, "") for name in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT")]
+        for part in (*versions, *settings, np.__version__, sys.version, sys.platform, platform.machine(), _cpu()):
             digest.update(part.encode() + b"\0")
         _KEY = digest.hexdigest()
     return _KEY
@@ -183,58 +189,73 @@ def _resolve() -> tuple[ModuleType | SimpleNamespace, str]:
         raise RuntimeError("no compiled kernels here: numba is not installed (or COMGRA_NDBG_KERNELS=numpy); "
                            "check stats.kernels.AVAILABLE before calling them")
     if chosen == "auto":
-        where = folder()
-        failed = where.with_name(where.name + ".failed")
+        failed = _failed_marker(folder())
         if not failed.exists():
             try:
                 return load_ahead_of_time(), AHEAD_OF_TIME
             except (BuildError, OSError, ImportError) as error:
-                _remember(failed, error)
-                warnings.warn(f"the statistics kernels run through numba's JIT (about 110 MiB more memory): they "
-                              f"could not be built ahead of time ({error}); {failed} records this, delete it "
-                              f"to try again", RuntimeWarning, stacklevel=4)
+                recorded = f"; {failed} records this, delete it to try again" if failed.exists() else ""
+                warnings.warn(f"the statistics kernels run through numba's JIT in this process (about 110 MiB more "
+                              f"memory): they could not be built ahead of time ({error}){recorded}",
+                              RuntimeWarning, stacklevel=4)
     return load_jit(), JIT
 
 
-def _remember(failed: Path, error: Exception) -> None:
-    try:
-        failed.parent.mkdir(parents=True, exist_ok=True)
-        failed.write_text(f"{type(error).__name__}: {error}\n")
-    except OSError:
-        pass
+def _failed_marker(where: Path) -> Path:
+    """The file that records a failed build of the module for ``where``: no process tries that build again."""
+    return where.with_name(where.name + ".failed")
 
 
 def _build(where: Path) -> None:
-    """Build the module into ``where`` in a process of its own, one builder at a time per cache folder."""
+    """Build the module into ``where`` in a process of its own, one builder at a time per cache folder. A
+    failure is recorded (``_failed_marker``) before the lock is let go, so the processes waiting for this
+    build do not each run it again."""
     import tempfile
 
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise BuildError(f"cannot create the cache folder {where.parent}: {error}") from error
+    failed = _failed_marker(where)
     with _exclusive(where.parent / f"{where.name}.lock"):
         if _module_file(where) is not None:  # another process built it while this one waited
             return
+        if failed.exists():  # or failed to
+            raise BuildError(f"an earlier build failed: {failed.read_text().strip()}")
         scratch = Path(tempfile.mkdtemp(dir=where.parent, prefix=f".{where.name}-"))
-        environment = dict(os.environ, COMGRA_NDBG_KERNELS="jit")
-        root = str(_STATS.parent.parent)  # the comgra_ndbg this process runs, whatever sys.path the child has
-        environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, environment.get("PYTHONPATH")) if p)
         try:
-            done = subprocess.run([sys.executable, "-m", "comgra_ndbg.stats.compiled.build", str(scratch)],
-                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT, env=environment)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            _remove(scratch)
-            raise BuildError(f"the build did not finish: {error}") from error
-        if done.returncode != 0 or _module_file(scratch) is None:
-            _remove(scratch)
-            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-            raise BuildError(f"the build exited with {done.returncode}: " + " | ".join(tail))
-        try:
+            _run_build(scratch)
+            scratch.chmod(0o755)  # (mkdtemp's 0700 would hide the module from the machine's other users)
             os.replace(scratch, where)
+        except BuildError as error:
+            try:
+                failed.write_text(f"{error}\n")
+            except OSError:
+                pass
+            raise
         except OSError:
-            _remove(scratch)
             if _module_file(where) is None:
                 raise
+        finally:
+            _remove(scratch)  # (gone already when it was renamed into place)
+
+
+def _run_build(scratch: Path) -> None:
+    """``compiled.build`` into ``scratch``, in a child process that imports this very comgra_ndbg: its working
+    directory is the cache (``python -m`` puts the working directory first on ``sys.path``) and
+    ``PYTHONPATH`` starts with the folder that holds this package."""
+    environment = dict(os.environ, COMGRA_NDBG_KERNELS="jit")
+    root = str(_STATS.parent.parent)
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, environment.get("PYTHONPATH")) if p)
+    try:
+        done = subprocess.run([sys.executable, "-m", "comgra_ndbg.stats.compiled.build", str(scratch)],
+                              capture_output=True, text=True, timeout=BUILD_TIMEOUT, env=environment,
+                              cwd=scratch.parent)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BuildError(f"the build did not finish: {error}") from error
+    if done.returncode != 0 or _module_file(scratch) is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise BuildError(f"the build exited with {done.returncode}: " + " | ".join(tail))
 
 
 def _remove(path: Path) -> None:

@@ -35,8 +35,8 @@ import numpy as np
 from comgra_ndbg.stats import backend
 from comgra_ndbg.stats.fields import NUM_FIELDS
 
-__all__ = ["AVAILABLE", "BLOCK", "ROWS", "SPREAD_TOLERANCE", "moments", "moments_many", "nones", "per_sample",
-           "summarize", "units", "warm_up"]
+__all__ = ["AVAILABLE", "BLOCK", "ROWS", "SPREAD_TOLERANCE", "addressed", "misfit", "moments", "moments_many",
+           "nones", "per_sample", "summarize", "units", "warm_up"]
 
 AVAILABLE = backend.available()
 """Whether the compiled kernels run here (else the numpy path in host.py takes over); which backend runs
@@ -203,8 +203,18 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     """
     suffix, arrays = addressed(dtype, addresses, sizes, rows, starts, copies, batches)
     exact = np.zeros(len(sizes), dtype=np.bool_)
-    _entry("moments_many", suffix)(_LIKE[suffix], *arrays, rows, exact)
+    misfit(_entry("moments_many", suffix)(_LIKE[suffix], *arrays, rows, exact), arrays)
     return exact
+
+
+def misfit(bad: int, arrays: tuple[np.ndarray, ...]) -> None:
+    """Raise for the array ``bad`` (>= 0) that the compiled pass refused to read (it reads none when one is
+    misdescribed); -1 is fine."""
+    if bad >= 0:
+        address, _, _, size, batch = (int(a[bad]) for a in arrays)
+        raise ValueError(f"array {bad} of moments_many cannot be read as described (address {address:#x}, size "
+                         f"{size}, batch {batch}): it needs an address, at least one element, and a batch size of 0 "
+                         f"(no unit statistics) or one that divides its size")
 
 
 def addressed(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: np.ndarray,
@@ -220,8 +230,9 @@ def addressed(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: n
     none = nones(count)
     arrays = (addresses, none if starts is None else starts, none if copies is None else copies, sizes,
               none if batches is None else batches)
-    for array in arrays:  # (a 2-D array of ``count`` rows passes, and only its first values are read)
-        if not (type(array) is np.ndarray and (array.dtype is _I64 or array.dtype == _I64) and len(array) == count
+    shape = (count,)
+    for array in arrays:  # (each array's values, sizes > 0 and batches that divide them, the compiled pass checks)
+        if not (type(array) is np.ndarray and (array.dtype is _I64 or array.dtype == _I64) and array.shape == shape
                 and array.flags.c_contiguous):
             name = ("addresses", "starts", "copies", "sizes", "batches")[[a is array for a in arrays].index(True)]
             raise TypeError(f"moments_many's {name} must be a C-contiguous int64 array of {count} values (one per "
@@ -265,7 +276,9 @@ def units(a: np.ndarray, row: np.ndarray, bounds: tuple[float, float] | None) ->
     _row(row)
     if bounds is None:
         return bool(_entry("units", suffix)(a, True, row))
-    return bool(_entry("units_bounded", suffix)(a, np.array(bounds, dtype=a.dtype), True, row))
+    thresholds = np.array(bounds, dtype=a.dtype)
+    _thresholds(thresholds, a.dtype)
+    return bool(_entry("units_bounded", suffix)(a, thresholds, True, row))
 
 
 def warm_up() -> None:

@@ -53,12 +53,13 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
     choice (True: use the team whenever one is found, however small the work; False: never)."""
     entry = openmp.entry() if shared is not False else 0
     threads = openmp.threads() if entry else 1
-    if entry and (shared or threads > 1):
+    if entry and (shared or threads > 1) and type(sizes) is np.ndarray:  # (else kernels.moments_many says why)
         total = sum(sizes.tolist())
         if (shared or total >= MIN_ELEMENTS) and _team_ready():
-            suffix, arrays = kernels.addressed(dtype, addresses, sizes, rows, starts, copies, batches)
+            _, arrays = kernels.addressed(dtype, addresses, sizes, rows, starts, copies, batches)
             exact = np.zeros(len(sizes), dtype=np.bool_)
-            _TEAM[0](entry, _part(total, threads), np.dtype(dtype).itemsize, *arrays, rows, exact)
+            kernels.misfit(_TEAM[0](entry, _part(total, threads), np.dtype(dtype).itemsize, *arrays, rows, exact),
+                           arrays)
             return exact
     return kernels.moments_many(dtype, addresses, sizes, rows, starts=starts, copies=copies, batches=batches)
 
@@ -76,8 +77,9 @@ def plan(sizes: np.ndarray, batches: np.ndarray, part: int) -> np.ndarray:
         if not (type(array) is np.ndarray and array.dtype == np.int64 and array.shape == (len(sizes),)
                 and array.flags.c_contiguous):
             raise TypeError(f"plan's {name} must be a C-contiguous int64 array of {len(sizes)} values")
-    if part < 1:
-        raise ValueError(f"plan needs a positive part, got {part}")
+    if part < 1 or not (sizes > 0).all() or not (batches >= 0).all():
+        raise ValueError(f"plan needs a positive part, sizes > 0 and batches >= 0, got part {part}, sizes "
+                         f"{sizes.tolist()}, batches {batches.tolist()}")
     return backend.entries().team_plan(sizes, batches, int(part))
 
 

@@ -25,9 +25,15 @@ def build(folder: Path) -> Path:
     """Compile every entry of ``entries.SIGNATURES`` into ``folder``; returns the module's path."""
     with warnings.catch_warnings():  # pycc is marked for replacement; it is what builds a numba-free module today
         warnings.simplefilter("ignore")
+        from numba.core.codegen import AOTCPUCodegen
         from numba.pycc import CC
 
         from comgra_ndbg.stats.compiled.entries import SIGNATURES
+
+        # pycc takes the CPU's name and the instruction sets that name implies; the JIT takes the features
+        # this CPU reports (a virtual machine may hide some its model has). The same features here: the
+        # same machine code as the JIT, and no instruction this CPU lacks.
+        AOTCPUCodegen._customize_tm_features = AOTCPUCodegen._get_host_cpu_features
 
         compiler = CC(MODULE_NAME)
         compiler.output_dir = str(folder)

@@ -9,6 +9,11 @@ bound to numba's dispatchers, so both backends are called the same way (``stats.
 
 The exported functions check nothing about their arguments (a wrong dtype or layout reads memory as the
 wrong type): the Python wrappers of ``kernels``, ``drift`` and ``parallel`` check them first.
+
+numba's JIT disk cache keys each dispatcher here on this file alone, and these call into the other files of
+this package: in a source checkout, clear that cache (``*.nbi``, ``*.nbc`` under ``__pycache__`` or
+``NUMBA_CACHE_DIR``) after editing them, or the JIT keeps running the old loops (the module built ahead of
+time is keyed on every file here and is rebuilt by itself).
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ def _moments_start_copy(a, start, copy_to, row):  # pragma: no cover - compiled
 
 @numba.njit(nogil=True, cache=True)
 def _moments_many(like, addresses, starts, copies, sizes, batches, rows, exact):  # pragma: no cover - compiled
-    moments.moments_many(like, addresses, starts, copies, sizes, batches, rows, exact)
+    return moments.moments_many(like, addresses, starts, copies, sizes, batches, rows, exact)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -85,7 +90,7 @@ _PER_DTYPE = {  # name: (dispatcher, signature with {a} for the array dtype)
     "moments_start": (_moments_start, f"b1({{a}}[::1], {{a}}[::1], {_ROW})"),
     "moments_copy": (_moments_copy, f"b1({{a}}[::1], {{a}}[::1], {_ROW})"),
     "moments_start_copy": (_moments_start_copy, f"b1({{a}}[::1], {{a}}[::1], {{a}}[::1], {_ROW})"),
-    "moments_many": (_moments_many, f"void({{a}}[::1], {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_ROWS}, "
+    "moments_many": (_moments_many, f"i8({{a}}[::1], {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_ROWS}, "
                                     f"{_FLAGS})"),
     "units": (_units, f"b1({{a}}[:, ::1], b1, {_ROW})"),
     "units_bounded": (_units_bounded, f"b1({{a}}[:, ::1], {{a}}[::1], b1, {_ROW})"),
@@ -98,7 +103,7 @@ _PLAIN = {
     "observe": (drift.observe, f"i8({_ROWS}, {_ROWS}, {_FLAGS}, {_ROWS}, f8, b1, b1, b1)"),
     "gradients": (drift.gradients, f"i8({_ROWS}, {_ROW}, b1, f8)"),
     "team_plan": (team.plan, f"i8[:, ::1]({_INTS}, {_INTS}, i8)"),
-    "team_run": (team.run, f"void(i8, i8, i8, {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_ROWS}, {_FLAGS})"),
+    "team_run": (team.run, f"i8(i8, i8, i8, {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_INTS}, {_ROWS}, {_FLAGS})"),
 }
 
 SIGNATURES: dict[str, tuple[object, str]] = {

@@ -152,9 +152,23 @@ def pointer(typingctx, address, like):  # noqa: ARG001
 
 
 @numba.njit(nogil=True, cache=True)
+def misfit(addresses, sizes, batches):  # pragma: no cover - compiled
+    """The first array that cannot be read as described (no address, no element, a negative batch size or
+    one that does not divide its size), or -1: looked for before any is read."""
+    for j in range(sizes.size):
+        if addresses[j] == 0 or sizes[j] <= 0 or batches[j] < 0 or (batches[j] > 0 and sizes[j] % batches[j]):
+            return j
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
 def moments_many(like, addresses, starts, copies, sizes, batches, rows, exact):  # pragma: no cover
     """``moments`` over arrays given by address (``starts``/``copies`` hold 0 where there is none), and
-    the unit statistics of those with a batch size in ``batches`` (0: batch-less)."""
+    the unit statistics of those with a batch size in ``batches`` (0: batch-less). Returns -1, or (reading
+    nothing) the first array ``misfit`` finds."""
+    bad = misfit(addresses, sizes, batches)
+    if bad >= 0:
+        return bad
     for j in range(sizes.size):
         a = numba.carray(pointer(addresses[j], like), (sizes[j],))
         if starts[j] != 0:
@@ -166,6 +180,7 @@ def moments_many(like, addresses, starts, copies, sizes, batches, rows, exact): 
         if batches[j] > 0:
             again = units(a.reshape((batches[j], sizes[j] // batches[j])), None, True, rows[j])
             exact[j] = exact[j] or again
+    return -1
 
 
 @numba.njit(nogil=True, cache=True)

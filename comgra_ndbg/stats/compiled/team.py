@@ -11,7 +11,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from comgra_ndbg.stats.compiled.moments import moments
+from comgra_ndbg.stats.compiled.moments import misfit, moments
 from comgra_ndbg.stats.compiled.units import deviation, unit_counts
 from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 from comgra_ndbg.stats.parallel import MIN_UNITS, MOMENTS, UNIT_COUNTS
@@ -125,8 +125,9 @@ def _body_pointer(typingctx):  # noqa: ARG001
     """The address of a C function ``void body(void *header)`` that runs ``_body``: what ``GOMP_parallel``
     calls on every thread. It is emitted into the module of the function that asks for it, so the JIT and
     the module built ahead of time both hold their own copy and numba's ``cfunc`` (which needs numba at run
-    time) is not used. ``_body`` raises nothing on the headers ``run`` builds; a status it returned would be
-    dropped."""
+    time) is not used. ``_body`` raises nothing on the headers ``run`` builds (its checked arguments); were it
+    to stop early (an allocation failing), the items it claimed keep the flag ``run`` sets before the team
+    starts, and their arrays are recomputed exactly."""
     signature = types.void(types.voidptr)
 
     def codegen(context, builder, sig, args):
@@ -172,11 +173,15 @@ def plan(sizes, batches, part):  # pragma: no cover - compiled
 
 @numba.njit(nogil=True, cache=True)
 def run(entry, part, itemsize, addresses, starts, copies, sizes, batches, rows, exact):  # pragma: no cover
-    """Run the items on the team, then merge each array's partial rows into its row of ``rows``."""
+    """Run the items on the team, then merge each array's partial rows into its row of ``rows``. Returns -1,
+    or (running nothing) the first array ``misfit`` finds."""
+    bad = misfit(addresses, sizes, batches)
+    if bad >= 0:
+        return bad
     table = plan(sizes, batches, part)
     count = table.shape[0]
     partial = np.empty((count, NUM_FIELDS))
-    flags = np.zeros(count, dtype=np.int64)
+    flags = np.ones(count, dtype=np.int64)  # an item a thread did not finish stays flagged: recomputed exactly
     header = np.zeros(_HEADER, dtype=np.int64)
     header[_ITEMS] = count
     header[_ITEMSIZE] = itemsize
@@ -217,3 +222,4 @@ def run(entry, part, itemsize, addresses, starts, copies, sizes, batches, rows, 
     for j in range(sizes.size):
         if batches[j] > 1:  # the spread covers every element when no flag is raised (else: recomputed)
             rows[j, _SPREAD_COUNT], rows[j, _SPREAD_SUM_SQ] = sizes[j], rows[j, _SUM_SQ]
+    return -1
