@@ -3,8 +3,8 @@
 Three backends offer the same entry points (``compiled.entries``):
 
 - **ahead of time**: the extension module ``compiled.build`` makes for this machine's CPU, these kernel
-  sources and these numba, numpy and Python versions, kept in the cache folder. Loading it maps well under
-  1 MiB and never imports numba or llvmlite.
+  sources and these numba, llvmlite, numpy and Python versions, kept in the cache folder. Loading it maps
+  about 1 MB and never imports numba or llvmlite.
 - **JIT**: numba's dispatchers, compiled on first call or loaded from numba's disk cache. The same machine
   code, but numba, llvmlite and LLVM's code generator stay in the process: about 110 MiB of resident memory
   on a training process that uses 300.

@@ -1,8 +1,8 @@
 """Build the compiled kernels ahead of time into one extension module, with numba's ``pycc``.
 
 A process that loads that module runs the kernels without importing numba or llvmlite, which (with the
-kernels loaded through numba's JIT) add about 110 MiB to a training process; the module itself maps well
-under 1 MiB. It is built for this machine's CPU (``target_cpu = "host"``, as the JIT compiles), so it is
+kernels loaded through numba's JIT) add about 110 MiB to a training process; the module itself maps about
+1 MB. It is built for this machine's CPU (its model and the features it reports, as the JIT compiles), so it is
 kept per machine, not shipped: ``stats.backend`` builds it on first use by running this module in a process
 of its own and keeps it in its cache folder.
 
