@@ -37,7 +37,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -228,10 +228,8 @@ def _build(where: Path) -> None:
             scratch.chmod(0o755)  # (mkdtemp's 0700 would hide the module from the machine's other users)
             os.replace(scratch, where)
         except BuildError as error:
-            try:
+            with suppress(OSError):  # a cache that cannot be written cannot keep the record either
                 failed.write_text(f"{error}\n")
-            except OSError:
-                pass
             raise
         except OSError:
             if _module_file(where) is None:
