@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from comgra_ndbg.stats import kernels
+from comgra_ndbg.stats.host import lean, lean_flags
 from comgra_ndbg.stats.reducer import Reducer, summarize
 from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD, identity_row
@@ -160,6 +161,20 @@ def test_add_many_equals_add_one_by_one_and_keeps_the_order() -> None:
     for tensor, index in zip(tensors, indices):
         assert_row_close(rows[index], summarize(tensor))
     assert rows[indices[-1], FIELD["nan"]] == 1 and rows[indices[-1], FIELD["sum"]] == 1.0
+
+
+def test_lean_flags_read_all_tensors_at_once_as_lean_reads_each() -> None:
+    """The C-level passes of ``lean_flags`` decide as ``lean`` does, also for layouts that have no strides
+    (a sparse CSR tensor refuses ``is_contiguous``: the flags then fall back to ``lean`` one by one)."""
+    tensors = [torch.ones(2, 3), torch.ones(2, 3).t(), torch._neg_view(torch.ones(3)), torch.zeros(0),
+               torch.ones(3, dtype=torch.float16), torch.arange(3), torch.ones(2, 2, dtype=torch.float64),
+               torch.ones(2, device="meta"), torch.eye(2).to_sparse()]
+    expected = [lean(t) for t in tensors]
+    assert lean_flags(tensors) == expected == [True, False, False, False, False, False, True, False, False]
+    csr = torch.eye(2).to_sparse_csr()
+    with pytest.raises(RuntimeError):
+        lean(csr)
+    assert lean_flags([torch.ones(2), csr.half()]) == [True, False]
 
 
 def test_add_many_copies_and_differences_pair_up_with_their_tensors() -> None:

@@ -777,6 +777,28 @@ def test_values_and_updates_follow_parameters_whose_storage_is_replaced(tmp_path
         assert recording.summary("layer.weight", "update", "mean")[1].tolist() == [0.0, 1.0, 0.0, 4.0]
 
 
+def test_values_and_updates_follow_parameters_re_strided_or_negated_over_the_same_memory(tmp_path: Path) -> None:
+    """A ``.data`` swapped for a view of the same memory (a transpose, a lazily negated view) keeps the
+    parameter's address: the layout cached for reading parameters by address must still notice, or the
+    kernels would read the memory as it was laid out before."""
+    layer = nn.Linear(3, 3, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.arange(9.0).view(3, 3))  # W[i, j] = 3 i + j
+    with Recorder(tmp_path, trial="t") as rec:
+        rec.track_module("layer", layer)
+        for step in range(4):
+            if step == 2:  # between steps: the same memory read with the other sign
+                layer.weight.data = torch._neg_view(layer.weight.data)
+            with rec.step(step):
+                rec.register_tensor("x", torch.ones(2, 3))
+                if step == 1:  # inside a step: the same memory transposed, W - W_start = 2 (j - i)
+                    layer.weight.data = layer.weight.data.t()
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.summary("layer.weight", "value", "mean")[1].tolist() == [4.0, 4.0, -4.0, -4.0]
+        assert recording.summary("layer.weight", "value", "min")[1].tolist() == [0.0, 0.0, -8.0, -8.0]
+        assert recording.summary("layer.weight", "update", "abs_max")[1].tolist() == [0.0, 4.0, 0.0, 0.0]
+
+
 def test_parameter_values_gradients_and_updates_on_both_host_paths(tmp_path: Path, host_path: str) -> None:
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))

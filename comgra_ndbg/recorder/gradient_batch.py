@@ -12,7 +12,7 @@ which its version counter shows, is dropped with a warning instead of being reco
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import NamedTuple
+from operator import attrgetter
 
 import torch
 from torch.autograd import Variable
@@ -21,12 +21,7 @@ from comgra_ndbg.stats.reducer import Reducer
 
 __all__ = ["GradientBatch"]
 
-
-class _Pending(NamedTuple):
-    key: Hashable
-    grad: torch.Tensor
-    batched: bool
-    version: int
+_VERSION = attrgetter("_version")
 
 
 class GradientBatch:
@@ -38,7 +33,7 @@ class GradientBatch:
 
     def __init__(self, on_end: Callable[[], None]) -> None:
         self._on_end = on_end
-        self._pending: list[_Pending] = []
+        self._pending: list[tuple[Hashable, torch.Tensor, bool, int]] = []  # (key, gradient, batched, version)
         self._queued = False
 
     def __len__(self) -> int:
@@ -46,7 +41,7 @@ class GradientBatch:
 
     def add(self, key: Hashable, grad: torch.Tensor, batched: bool) -> None:
         """Keep ``grad`` under ``key`` until the backward pass ends."""
-        self._pending.append(_Pending(key, grad.detach() if grad.requires_grad else grad, batched, grad._version))
+        self._pending.append((key, grad.detach() if grad.requires_grad else grad, batched, grad._version))
         if self._queued:
             return
         try:
@@ -64,10 +59,15 @@ class GradientBatch:
         """Summarise every pending gradient into ``reducer``: returns (key, row index) pairs and the keys of
         gradients dropped because they changed in place after their hook."""
         pending, self._pending = self._pending, []
-        kept = [p for p in pending if p.grad._version == p.version]
-        dropped = [p.key for p in pending if p.grad._version != p.version]
-        indices = reducer.add_many([p.grad for p in kept], batched=[p.batched for p in kept])
-        return [(p.key, index) for p, index in zip(kept, indices)], dropped
+        if not pending:
+            return [], []
+        keys, grads, batched, versions = zip(*pending)
+        if list(map(_VERSION, grads)) == list(versions):  # the usual case: none changed since its hook
+            return list(zip(keys, reducer.add_many(grads, batched=batched))), []
+        kept = [p for p in pending if p[1]._version == p[3]]
+        dropped = [p[0] for p in pending if p[1]._version != p[3]]
+        indices = reducer.add_many([p[1] for p in kept], batched=[p[2] for p in kept])
+        return [(p[0], index) for p, index in zip(kept, indices)], dropped
 
     def clear(self) -> None:
         """Forget what is pending (the step ended without it)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,9 @@ from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 
 __all__ = ["ParameterTracker", "optimizer_holds"]
+
+_DATA_PTR, _STRIDE, _IS_NEG = torch.Tensor.data_ptr, torch.Tensor.stride, torch.Tensor.is_neg
+_PLACE = attrgetter("shape", "dtype", "is_cpu")
 
 
 @dataclass
@@ -54,13 +58,15 @@ class ParameterTracker:
     _buffers: list[torch.Tensor] | None = None
     _scratch: list[torch.Tensor] | None = None
     _layout: _HostLayout | None = None
-    _layout_key: list[tuple] | None = None
+    _layout_key: tuple[list, ...] | None = None
     _captured: bool = False
     _versions: list[int] | None = None  # each parameter's version counter at ``capture()``
     _step_hooks: list[Any] = field(default_factory=list)
     _watching: bool = False
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
     _names: dict[str, torch.nn.Parameter] | None = None
+    _params: list[torch.nn.Parameter] | None = None  # ``parameters()``, kept until ``track`` or ``close``
+    _ids: list[int] | None = None  # ``tensor_ids()``, likewise
     # optimizer -> (its param groups' sizes, whether they hold a tracked parameter): ``holds``
     _holders: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
@@ -89,7 +95,7 @@ class ParameterTracker:
             if self._watching:
                 self._step_hooks += self._hooks_of([entry])
         self._buffers = None
-        self._names = None
+        self._names = self._params = self._ids = None
         self._holders = weakref.WeakKeyDictionary()
 
     def watch(self) -> None:
@@ -122,6 +128,13 @@ class ParameterTracker:
             self._names = {t.name: t.parameter for t in self.tracked}
         return self._names
 
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Every tracked parameter, in ``tensor_ids()`` order (the same list until ``track`` or ``close``; do
+        not change it)."""
+        if self._params is None:
+            self._params = [t.parameter for t in self.tracked]
+        return self._params
+
     def values(self) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, detached value) of every tracked parameter."""
         return [(t.tensor_id, t.parameter.detach()) for t in self.tracked]
@@ -136,8 +149,11 @@ class ParameterTracker:
         return [(p._version, p.data_ptr(), p.requires_grad) for p in (t.parameter for t in self.tracked)]
 
     def tensor_ids(self) -> list[int]:
-        """The tensor ids of the tracked parameters, in the order of ``values()`` and ``capture()``."""
-        return [t.tensor_id for t in self.tracked]
+        """The tensor ids of the tracked parameters, in the order of ``values()`` and ``capture()`` (the same
+        list until ``track`` or ``close``; do not change it)."""
+        if self._ids is None:
+            self._ids = [t.tensor_id for t in self.tracked]
+        return self._ids
 
     def capture(self, reducer: Reducer | None = None) -> list[int]:
         """Copy every parameter now, so updates can be measured against this point.
@@ -147,7 +163,7 @@ class ParameterTracker:
         Without, CPU parameters are copied with numpy (several times faster on the host than
         ``torch._foreach_copy_``), other devices with the fused foreach copy.
         """
-        params = [t.parameter for t in self.tracked]
+        params = self.parameters()
         if not params:
             return []
         key = _layout_key(params)
@@ -175,7 +191,7 @@ class ParameterTracker:
         """Queue the summary of every parameter's value (no copy); returns the row indices, in
         ``tensor_ids()`` order. One kernel call by address while the parameters are where ``capture()`` last
         found them."""
-        params = [t.parameter for t in self.tracked]
+        params = self.parameters()
         layout = self._layout if kernels.AVAILABLE else None
         if layout is not None and _layout_key(params) == self._layout_key:
             return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params))
@@ -191,7 +207,7 @@ class ParameterTracker:
         layout = self._layout if kernels.AVAILABLE else None
         if layout is None or len(grads) != len(layout.size_list):
             return None
-        params = [t.parameter for t in self.tracked]
+        params = self.parameters()
         if _layout_key(params) != self._layout_key:
             return None
         dtype = params[0].dtype
@@ -214,7 +230,7 @@ class ParameterTracker:
         indices, in ``tensor_ids()`` order."""
         if not self.captured:
             return []
-        params = [t.parameter for t in self.tracked]
+        params = self.parameters()
         layout = self._layout if kernels.AVAILABLE else None
         if layout is not None and _layout_key(params) == self._layout_key:  # no parameter moved during the step
             return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
@@ -290,7 +306,7 @@ class ParameterTracker:
         self.unwatch()
         self.tracked.clear()
         self._buffers = self._scratch = None
-        self._names = None
+        self._names = self._params = self._ids = None
 
 
 @dataclass(frozen=True)
@@ -331,10 +347,13 @@ def optimizer_holds(optimizer: Any, ids: Callable[[], set[int]], cache: weakref.
     return cached[1]
 
 
-def _layout_key(params: list[torch.nn.Parameter]) -> list[tuple]:
+def _layout_key(params: list[torch.nn.Parameter]) -> tuple[list, ...]:
     """What must stay the same for a cached layout (and the copies) to remain valid: a parameter whose
-    ``.data`` was replaced, moved, cast, reshaped or made non-contiguous changes it."""
-    return [(p.data_ptr(), p.shape, p.stride(), p.dtype, p.is_cpu, p.is_neg()) for p in params]
+    ``.data`` was replaced, moved, cast, reshaped, re-strided or made a negative view changes it. Each
+    property is read for all parameters in one C-level pass (no Python call per parameter): this runs
+    twice per recorded step."""
+    return (list(map(_DATA_PTR, params)), list(map(_STRIDE, params)), list(map(_IS_NEG, params)),
+            list(map(_PLACE, params)))
 
 
 def _on_host(tensors: list[torch.Tensor]) -> bool:

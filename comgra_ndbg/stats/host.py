@@ -12,6 +12,7 @@ float64, on its tensor (``exact``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.stats.fields import FIELD
 
 __all__ = ["MOMENT_COLUMNS", "CHECKED_COLUMNS", "NUMPY_DTYPE", "reduce_cpu", "kernel_summary", "reduce_cpu_fused",
-           "summarize_addressed", "lean", "batchable", "difference"]
+           "summarize_addressed", "lean", "lean_flags", "batchable", "difference"]
 
 _FLOAT_FIELDS = ("sum", "sum_sq", "sum_abs", "min", "max")
 MOMENT_COLUMNS = [FIELD[f] for f in _FLOAT_FIELDS]
@@ -33,6 +34,8 @@ CHECKED_COLUMNS = MOMENT_COLUMNS + [FIELD["spread_sum_sq"], FIELD["spread_dev_sq
 _COUNT = FIELD["count"]
 NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_DTYPE, _IS_CPU = attrgetter("dtype"), attrgetter("is_cpu")
+_IS_CONTIGUOUS, _IS_NEG, _NUMEL = torch.Tensor.is_contiguous, torch.Tensor.is_neg, torch.Tensor.numel
 
 
 def reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[float, float] | None,
@@ -106,6 +109,22 @@ def lean(tensor: torch.Tensor) -> bool:
     (a lazily negated view holds the other sign in memory)."""
     return (tensor.dtype in NUMPY_DTYPE and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_neg()
             and tensor.numel() > 0)
+
+
+def lean_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:
+    """``lean`` of every tensor, each property read for all of them in one C-level pass (no Python call per
+    tensor): this runs for the gradients and parameters of every recorded step.
+
+    >>> lean_flags([torch.ones(2, 3), torch.ones(2, 3).t(), torch.arange(3), torch.zeros(0)])
+    [True, False, False, False]
+    """
+    try:
+        return [dtype in NUMPY_DTYPE and cpu and contiguous and not negative and size > 0
+                for dtype, cpu, contiguous, negative, size in zip(map(_DTYPE, tensors), map(_IS_CPU, tensors),
+                                                                   map(_IS_CONTIGUOUS, tensors),
+                                                                   map(_IS_NEG, tensors), map(_NUMEL, tensors))]
+    except RuntimeError:  # a layout without strides (sparse CSR): ``lean``'s own order of checks decides
+        return [lean(t) for t in tensors]
 
 
 def batchable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:

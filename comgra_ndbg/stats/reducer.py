@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ from comgra_ndbg.stats.host import batchable as _batchable
 from comgra_ndbg.stats.host import difference
 from comgra_ndbg.stats.host import kernel_summary as _kernel_summary
 from comgra_ndbg.stats.host import lean as _lean
+from comgra_ndbg.stats.host import lean_flags as _lean_flags
 from comgra_ndbg.stats.host import reduce_cpu as _reduce_cpu
 from comgra_ndbg.stats.host import reduce_cpu_fused as _reduce_cpu_fused
 from comgra_ndbg.stats.host import summarize_addressed as _summarize_addressed
@@ -50,6 +52,7 @@ _COUNT = FIELD["count"]
 _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
 _HOST_DEVICE = "cpu"  # summarised on the host; tests name another to run the device reductions on CPU tensors
 _IDENTITY = identity_row()
+_DATA_PTR, _NUMEL, _DTYPE = torch.Tensor.data_ptr, torch.Tensor.numel, attrgetter("dtype")
 
 
 @dataclass
@@ -188,7 +191,17 @@ class Reducer:
         first = self._claim(count)
         fast = kernels.AVAILABLE
         if fast and starts is None and copies is None:
-            lean = [_lean(t) for t in tensors]
+            lean = _lean_flags(tensors)
+            if count and all(lean) and len(set(map(_DTYPE, tensors))) == 1:  # the usual case: one kernel call
+                batches = None
+                if batched is not None and any(batched):
+                    batches = np.array([t.shape[0] if b and t.dim() else 0 for t, b in zip(tensors, batched)],
+                                       dtype=np.int64)
+                _summarize_addressed(self._buffer[first:first + count], _NUMPY_DTYPE[tensors[0].dtype],
+                                     np.array(list(map(_DATA_PTR, tensors)), dtype=np.int64),
+                                     np.array(list(map(_NUMEL, tensors)), dtype=np.int64), tensors, None, None, None,
+                                     batches)
+                return list(range(first, first + count))
         else:
             lean = [fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
                     for j, t in enumerate(tensors)]
