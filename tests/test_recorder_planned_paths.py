@@ -189,3 +189,26 @@ def test_snapshot_steps_take_the_plans_and_record_the_general_path_s_snapshots(
                 np.testing.assert_array_equal(got.sample_index, want.sample_index)
                 np.testing.assert_array_equal(got.sample_rows, want.sample_stats)
             assert (got.sample_rows[:, FIELD["bounded"]] > 0).all() == (name == "h")  # bounded: saturation was counted
+
+
+def test_planned_steps_reuse_the_graph_found_at_the_first_and_a_changed_producer_is_rediscovered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The structure signature of a step is kept as its tensors are registered, from the plans' keys on planned
+    steps: equal to the general path's for the same tensors (one discovery for five repeated steps), and a
+    tensor produced by another function takes the general path and a new discovery (the edge moves)."""
+    general = count_general_path(monkeypatch)
+    weight = nn.Parameter(torch.randn(3, 3))
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        for step in range(6):
+            with rec.step(step):
+                a = rec.register_tensor("a", torch.randn(4, 3, requires_grad=True), role="input")
+                b = rec.register_tensor("b", torch.randn(4, 3, requires_grad=True), role="input")
+                h = torch.tanh(a @ weight) if step < 5 else torch.sigmoid(b @ weight)
+                rec.register_tensor("h", h)
+                h.sum().backward()
+            if step == 4:
+                assert rec._structure.cache.misses == 1 and general == ["a", "b", "h"]
+        assert rec._structure.cache.misses == 2 and general == ["a", "b", "h", "h"]
+    with open_recording(tmp_path, "t") as recording:
+        edges = {(edge.source, edge.target) for edge in recording.graph("default").graph.edges}
+    assert ("b", "h") in edges and ("a", "h") not in edges

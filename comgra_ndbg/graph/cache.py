@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 from comgra_ndbg.graph.discovery import Registration
 from comgra_ndbg.graph.model import DependencyGraph, GraphError
@@ -26,7 +27,22 @@ from comgra_ndbg.graph.serialize import structure_hash
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CachedGraph", "GraphCache", "structure_signature"]
+__all__ = ["CachedGraph", "GraphCache", "registration_key", "signature_of", "structure_signature"]
+
+_REQUIRES_GRAD = attrgetter("requires_grad")
+
+
+def registration_key(name: str, iteration: int, tensor: torch.Tensor, origin: tuple[Any, int]) -> tuple:
+    """One registration's part of :func:`structure_signature`: its name and iteration, the tensor's rank, dtype
+    and whether it requires grad, and the type of its producing function (``origin``: ``(grad_fn,
+    output_nr)`` as the registration saw them) with its output index. The recorder keeps these as tensors
+    are registered, so a step's signature is one tuple of them.
+
+    >>> import torch
+    >>> registration_key("h", 0, torch.ones(2, 3), (None, 0))
+    ('h', 0, (2, torch.float32, False, <class 'NoneType'>), 0)
+    """
+    return name, iteration, (tensor.ndim, tensor.dtype, tensor.requires_grad, type(origin[0])), origin[1]
 
 
 def structure_signature(tensors: Sequence[Registration], parameters: Mapping[str, torch.Tensor]) -> tuple:
@@ -42,10 +58,14 @@ def structure_signature(tensors: Sequence[Registration], parameters: Mapping[str
     >>> structure_signature([("h", 0, a)], {}) == structure_signature([("h", 1, a)], {})
     False
     """
-    registered = tuple((entry[0], entry[1], entry[2].ndim, entry[2].dtype, entry[2].requires_grad,
-                        *((type(entry[3][0]), entry[3][1]) if len(entry) > 3 else
-                          (type(entry[2].grad_fn), entry[2].output_nr))) for entry in tensors)
-    return registered, tuple(parameters), tuple(parameter.requires_grad for parameter in parameters.values())
+    registered = tuple(registration_key(entry[0], entry[1], entry[2], entry[3] if len(entry) > 3 else
+                                        (entry[2].grad_fn, entry[2].output_nr)) for entry in tensors)
+    return signature_of(registered, parameters)
+
+
+def signature_of(keys: Sequence[tuple], parameters: Mapping[str, torch.Tensor]) -> tuple:
+    """:func:`structure_signature` from the registrations' :func:`registration_key`, in C-level passes."""
+    return tuple(keys), tuple(parameters), tuple(map(_REQUIRES_GRAD, parameters.values()))
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ gradient of the value before it). Leaves have no ``grad_fn`` and keep the tensor
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 
-__all__ = ["on_gradient"]
+__all__ = ["on_gradient", "on_gradient_at"]
 
 
 def on_gradient(tensor: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> Any:
@@ -40,3 +41,25 @@ def on_gradient(tensor: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> Any
             fn(grad)
 
     return node.register_prehook(hook)
+
+
+def on_gradient_at(tensor: torch.Tensor, fn: Callable[..., None], *args: Any) -> Any:
+    """``on_gradient`` with no closure between autograd and ``fn`` (the recorder's hook for every registered
+    tensor of every step): registers ``partial(fn, slot, *args)``, so ``fn(slot, *args, grads)`` receives
+    the gradient itself (``slot`` None: a leaf's tensor hook) or the gradients reaching the ``grad_fn``, of
+    which the tensor's is ``grads[slot]`` (None when it got none). Returns the handle.
+
+    >>> seen = []
+    >>> def hook(slot, tag, grads):
+    ...     seen.append((tag, (grads if slot is None else grads[slot]).tolist()))
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> y = x * 3
+    >>> handles = on_gradient_at(x, hook, "x"), on_gradient_at(y, hook, "y")
+    >>> (y * 5).sum().backward()
+    >>> seen
+    [('y', [5.0, 5.0]), ('x', [15.0, 15.0])]
+    """
+    node = tensor.grad_fn
+    if node is None:
+        return tensor.register_hook(partial(fn, None, *args))
+    return node.register_prehook(partial(fn, tensor.output_nr, *args))

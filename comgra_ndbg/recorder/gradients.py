@@ -34,22 +34,40 @@ LAYOUTS_KEPT = 64
 SET_MEMORY = 64 * 2 ** 20
 """Bytes of registered tensors' gradients a gradient set keeps to add up later backward passes into them."""
 
+_STRIDED = torch.strided
+
 
 class GradientRecording:
     """Gradient recording of ``Recorder`` (see the module docstring); not used on its own."""
 
-    def _on_grad(self, token: int, tid: int, iteration: int, batched: bool, deferred: bool, grad: torch.Tensor
-                 ) -> None:
-        """Autograd hook: keep the gradient for the summaries at the end of the backward pass (``deferred``)
-        or reduce it now; never alters it, never raises."""
+    def _on_grad(self, slot: int | None, token: int, tid: int, iteration: int, batched: bool, deferred: bool,
+                 grad: torch.Tensor | tuple[torch.Tensor | None, ...]) -> None:
+        """Autograd hook (``grad_hook.on_gradient_at``): keep the gradient for the summaries at the end of the
+        backward pass (``deferred``) or reduce it now; never alters it, never raises. ``grad`` is the gradient,
+        or with a ``slot`` the gradients reaching the tensor's ``grad_fn``, of which it is ``grad[slot]``."""
+        if slot is not None:
+            grad = grad[slot]
+            if grad is None:
+                return
         if token != self._token or not self._step_open:
             return
         try:
-            self._discover_graph()
-            grad = summarizable(grad)
+            if self._structure.pending:
+                self._discover_graph()
+            if grad.layout is not _STRIDED or grad.is_meta or grad.is_nested or grad.is_quantized:
+                grad = summarizable(grad)  # (its own test, inline: the usual gradient needs nothing)
             key = (tid, iteration)
-            repeated = key in self._set_grads
-            grad = self._add_earlier_passes(key, grad, keep=deferred)
+            earlier = self._set_grads.get(key)
+            if earlier is None:  # the usual case: the set's first backward pass to reach the tensor
+                grad = grad.detach()
+                size = grad.numel() * grad.element_size()
+                if deferred and self._set_grad_bytes + size <= SET_MEMORY:
+                    self._set_grad_bytes += size
+                    self._set_grads[key] = (grad, grad._version)
+                else:
+                    self._set_grads[key] = (None, 0)
+            else:
+                grad = self._add_earlier_passes(key, grad, earlier, keep=deferred)
             if self._summarize:
                 if deferred:
                     self._grad_batch.add(key, grad, batched)
@@ -57,7 +75,7 @@ class GradientRecording:
                     self._grad_keys[key] = self._grads.add(grad, batched=batched)
             if self._snapshot:
                 if self._deferring and batched:
-                    if repeated:
+                    if earlier is not None:
                         self._deferred_grads = [d for d in self._deferred_grads
                                                 if d.kind is not None or (d.key, d.iteration) != key]
                     self._deferred_grads.append(DeferredSnapshot(tid, iteration, grad.detach(), True, None))
@@ -66,26 +84,22 @@ class GradientRecording:
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._skipped(self.catalog.tensors[tid].name, "grad", error)
 
-    def _add_earlier_passes(self, key: tuple[int, int], grad: torch.Tensor, *, keep: bool) -> torch.Tensor:
+    def _add_earlier_passes(self, key: tuple[int, int], grad: torch.Tensor, earlier: tuple[torch.Tensor | None, int],
+                            *, keep: bool) -> torch.Tensor:
         """The gradient of ``key`` in the current set so far: ``grad`` plus what earlier backward passes of
-        the set brought, when those were kept; keeps the result (within ``SET_MEMORY``) for later passes."""
+        the set brought (``earlier``: the sum they kept and its version), when those were kept; keeps the
+        result for later passes."""
         grad = grad.detach()
-        earlier = self._set_grads.get(key)
-        if earlier is None:
-            size = grad.numel() * grad.element_size()
-            keep = keep and self._set_grad_bytes + size <= SET_MEMORY
-            self._set_grad_bytes += size if keep else 0
+        kept, version = earlier
+        keep = keep and kept is not None
+        if kept is not None and kept._version == version:
+            grad = kept + grad
         else:
-            kept, version = earlier
-            keep = keep and kept is not None
-            if kept is not None and kept._version == version:
-                grad = kept + grad
-            else:
-                name = self.catalog.tensors[key[0]].name
-                self._note_once(f"passes of {name}", f"tensor {name!r} received gradients from several backward passes "
-                                f"of one gradient set; only the last is recorded (the earlier were not kept: a "
-                                f"torch.compile region's gradient, or more than SET_MEMORY bytes of gradients in "
-                                f"the set). Call record_gradients('<name>') after each backward pass to keep each")
+            name = self.catalog.tensors[key[0]].name
+            self._note_once(f"passes of {name}", f"tensor {name!r} received gradients from several backward passes "
+                            f"of one gradient set; only the last is recorded (the earlier were not kept: a "
+                            f"torch.compile region's gradient, or more than SET_MEMORY bytes of gradients in "
+                            f"the set). Call record_gradients('<name>') after each backward pass to keep each")
         self._set_grads[key] = (grad, grad._version) if keep else (None, 0)
         return grad
 
@@ -111,7 +125,7 @@ class GradientRecording:
         if tid is None:
             raise InvalidArgumentError(f"record_gradient({name!r}): no tensor of that name was registered; call "
                                        f"register_tensor({name!r}, ...) first")
-        self._on_grad(self._token, tid, self._iteration if iteration is None else iteration,
+        self._on_grad(None, self._token, tid, self._iteration if iteration is None else iteration,
                       self.catalog.tensors[tid].batched, deferred, grad)
 
     def _on_parameter_grad(self, tid: int, grad: torch.Tensor) -> None:
@@ -119,7 +133,8 @@ class GradientRecording:
         if not self._step_open or not (self._summarize or self._snapshot):
             return
         try:
-            grad = summarizable(grad)
+            if grad.layout is not _STRIDED or grad.is_meta or grad.is_nested or grad.is_quantized:
+                grad = summarizable(grad)  # (its own test, inline: the usual gradient needs nothing)
             if self._summarize:
                 self._grad_batch.add(tid, grad, False)
             if self._snapshot:

@@ -43,17 +43,15 @@ from comgra_ndbg.stats.host import NUMPY_DTYPE, lean
 _WORK_DTYPE = np.dtype(np.float64)  # what ``work_view`` turns integers and booleans into
 _HALF_DTYPE = np.dtype(np.float32)  # ... and half-precision floats
 
-__all__ = ["RegistrationPlan", "make_plan", "fits"]
+__all__ = ["RegistrationPlan", "make_plan", "fits", "plan_key"]
 
 
 class RegistrationPlan(NamedTuple):
     """The decisions of one name's registration and the signature under which they hold."""
 
     call: tuple[Any, ...]  # (role, node, batched, module) as register_tensor received them
-    grad_fn_type: type | None
+    key: tuple[Any, ...]  # ``plan_key`` of the tensor it was made from: later tensors must match it
     requires_grad: bool
-    dtype: torch.dtype
-    shape: torch.Size
     batch_before: int | None  # the step's batch size when the name was registered
     batched: bool
     batch: int  # rows of the [batch, units] view the kernels read (0: batch-less)
@@ -61,8 +59,21 @@ class RegistrationPlan(NamedTuple):
     tensor_id: int
     series_id: int  # the value series
     deferred: bool  # its gradient is summarised when the backward pass ends (not a compiled region's)
-    convert: bool = False  # summarised from its work view, not in place (see the module docstring)
-    bounds: tuple[float, float] | None = None  # the resolved saturation bounds (per-sample statistics of snapshots)
+    convert: bool  # summarised from its work view, not in place (see the module docstring)
+    bounds: tuple[float, float] | None  # the resolved saturation bounds (per-sample statistics of snapshots)
+    work_dtype: np.dtype  # the dtype of the array the kernel reads (the tensor's, or its work view's)
+    kernel: Any  # ``kernels.summary_entry`` of that dtype, with or without thresholds
+    structure_key: tuple[Any, ...]  # (ndim, dtype, requires_grad, grad_fn type): ``graph.cache.registration_key``
+
+
+def plan_key(tensor: torch.Tensor, batch_size: int | None) -> tuple[Any, ...]:
+    """What a plan's decisions rest on besides the call's arguments, read from ``tensor`` (not a nested
+    tensor, which has no shape) registered while the step's batch size is ``batch_size``: the producing
+    autograd function's type, whether it requires grad, dtype, shape, the batch size, and that it is a
+    strided host tensor. ``register_tensor`` builds this very tuple inline on its hot path (and checks the
+    rest as ``fits`` does)."""
+    return (type(tensor.grad_fn), tensor.requires_grad, tensor.dtype, tensor.shape, batch_size, tensor.is_cpu,
+            tensor.layout)
 
 
 def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int | None, batched: bool,
@@ -79,17 +90,15 @@ def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int 
         NUMPY_DTYPE.get(tensor.dtype, _WORK_DTYPE))
     thresholds = None if bounds is None else saturation_thresholds(bounds, saturation_margin, dtype)
     batch = int(tensor.shape[0]) if batched and tensor.dim() else 0
-    return RegistrationPlan(call, type(tensor.grad_fn) if tensor.grad_fn is not None else None,
-                            tensor.requires_grad, tensor.dtype, tensor.shape, batch_before, bool(batched), batch,
-                            thresholds, tensor_id, series_id, deferred, convert, bounds)
+    return RegistrationPlan(call, plan_key(tensor, batch_before), tensor.requires_grad, batch_before, bool(batched),
+                            batch, thresholds, tensor_id, series_id, deferred, convert, bounds, dtype,
+                            kernels.summary_entry(dtype, thresholds is not None),
+                            (tensor.ndim, tensor.dtype, tensor.requires_grad, type(tensor.grad_fn)))
 
 
 def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -> bool:
     """Whether ``tensor``, registered while the step's batch size is ``batch_size``, takes ``plan``'s route
-    (the call's arguments are compared by the caller)."""
-    fn = tensor.grad_fn
-    return ((plan.grad_fn_type is None if fn is None else type(fn) is plan.grad_fn_type)
-            and tensor.requires_grad is plan.requires_grad and tensor.dtype is plan.dtype and not tensor.is_nested
-            and tensor.shape == plan.shape and batch_size == plan.batch_before
-            and tensor.is_cpu and tensor.layout is torch.strided
+    (the call's arguments are compared by the caller): its ``plan_key`` is the plan's, and the kernels can
+    read it in place unless the plan converts it."""
+    return (not tensor.is_nested and plan.key == plan_key(tensor, batch_size)
             and (plan.convert or (tensor.is_contiguous() and not tensor.is_neg())))

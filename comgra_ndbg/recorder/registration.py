@@ -7,15 +7,14 @@ summarised (on the meta device, nested) is skipped alone and logged (``faults``)
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
 
 from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.graph import TensorEdge
-from comgra_ndbg.recorder.grad_hook import on_gradient
-from comgra_ndbg.recorder.plan import RegistrationPlan, fits, make_plan
+from comgra_ndbg.recorder.grad_hook import on_gradient_at
+from comgra_ndbg.recorder.plan import RegistrationPlan, make_plan
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.stats.bounds import saturation_bounds
@@ -58,7 +57,9 @@ class TensorRegistration:
         plan = self._plans.get(name) if type(name) is str and bounds is AUTO else None
         if (plan is not None and self._summarize and not self._deferring and name not in self._names
                 and plan.call == (role, node, batched, module) and isinstance(tensor, torch.Tensor)
-                and fits(plan, tensor, self._batch_size)):
+                and not tensor.is_nested and plan.key == (type(tensor.grad_fn), tensor.requires_grad, tensor.dtype,
+                                                          tensor.shape, self._batch_size, tensor.is_cpu, tensor.layout)
+                and (plan.convert or (tensor.is_contiguous() and not tensor.is_neg()))):  # ``plan.fits``, inline
             self._register_planned(name, tensor, plan)
             return tensor
         if not isinstance(tensor, torch.Tensor):
@@ -96,7 +97,7 @@ class TensorRegistration:
         iteration = self._iteration
         try:
             row = self._values.add_planned(work_view(tensor.detach()).contiguous() if plan.convert else tensor,
-                                           plan.batch, plan.thresholds)
+                                           plan.batch, plan.thresholds, plan.kernel, plan.work_dtype)
         except Exception as error:  # a recorder problem must not break the training run
             self._skipped(name, "value", error)
             return
@@ -106,10 +107,10 @@ class TensorRegistration:
                 self._snaps.append((plan.series_id, iteration, self._take(tensor, plan.batched, plan.bounds)))
             except Exception as error:  # a recorder problem must not break the training run
                 self._skipped(name, "value", error)
-        self._structure.add(name, iteration, tensor)
+        self._structure.add(name, iteration, tensor, plan.structure_key)
         if plan.requires_grad:
-            self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, plan.tensor_id, iteration,
-                                                           plan.batched, plan.deferred)))
+            self._hooks.append(on_gradient_at(tensor, self._on_grad, self._token, plan.tensor_id, iteration,
+                                              plan.batched, plan.deferred))
 
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
                        bounds: Any, module: str = "") -> None:
@@ -144,8 +145,8 @@ class TensorRegistration:
         self._structure.add(name, iteration, tensor)
         deferred = not _compiled_region(tensor)
         if tensor.requires_grad:
-            self._hooks.append(on_gradient(tensor, partial(self._on_grad, self._token, tid, iteration, bool(batched),
-                                                           deferred)))
+            self._hooks.append(on_gradient_at(tensor, self._on_grad, self._token, tid, iteration, bool(batched),
+                                              deferred))
         plan = None if call is None else make_plan(
             call, tensor, batch_before=batch_before, batched=bool(batched), bounds=bounds,
             saturation_margin=self._saturation_margin, tensor_id=tid, series_id=sid, deferred=deferred)

@@ -80,7 +80,8 @@ class SentinelSteps:
             if plan is None or not fits(plan, tensor, plan.batch_before):
                 continue
             host = work_view(tensor.detach()).contiguous() if plan.convert else tensor
-            pending.append((plan.series_id, self._values.add_planned(host, plan.batch, plan.thresholds)))
+            pending.append((plan.series_id, self._values.add_planned(host, plan.batch, plan.thresholds, plan.kernel,
+                                                                     plan.work_dtype)))
 
     @property
     def sentinel_eligible(self) -> bool:

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 import torch
 
 from comgra_ndbg.graph import (GraphCache, TensorEdge, build_graph, discover_edges, graph_to_dict, layered_layout,
-                               merge_manual_edges, structure_signature)
-from comgra_ndbg.graph.discovery import Registration, autograd_origin, validate_manual_edges
+                               merge_manual_edges)
+from comgra_ndbg.graph.cache import signature_of
+from comgra_ndbg.graph.discovery import Registration, validate_manual_edges
 from comgra_ndbg.store.catalog import Catalog
 
 __all__ = ["StructureTracker"]
@@ -26,6 +27,7 @@ class StructureTracker:
         self.catalog = catalog
         self.cache = GraphCache()
         self._registered: list[Registration] = []  # (name, iteration, tensor, its (grad_fn, output_nr) then)
+        self._keys: list[tuple] = []  # their ``graph.cache.registration_key``, in the same order
         self._manual: list[TensorEdge] = []
         self._found: list[TensorEdge] = []  # edges autograd showed elsewhere (an eager pass of a compiled model)
         self.pending = False  # something was registered or declared since the last discovery (it would do work)
@@ -33,8 +35,14 @@ class StructureTracker:
         self._last: tuple | None = None  # (signature, step type, structure hash) of the last discovery
         self._before: tuple | None = None  # (_last, graph of each step type) when the step began
 
-    def add(self, name: str, iteration: int, tensor: torch.Tensor) -> None:
-        self._registered.append((name, iteration, tensor, autograd_origin(tensor)))
+    def add(self, name: str, iteration: int, tensor: torch.Tensor, shape_key: tuple | None = None) -> None:
+        """Register ``tensor`` as ``name`` in ``iteration``. ``shape_key`` is the rank, dtype, requires_grad
+        and producing function's type of its ``registration_key`` when the caller knows them already (a
+        registration plan: the tensor matched them)."""
+        origin = (tensor.grad_fn, tensor.output_nr)  # as now: a later in-place op must not move it in the graph
+        self._registered.append((name, iteration, tensor, origin))
+        self._keys.append((name, iteration, (tensor.ndim, tensor.dtype, tensor.requires_grad, type(origin[0]))
+                           if shape_key is None else shape_key, origin[1]))  # ``registration_key``, inline
         self.pending = True
 
     def add_edge(self, edge: TensorEdge, *, discovered: bool = False) -> None:
@@ -42,7 +50,7 @@ class StructureTracker:
         self.pending = bool(self._registered)
 
     def clear(self) -> None:
-        self._registered, self._manual, self._found = [], [], []
+        self._registered, self._keys, self._manual, self._found = [], [], [], []
         self.pending = False
         self.autograd = True
         self._before = (self._last, dict(self.catalog.graph_of_type))
@@ -71,7 +79,7 @@ class StructureTracker:
             return
         registered, manual, found = self._registered, self._manual, self._found
         self.pending = False
-        signature = (structure_signature(registered, parameters), tuple(sorted(manual)), tuple(sorted(set(found))),
+        signature = (signature_of(self._keys, parameters), tuple(sorted(manual)), tuple(sorted(set(found))),
                      self.autograd)
         last = self._last
         if last is not None and last[1] == step_type and last[0] == signature:  # the common case: as last step

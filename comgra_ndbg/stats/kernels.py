@@ -36,7 +36,7 @@ from comgra_ndbg.stats import backend
 from comgra_ndbg.stats.fields import NUM_FIELDS
 
 __all__ = ["AVAILABLE", "BLOCK", "ROWS", "SPREAD_TOLERANCE", "addressed", "misfit", "moments", "moments_many",
-           "nones", "per_sample", "summarize", "units", "warm_up"]
+           "nones", "per_sample", "summarize", "summary_entry", "units", "warm_up"]
 
 AVAILABLE = backend.available()
 """Whether the compiled kernels run here (else the numpy path in host.py takes over); which backend runs
@@ -152,6 +152,26 @@ def summarize(a: np.ndarray, row: np.ndarray, thresholds: np.ndarray | None, bat
         return bool(_entry("summarize", suffix)(a, bool(batched), row))
     _thresholds(thresholds, a.dtype)
     return bool(_entry("summarize_bounded", suffix)(a, thresholds, bool(batched), row))
+
+
+def summary_entry(dtype: np.dtype, bounded: bool) -> object:
+    """The compiled ``summarize`` entry for arrays of ``dtype`` (float32 or float64), with saturation
+    thresholds when ``bounded``, for a caller that has checked its arguments once and calls it many times
+    (the recorder's registration plans): ``entry(a, batched, row)`` or ``entry(a, thresholds, batched,
+    row)``, returning the "recompute exactly" flag. It checks nothing: ``a`` must be a non-empty C-contiguous
+    2-D array of ``dtype``, ``row`` a writable C-contiguous float64 array of at least ``NUM_FIELDS`` values
+    and ``thresholds`` a C-contiguous array of ``dtype`` (low, high), as ``summarize`` checks them.
+
+    >>> from comgra_ndbg.stats.fields import FIELD
+    >>> row = np.zeros(NUM_FIELDS)
+    >>> summarize_f32 = summary_entry(np.dtype(np.float32), False)
+    >>> bool(summarize_f32(np.ones((2, 3), np.float32), True, row)), float(row[FIELD["sum"]])
+    (False, 6.0)
+    """
+    suffix = _SUFFIX.get(np.dtype(dtype))
+    if suffix is None:
+        raise TypeError(f"the summary kernels read float32 or float64 arrays, not {dtype}")
+    return _entry("summarize_bounded" if bounded else "summarize", suffix)
 
 
 def moments(a: np.ndarray, row: np.ndarray, *, start: np.ndarray | None = None,

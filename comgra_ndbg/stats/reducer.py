@@ -116,15 +116,30 @@ class Reducer:
         self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
         return row_index
 
-    def add_planned(self, tensor: torch.Tensor, batch: int, thresholds: np.ndarray | None) -> int:
-        """``add`` of a tensor the caller knows to be a non-empty contiguous float32/float64 host tensor, seen
-        as ``[batch, units]`` (``batch`` 0: batch-less), with its saturation thresholds already resolved
-        (``saturation_thresholds``; None: unbounded); returns its row index."""
-        row_index = self._claim(1)
+    def add_planned(self, tensor: torch.Tensor, batch: int, thresholds: np.ndarray | None, kernel: object,
+                    dtype: np.dtype) -> int:
+        """``add`` of a tensor the caller knows to be a non-empty contiguous host tensor of ``dtype`` (float32
+        or float64), seen as ``[batch, units]`` (``batch`` 0: batch-less), with its saturation thresholds
+        already resolved (``saturation_thresholds``; None: unbounded) and ``kernel``, the compiled entry
+        ``kernels.summary_entry(dtype, thresholds is not None)``, which checks nothing; returns its row
+        index. Only the array's dtype is checked here (a mismatch takes ``kernels.summarize``, which checks
+        everything): the caller's plan vouches for the rest."""
+        row_index = self._size
+        if row_index < len(self._buffer):  # ``_claim(1)``, inline: this runs for every planned registration
+            self._size = row_index + 1
+        else:
+            row_index = self._claim(1)
         row = self._buffer[row_index]
         row[_COUNT] = tensor.numel()
         host = (tensor.detach() if tensor.requires_grad else tensor).numpy()
-        if kernels.summarize(host.reshape(batch or 1, -1), row, thresholds, batch > 0):
+        a = host.reshape(batch or 1, -1)
+        if a.dtype is not dtype:
+            exact = kernels.summarize(a, row, thresholds, batch > 0)
+        elif thresholds is None:
+            exact = kernel(a, batch > 0, row)
+        else:
+            exact = kernel(a, thresholds, batch > 0, row)
+        if exact:
             row[_MOMENT_COLUMNS] = np.nan
             _exact_moments(tensor.detach(), row, batch=batch)
         return row_index
