@@ -223,7 +223,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._parameter_names = {node_name(name) for name, _ in self._root.named_parameters()}
         self._root_selected = any(p == "" for p, _ in chosen)
         self._init_eval(record_eval, eval_step_type)
-        self._hooks = ModuleHooks(chosen, self._route_output)
+        self._hooks = ModuleHooks(chosen, self._on_output)
         self._hooks.bind(self._on_tap_grad)
         resumed = self.recorder.resume_after
         self._next_step = first_step if first_step is not None else (0 if resumed is None else resumed + 1)
@@ -237,6 +237,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._hidden_pass = False  # ... and hid some module outputs from autograd (frozen, checkpointed)
         self._declared_edges = False  # the open step's edges come from structure passes, not from autograd
         self._pass_args: tuple[tuple, dict] | None = None
+        self._pass_inputs: list[tuple[str, torch.Tensor]] = []  # input_names of a recorded pass
         self._counts: dict[str, int] = {}
         self._module_nodes: dict[str, str] = {}  # module path -> its node name
         self._call_names: dict[tuple[str, int], str] = {}  # (node name, k) -> the name of the module's k-th call
@@ -304,7 +305,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
             for handle in self._handles + self._tensor_handles:
                 handle.remove()
             self._handles, self._tensor_handles = [], []
-            self._taps, self._losses, self._loss_sources, self._pass_args = {}, [], {}, None
+            self._taps, self._losses, self._loss_sources, self._pass_args, self._pass_inputs = {}, [], {}, None, []
             self._inv_close()
             self._close_breakpoints()
             patches.detach(self)

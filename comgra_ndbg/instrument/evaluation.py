@@ -93,13 +93,6 @@ class EvalRecording:
         """Evaluation runs recorded so far (each filed at the training step it followed)."""
         return getattr(self, "_eval_filed", 0)
 
-    def _route_output(self, path: str, output: Any) -> None:
-        """A chosen module's eager output: to the evaluation sums in an evaluation pass, else registered."""
-        if self._eval_capture:
-            self._safely("recording an evaluation output", self._eval_output, path, output)
-        else:
-            self._on_output(path, output)
-
     def _eval_begin(self) -> None:
         """An evaluation pass starts: its module outputs go to :meth:`_eval_output` until it ends."""
         if not self._eval_on or self._pass_open:

@@ -221,6 +221,8 @@ def call_node(name: str, suffix: str) -> str:
 
 def input_names(args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """Names of the tensors a forward pass was called with: ``input``, or ``input[i]`` / ``input[key]``."""
+    if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):  # the usual call: model(x)
+        return [(INPUT, args[0])]
     leaves = list(tensor_leaves(tuple(args))) + list(tensor_leaves(kwargs))
     return [(INPUT if len(leaves) == 1 else INPUT + suffix, tensor) for suffix, tensor in leaves]
 

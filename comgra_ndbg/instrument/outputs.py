@@ -19,7 +19,7 @@ import torch
 
 from comgra_ndbg.instrument.hooks import call_node, from_compiled_code, node_name, output_names, tensor_leaves
 from comgra_ndbg.instrument.structure import (ModelStructure, autocast_active, discover_structure, hidden_from_autograd,
-                                              saved_tensors_hooked)
+                                              saved_tensors_hooked, top_saved_tensors_hooks)
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
 __all__ = ["OutputRegistration"]
@@ -29,51 +29,54 @@ class OutputRegistration:
     """Output registration of ``NeuralDbg`` (see the module docstring); not used on its own."""
 
     def _on_output(self, path: str, output: Any) -> None:
-        """Forward hook of a chosen module, eager: register its output now."""
-        if isinstance(output, torch.Tensor):  # the usual module output: one tensor, no container to walk
-            if from_compiled_code(output):
-                self._hooks.stash.append((path, output, ()))
-                return
-            if saved_tensors_hooked():
-                self._hidden_pass = True
-            try:
-                self._register_output(path, output)
-            except Exception as error:  # a recording problem must never break the training loop
-                self.recorder._warn("recording a module output", error)
+        """Forward hook of a chosen module, eager: in an evaluation pass its output goes to the evaluation sums
+        (``evaluation``), else it is registered now. An output that is one tensor (the usual) is named from a
+        table kept per module call, as a forward pass calls the same modules in the same order at every step,
+        and registered here without a call more (this runs for every module of every recorded pass)."""
+        if self._eval_capture:
+            self._safely("recording an evaluation output", self._eval_output, path, output)
             return
-        else:
-            leaves = list(tensor_leaves(output))
-            compiled = any(from_compiled_code(tensor) for _, tensor in leaves)
-        if compiled:
+        if not isinstance(output, torch.Tensor):
+            self._on_outputs(path, output)
+            return
+        if type(output.grad_fn).__name__.startswith("CompiledFunction"):  # ``from_compiled_code``, inline
+            self._hooks.stash.append((path, output, ()))
+            return
+        if top_saved_tensors_hooks(False) is not None:  # ``saved_tensors_hooked``, inline
+            self._hidden_pass = True
+        try:
+            module = self._module_nodes.get(path)
+            if module is None:
+                module = self._module_nodes[path] = node_name(path)
+            counts = self._counts
+            calls = counts.get(module, 0)
+            counts[module] = calls + 1
+            name = module if calls == 0 else self._call_names.get((module, calls))
+            if name is None:
+                name = self._call_names[(module, calls)] = f"{module}#{calls}"
+            self.recorder.register_tensor(name, output, role="output" if path == "" else "intermediate", node=name,
+                                          module=module)
+            self._eager_names.append(name)
+            if path == "":
+                self._output_names.append(name)
+            else:
+                self._outputs_seen += 1
+            if not output.requires_grad and (output.is_floating_point() or output.is_complex()):
+                self._hidden_pass = True
+                self._note_hidden_call(path, [name])
+        except Exception as error:  # a recording problem must never break the training loop
+            self.recorder._warn("recording a module output", error)
+
+    def _on_outputs(self, path: str, output: Any) -> None:
+        """``_on_output`` of an output holding several tensors (or none): tuples, dicts, dataclasses."""
+        leaves = list(tensor_leaves(output))
+        if any(from_compiled_code(tensor) for _, tensor in leaves):
             self._hooks.stash.append((path, output, ()))  # a compiled region's output: registered with the rest
             return
         if saved_tensors_hooked():
             self._hidden_pass = True
         self._safely("recording a module output", self._register_outputs, path, leaves,
                      "output" if path == "" else "intermediate")
-
-    def _register_output(self, path: str, tensor: torch.Tensor) -> None:
-        """``_register_outputs`` of an output that is one tensor, with its names from a table kept per
-        module call: a forward pass calls the same modules in the same order at every step."""
-        module = self._module_nodes.get(path)
-        if module is None:
-            module = self._module_nodes[path] = node_name(path)
-        counts = self._counts
-        calls = counts.get(module, 0)
-        counts[module] = calls + 1
-        name = module if calls == 0 else self._call_names.get((module, calls))
-        if name is None:
-            name = self._call_names[(module, calls)] = f"{module}#{calls}"
-        self.recorder.register_tensor(name, tensor, role="output" if path == "" else "intermediate", node=name,
-                                      module=module)
-        self._eager_names.append(name)
-        if path == "":
-            self._output_names.append(name)
-        else:
-            self._outputs_seen += 1
-        if not tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex()):
-            self._hidden_pass = True
-            self._note_hidden_call(path, [name])
 
     def _register_outputs(self, path: str, leaves: list[tuple[str, torch.Tensor]], role: str) -> None:
         module = node_name(path)
@@ -124,8 +127,7 @@ class OutputRegistration:
         """Whether this eager pass hides part of its structure from autograd (see the module docstring)."""
         if self._hidden_pass:
             return True
-        args, kwargs = self._pass_args if self._pass_args is not None else ((), {})
-        return autocast_active(args, kwargs)
+        return autocast_active(self._pass_inputs)
 
     def _declare_eager_structure(self) -> None:
         """Edges of an eager pass that autograd does not show, from the structure pass."""

@@ -113,11 +113,11 @@ class StepDetection:
         self._counts, self._outputs_seen, self._output_names, self._eager_names = {}, 0, [], []
         capture = rec.is_recording
         self._pass_args = (args, kwargs) if capture else None
+        self._pass_inputs = input_names(args, kwargs) if capture else []
         self._input_names = []
-        if capture:
-            for name, tensor in input_names(args, kwargs):
-                rec.register_tensor(name, tensor, role="input", node=INPUT)
-                self._input_names.append(name)
+        for name, tensor in self._pass_inputs:
+            rec.register_tensor(name, tensor, role="input", node=INPUT)
+            self._input_names.append(name)
         self._hooks.capture = capture
 
     def _optimizer_stepped(self) -> bool:
@@ -167,7 +167,7 @@ class StepDetection:
             self._watch_backward(output)
         finally:
             self._hooks.capture = False
-            self._pass_args = None
+            self._pass_args, self._pass_inputs = None, []
             rec.finish_iteration()
             self._pass_open = False
 

@@ -42,7 +42,7 @@ from comgra_ndbg.instrument.hooks import ROOT, ModuleHooks, input_names, node_na
 from comgra_ndbg.stats.bounds import saturation_bounds
 
 __all__ = ["ModelStructure", "autocast_active", "discover_structure", "fully_visible", "hidden_from_autograd",
-           "saved_tensors_hooked"]
+           "saved_tensors_hooked", "top_saved_tensors_hooks"]
 
 
 @dataclass
@@ -113,16 +113,29 @@ def hidden_from_autograd(leaves: Sequence[tuple[str, torch.Tensor]]) -> bool:
     return any(not t.requires_grad and (t.is_floating_point() or t.is_complex()) for _, t in leaves)
 
 
+def _no_saved_tensors_hooks(ignore_empty: bool) -> None:
+    """``top_saved_tensors_hooks`` of a torch without saved-tensor hooks: there are none."""
+    return None
+
+
+top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", _no_saved_tensors_hooks)
+"""torch's ``_top_saved_tensors_default_hooks(ignore_empty)``: the innermost saved-tensor hooks, or None."""
+
+
 def saved_tensors_hooked() -> bool:
-    """Whether saved-tensor hooks are active now (inside a non-reentrant checkpoint, ``save_on_cpu``)."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is not None and top(False) is not None
+    """Whether saved-tensor hooks are active now (inside a non-reentrant checkpoint, ``save_on_cpu``); the
+    hook of every module output tests ``top_saved_tensors_hooks(False) is not None`` inline."""
+    return top_saved_tensors_hooks(False) is not None
 
 
-def autocast_active(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """Whether ``torch.autocast`` is on for the host or for a device of the pass's tensor inputs."""
-    devices = {"cpu"} | {t.device.type for _, t in input_names(args, kwargs)}
-    return any(torch.is_autocast_enabled(device) for device in devices)
+def autocast_active(inputs: Sequence[tuple[str, torch.Tensor]]) -> bool:
+    """Whether ``torch.autocast`` is on for the host or for a device of the pass's tensor inputs (``inputs``:
+    ``hooks.input_names`` of the pass)."""
+    if torch.is_autocast_enabled("cpu"):
+        return True
+    devices = {tensor.device.type for _, tensor in inputs}
+    devices.discard("cpu")
+    return bool(devices) and any(map(torch.is_autocast_enabled, devices))
 
 
 def _requiring_grad(value: Any) -> Any:

@@ -15,6 +15,7 @@ that, or for a ``torch.compile`` region's gradient, a later pass replaces the ea
 from __future__ import annotations
 
 from functools import partial
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -203,8 +204,9 @@ class GradientRecording:
         if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
             self._flush_gradients()
         self._guard("discovering the dependency graph", self._discover_graph)
-        self._grad_keys.update(((tid, 0), index) for tid, index in self._parameter_grads.items())
-        self._grad_snaps.update(((tid, 0), data) for tid, data in self._parameter_grad_snaps.items())
+        for by_tensor, keyed in ((self._parameter_grads, self._grad_keys),
+                                 (self._parameter_grad_snaps, self._grad_snaps)):
+            keyed.update(zip(zip(by_tensor, repeat(0)), by_tensor.values()))  # tensor id -> (tensor id, iteration 0)
         self._parameter_grads, self._parameter_grad_snaps = {}, {}
         gradients = self._parameters.take_gradients()
         parameter_rows: list[int] = []
