@@ -311,3 +311,34 @@ def test_neuraldbg_defaults_to_the_tiers_and_the_recorder_to_full(tmp_path):
         rec.track_module("model", model)
     with open_recording(dbg.path) as tiered, open_recording(rec.path) as full:
         assert tiered.config["detail"] == repr(Tiers()) and full.config["detail"] == "'full'"
+
+
+def test_a_module_tracked_between_steps_has_its_missing_gradients_watched(tmp_path):
+    """The series the tiers read a step's parameter gradients from are kept once every parameter has one: a
+    module tracked later (its layer unused here, so its gradients are missing) is watched as well, never
+    read against the series of the parameters tracked before it."""
+    import warnings
+
+    from comgra_ndbg.errors import RecorderWarning
+
+    torch.manual_seed(0)
+    used, unused = nn.Linear(4, 2), nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(used.parameters(), lr=0.05)
+    with warnings.catch_warnings(record=True) as caught, Recorder(tmp_path, trial="t", snapshots=None,
+                                                                  detail=QUIET) as rec:
+        warnings.simplefilter("always")
+        rec.use_sentinels()  # as NeuralDbg: the tiers watch the gradients of the steps recorded in full
+        rec.track_module("used", used)
+        for step in range(8):
+            if step == 4:
+                rec.track_module("unused", unused)
+            with rec.step(step):
+                optimizer.zero_grad()
+                rec.register_tensor("out", used(torch.randn(8, 4)), role="output").square().mean().backward()
+                optimizer.step()
+    assert not [w for w in caught if issubclass(w.category, RecorderWarning)]
+    with open_recording(tmp_path / "t") as recording:
+        reasons = recording.step_reasons()
+    assert not any("got no gradient" in reasons[step] for step in range(4))
+    assert "tiers: a parameter's requires_grad changed" in reasons[4]  # the new parameters' marks, first
+    assert all("a parameter that requires grad got no gradient" in reasons[step] for step in range(5, 8))

@@ -4,6 +4,7 @@ for the updates, in the same pass as their summaries) and their updates at its e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -16,6 +17,8 @@ from comgra_ndbg.recorder.validation import check_name, check_text
 from comgra_ndbg.store import schema
 
 __all__ = ["ParameterSteps"]
+
+_REQUIRES_GRAD = attrgetter("requires_grad")
 
 
 class ParameterSteps:
@@ -117,13 +120,19 @@ class ParameterSteps:
     def _observe_tier_gradients(self, rows: SummaryRows) -> None:
         """The parameter gradient rows among a tiered step's ``rows``, watched as a sentinel step's are (a jump,
         a non-finite or a missing gradient holds the next steps in full)."""
-        find = self.catalog.find_series
-        series = np.array([-1 if (sid := find(tid, schema.KIND_GRAD)) is None else sid
-                           for tid in self._parameters.tensor_ids()], dtype=np.int64)  # creates no series
+        tids = self._parameters.tensor_ids()
+        key = ("found", schema.KIND_GRAD, len(tids))
+        series = self._series_of_parameters.get(key)
+        if series is None:  # kept once every parameter has a gradient series (a series id never changes)
+            find = self.catalog.find_series
+            series = np.array([-1 if (sid := find(tid, schema.KIND_GRAD)) is None else sid for tid in tids],
+                              dtype=np.int64)  # creates no series
+            if (series >= 0).all():
+                self._series_of_parameters[key] = series
         order = np.argsort(rows.series, kind="stable")
         at = np.minimum(np.searchsorted(rows.series[order], series), max(len(order) - 1, 0))
         found = (len(order) > 0) & (rows.series[order][at] == series) if len(order) else np.zeros(len(series), bool)
-        requires = np.array([t.parameter.requires_grad for t in self._parameters.tracked], dtype=bool)
+        requires = np.array(list(map(_REQUIRES_GRAD, self._parameters.parameters())), dtype=bool)
         missing = bool((requires & ~found).any())
         grads = rows.data[order[at]] if found.all() else None
         reason = self._tier_state.observe_gradients(self._step, grads, missing)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.stats import kernels
-from comgra_ndbg.stats.host import lean
+from comgra_ndbg.stats.host import lean_flags
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 
@@ -34,6 +34,8 @@ __all__ = ["ParameterTracker", "optimizer_holds"]
 
 _DATA_PTR, _STRIDE, _IS_NEG = torch.Tensor.data_ptr, torch.Tensor.stride, torch.Tensor.is_neg
 _PLACE = attrgetter("shape", "dtype", "is_cpu")
+_VERSION, _REQUIRES_GRAD, _DTYPE = attrgetter("_version"), attrgetter("requires_grad"), attrgetter("dtype")
+_NUMEL = torch.Tensor.numel
 
 
 @dataclass
@@ -146,7 +148,8 @@ class ParameterTracker:
     def marks(self) -> list[tuple[int, int, bool]]:
         """(version counter, storage address, requires_grad) of every tracked parameter: what an in-place
         change, a replaced ``.data`` or a frozen layer moves (``tiers``)."""
-        return [(p._version, p.data_ptr(), p.requires_grad) for p in (t.parameter for t in self.tracked)]
+        params = self.parameters()
+        return list(zip(map(_VERSION, params), map(_DATA_PTR, params), map(_REQUIRES_GRAD, params)))
 
     def tensor_ids(self) -> list[int]:
         """The tensor ids of the tracked parameters, in the order of ``values()`` and ``capture()`` (the same
@@ -172,7 +175,7 @@ class ParameterTracker:
             self._scratch = None
             self._layout_key, self._layout = key, _HostLayout.of(params, self._buffers)
         self._captured = True
-        self._versions = [p._version for p in params]
+        self._versions = list(map(_VERSION, params))
         if reducer is not None:
             layout = self._layout if kernels.AVAILABLE else None
             if layout is not None:
@@ -210,14 +213,11 @@ class ParameterTracker:
         params = self.parameters()
         if _layout_key(params) != self._layout_key:
             return None
-        dtype = params[0].dtype
-        pointers = []
-        for grad, size in zip(grads, layout.size_list):
-            if not (grad.dtype is dtype and grad.numel() == size and lean(grad)):
-                return None
-            pointers.append(grad.data_ptr())
+        if (set(map(_DTYPE, grads)) != {params[0].dtype} or list(map(_NUMEL, grads)) != layout.size_list
+                or not all(lean_flags(grads))):
+            return None
         addresses = layout.addresses_twice
-        addresses[len(pointers):] = pointers
+        addresses[len(grads):] = list(map(_DATA_PTR, grads))
         return reducer.add_addressed(layout.dtype, addresses, layout.sizes_twice, params + grads)
 
     @property

@@ -16,6 +16,8 @@ are absent (not estimated).
 """
 from __future__ import annotations
 
+from functools import partial
+from operator import attrgetter, is_
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +29,8 @@ from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.store import schema
 
 __all__ = ["Sentinel", "SentinelSteps", "SENTINEL_REASON"]
+
+_GRAD, _IS_NONE = attrgetter("grad"), partial(is_, None)
 
 SENTINEL_REASON = schema.SENTINEL_REASON
 
@@ -99,8 +103,8 @@ class SentinelSteps:
         tracker, state = self._parameters, self._tier_state
         inputs, self._sentinel_inputs = self._sentinel_inputs, []
         tracked = tracker.tracked
-        grads = [t.parameter.grad for t in tracked]
-        complete = not any(g is None for g in grads)  # (``None in grads`` would compare tensors with ==)
+        grads = list(map(_GRAD, tracker.parameters()))
+        complete = not any(map(_IS_NONE, grads))  # (``None in grads`` would compare tensors with ==)
         with_grad = grads if complete else [g for g in grads if g is not None]
         both = tracker.summarize_with_gradients(self._values, grads) if complete else None
         if both is not None:  # one kernel call over the values and the gradients

@@ -214,9 +214,9 @@ def optimizer_settings(optimizer: Any) -> tuple:
     """The settings of every param group of ``optimizer`` that are numbers, flags or tuples of them (learning
     rate, momentum, betas, weight decay, ...), in a comparable tuple; tensors (a capturable learning rate)
     are left out, as reading them could wait for a device."""
-    return tuple(tuple((key, value) for key, value in group.items()
-                       if key != "params" and isinstance(value, (int, float, tuple)))
-                 for group in optimizer.param_groups)
+    return tuple([tuple([(key, value) for key, value in group.items()
+                         if key != "params" and isinstance(value, (int, float, tuple))])
+                  for group in optimizer.param_groups])
 
 
 def settings_jumped(before: Any, now: Any, factor: float) -> bool:
