@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, not_
 
 import numpy as np
 import torch
@@ -222,11 +223,17 @@ class Reducer:
                     for j, t in enumerate(tensors)]
         groups: dict[torch.dtype, list[int]] = {}
         device_groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        for j, tensor in enumerate(tensors):
+        members = list(compress(range(count), lean))
+        dtypes = set(compress(map(_DTYPE, tensors), lean))
+        if len(dtypes) == 1:  # the kernels' tensors are all of one dtype (the others are taken one by one)
+            groups[dtypes.pop()] = members
+        else:
+            for j in members:
+                groups.setdefault(tensors[j].dtype, []).append(j)
+        for j in compress(range(count), map(not_, lean)):
+            tensor = tensors[j]
             start, copy_to = None if starts is None else starts[j], None if copies is None else copies[j]
-            if lean[j]:
-                groups.setdefault(tensor.dtype, []).append(j)
-            elif _segmentable(tensor, start, copy_to):
+            if _segmentable(tensor, start, copy_to):
                 device_groups.setdefault((tensor.device, tensor.dtype), []).append(j)
             else:
                 self._add_at(first + j, tensor, batched=bool(batched and batched[j]), start=start, copy_to=copy_to)
@@ -246,9 +253,9 @@ class Reducer:
             group_starts = None if starts is None else [starts[j] for j in members]
             rows = self._buffer[first:first + count] if whole else _identity_rows(len(members))
             _summarize_addressed(
-                rows, _NUMPY_DTYPE[dtype], np.array([t.data_ptr() for t in group], dtype=np.int64),
-                np.array([t.numel() for t in group], dtype=np.int64), group, group_starts,
-                None if starts is None else np.array([t.data_ptr() for t in group_starts], dtype=np.int64),
+                rows, _NUMPY_DTYPE[dtype], np.array(list(map(_DATA_PTR, group)), dtype=np.int64),
+                np.array(list(map(_NUMEL, group)), dtype=np.int64), group, group_starts,
+                None if starts is None else np.array(list(map(_DATA_PTR, group_starts)), dtype=np.int64),
                 None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64), batches)
             if not whole:
                 self._buffer[[first + j for j in members]] = rows
