@@ -120,11 +120,9 @@ class Reducer:
     def add_planned(self, tensor: torch.Tensor, batch: int, thresholds: np.ndarray | None, kernel: object,
                     dtype: np.dtype) -> int:
         """``add`` of a tensor the caller knows to be a non-empty contiguous host tensor of ``dtype`` (float32
-        or float64), seen as ``[batch, units]`` (``batch`` 0: batch-less), with its saturation thresholds
-        already resolved (``saturation_thresholds``; None: unbounded) and ``kernel``, the compiled entry
-        ``kernels.summary_entry(dtype, thresholds is not None)``, which checks nothing; returns its row
-        index. Only the array's dtype is checked here (a mismatch takes ``kernels.summarize``, which checks
-        everything): the caller's plan vouches for the rest."""
+        or float64) seen as ``[batch, units]`` (0: batch-less), with its resolved saturation thresholds (None:
+        unbounded) and ``kernels.summary_entry(dtype, thresholds is not None)``, which checks nothing: only
+        the dtype is checked here (else ``kernels.summarize`` checks all); returns its row index."""
         row_index = self._size
         if row_index < len(self._buffer):  # ``_claim(1)``, inline: this runs for every planned registration
             self._size = row_index + 1
@@ -136,10 +134,8 @@ class Reducer:
         a = host.reshape(batch or 1, -1)
         if a.dtype is not dtype:
             exact = kernels.summarize(a, row, thresholds, batch > 0)
-        elif thresholds is None:
-            exact = kernel(a, batch > 0, row)
         else:
-            exact = kernel(a, thresholds, batch > 0, row)
+            exact = kernel(a, batch > 0, row) if thresholds is None else kernel(a, thresholds, batch > 0, row)
         if exact:
             row[_MOMENT_COLUMNS] = np.nan
             _exact_moments(tensor.detach(), row, batch=batch)
@@ -207,17 +203,7 @@ class Reducer:
         first = self._claim(count)
         fast = kernels.AVAILABLE
         if fast and starts is None and copies is None:
-            lean = _lean_flags(tensors)
-            if count and all(lean) and len(set(map(_DTYPE, tensors))) == 1:  # the usual case: one kernel call
-                batches = None
-                if batched is not None and any(batched):
-                    batches = np.array([t.shape[0] if b and t.dim() else 0 for t, b in zip(tensors, batched)],
-                                       dtype=np.int64)
-                _summarize_addressed(self._buffer[first:first + count], _NUMPY_DTYPE[tensors[0].dtype],
-                                     np.array(list(map(_DATA_PTR, tensors)), dtype=np.int64),
-                                     np.array(list(map(_NUMEL, tensors)), dtype=np.int64), tensors, None, None, None,
-                                     batches)
-                return list(range(first, first + count))
+            lean = _lean_flags(tensors)  # C-level passes over the list, no call per tensor
         else:
             lean = [fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
                     for j, t in enumerate(tensors)]
@@ -246,10 +232,10 @@ class Reducer:
         for dtype, members in groups.items():
             whole = len(members) == count  # every tensor is in this group: its rows are one slice of the buffer
             group = tensors if whole else [tensors[j] for j in members]
+            picked = batched if whole or batched is None else [batched[j] for j in members]
             batches = None
-            if batched is not None and any(batched[j] for j in members):
-                batches = np.array([t.shape[0] if batched[j] and t.dim() else 0 for j, t in zip(members, group)],
-                                   dtype=np.int64)
+            if picked is not None and any(picked):
+                batches = np.array([t.shape[0] if b and t.dim() else 0 for t, b in zip(group, picked)], dtype=np.int64)
             group_starts = None if starts is None else [starts[j] for j in members]
             rows = self._buffer[first:first + count] if whole else _identity_rows(len(members))
             _summarize_addressed(
