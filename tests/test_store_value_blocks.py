@@ -15,7 +15,7 @@ import pytest
 from comgra_ndbg import open_recording
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, TensorInfo
-from comgra_ndbg.store.segment import SegmentContent, SnapshotData, concat, read_segment, write_segment
+from comgra_ndbg.store.segment import SegmentContent, SnapshotData, read_segment, write_segment
 from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
 from comgra_ndbg.store.writer import RecordingWriter
 
@@ -107,36 +107,6 @@ def test_a_segment_written_from_blocks_matches_one_written_from_the_whole_array(
                (y.shape, y.dtype, y.chunks, y.fletcher32, y.compression)
         np.testing.assert_array_equal(read_segment(a).values, np.concatenate(parts))
         np.testing.assert_array_equal(read_segment(b).values, np.concatenate(parts))
-
-
-def test_a_merge_reads_value_pools_into_blocks_and_moves_them_into_the_merged_content(tmp_path):
-    writer = RecordingWriter(tmp_path / "trial", "trial")
-    rng = np.random.default_rng(2)
-    paths = []
-    for step, part in enumerate(_parts(rng)[:4]):
-        writer.add_step(step, 0, 1, schema.FLAG_SNAPSHOT, "")
-        writer.add_snapshot(step, 0, 0, _snapshot(part))
-        paths.append(writer.flush(_catalog()))
-    writer.add_step(4, 0, 1, schema.FLAG_SNAPSHOT, "")
-    writer.add_snapshot(4, 0, 0, _snapshot(np.array([1e300, 2.0])))  # a float64 pool among float32 ones
-    paths.append(writer.flush(_catalog()))
-    arrays, blocks = [], []
-    for path in paths:
-        with h5py.File(path, "r") as f:
-            arrays.append(read_segment(f))
-            blocks.append(read_segment(f, blocks=True))
-    assert all(isinstance(part.values, ValueBlocks) for part in blocks)
-    want = concat(arrays)
-    merged = concat(blocks)
-    assert isinstance(merged.values, ValueBlocks) and all(len(part.values) == 0 for part in blocks)
-    assert merged.values.dtype == want.values.dtype == np.float64
-    np.testing.assert_array_equal(np.asarray(merged.values), want.values)
-    np.testing.assert_array_equal(merged.snap_values_offset, want.snap_values_offset)
-    writer.close(_catalog())  # the merge at close() goes through the blocks
-    with open_recording(tmp_path / "trial") as rec:
-        for step, part in enumerate(_parts(np.random.default_rng(2))[:4]):
-            np.testing.assert_array_equal(rec.snapshot(step, "t", "value").values, part)
-        assert rec.snapshot(4, "t", "value").values.tolist() == [1e300, 2.0]
 
 
 def test_a_written_segment_hands_its_blocks_to_the_steps_after_it_and_close_lets_them_go(tmp_path):

@@ -83,8 +83,8 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
     summaries are always kept, and what was dropped is in the recording's log (category ``budget``).
 
     ``max_file_bytes`` caps the array bytes of one merged file (default 256 MiB; None for no cap): merging
-    segment files holds two to three times a file's bytes in memory, so a recording larger than the cap
-    ends as several files of about that size, read exactly like one (``docs/format.md``, "Size cap").
+    segment files holds their smaller tables in memory, so a recording larger than the cap ends as several
+    files of about that size, read exactly like one (``docs/format.md``, "Size cap").
 
     ``detail`` says at which recorded steps tracked parameters' updates are measured (``recorder/tiers.py``):
     ``"full"`` (the default) at every one; ``"tiered"`` (or a ``Tiers``) at the first steps, every

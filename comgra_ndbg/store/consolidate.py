@@ -2,10 +2,10 @@
 
 A merge reads its inputs, concatenates them and writes the result under a final name before it deletes
 them (``write_segment``: temporary name, fsync, rename), so a crash leaves at most inputs that the merged
-file covers. It holds the inputs and their concatenation in memory at once, then the new file's bytes as it
-lets go of the concatenation (the value pools, most of a segment's bytes, are moved from the inputs rather
-than copied, and let go of block by block: ``value_blocks``), which is why nothing merges more than the
-writer's ``max_file_bytes`` of array bytes into one file.
+file covers. It holds the inputs' smaller tables and their concatenation in memory; the value pools and
+summary tables, most of a segment's bytes, are read from the inputs slab by slab as the merged file is
+written (``file_tables``), and the merged file is built on disk (``disk_image``). Nothing merges more than
+the writer's ``max_file_bytes`` of array bytes into one file.
 
 ``consolidate`` is what ``close()`` does with the files left: runs of neighbours under the cap
 (``merger.group_under_cap``) each become one file, the last of them ``recording.h5`` (``complete``); when
@@ -25,8 +25,9 @@ import h5py
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.live import FINAL_LEVEL
 from comgra_ndbg.store.merger import Segment, group_under_cap
-from comgra_ndbg.store.paged_image import PAGE, PagedImage
-from comgra_ndbg.store.segment import concat, fsync_directory, read_segment, segment_name, write_file, write_segment
+from comgra_ndbg.store.paged_image import PAGE
+from comgra_ndbg.store.segment import (concat, fsync_directory, read_segment, segment_name, temporary_image, write_file,
+                                       write_segment)
 
 __all__ = ["Attributes", "merge_files", "consolidate", "promote"]
 
@@ -37,12 +38,12 @@ Attributes = Callable[..., dict]
 def merge_files(directory: Path, inputs: list[Segment], level: int, attributes: Attributes, *,
                 complete: bool = False, parts: tuple[int, ...] = ()) -> Segment:
     """Write one file of ``level`` holding ``inputs`` (``recording.h5`` with ``complete``, naming the
-    recording's ``parts``), then delete them; returns the new file. Holds all of them in memory: callers
-    keep them under the cap."""
+    recording's ``parts``), then delete them once it is in place; returns the new file. Holds their smaller
+    tables in memory, and reads their value pools and summary tables as it writes them."""
     contents, covers = [], []
     for segment in inputs:
-        with h5py.File(segment.path, "r") as f:
-            contents.append(read_segment(f, blocks=True))
+        with h5py.File(segment.path, "r", rdcc_nbytes=0) as f:
+            contents.append(read_segment(f, lazy=True))
             covers.extend(int(v) for v in f.attrs[schema.ATTR_COVERS])
     sequence = max(segment.sequence for segment in inputs)
     out = directory / (schema.FINAL_NAME if complete else segment_name(sequence, level))
@@ -61,7 +62,7 @@ def consolidate(directory: Path, inputs: list[Segment], max_bytes: float, attrib
     """Turn the live files ``inputs`` (oldest first, at least one) into the closed recording: one
     ``recording.h5``, or, when they hold more than ``max_bytes``, one file per run of neighbours under it
     (a run of one file stays as it is), the last ``recording.h5`` naming them all in ``parts``. Each merge
-    holds one run in memory. ``merge(inputs, level, complete=..., parts=...)`` defaults to
+    joins one run. ``merge(inputs, level, complete=..., parts=...)`` defaults to
     :func:`merge_files`."""
     if merge is None:
         def merge(run: list[Segment], level: int, **options: object) -> Segment:
@@ -83,22 +84,23 @@ def consolidate(directory: Path, inputs: list[Segment], max_bytes: float, attrib
 
 def promote(directory: Path, segment: Segment, attributes: Attributes, *, parts: tuple[int, ...] = ()) -> None:
     """Make one file ``recording.h5``: its bytes with the attributes of the complete file, renamed into place
-    (crash-safe like ``write_segment``), instead of reading and recompressing all of it."""
+    (crash-safe like ``write_segment``), instead of reading and recompressing all of it. The copy is made
+    in the temporary file, through a ``DiskImage`` as ``write_segment`` builds its files."""
     out = directory / schema.FINAL_NAME
     if segment.path == out and _names_parts(out, parts):  # a continued trial that recorded nothing new
         return
-    image = PagedImage()
-    with open(segment.path, "rb") as source:
-        for page in iter(lambda: source.read(PAGE), b""):
-            image.write(page)
-    image.seek(0)
-    with h5py.File(image, "r+") as f:  # the attributes change in memory; the disk sees one plain write
-        covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
-        if schema.ATTR_PARTS in f.attrs:
-            del f.attrs[schema.ATTR_PARTS]
-        for key, value in attributes(segment.sequence, covers, FINAL_LEVEL, complete=True, parts=parts).items():
-            f.attrs[key] = value
-    write_file(out, image)
+    with temporary_image(out) as image:
+        with open(segment.path, "rb") as source:
+            for page in iter(lambda: source.read(PAGE), b""):
+                image.write(page)
+        image.seek(0)
+        with h5py.File(image, "r+") as f:
+            covers = tuple(int(v) for v in f.attrs[schema.ATTR_COVERS])
+            if schema.ATTR_PARTS in f.attrs:
+                del f.attrs[schema.ATTR_PARTS]
+            for key, value in attributes(segment.sequence, covers, FINAL_LEVEL, complete=True, parts=parts).items():
+                f.attrs[key] = value
+        write_file(out, image)
     if segment.path != out:
         segment.path.unlink(missing_ok=True)
 

@@ -13,11 +13,11 @@ disk) leaves its inputs as they are and stops merging in the background; ``take_
 to the training thread once, and ``drain`` returns every segment for ``close()`` to merge. A writer that
 continues a trial ``adopt``s the files already there, so they are merged like its own.
 
-A merge reads its inputs into memory, so it never takes more than ``max_bytes`` of array bytes
-(``Segment.nbytes``): of a full level it merges the longest run of oldest files under that cap, and a file
-that cannot join the next one under the cap is *sealed*, never merged in the background again, together
-with every older file (so that merges keep joining neighbours only). ``close()`` groups what is left under
-the same cap (``group_under_cap``).
+No merge takes more than ``max_bytes`` of array bytes (``Segment.nbytes``, what reading its inputs whole
+would take; it holds their smaller tables and reads the rest as it writes it): of a full level it merges
+the longest run of oldest files under that cap, and a file that cannot join the next one under the cap is
+*sealed*, never merged in the background again, together with every older file (so that merges keep
+joining neighbours only). ``close()`` groups what is left under the same cap (``group_under_cap``).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The bytes of a file built in memory, held in pages of memory of their own.
 
-Segment files are built in memory and then written with plain writes (``segment.write_segment``). One
-growing buffer (a ``BytesIO``) grows by reallocation: where the allocator cannot grow it in place it copies
-it, and on its heap the old buffers' pages stay with the process. Built while a merge lets go of the arrays
-it writes, the file then took up to two thirds more than its size. Here the bytes go into pages of ``PAGE``
-bytes, each an anonymous mapping that nothing else shares: the image takes its own size, give or take a
-page, and every page goes back to the system when the image is dropped.
+A ``DiskImage`` whose write to disk failed (a full disk) goes on building its file here, so that HDF5 can
+finish and close it (``disk_image``). One growing buffer (a ``BytesIO``) grows by reallocation: where the
+allocator cannot grow it in place it copies it, and on its heap the old buffers' pages stay with the
+process. Here the bytes go into pages of ``PAGE`` bytes, each an anonymous mapping that nothing else
+shares: the image takes its own size, give or take a page, and every page goes back to the system when the
+image is dropped.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -19,12 +20,14 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.checksums import decode_text, text_intact, write_dataset, write_slabs
 from comgra_ndbg.store.damage import DamagedData
+from comgra_ndbg.store.disk_image import DiskImage
+from comgra_ndbg.store.file_tables import FileSummaries, FileValues, file_table
 from comgra_ndbg.store.index_pool import merge_index_pools
-from comgra_ndbg.store.paged_image import PagedImage
-from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
+from comgra_ndbg.store.value_blocks import ValueBlocks
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
-           "parse_segment_name", "write_file", "fsync_directory", "pad_shapes", "array_bytes", "PATHS", "TEXT_FIELDS"]
+           "parse_segment_name", "temporary_image", "write_file", "fsync_directory", "pad_shapes", "array_bytes",
+           "PATHS", "TEXT_FIELDS"]
 _SEGMENT_RE = re.compile(r"^seg-(\d{8,})-L(\d+)\.h5$")  # segment_name pads to 8 digits, never cuts
 
 
@@ -53,7 +56,8 @@ class SegmentContent:
     step_reason: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
     summary_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     summary_iteration: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    summary_data: np.ndarray = field(default_factory=lambda: np.zeros((0, schema.NUM_FIELDS, 0), np.float64))
+    summary_data: np.ndarray | FileSummaries = field(  # read as written in a merge of files
+        default_factory=lambda: np.zeros((0, schema.NUM_FIELDS, 0), np.float64))
     snap_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     snap_iteration: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     snap_series: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -67,7 +71,8 @@ class SegmentContent:
     sample_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sample_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, schema.NUM_FIELDS), np.float64))
     sample_category: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
-    values: np.ndarray | ValueBlocks = field(default_factory=lambda: np.zeros(0, np.float32))  # blocks when buffered
+    values: np.ndarray | ValueBlocks | FileValues = field(  # blocks when buffered, read as written in a merge
+        default_factory=lambda: np.zeros(0, np.float32))
     value_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     kpi_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     kpi_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -143,23 +148,24 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
 
 def write_segment(path: Path, content: SegmentContent, attrs: dict, *, consume: bool = False) -> None:
     """Write ``content`` to ``path`` atomically: temporary file, fsync, rename, fsync of the directory. Every
-    dataset carries its checksum (``checksums``). The HDF5 file is built in memory and written with plain
-    writes (``write_file``), so a full disk is an ``OSError`` here, never a failure inside HDF5 (which can
-    leave a half-written file behind, or crash the process).
+    dataset carries its checksum (``checksums``). h5py builds the file straight into the temporary file
+    through a ``DiskImage``, so the process never holds the file's bytes, and a full disk is an ``OSError``
+    raised here once HDF5 has closed its file, never a failure inside HDF5 (which can leave a half-written
+    file behind, or crash the process); the temporary file is then removed.
 
     ``consume=True`` empties each of ``content``'s arrays once HDF5 holds its copy, so a merge of a whole
-    recording, or the last write at ``close()``, peaks at about one copy of it (the arrays not yet written
-    and the file image so far) instead of two or three; the step numbers stay, so that a write that fails
-    still says which steps it lost."""
-    write_file(Path(path), _image(content, attrs, consume=consume))
+    recording, or the last write at ``close()``, peaks at about the arrays not yet written; the step numbers
+    stay, so that a write that fails still says which steps it lost."""
+    path = Path(path)
+    with temporary_image(path) as image:
+        _build(image, content, attrs, consume=consume)
+        write_file(path, image)
 
 
-def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> PagedImage:
-    """The HDF5 file holding ``content``, built in memory (nothing touches disk) in a ``PagedImage``: one
-    image of the file, where HDF5's in-memory "core" driver keeps its own and hands out a copy, and in pages
-    of their own, where a growing buffer may leave its earlier copies behind. With ``consume``, each array
-    of ``content`` is replaced by an empty one as soon as it is written."""
-    image = PagedImage()
+def _build(image: DiskImage, content: SegmentContent, attrs: dict, *, consume: bool = False) -> None:
+    """Build the HDF5 file holding ``content`` in ``image``. Tables held in blocks or in other files
+    (``ValueBlocks``, ``FileValues``, ``FileSummaries``) are written slab by slab; with ``consume``, each
+    array of ``content`` is replaced by an empty one as soon as it is written."""
     # No raw-data chunk cache: every chunk is written whole (slabs are whole chunks), and HDF5's default
     # 1 MiB cache per dataset made a 1 MiB slab's write hold about 8 MiB of filtered chunk buffers at once.
     with h5py.File(image, "w", libver=schema.LIBVER, rdcc_nbytes=0) as f:
@@ -168,34 +174,35 @@ def _image(content: SegmentContent, attrs: dict, *, consume: bool = False) -> Pa
         content.catalog.write(f)
         for field_name in _ARRAYS:
             data = getattr(content, field_name)
-            if isinstance(data, ValueBlocks):
+            if isinstance(data, (ValueBlocks, FileValues, FileSummaries)):
                 write_slabs(f, _PATHS[field_name], data.shape, data.dtype, data.slabs(consume=consume))
             else:
                 write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
             if consume and field_name != "step":
                 setattr(content, field_name, np.zeros((0,) + data.shape[1:], data.dtype))
-    return image
 
 
-def write_file(path: Path, data: bytes | memoryview | PagedImage) -> None:
-    """Put ``data`` in place as ``path``: written to ``path.tmp``, fsynced, renamed, the directory fsynced; a
-    reader sees the old state or the whole file, never part of it. A failure (a full disk) removes the
-    temporary file and raises."""
+@contextlib.contextmanager
+def temporary_image(path: Path) -> Iterator[DiskImage]:
+    """A ``DiskImage`` on ``path``'s temporary file (``path.tmp``), for h5py to build the file in and
+    ``write_file`` to put in place. It is closed when the block ends, and the temporary file removed when the
+    block raises (a killed process leaves it behind; the trial's next writer removes it)."""
     tmp = path.with_name(path.name + schema.TEMP_SUFFIX)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for view in data.views() if isinstance(data, PagedImage) else (memoryview(data),):
-                while view:
-                    view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        with DiskImage(tmp) as image:
+            yield image
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def write_file(path: Path, image: DiskImage) -> None:
+    """Put the file built in ``image`` in place as ``path``: a write that failed while it was built is raised,
+    its temporary file fsynced and renamed, the directory fsynced. A reader sees the old state or the whole
+    file, never part of it."""
+    image.sync()
+    os.replace(image.path, path)
     fsync_directory(path.parent)
 
 
@@ -212,20 +219,22 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def read_segment(f: h5py.File, *, blocks: bool = False) -> SegmentContent:
+def read_segment(f: h5py.File, *, lazy: bool = False) -> SegmentContent:
     """Load a whole segment into memory (used by the merge; the reader reads lazily instead). A damaged chunk
-    raises h5py's ``OSError``, text failing its checksum ``DamagedData``. With ``blocks`` the value pool is
-    read into ``ValueBlocks`` a block at a time, never as one array: a merge lets go of it as it writes it."""
+    raises h5py's ``OSError``, text failing its checksum ``DamagedData``. With ``lazy`` the value pool and
+    the summary table, most of the bytes, are not read but referred to (``FileValues``, ``FileSummaries``):
+    a merge reads them from the file as it writes them (``file_tables``)."""
     content = SegmentContent(catalog=Catalog.read(f))
+    if lazy:
+        content.values = FileValues([])
+        content.summary_data = FileSummaries([])
     for name in _ARRAYS:
         if _PATHS[name] not in f:  # a table this file's writer did not know yet: keep the empty default
             continue
-        dataset = f[_PATHS[name]]
-        if blocks and name == "values":
-            content.values = ValueBlocks()
-            for start in range(0, len(dataset), BLOCK):
-                content.values.append(dataset[start:start + BLOCK])
+        if lazy and name in ("values", "summary_data"):
+            getattr(content, name).pieces.append(file_table(f, _PATHS[name]))
             continue
+        dataset = f[_PATHS[name]]
         data = dataset[()]
         if name in _TEXT:
             data = decode_text(data)
@@ -265,23 +274,27 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
 
     Summary data of older segments has fewer series: missing series are filled with the merge identity.
     Offsets into the sample and value pools are shifted so they stay valid in the concatenated pools; the
-    value-index pool keeps one copy of each distinct index (``index_pool``). Value pools held in
-    ``ValueBlocks`` are joined into new blocks and emptied (``ValueBlocks.joined``) rather than copied.
+    value-index pool keeps one copy of each distinct index (``index_pool``). Value pools and summary tables
+    still in their files (``read_segment(..., lazy=True)``) stay there, joined as references (``FileValues``,
+    ``FileSummaries``).
     """
     if not parts:
         raise ValueError("nothing to concatenate")
     out = SegmentContent(catalog=parts[-1].catalog)
-    num_series = max(p.summary_data.shape[0] for p in parts)
-    blocks = []
-    for p in parts:
-        data = p.summary_data
-        if data.shape[0] < num_series:
-            pad = np.zeros((num_series - data.shape[0], schema.NUM_FIELDS, data.shape[2]), np.float64)
-            pad[:, schema.FIELD["min"], :] = np.inf
-            pad[:, schema.FIELD["max"], :] = -np.inf
-            data = np.concatenate([data, pad], axis=0)
-        blocks.append(data)
-    out.summary_data = np.concatenate(blocks, axis=2)
+    if any(isinstance(p.summary_data, FileSummaries) for p in parts):
+        out.summary_data = FileSummaries.joined([p.summary_data for p in parts])
+    else:
+        num_series = max(p.summary_data.shape[0] for p in parts)
+        blocks = []
+        for p in parts:
+            data = p.summary_data
+            if data.shape[0] < num_series:
+                pad = np.zeros((num_series - data.shape[0], schema.NUM_FIELDS, data.shape[2]), np.float64)
+                pad[:, schema.FIELD["min"], :] = np.inf
+                pad[:, schema.FIELD["max"], :] = -np.inf
+                data = np.concatenate([data, pad], axis=0)
+            blocks.append(data)
+        out.summary_data = np.concatenate(blocks, axis=2)
     pools = {"snap_samples_offset": "sample_index", "snap_values_offset": "values"}
     out.value_index, index_offsets = merge_index_pools([p.value_index for p in parts],
                                                        [p.snap_index_offset for p in parts],
@@ -289,11 +302,11 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
     out.snap_index_offset = np.concatenate(index_offsets)
     width = max(p.snap_shape.shape[1] for p in parts)
     out.snap_shape = np.concatenate([pad_shapes(p.snap_shape, width) for p in parts])
-    in_blocks = any(isinstance(p.values, ValueBlocks) for p in parts)
+    in_files = any(isinstance(p.values, FileValues) for p in parts)
     for name in _ARRAYS:
         if name in ("summary_data", "value_index", "snap_index_offset", "snap_shape"):
             continue
-        if name == "values" and in_blocks:
+        if name == "values" and in_files:
             continue
         if name in pools:
             shifted, base = [], 0
@@ -304,6 +317,6 @@ def concat(parts: list[SegmentContent]) -> SegmentContent:
             setattr(out, name, np.concatenate(shifted))
         else:
             setattr(out, name, np.concatenate([getattr(p, name) for p in parts]))
-    if in_blocks:  # after the offsets above, which count the parts' values: joining empties them
-        out.values = ValueBlocks.joined([p.values for p in parts])
+    if in_files:
+        out.values = FileValues.joined([p.values for p in parts])
     return out

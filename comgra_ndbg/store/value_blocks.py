@@ -5,12 +5,12 @@ snapshot values are most of what it holds in memory. Kept as the small arrays th
 the allocator's heap, which keeps their pages once they are freed: the write stacked their concatenation
 and the file image on top of them. Here each snapshot's values are copied, as it arrives, to the end of a
 sequence of blocks, each a mapping of its own of ``BLOCK`` values (whole chunks of the file's value pool);
-the write hands HDF5 one block at a time and gives each back to the system once written, so the file image
-grows as the blocks go. The arrays the snapshots arrived in are freed after their step and their heap
-space serves the next ones. A new block's pages are populated in the call that maps it (Linux), which costs
-less than taking one page fault per page as the values arrive (both on the training thread); during a run,
-the blocks of a segment once written are kept (``recycle``) for the steps after it, so a long run pays that
-once, not at every snapshot step.
+the write hands HDF5 one block at a time (and at ``close()`` gives each back to the system once written).
+The arrays the snapshots arrived in are freed after their step and their heap space serves the next ones.
+A new block's pages are populated in the call that maps it (Linux), which costs less than taking one page
+fault per page as the values arrive (both on the training thread); during a run, the blocks of a segment
+once written are kept (``recycle``) for the steps after it, so a long run pays that once, not at every
+snapshot step.
 """
 from __future__ import annotations
 
@@ -71,22 +71,6 @@ class ValueBlocks:
             self._blocks[-1][used:used + take] = values[done:done + take]
             done += take
             self.size += take
-
-    @classmethod
-    def joined(cls, parts: list[ValueBlocks | np.ndarray]) -> ValueBlocks:
-        """The values of ``parts`` one after the other; the blocks of parts that are ``ValueBlocks`` are let go
-        of as they are copied (those parts are empty afterwards), so joining takes one block more at most.
-
-        >>> a = ValueBlocks(); a.append(np.array([1.0, 2.0], np.float32))
-        >>> joined = ValueBlocks.joined([a, np.array([3.0], np.float32)])
-        >>> np.asarray(joined).tolist(), len(a)
-        ([1.0, 2.0, 3.0], 0)
-        """
-        out = cls()
-        for part in parts:
-            for slab in part.slabs(consume=True) if isinstance(part, ValueBlocks) else (part,):
-                out.append(slab)
-        return out
 
     def slabs(self, *, consume: bool = False) -> Iterator[np.ndarray]:
         """The values held, block by block (the last one cut to what it holds). With ``consume`` each block is

@@ -3,8 +3,8 @@
 Flushes happen when the recorder asks (by time or step count), segments of one level are merged into one
 of the next level once ``fanout`` of them exist (so a long run keeps a logarithmic number of files; on a
 worker thread, see ``merger``), and ``close`` merges everything into ``recording.h5``. No merge takes more
-than ``max_file_bytes`` of array bytes, since it holds them in memory two to three times over: a recording
-larger than that ends as several files of about that size, the last of them ``recording.h5``, whose
+than ``max_file_bytes`` of array bytes (it holds its inputs' smaller tables in memory): a recording larger
+than that ends as several files of about that size, the last of them ``recording.h5``, whose
 ``parts`` attribute names them all (``consolidate``). A process killed at any moment leaves every flushed
 step readable: files with final names are complete, and a merge only deletes what a complete, renamed
 merged file already covers.
@@ -46,7 +46,7 @@ __all__ = ["RecordingWriter", "list_live_segments", "check_trial_name", "FINAL_L
            "DEFAULT_MAX_FILE_BYTES", "check_max_file_bytes"]
 
 DEFAULT_MAX_FILE_BYTES = 256 * 2**20
-"""Array bytes one merge may put into one file: a merge briefly holds two to three times as much."""
+"""Array bytes one merge may put into one file (the smaller tables of which a merge holds in memory)."""
 
 
 def check_max_file_bytes(value: object) -> float:
