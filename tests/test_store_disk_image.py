@@ -259,3 +259,17 @@ def test_a_promotion_on_a_full_disk_raises_and_keeps_the_file(tmp_path: Path, mo
         assert bool(f.attrs[schema.ATTR_COMPLETE]) and int(f.attrs[schema.ATTR_LEVEL]) == FINAL_LEVEL
         content = read_segment(f)
     assert content.step.tolist() == list(range(10, 20))
+
+
+def test_without_positional_io_the_image_seeks_and_reads_and_writes_as_before(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the system has no ``os.pwrite`` / ``os.pread`` (Windows), a seek and a plain write or read."""
+    monkeypatch.delattr(os, "pwrite")
+    monkeypatch.delattr(os, "pread")
+    test_every_operation_matches_a_file_on_disk(tmp_path)
+    values = np.arange(PAGE // 2, dtype=np.float32)
+    with DiskImage(tmp_path / "f.tmp") as image:
+        with h5py.File(image, "w") as f:
+            f.create_dataset("values", data=values, chunks=(16384,), fletcher32=True)
+    with h5py.File(tmp_path / "f.tmp", "r") as f:
+        np.testing.assert_array_equal(f["values"][()], values)

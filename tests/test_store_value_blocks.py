@@ -1,9 +1,12 @@
-"""Buffered snapshot values: copied into blocks of their own memory as they arrive, written to the file's value
-pool block by block and let go of as they are written, read back as they were given."""
+"""Buffered snapshot values: copied into blocks of their own memory as they arrive, full blocks waiting in a
+nameless scratch file in the recording's folder (or in memory where it cannot be written), written to the
+file's value pool block by block and let go of as they are written, read back as they were given."""
 from __future__ import annotations
 
+import errno
 import gc
 import mmap
+import os
 import resource
 import sys
 import weakref
@@ -66,7 +69,7 @@ def test_a_float64_snapshot_widens_the_values_held_before_it():
 def test_consuming_lets_go_of_each_block_once_the_next_is_taken():
     blocks = ValueBlocks()
     blocks.append(np.ones(3 * BLOCK, np.float32))
-    held = [weakref.ref(block) for block in blocks._blocks]
+    held = [weakref.ref(block) for block in blocks._full]  # no folder for a scratch file: in memory
     alive_while_written = []
     for slab in blocks.slabs(consume=True):
         gc.collect()
@@ -113,11 +116,11 @@ def test_a_written_segment_hands_its_blocks_to_the_steps_after_it_and_close_lets
     writer = RecordingWriter(tmp_path / "trial", "trial")
     writer.add_step(0, 0, 1, schema.FLAG_SNAPSHOT, "")
     writer.add_snapshot(0, 0, 0, _snapshot(np.arange(10, dtype=np.float32)))
-    block = weakref.ref(writer._buffers.values._blocks[0])
+    block = weakref.ref(writer._buffers.values._block)
     writer.flush(_catalog())
     writer.add_step(1, 0, 1, schema.FLAG_SNAPSHOT, "")
     writer.add_snapshot(1, 0, 0, _snapshot(np.full(4, 7.0, np.float32)))
-    assert writer._buffers.values._blocks[0] is block()  # filled again: no new memory, no page faults
+    assert writer._buffers.values._block is block()  # filled again: no new memory, no page faults
     writer.flush(_catalog(), wait=False)
     writer.close(_catalog())
     gc.collect()
@@ -137,4 +140,122 @@ def test_a_new_block_takes_no_page_fault_as_its_values_arrive():
     before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
     blocks.append(np.ones(BLOCK - 1, np.float32))
     faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
-    assert len(blocks._blocks) == 1 and faults < 32
+    assert len(blocks._full) == 1 and blocks._block is None and faults < 32
+
+
+# ---- full blocks in the scratch file -----------------------------------------------------------------------
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _filled(blocks: ValueBlocks, parts: list[np.ndarray]) -> np.ndarray:
+    for part in parts:
+        blocks.append(part)
+    return np.concatenate(parts)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts file descriptors in /proc")
+def test_full_blocks_wait_in_a_nameless_scratch_file_and_memory_holds_one_block(tmp_path):
+    fds = _open_fds()
+    blocks = ValueBlocks(directory=tmp_path)
+    want = _filled(blocks, _parts(np.random.default_rng(3)))  # 3 full blocks and a part of one
+    assert blocks.spilled == 3 and all(not isinstance(entry, np.ndarray) for entry in blocks._full)
+    assert blocks._block is not None and os.listdir(tmp_path) == [] and _open_fds() == fds + 1
+    np.testing.assert_array_equal(np.asarray(blocks), want)  # read back, not consumed: read again below
+    slabs = [slab.copy() for slab in blocks.slabs(consume=True)]
+    assert [len(s) for s in slabs] == [BLOCK, BLOCK, BLOCK, len(want) - 3 * BLOCK]
+    np.testing.assert_array_equal(np.concatenate(slabs), want)
+    assert len(blocks) == 0 and blocks._scratch is None and _open_fds() == fds  # the file is gone with the values
+
+
+def test_spilled_float32_blocks_come_back_widened_when_a_float64_snapshot_follows(tmp_path):
+    blocks = ValueBlocks(directory=tmp_path)
+    first = _filled(blocks, [np.random.default_rng(4).standard_normal(2 * BLOCK + 3).astype(np.float32)])
+    blocks.append(np.array([1e300, -1e-300]))
+    assert blocks.spilled == 2 and blocks.dtype == np.float64
+    values = np.asarray(blocks)
+    assert values.dtype == np.float64 and values[-2:].tolist() == [1e300, -1e-300]
+    np.testing.assert_array_equal(values[:-2], first.astype(np.float64))
+
+
+def test_a_full_disk_keeps_the_blocks_in_memory_in_their_place_and_loses_nothing(tmp_path, monkeypatch):
+    real = os.pwrite
+    full = {"on": False}
+
+    def pwrite(fd: int, data: object, offset: int) -> int:
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    rng = np.random.default_rng(5)
+    blocks = ValueBlocks(directory=tmp_path)
+    parts = [rng.standard_normal(BLOCK).astype(np.float32)]
+    _filled(blocks, parts)
+    full["on"] = True  # the next two blocks find no room: they stay in memory
+    parts += [rng.standard_normal(2 * BLOCK).astype(np.float32)]
+    blocks.append(parts[-1])
+    full["on"] = False  # room again: the blocks after them go to the scratch file
+    parts += [rng.standard_normal(BLOCK + 9).astype(np.float32)]
+    blocks.append(parts[-1])
+    kinds = [isinstance(entry, np.ndarray) for entry in blocks._full]
+    assert kinds == [False, True, True, False]
+    np.testing.assert_array_equal(np.concatenate([s.copy() for s in blocks.slabs(consume=True)]), np.concatenate(parts))
+
+
+def test_without_a_folder_for_the_scratch_file_the_blocks_stay_in_memory(tmp_path):
+    blocks = ValueBlocks(directory=tmp_path / "gone")
+    want = _filled(blocks, _parts(np.random.default_rng(6)))
+    assert blocks.spilled == 0 and len(blocks._full) == 3
+    np.testing.assert_array_equal(np.asarray(blocks), want)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs POSIX fork")
+def test_a_forked_child_never_writes_into_its_parents_scratch_file(tmp_path):
+    """The child appends after the parent has: had it written to the file they share, at the offsets it
+    inherited, the parent would read the child's values back as its own."""
+    rng = np.random.default_rng(7)
+    blocks = ValueBlocks(directory=tmp_path)
+    parent = [rng.standard_normal(2 * BLOCK).astype(np.float32)]
+    _filled(blocks, parent)
+    go, done = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: waits for the parent's next blocks, then appends blocks of its own
+        os.read(go[0], 1)
+        code = 1
+        try:
+            blocks.append(np.full(2 * BLOCK, -7.0, np.float32))
+            code = 0 if blocks.spilled == 2 and np.asarray(blocks)[-1] == -7.0 else 2
+        finally:
+            os.write(done[1], b"x")
+            os._exit(code)
+    parent.append(rng.standard_normal(2 * BLOCK).astype(np.float32))
+    blocks.append(parent[-1])  # spilled at the offsets the child would write to
+    os.write(go[1], b"x")
+    os.read(done[0], 1)
+    assert os.waitpid(pid, 0)[1] == 0  # the child kept its own blocks in memory
+    assert blocks.spilled == 4
+    np.testing.assert_array_equal(np.asarray(blocks), np.concatenate(parent))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts file descriptors in /proc")
+def test_a_recordings_values_wait_in_scratch_files_that_leave_no_trace(tmp_path):
+    fds = _open_fds()
+    writer = RecordingWriter(tmp_path / "trial", "trial")
+    rng = np.random.default_rng(8)
+    given = []
+    for step in range(6):
+        writer.add_step(step, 0, 1, schema.FLAG_SNAPSHOT, "")
+        given.append(rng.standard_normal(BLOCK // 2 + step).astype(np.float32))
+        writer.add_snapshot(step, 0, 0, _snapshot(given[-1]))
+        if step == 2:
+            assert writer._buffers.values.spilled == 1
+            writer.flush(_catalog(), wait=False)  # written while the next steps fill a scratch file of their own
+    assert writer._buffers.values.spilled == 1
+    names = [p.name for p in (tmp_path / "trial").iterdir()]  # segments (one perhaps still .tmp), the lock
+    assert [name for name in names if not name.startswith(schema.SEGMENT_PREFIX)] == [schema.LOCK_NAME]
+    writer.close(_catalog())
+    assert _open_fds() == fds
+    with open_recording(tmp_path / "trial") as rec:
+        for step, values in enumerate(given):
+            np.testing.assert_array_equal(rec.snapshot(step, "t", "value").values, values)

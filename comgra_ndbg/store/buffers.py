@@ -3,12 +3,14 @@
 The recorder hands the writer plain numbers and numpy arrays, one step at a time; they are kept in lists
 (appending costs nothing measurable on the training thread) and turned into the parallel arrays of a
 ``SegmentContent`` only when a flush takes them. Snapshot element values, most of the bytes, are copied
-into ``ValueBlocks`` as they arrive instead, which the segment's value pool then is.
+into ``ValueBlocks`` as they arrive instead (whose full blocks wait in a scratch file in the recording's
+folder), which the segment's value pool then is.
 """
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -28,12 +30,13 @@ _Snapshot = tuple[int, int, int, tuple[int, ...], int, np.ndarray, np.ndarray, "
 class RowBuffers:
     """Rows of every table since the last flush."""
 
-    def __init__(self, spare_blocks: list[np.ndarray] | None = None) -> None:
-        """``spare_blocks``: blocks of written value pools for ``values`` to fill (``ValueBlocks.recycle``)."""
+    def __init__(self, spare_blocks: list[np.ndarray] | None = None, directory: Path | None = None) -> None:
+        """``spare_blocks``: blocks of written value pools for ``values`` to fill (``ValueBlocks.recycle``);
+        ``directory``: where full blocks of values wait in a scratch file (None: in memory)."""
         self.steps: list[tuple[int, int, int, float, int, str]] = []
         self.summaries: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.snapshots: list[_Snapshot] = []
-        self.values = ValueBlocks(spare_blocks)  # every snapshot's element values, in the order of ``snapshots``
+        self.values = ValueBlocks(spare_blocks, directory)  # every snapshot's values, in the order of ``snapshots``
         self.kpis: list[tuple[int, int, float, int]] = []
         self.notes: list[tuple[int, float, str]] = []
         self.triggers: list[tuple[int, str]] = []

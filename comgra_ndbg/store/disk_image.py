@@ -4,7 +4,7 @@ Segment files were built in memory (``PagedImage``) and then written with plain 
 was an ``OSError`` of a plain write, never a failure inside HDF5 (which can leave the library with a
 half-closed file, or crash the process). The price was the whole file in memory while it was built: the
 largest single item of a recording's peak memory, at a merge or the last write of ``close()``. A
-``DiskImage`` passes every write on to the temporary file at once (``os.pwrite``): the process holds none of
+``DiskImage`` passes every write on to the temporary file at once (``write_at``): the process holds none of
 the file's bytes (the kernel's page cache does, which is not the process's memory). The first write that
 fails (``ENOSPC``, ``EFBIG``, ``EIO``) is kept, and from then on the image goes on in memory, from the bytes
 written so far: HDF5 never sees the failure, finishes and closes its file as it would have, and
@@ -21,7 +21,24 @@ from pathlib import Path
 
 from comgra_ndbg.store.paged_image import PAGE, PagedImage
 
-__all__ = ["DiskImage"]
+__all__ = ["DiskImage", "write_at", "read_at"]
+
+
+def write_at(fd: int, data: memoryview, offset: int) -> int:
+    """Write ``data`` at ``offset`` of the file ``fd`` (``os.pwrite``; where there is none, a seek and a
+    write: the file's position is used by nobody else); returns how many bytes were written."""
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, data, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.write(fd, data)
+
+
+def read_at(fd: int, size: int, offset: int) -> bytes:
+    """Up to ``size`` bytes at ``offset`` of the file ``fd`` (``os.pread``, or a seek and a read)."""
+    if hasattr(os, "pread"):
+        return os.pread(fd, size, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, size)
 
 
 class DiskImage:
@@ -73,7 +90,7 @@ class DiskImage:
         end = self._size if size is None or size < 0 else min(self._position + size, self._size)
         parts = []
         while self._position < end:
-            data = os.pread(fd, end - self._position, self._position)
+            data = read_at(fd, end - self._position, self._position)
             if not data:  # cut short behind our back: what a file reads past its end
                 break
             parts.append(data)
@@ -88,7 +105,7 @@ class DiskImage:
         done = 0
         try:
             while done < len(view):
-                done += os.pwrite(fd, view[done:], self._position + done)
+                done += write_at(fd, view[done:], self._position + done)
         except OSError as error:
             self._fail(error)
             return self._memory.write(view)
@@ -147,7 +164,7 @@ class DiskImage:
         memory = PagedImage()
         start = 0
         while start < self._size:
-            chunk = os.pread(self._fd, min(PAGE, self._size - start), start)
+            chunk = read_at(self._fd, min(PAGE, self._size - start), start)
             if not chunk:
                 break
             memory.write(chunk)

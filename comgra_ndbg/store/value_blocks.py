@@ -1,25 +1,32 @@
-"""The element values of the snapshots buffered since the last flush, packed into blocks of their own memory.
+"""The element values of the snapshots buffered since the last flush: one block of memory being filled, and
+the full blocks in a scratch file.
 
 Until a flush writes them (at ``close()``, for a run shorter than ``flush_every_seconds``), a recording's
-snapshot values are most of what it holds in memory. Kept as the small arrays they arrived in, they live on
-the allocator's heap, which keeps their pages once they are freed: the write stacked their concatenation
-and the file image on top of them. Here each snapshot's values are copied, as it arrives, to the end of a
-sequence of blocks, each a mapping of its own of ``BLOCK`` values (whole chunks of the file's value pool);
-the write hands HDF5 one block at a time (and at ``close()`` gives each back to the system once written).
-The arrays the snapshots arrived in are freed after their step and their heap space serves the next ones.
-A new block's pages are populated in the call that maps it (Linux), which costs less than taking one page
-fault per page as the values arrive (both on the training thread); during a run, the blocks of a segment
-once written are kept (``recycle``) for the steps after it, so a long run pays that once, not at every
-snapshot step.
+snapshot values are most of what it holds. Kept as the small arrays they arrived in, they live on the
+allocator's heap, which keeps their pages once they are freed. Here each snapshot's values are copied, as
+it arrives, to the end of a block of ``BLOCK`` values (whole chunks of the file's value pool) in a mapping
+of its own; a full block is written to an unnamed scratch file in the recording's folder (``scratch_file``)
+and filled again, so the values wait for the flush in the kernel's page cache, not in the process's memory:
+a recording holds one block of values, whatever it buffers. The write reads the full blocks back one at a
+time, into one buffer, and hands HDF5 a block at a time.
+
+Where there is no folder (a ``ValueBlocks`` of its own) or the scratch file cannot be made or written (a
+full disk), a full block stays in memory and a new one is mapped: nothing is lost, the values only take
+memory, as they all did before. A block's pages are populated in the call that maps it (Linux), which costs
+less than taking one page fault per page as the values arrive (both on the training thread); the block of a
+written segment goes to the steps after it (``recycle``), so a run maps about one block, once.
 """
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from comgra_ndbg.store import schema
+from comgra_ndbg.store.scratch_file import ScratchFile
 
 __all__ = ["BLOCK", "ValueBlocks"]
 
@@ -28,9 +35,18 @@ BLOCK = 16 * schema.CHUNK_ELEMENTS
 whole chunks, as the pool written in one piece is."""
 
 
+class _Spilled(NamedTuple):
+    """A full block written to the scratch file: where, and as what dtype (it is converted when read back, if
+    the values were widened since)."""
+
+    offset: int
+    dtype: np.dtype
+
+
 class ValueBlocks:
     """Snapshot values one after the other, float32 unless a float64 snapshot is among them (then float64,
-    as the file's value pool: float32 would turn 1e300 into inf).
+    as the file's value pool: float32 would turn 1e300 into inf). ``directory``: where full blocks go to a
+    scratch file (None: they stay in memory).
 
     >>> blocks = ValueBlocks()
     >>> blocks.append(np.array([1.0, 2.0], np.float32)); blocks.append(np.array([3.0], np.float32))
@@ -40,11 +56,14 @@ class ValueBlocks:
     (dtype('float64'), np.float64(1e+300))
     """
 
-    def __init__(self, spare: list[np.ndarray] | None = None) -> None:
+    def __init__(self, spare: list[np.ndarray] | None = None, directory: str | os.PathLike | None = None) -> None:
         self.dtype = np.dtype(np.float32)
         self.size = 0
-        self._blocks: list[np.ndarray] = []
+        self._full: list[np.ndarray | _Spilled | None] = []  # the full blocks, in order: in memory or spilled
+        self._block: np.ndarray | None = None  # the block being filled
         self._spare = [] if spare is None else spare  # blocks to fill before mapping new ones, shared
+        self._directory = directory
+        self._scratch: ScratchFile | None = None
 
     def __len__(self) -> int:
         return self.size
@@ -55,8 +74,13 @@ class ValueBlocks:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the values held (what the writer counts; the blocks' unused tail is not touched)."""
+        """Bytes of the values held, in memory or in the scratch file (what the writer counts)."""
         return self.size * self.dtype.itemsize
+
+    @property
+    def spilled(self) -> int:
+        """How many full blocks are in the scratch file."""
+        return sum(isinstance(entry, _Spilled) for entry in self._full)
 
     def append(self, values: np.ndarray) -> None:
         """Copy the 1-D ``values`` after those held."""
@@ -64,46 +88,86 @@ class ValueBlocks:
             self._widen()
         done, count = 0, len(values)
         while done < count:
-            used = self.size % BLOCK
-            if used == 0 and self.size == len(self._blocks) * BLOCK:
-                self._blocks.append(self._block())
+            if self._block is None:
+                self._block = self._take_block()
+            used = self.size - len(self._full) * BLOCK
             take = min(BLOCK - used, count - done)
-            self._blocks[-1][used:used + take] = values[done:done + take]
+            self._block[used:used + take] = values[done:done + take]
             done += take
             self.size += take
+            if used + take == BLOCK:
+                self._put_away()
 
     def slabs(self, *, consume: bool = False) -> Iterator[np.ndarray]:
-        """The values held, block by block (the last one cut to what it holds). With ``consume`` each block is
-        let go of once the next is asked for: the blocks are empty afterwards."""
-        remaining = self.size
-        while self._blocks if consume else remaining > 0:
-            block = self._blocks.pop(0) if consume else self._blocks[(self.size - remaining) // BLOCK]
-            slab = block[:min(remaining, BLOCK)]
-            del block
-            remaining -= len(slab)
+        """The values held, block by block (the last one cut to what it holds); a spilled block is read back
+        into one buffer, so each slab is valid until the next is asked for. With ``consume`` each block is let
+        go of once the next is asked for, and the scratch file once all are: the blocks are empty afterwards."""
+        buffer = None
+        for position in range(len(self._full)):
+            entry = self._full[position]
+            if consume:
+                self._full[position] = None
+            if isinstance(entry, _Spilled):
+                if buffer is None or buffer.dtype != entry.dtype:
+                    buffer = np.empty(BLOCK, entry.dtype)
+                self._scratch.read_into(entry.offset, buffer)
+                entry = buffer
+            slab = entry if entry.dtype == self.dtype else entry.astype(self.dtype)
+            del entry
             yield slab
+        used = self.size - len(self._full) * BLOCK
+        if used:
+            yield self._block[:used]
         if consume:
-            self.size = 0
+            self._release()
 
     def recycle(self) -> None:
-        """Hand the blocks to the spare list this was made with, for the next ``ValueBlocks`` sharing it to
-        fill: memory already written once, which takes no page faults. The values held are gone.
+        """Hand the blocks in memory to the spare list this was made with, for the next ``ValueBlocks`` sharing
+        it to fill: memory already written once, which takes no page faults. The values held are gone.
 
         >>> spare = []
-        >>> a = ValueBlocks(spare); a.append(np.array([1.0, 2.0], np.float32)); block = a._blocks[0]
+        >>> a = ValueBlocks(spare); a.append(np.array([1.0, 2.0], np.float32)); block = a._block
         >>> a.recycle(); b = ValueBlocks(spare); b.append(np.array([3.0], np.float32))
-        >>> b._blocks[0] is block, np.asarray(b).tolist(), len(a), spare
+        >>> b._block is block, np.asarray(b).tolist(), len(a), spare
         (True, [3.0], 0, [])
         """
-        self._spare.extend(self._blocks)
-        self._blocks, self.size = [], 0
+        self._spare.extend(entry for entry in self._full if isinstance(entry, np.ndarray))
+        if self._block is not None:
+            self._spare.append(self._block)
+        self._release()
 
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         """The values as one array (a copy)."""
-        out = np.concatenate(list(self.slabs())) if self.size else np.zeros(0, self.dtype)
+        out = np.concatenate([slab.copy() for slab in self.slabs()]) if self.size else np.zeros(0, self.dtype)
         return out if dtype is None else out.astype(dtype, copy=False)
 
-    def _block(self) -> np.ndarray:
+    def _put_away(self) -> None:
+        """The block being filled is full: to the scratch file, to be filled again, or else kept in memory."""
+        spilled = self._spill(self._block) if self._directory is not None else None
+        if spilled is not None:
+            self._full.append(spilled)
+        else:
+            self._full.append(self._block)
+            self._block = None
+
+    def _spill(self, block: np.ndarray) -> _Spilled | None:
+        """``block`` written to the scratch file, or None where it cannot be (no room on the disk, a folder that
+        is gone, a forked child of the process that made the file)."""
+        try:
+            if self._scratch is None:
+                self._scratch = ScratchFile(self._directory)
+            return _Spilled(self._scratch.append(block), block.dtype)
+        except OSError:
+            return None
+
+    def _release(self) -> None:
+        """Let go of every block and of the scratch file."""
+        self._full, self._block, self.size = [], None, 0
+        if self._scratch is not None:
+            self._scratch.close()
+            self._scratch = None
+
+    def _take_block(self) -> np.ndarray:
         """A spare block of this dtype, else a new one (another thread may recycle into the spare list)."""
         try:
             block = self._spare.pop()
@@ -112,13 +176,21 @@ class ValueBlocks:
         return block if block.dtype == self.dtype else _mapped(self.dtype)
 
     def _widen(self) -> None:
-        """Hold float64 from now on: the values held so far are converted."""
-        wide = []
-        for block in self._blocks:
-            copy = _mapped(np.dtype(np.float64))
-            copy[:] = block
-            wide.append(copy)
-        self._blocks, self.dtype = wide, np.dtype(np.float64)
+        """Hold float64 from now on: the values held in memory so far are converted (spilled ones when they
+        are read back)."""
+        wide = np.dtype(np.float64)
+        for position, entry in enumerate(self._full):
+            if isinstance(entry, np.ndarray):
+                self._full[position] = _converted(entry, wide)
+        if self._block is not None:
+            self._block = _converted(self._block, wide)
+        self.dtype = wide
+
+
+def _converted(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    copy = _mapped(dtype)
+    copy[:] = block
+    return copy
 
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)

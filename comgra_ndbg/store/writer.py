@@ -97,7 +97,7 @@ class RecordingWriter:
         for sequence, level, path in self.existing.live:
             self._merger.adopt(Segment(sequence, path, array_bytes(path)), level, sealed=level >= FINAL_LEVEL)
         self._spare_blocks: list[np.ndarray] = []  # value blocks of written segments, for the next ones to fill
-        self._buffers = RowBuffers(self._spare_blocks)
+        self._buffers = RowBuffers(self._spare_blocks, self.directory)
         self._failures = 0
         self._unwritten: list[tuple[int, SegmentContent]] = []  # taken from the buffers, not yet on disk
         self._job: _BackgroundWrite | None = None
@@ -177,7 +177,7 @@ class RecordingWriter:
     def _take_buffered(self, catalog: Catalog) -> None:
         """Move the buffered rows into a segment's content, queued for writing under the next sequence."""
         content = self._buffers.build(catalog.copy())
-        self._buffers = RowBuffers(self._spare_blocks)
+        self._buffers = RowBuffers(self._spare_blocks, self.directory)
         if not content.is_empty():
             self._sequence += 1
             self._unwritten.append((self._sequence, content))
