@@ -4,7 +4,8 @@ The recorder hands the writer plain numbers and numpy arrays, one step at a time
 (appending costs nothing measurable on the training thread) and turned into the parallel arrays of a
 ``SegmentContent`` only when a flush takes them. Snapshot element values, most of the bytes, are copied
 into ``ValueBlocks`` as they arrive instead (whose full blocks wait in a scratch file in the recording's
-folder), which the segment's value pool then is.
+folder), which the segment's value pool then is; summary rows are copied into a ``SummaryTable``, which
+makes the segment's dense summary table as it is written.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.index_pool import SharedPool
 from comgra_ndbg.store.segment import SegmentContent, SnapshotData
+from comgra_ndbg.store.summary_table import SummaryTable
 from comgra_ndbg.store.value_blocks import ValueBlocks
 
 __all__ = ["RowBuffers"]
@@ -34,7 +36,7 @@ class RowBuffers:
         """``spare_blocks``: blocks of written value pools for ``values`` to fill (``ValueBlocks.recycle``);
         ``directory``: where full blocks of values wait in a scratch file (None: in memory)."""
         self.steps: list[tuple[int, int, int, float, int, str]] = []
-        self.summaries: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        self.summaries = SummaryTable()  # copied as they arrive; the segment's table is made as it is written
         self.snapshots: list[_Snapshot] = []
         self.values = ValueBlocks(spare_blocks, directory)  # every snapshot's values, in the order of ``snapshots``
         self.kpis: list[tuple[int, int, float, int]] = []
@@ -68,8 +70,9 @@ class RowBuffers:
             c.step_time = np.array(cols[3], np.float64)
             c.step_flags = np.array(cols[4], np.uint8)
             c.step_reason = np.array(cols[5], object)
-        if self.summaries:
-            self._build_summaries(c, catalog)
+        if len(self.summaries):
+            c.summary_step, c.summary_iteration = self.summaries.finish(len(catalog.series))
+            c.summary_data = self.summaries
         if self.snapshots:
             self._build_snapshots(c)
         if self.kpis:
@@ -96,18 +99,6 @@ class RowBuffers:
             c.process_step = np.array([r[0] for r in self.process], np.int64)
             c.process_data = np.stack([r[1] for r in self.process]).astype(np.float64, copy=False)
         return c
-
-    def _build_summaries(self, c: SegmentContent, catalog: Catalog) -> None:
-        keys = sorted({(s, it) for s, it, _, _ in self.summaries})
-        position = {k: i for i, k in enumerate(keys)}
-        data = np.zeros((len(catalog.series), schema.NUM_FIELDS, len(keys)), np.float64)
-        data[:, schema.FIELD["min"], :] = np.inf
-        data[:, schema.FIELD["max"], :] = -np.inf
-        for s, it, series, rows in self.summaries:
-            data[series, :, position[(s, it)]] = rows
-        c.summary_step = np.array([k[0] for k in keys], np.int64)
-        c.summary_iteration = np.array([k[1] for k in keys], np.int32)
-        c.summary_data = data
 
     def _build_snapshots(self, c: SegmentContent) -> None:
         snapshots = self.snapshots

@@ -97,7 +97,7 @@ def write_slabs(f: h5py.File, path: str, shape: tuple[int, ...], dtype: np.dtype
     """Create dataset ``path`` of ``shape`` and ``dtype`` as ``write_dataset`` creates it for such an array,
     written from ``slabs``, its consecutive pieces along the first axis: an array that is never put
     together in one piece. Pieces of whole chunks (``chunk_rows``) are written as one write would."""
-    if shape[0] == 0:
+    if math.prod(shape) == 0:  # as ``write_dataset`` writes an empty array
         f.create_dataset(path, data=np.zeros(shape, dtype))
         return
     dataset = f.create_dataset(path, shape=shape, dtype=dtype, **_layout(path, shape))

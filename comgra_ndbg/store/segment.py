@@ -23,6 +23,7 @@ from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.disk_image import DiskImage
 from comgra_ndbg.store.file_tables import FileSummaries, FileValues, file_table
 from comgra_ndbg.store.index_pool import merge_index_pools
+from comgra_ndbg.store.summary_table import SummaryTable
 from comgra_ndbg.store.value_blocks import ValueBlocks
 
 __all__ = ["SnapshotData", "SegmentContent", "write_segment", "read_segment", "concat", "segment_name",
@@ -56,7 +57,7 @@ class SegmentContent:
     step_reason: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
     summary_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     summary_iteration: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    summary_data: np.ndarray | FileSummaries = field(  # read as written in a merge of files
+    summary_data: np.ndarray | SummaryTable | FileSummaries = field(  # made or read as written when not an array
         default_factory=lambda: np.zeros((0, schema.NUM_FIELDS, 0), np.float64))
     snap_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     snap_iteration: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -163,9 +164,9 @@ def write_segment(path: Path, content: SegmentContent, attrs: dict, *, consume: 
 
 
 def _build(image: DiskImage, content: SegmentContent, attrs: dict, *, consume: bool = False) -> None:
-    """Build the HDF5 file holding ``content`` in ``image``. Tables held in blocks or in other files
-    (``ValueBlocks``, ``FileValues``, ``FileSummaries``) are written slab by slab; with ``consume``, each
-    array of ``content`` is replaced by an empty one as soon as it is written."""
+    """Build the HDF5 file holding ``content`` in ``image``. Tables that are not arrays (``ValueBlocks``,
+    ``SummaryTable``, ``FileValues``, ``FileSummaries``) are written slab by slab; with ``consume``, each
+    table of ``content`` is replaced by an empty array as soon as it is written."""
     # No raw-data chunk cache: every chunk is written whole (slabs are whole chunks), and HDF5's default
     # 1 MiB cache per dataset made a 1 MiB slab's write hold about 8 MiB of filtered chunk buffers at once.
     with h5py.File(image, "w", libver=schema.LIBVER, rdcc_nbytes=0) as f:
@@ -174,10 +175,10 @@ def _build(image: DiskImage, content: SegmentContent, attrs: dict, *, consume: b
         content.catalog.write(f)
         for field_name in _ARRAYS:
             data = getattr(content, field_name)
-            if isinstance(data, (ValueBlocks, FileValues, FileSummaries)):
-                write_slabs(f, _PATHS[field_name], data.shape, data.dtype, data.slabs(consume=consume))
-            else:
+            if isinstance(data, np.ndarray):
                 write_dataset(f, _PATHS[field_name], data, text=field_name in _TEXT)
+            else:  # a table made or read as it is written (ValueBlocks, SummaryTable, FileValues, FileSummaries)
+                write_slabs(f, _PATHS[field_name], data.shape, data.dtype, data.slabs(consume=consume))
             if consume and field_name != "step":
                 setattr(content, field_name, np.zeros((0,) + data.shape[1:], data.dtype))
 

@@ -115,7 +115,7 @@ class RecordingWriter:
 
     def add_summaries(self, step: int, iteration: int, series: np.ndarray, rows: np.ndarray) -> None:
         """Rows ``[k, NUM_FIELDS]`` of the series ids ``[k]`` at one (step, iteration)."""
-        self._buffers.summaries.append((step, iteration, np.asarray(series, np.int64), rows))
+        self._buffers.summaries.add(step, iteration, np.asarray(series, np.int64), rows)
 
     def add_snapshot(self, step: int, iteration: int, series: int, data: SnapshotData) -> None:
         self._buffers.add_snapshot(step, iteration, series, data)
