@@ -226,6 +226,23 @@ def test_summary_data_and_large_pools_are_compressed_losslessly_element_values_s
         np.testing.assert_array_equal(index[()], content.value_index)
 
 
+def test_tables_of_rows_are_chunked_by_whole_rows_of_at_most_chunk_elements(tmp_path):
+    """Per-sample statistics (17 fields a row) in chunks of 963 rows, not 16 384: HDF5 filters a chunk in
+    buffers as large as the chunk, which writing 2 MiB chunks held in memory at once."""
+    content = _steps_content(_catalog(1), [0])
+    rows = 50_000
+    content.sample_stats = np.random.default_rng(0).standard_normal((rows, schema.NUM_FIELDS))
+    content.sample_index = np.arange(rows, dtype=np.int64)
+    path = tmp_path / segment_name(1, 0)
+    write_segment(path, content, _attrs(1, [1], 0))
+    with h5py.File(path, "r") as f:
+        stats, index = f[schema.SAMPLE_STATS], f[schema.SAMPLE_INDEX]
+        assert stats.chunks == (schema.CHUNK_ELEMENTS // schema.NUM_FIELDS, schema.NUM_FIELDS)
+        assert index.chunks == (schema.CHUNK_ELEMENTS,) and stats.fletcher32 and index.fletcher32
+        np.testing.assert_array_equal(stats[()], content.sample_stats)
+        np.testing.assert_array_equal(index[()], content.sample_index)
+
+
 # ---- concat -----------------------------------------------------------------------------------------------
 def test_concat_pads_older_segments_missing_series_with_the_merge_identity():
     old_catalog, new_catalog = _catalog(1), _catalog(3)

@@ -219,7 +219,7 @@ PROCESS_FIELD = {name: i for i, name in enumerate(PROCESS_FIELDS)}
 ROLES = ("input", "target", "output", "loss", "parameter", "intermediate")
 
 SUMMARY_CHUNK_ROWS = 4096
-CHUNK_ELEMENTS = 16384  # rows per chunk of every other table: the unit a checksum protects
+CHUNK_ELEMENTS = 16384  # elements (whole rows) per chunk of every other table: the unit a checksum protects
 COMPRESSION = "gzip"
 COMPRESSION_LEVEL = 1
 
