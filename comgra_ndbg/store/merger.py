@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from comgra_ndbg.store.malloc_trim import trim
+
 __all__ = ["BackgroundMerger", "Segment", "group_under_cap"]
 
 
@@ -165,5 +167,7 @@ class BackgroundMerger:
                     self._error = error
                     self._stopped = True
                 continue
+            finally:
+                trim()  # what the merge freed in this thread's malloc arena goes back to the system
             with self._condition:
                 self._levels[level + 1].append(merged)

@@ -36,6 +36,7 @@ from comgra_ndbg.store.catalog import Catalog
 from comgra_ndbg.store.damage import step_text
 from comgra_ndbg.store.live import FINAL_LEVEL, list_live_segments
 from comgra_ndbg.store.lock import WriterLock
+from comgra_ndbg.store.malloc_trim import trim
 from comgra_ndbg.store.consolidate import consolidate, merge_files
 from comgra_ndbg.store.merger import BackgroundMerger, Segment
 from comgra_ndbg.store.segment import SegmentContent, SnapshotData, array_bytes, segment_name, write_segment
@@ -260,6 +261,7 @@ class RecordingWriter:
         except Exception as error:  # noqa: BLE001 - reported in the caller's thread by _settle
             job.error = error
         finally:
+            trim()  # what the write freed in this thread's malloc arena goes back to the system
             job.done = True
 
     def _settle(self) -> None:
