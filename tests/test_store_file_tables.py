@@ -27,7 +27,7 @@ from comgra_ndbg.store.damage import DamagedData
 from comgra_ndbg.store.file_tables import FileSummaries, FileValues
 from comgra_ndbg.store.merger import Segment
 from comgra_ndbg.store.segment import SegmentContent, concat, read_segment, segment_name, write_segment
-from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
+from comgra_ndbg.store.value_blocks import BLOCK, READ_SLAB, ValueBlocks
 from recording_faults import REPO, chunk_offset, flip_byte, read_everything
 
 OLD_FIELDS = 14  # rows of format versions 1 and 2
@@ -194,7 +194,7 @@ def test_the_value_pools_are_read_block_by_block_into_one_buffer_and_widen_as_va
     merged = concat(parts)
     assert isinstance(merged.values, FileValues) and isinstance(merged.summary_data, FileSummaries)
     slabs = [(slab, slab.copy()) for slab in merged.values.slabs()]
-    assert [len(copy) for _, copy in slabs] == [BLOCK, BLOCK, 12]
+    assert [len(copy) for _, copy in slabs] == [READ_SLAB] * (2 * BLOCK // READ_SLAB) + [12]
     assert len({slab.__array_interface__["data"][0] for slab, _ in slabs}) == 1  # one block, filled again
     np.testing.assert_array_equal(np.concatenate([copy for _, copy in slabs]), np.concatenate(arrays))
     blocks = ValueBlocks()

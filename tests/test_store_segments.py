@@ -16,6 +16,7 @@ from comgra_ndbg import RecordingNotFoundError, __version__, open_recording
 from comgra_ndbg.store import schema, views
 from comgra_ndbg.store import consolidate as consolidate_module
 from comgra_ndbg.store import writer as writer_module
+from comgra_ndbg.store.buffers import JoinedRows
 from comgra_ndbg.store.catalog import Catalog, ModuleInfo, TensorInfo
 from comgra_ndbg.store.segment import (SegmentContent, SnapshotData, concat, parse_segment_name, read_segment,
                                        segment_name, write_segment)
@@ -241,6 +242,27 @@ def test_tables_of_rows_are_chunked_by_whole_rows_of_at_most_chunk_elements(tmp_
         assert index.chunks == (schema.CHUNK_ELEMENTS,) and stats.fletcher32 and index.fletcher32
         np.testing.assert_array_equal(stats[()], content.sample_stats)
         np.testing.assert_array_equal(index[()], content.sample_index)
+
+
+def test_per_sample_rows_joined_as_they_are_written_make_the_file_their_concatenation_makes(tmp_path):
+    rng = np.random.default_rng(1)
+    pieces = [rng.standard_normal((int(n), schema.NUM_FIELDS)) for n in rng.integers(0, 700, 40)]
+    joined = JoinedRows(pieces, schema.NUM_FIELDS)
+    whole = np.concatenate(pieces)
+    assert joined.shape == whole.shape and joined.nbytes == whole.nbytes
+    slabs = [slab.copy() for slab in joined.slabs()]  # whole chunks, then the rest
+    assert {len(slab) for slab in slabs[:-1]} == {schema.CHUNK_ELEMENTS // schema.NUM_FIELDS}
+    np.testing.assert_array_equal(np.concatenate(slabs), whole)
+    for name, stats in (("joined.h5", joined), ("whole.h5", whole)):
+        content = _steps_content(_catalog(1), [0])
+        content.sample_stats = stats
+        write_segment(tmp_path / name, content, _attrs(1, [1], 0), consume=True)
+    assert joined._pieces == [None] * len(pieces)  # let go of once written
+    with h5py.File(tmp_path / "joined.h5", "r") as a, h5py.File(tmp_path / "whole.h5", "r") as b:
+        x, y = a[schema.SAMPLE_STATS], b[schema.SAMPLE_STATS]
+        assert (x.shape, x.dtype, x.chunks, x.compression, x.fletcher32) == \
+               (y.shape, y.dtype, y.chunks, y.compression, y.fletcher32)
+        np.testing.assert_array_equal(x[()], y[()])
 
 
 # ---- concat -----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from comgra_ndbg import open_recording
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog, TensorInfo
 from comgra_ndbg.store.segment import SegmentContent, SnapshotData, read_segment, write_segment
-from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
+from comgra_ndbg.store.value_blocks import BLOCK, READ_SLAB, ValueBlocks
 from comgra_ndbg.store.writer import RecordingWriter
 
 NO_STATS = np.zeros((0, schema.NUM_FIELDS))
@@ -163,7 +163,7 @@ def test_full_blocks_wait_in_a_nameless_scratch_file_and_memory_holds_one_block(
     assert blocks._block is not None and os.listdir(tmp_path) == [] and _open_fds() == fds + 1
     np.testing.assert_array_equal(np.asarray(blocks), want)  # read back, not consumed: read again below
     slabs = [slab.copy() for slab in blocks.slabs(consume=True)]
-    assert [len(s) for s in slabs] == [BLOCK, BLOCK, BLOCK, len(want) - 3 * BLOCK]
+    assert [len(s) for s in slabs] == [READ_SLAB] * (3 * BLOCK // READ_SLAB) + [len(want) - 3 * BLOCK]
     np.testing.assert_array_equal(np.concatenate(slabs), want)
     assert len(blocks) == 0 and blocks._scratch is None and _open_fds() == fds  # the file is gone with the values
 

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import Catalog
+from comgra_ndbg.store.checksums import chunk_rows
 from comgra_ndbg.store.index_pool import SharedPool
 from comgra_ndbg.store.segment import SegmentContent, SnapshotData
 from comgra_ndbg.store.summary_table import SummaryTable
 from comgra_ndbg.store.value_blocks import ValueBlocks
 
-__all__ = ["RowBuffers"]
+__all__ = ["RowBuffers", "JoinedRows"]
 
 _Snapshot = tuple[int, int, int, tuple[int, ...], int, np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
 """A buffered snapshot without its values: step, iteration, series, shape, the number of values, and
@@ -124,9 +126,59 @@ class RowBuffers:
         c.sample_category = np.full(int(sample_counts.sum()), "", dtype=object)
         for i in [i for i, category in enumerate(categories) if category is not None]:
             c.sample_category[c.snap_samples_offset[i]:c.snap_samples_offset[i] + sample_counts[i]] = categories[i]
-        c.sample_stats = np.concatenate(columns[6]).reshape(-1, schema.NUM_FIELDS)
+        c.sample_stats = JoinedRows(list(columns[6]), schema.NUM_FIELDS)
         c.values = self.values
         c.value_index = index_pool.array()
+
+
+class JoinedRows:
+    """Arrays of rows ``[n_i, columns]`` one after the other as one table, joined as it is written (``slabs``,
+    whole chunks at a time) rather than concatenated at the flush: the per-sample statistics of a segment
+    (1.25 MiB for the 300 steps of the MLP of ``benchmarks/recording_size.py``) are then in memory once, not
+    twice, until the write.
+
+    >>> rows = JoinedRows([np.ones((2, 3)), np.zeros((1, 3))], 3)
+    >>> rows.shape, np.asarray(rows).tolist()
+    ((3, 3), [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    """
+
+    def __init__(self, pieces: list[np.ndarray], columns: int) -> None:
+        self._pieces: list[np.ndarray | None] = [piece.reshape(-1, columns) for piece in pieces]
+        self.shape = (sum(len(piece) for piece in self._pieces), columns)
+        self.dtype = np.result_type(*(piece.dtype for piece in self._pieces)) if pieces else np.dtype(np.float64)
+        self.ndim = 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] * self.dtype.itemsize
+
+    def slabs(self, *, consume: bool = False) -> Iterator[np.ndarray]:
+        """The rows a chunk of the stored table (``chunk_rows``) at a time, each slab valid until the next is
+        asked for (they share one buffer). With ``consume`` each piece is let go of once copied."""
+        if not self.shape[0]:
+            return
+        buffer = np.empty(chunk_rows(self.shape), self.dtype)
+        used = 0
+        for index in range(len(self._pieces)):
+            piece = self._pieces[index]
+            if consume:
+                self._pieces[index] = None
+            start = 0
+            while start < len(piece):
+                take = min(len(buffer) - used, len(piece) - start)
+                buffer[used:used + take] = piece[start:start + take]
+                used, start = used + take, start + take
+                if used == len(buffer):
+                    yield buffer
+                    used = 0
+        if used:
+            yield buffer[:used]
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        """The table as one array (a copy)."""
+        slabs = [slab.copy() for slab in self.slabs()]
+        out = np.concatenate(slabs) if slabs else np.zeros(self.shape, self.dtype)
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def _padded_shape(shape: tuple[int, ...], width: int) -> tuple[int, ...]:

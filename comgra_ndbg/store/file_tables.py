@@ -4,8 +4,8 @@ These two tables are most of a segment's bytes. A merge used to read them whole 
 them, and write the join: its inputs' tables and their concatenation were all in memory at once. Read with
 ``read_segment(f, lazy=True)``, a segment's pool and table are instead a reference to the file
 (:class:`FileTable`); ``concat`` joins references (:class:`FileValues`, :class:`FileSummaries`), and
-``write_segment`` asks for each table slab by slab (``slabs``), each slab read from the input files as it is
-written. A merge thus holds one slab of them, whatever their size.
+``write_segment`` asks for each table slab by slab (``slabs``, 256 KiB), each slab read from the input files
+as it is written. A merge thus holds one slab of them, whatever their size.
 
 The inputs are opened a second time for this, after ``read_segment`` has closed them. Files with a final
 name are never changed, and only the writer that holds the trial's lock merges or deletes them, so they
@@ -26,7 +26,7 @@ import numpy as np
 
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.damage import DamagedData
-from comgra_ndbg.store.value_blocks import BLOCK, ValueBlocks
+from comgra_ndbg.store.value_blocks import READ_SLAB, ValueBlocks
 
 __all__ = ["FileTable", "FileValues", "FileSummaries", "file_table"]
 
@@ -80,7 +80,7 @@ Piece = FileTable | np.ndarray
 
 class FileValues:
     """Value pools one after the other, each a file's (``FileTable``) or an array, read as they are written:
-    ``BLOCK`` values at a time, so that every slab but the last is whole chunks of the merged pool. float64
+    ``READ_SLAB`` values at a time, so that every slab but the last is whole chunks of the merged pool. float64
     when a piece is, else float32, as ``ValueBlocks`` holds them (float32 would turn 1e300 into inf)."""
 
     def __init__(self, pieces: list[Piece]) -> None:
@@ -112,9 +112,9 @@ class FileValues:
         return len(self) * self.dtype.itemsize
 
     def slabs(self, *, consume: bool = False) -> Iterator[np.ndarray]:
-        """The values in slabs of ``BLOCK`` (the last one shorter), each valid until the next is asked for
+        """The values in slabs of ``READ_SLAB`` (the last one shorter), each valid until the next is asked for
         (they share one block). With ``consume`` the pieces are let go of afterwards."""
-        block = np.empty(min(BLOCK, max(len(self), 1)), self.dtype)
+        block = np.empty(min(READ_SLAB, max(len(self), 1)), self.dtype)
         used = 0
         for piece in self.pieces:
             count = piece.shape[0]
@@ -143,7 +143,7 @@ class FileSummaries:
     ``SLAB_BYTES``). Series a piece lacks (written before they existed) are the merge identity, as are the
     fields of rows of an older format version (``schema.pad_fields``)."""
 
-    SLAB_BYTES = 1 << 20
+    SLAB_BYTES = 1 << 18
 
     def __init__(self, pieces: list[Piece]) -> None:
         self.pieces = pieces

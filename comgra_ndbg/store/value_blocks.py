@@ -34,6 +34,10 @@ BLOCK = 16 * schema.CHUNK_ELEMENTS
 """Values per block (1 MiB of float32): a multiple of the value pool's chunk, so every block is written as
 whole chunks, as the pool written in one piece is."""
 
+READ_SLAB = 4 * schema.CHUNK_ELEMENTS
+"""Values a spilled block is read back in at a time (256 KiB of float32, whole chunks): the buffer a write
+adds to the block being filled."""
+
 
 class _Spilled(NamedTuple):
     """A full block written to the scratch file: where, and as what dtype (it is converted when read back, if
@@ -99,22 +103,23 @@ class ValueBlocks:
                 self._put_away()
 
     def slabs(self, *, consume: bool = False) -> Iterator[np.ndarray]:
-        """The values held, block by block (the last one cut to what it holds); a spilled block is read back
-        into one buffer, so each slab is valid until the next is asked for. With ``consume`` each block is let
-        go of once the next is asked for, and the scratch file once all are: the blocks are empty afterwards."""
+        """The values held in slabs of whole chunks: a block in memory at a time, a spilled one ``READ_SLAB`` at a
+        time, read back into one buffer, so each slab is valid until the next is asked for; the last block cut
+        to what it holds. With ``consume`` each block is let go of once the next is asked for, and the scratch
+        file once all are: the blocks are empty afterwards."""
         buffer = None
         for position in range(len(self._full)):
             entry = self._full[position]
             if consume:
                 self._full[position] = None
-            if isinstance(entry, _Spilled):
-                if buffer is None or buffer.dtype != entry.dtype:
-                    buffer = np.empty(BLOCK, entry.dtype)
-                self._scratch.read_into(entry.offset, buffer)
-                entry = buffer
-            slab = entry if entry.dtype == self.dtype else entry.astype(self.dtype)
-            del entry
-            yield slab
+            if isinstance(entry, np.ndarray):
+                yield entry
+                continue
+            if buffer is None or buffer.dtype != entry.dtype:
+                buffer = np.empty(READ_SLAB, entry.dtype)
+            for start in range(0, BLOCK, READ_SLAB):
+                self._scratch.read_into(entry.offset + start * entry.dtype.itemsize, buffer)
+                yield buffer if buffer.dtype == self.dtype else buffer.astype(self.dtype)
         used = self.size - len(self._full) * BLOCK
         if used:
             yield self._block[:used]
