@@ -3,6 +3,7 @@ numba's JIT computes (to the last bits of float32 sums) and leaves numba out of 
 JIT once and is not retried; the entry points refuse arrays they would misread."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import textwrap
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -243,6 +245,62 @@ def test_processes_waiting_for_a_build_that_failed_do_not_run_it_again(monkeypat
         backend._build(where)  # what a process that waited on the lock meanwhile does
     assert len(runs) == 1 and not runs[0].exists() and not where.exists()
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == ["kernels-k.failed"]
+
+
+def test_a_build_removes_the_module_folders_no_process_loaded_for_a_month(monkeypatch, tmp_path) -> None:
+    day, now = 86400.0, time.time()
+
+    def made(name: str, age_days: float, *, folder: bool = True) -> Path:
+        path = tmp_path / name
+        if folder:
+            path.mkdir()
+            (path / f"{backend.MODULE_NAME}.so").write_bytes(b"")
+        else:
+            path.write_text("the build exited with 1\n")
+        os.utime(path, (now - age_days * day, now - age_days * day))
+        return path
+
+    old, recent = made("kernels-old", 45), made("kernels-recent", 5)
+    (tmp_path / "kernels-old.lock").write_text("")
+    failed_old = made("kernels-gone.failed", 40, folder=False)  # a failure recorded alone ages the same way
+    failed_recent = made("kernels-no.failed", 2, folder=False)
+    (tmp_path / "kernels-gone.lock").write_text("")
+    stranger = made("notes", 400)
+    where = tmp_path / "kernels-new"
+
+    def fake_build(scratch: Path) -> None:
+        (scratch / f"{backend.MODULE_NAME}.so").write_bytes(b"")
+
+    monkeypatch.setattr(backend, "_run_build", fake_build)
+    backend._build(where)
+    assert where.is_dir()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["kernels-new", "kernels-new.lock", "kernels-no.failed", "kernels-recent", "notes"]
+    assert not old.exists() and not failed_old.exists() and recent.exists() and failed_recent.exists()
+    assert stranger.exists()
+
+
+def test_pruning_keeps_the_folder_named_and_the_records_of_folders_still_there(tmp_path) -> None:
+    now = time.time()
+    for name in ("kernels-a", "kernels-b"):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (now - 60 * 86400, now - 60 * 86400))
+    (tmp_path / "kernels-b.lock").write_text("")
+    os.utime(tmp_path / "kernels-b.lock", (now - 60 * 86400, now - 60 * 86400))
+    removed = backend.prune(tmp_path, keep=tmp_path / "kernels-a", now=now)
+    assert removed == [tmp_path / "kernels-b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels-a"]
+    assert backend.prune(tmp_path / "missing", keep=tmp_path / "kernels-a") == []
+    (tmp_path / "kernels-c").mkdir()
+    assert backend.prune(tmp_path, keep=tmp_path / "kernels-a", days=0.0, now=now + 1) == [tmp_path / "kernels-c"]
+
+
+def test_loading_a_module_marks_its_folder_as_used(both, monkeypatch) -> None:
+    where = backend.folder()
+    long_ago = time.time() - 90 * 86400
+    os.utime(where, (long_ago, long_ago))
+    backend.load_ahead_of_time(build=False)
+    assert where.stat().st_mtime > long_ago + 89 * 86400
 
 
 def test_a_built_module_is_readable_by_the_machine_s_other_users(both) -> None:

@@ -18,6 +18,11 @@ name, so that no process tries it again, and warned about; those processes run t
 ``.failed`` file to try again. A module that does not load (a damaged file) is removed, and the next process
 builds it afresh.
 
+Every change of the kernels' sources, of numba or numpy, or of the CPU makes a new key and so a new folder.
+Loading a module marks its folder as used (its modification time); a build removes the other keys' folders
+(and their lock and failure records) that no process has loaded for :data:`UNUSED_DAYS` days, so the cache
+keeps what some installed version still uses and does not grow by a module per upgrade.
+
 Environment:
 
 - ``COMGRA_NDBG_KERNELS``: ``auto`` (the default: the module, built when missing, else the JIT), ``jit``
@@ -35,6 +40,7 @@ import platform
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -44,12 +50,15 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 
 __all__ = ["AHEAD_OF_TIME", "JIT", "BuildError", "available", "entries", "folder", "key", "kind",
-           "load_ahead_of_time", "load_jit", "mode"]
+           "load_ahead_of_time", "load_jit", "mode", "prune"]
 
 AHEAD_OF_TIME, JIT = "ahead of time", "jit"
 MODULE_NAME = "comgra_ndbg_kernels"  # the name compiled.build gives the module (kept in step by a test)
 BUILD_TIMEOUT = 900.0
 """Seconds a build may take before the JIT is used instead (a build takes well under a minute)."""
+UNUSED_DAYS = 30
+"""Days after which a build removes another key's module folder that no process loaded meanwhile."""
+_PREFIX = "kernels-"
 _STATS = Path(__file__).resolve().parent
 _SOURCES = ("kernels.py", "fields.py", "drift.py", "parallel.py")  # the constants the compiled code reads
 _LOCK = threading.Lock()
@@ -115,6 +124,8 @@ def load_ahead_of_time(build: bool = True) -> ModuleType:
     except (ImportError, OSError) as error:  # a damaged file: removed, so that a retry builds it afresh
         _remove(where)
         raise BuildError(f"the kernel module {path} does not load ({error})") from error
+    with suppress(OSError):  # marks the folder as used (``prune``); a read-only cache keeps its old time
+        os.utime(where)
     return module
 
 
@@ -132,7 +143,7 @@ def folder() -> Path:
         root = Path(configured)
     else:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "comgra_ndbg"
-    return root / f"kernels-{key()[:24]}"
+    return root / f"{_PREFIX}{key()[:24]}"
 
 
 _KEY: str | None = None
@@ -227,6 +238,7 @@ def _build(where: Path) -> None:
             _run_build(scratch)
             scratch.chmod(0o755)  # (mkdtemp's 0700 would hide the module from the machine's other users)
             os.replace(scratch, where)
+            prune(where.parent, keep=where)
         except BuildError as error:
             with suppress(OSError):  # a cache that cannot be written cannot keep the record either
                 failed.write_text(f"{error}\n")
@@ -254,6 +266,44 @@ def _run_build(scratch: Path) -> None:
     if done.returncode != 0 or _module_file(scratch) is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         raise BuildError(f"the build exited with {done.returncode}: " + " | ".join(tail))
+
+
+def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | None = None) -> list[Path]:
+    """Remove the module folders in ``root`` other than ``keep`` that no process has loaded for ``days`` days
+    (by their modification time), with their lock and failure records; returns the folders removed. A
+    failure record alone ages the same way. Anything else in ``root`` is left alone, and a folder that
+    cannot be removed is left too (a cache shared read-only)."""
+    cutoff = (time.time() if now is None else now) - days * 86400.0
+    removed = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(_PREFIX) or entry == keep:
+            continue
+        base = name.removesuffix(".lock").removesuffix(".failed")
+        if base != name and (root / base).is_dir():
+            continue  # the folder's records go with the folder
+        try:
+            if entry.stat().st_mtime >= cutoff or base == keep.name:
+                continue
+        except OSError:
+            continue
+        if entry.is_dir():
+            _remove(entry)
+            if entry.exists():
+                continue
+            removed.append(entry)
+            for record in (".lock", ".failed"):
+                with suppress(OSError):
+                    (root / (name + record)).unlink()
+        elif name.endswith(".failed"):
+            with suppress(OSError):
+                entry.unlink()
+                (root / (base + ".lock")).unlink()
+    return removed
 
 
 def _remove(path: Path) -> None:
