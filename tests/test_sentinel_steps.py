@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from comgra_ndbg import NeuralDbg, open_recording
+from comgra_ndbg.analysis.api import analyze
 from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.instrument.light_steps import LIGHT_AFTER
 from comgra_ndbg.recorder.sentinel_steps import SENTINEL_REASON
@@ -22,7 +23,7 @@ QUIET = Tiers(update_factor=1e6)  # values never move the tiers here: the schedu
 
 
 def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edit_at=None, lr_at=None,
-           steps=STEPS, strided_grads=False, **options):
+           steps=STEPS, strided_grads=False, nan_input_at=None, **options):
     model, criterion, optimizer, batches = tiny_run(steps)
     options.setdefault("snapshots", None)
     with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, **options):
@@ -32,6 +33,9 @@ def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edi
                     model[0].weight.mul_(1.5)
             if step == lr_at:
                 optimizer.param_groups[0]["lr"] *= 100
+            if step == nan_input_at:
+                x = x.clone()
+                x[3, 1] = float("nan")
             optimizer.zero_grad()
             loss = criterion(model(x), y)
             if step == scale_grad_at:
@@ -161,6 +165,21 @@ def test_a_nonfinite_gradient_at_a_sentinel_step_measures_the_next_steps(tmp_pat
         assert "a non-finite parameter gradient" in recording.step_reasons()[53]
         steps, rows = recording.summary_rows("model.2.bias", "grad")
         assert rows[steps.tolist().index(53), FIELD["nan"]] == 1
+
+
+def test_a_nan_input_at_a_sentinel_step_is_the_one_root_of_what_follows(tmp_path):
+    """The NaN input's gradients turn the parameters NaN in the update of that very step: the analysis reads
+    the non-finite gradient rows the sentinel step recorded (not the finite ones measured before it), so the
+    parameters' non-finite values at the next step follow from the input instead of standing as roots of
+    their own, each claiming the failure."""
+    _, recording = _train(tmp_path, detail=QUIET, nan_input_at=53)
+    with recording:
+        assert recording.step_reasons()[53].startswith(SENTINEL_REASON)
+        steps, rows = recording.summary_rows("model.2.bias", "grad")
+        assert rows[steps.tolist().index(53), FIELD["nan"]] > 0
+    diagnosis = analyze(tmp_path / "t", store=False)
+    assert [(h.type, h.origin, h.node, h.onset) for h in diagnosis.hypotheses] == [
+        ("nonfinite_data", "data", "input", 53)]
 
 
 def test_a_parameter_edited_between_steps_is_measured_at_that_step(tmp_path):

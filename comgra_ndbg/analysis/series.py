@@ -220,7 +220,9 @@ def build_series(rows: Mapping[tuple[str, str], Rows], *, roles: Mapping[str, st
 def hold_rows(rows: np.ndarray, held: np.ndarray, *, every: bool = False, steps: np.ndarray | None = None,
               moved: np.ndarray | None = None) -> np.ndarray:
     """``rows`` with each absent row at a ``held`` position filled in from the rows measured around it, at
-    positions not held: ``every`` fills the rows present at held positions too. Between two measurements
+    positions not held: ``every`` fills the rows present at held positions too, except one that counts
+    non-finite elements (a gradient that turned NaN or Inf at a sentinel step is a fact of that step, which
+    the measurements around it would move to the next one). Between two measurements
     with no ``moved`` position after the first up to the second (a sentinel step whose rows moved, or a step
     the tiers measured because something moved), the statistic changed slowly enough for the sentinels to
     stay quiet: it is interpolated linearly in ``steps`` (non-finite counts held); after the last
@@ -236,9 +238,12 @@ def hold_rows(rows: np.ndarray, held: np.ndarray, *, every: bool = False, steps:
     >>> hold_rows(rows, held, every=True, steps=steps, moved=np.array([False, False, False, True, False]))[
     ...     :, FIELD["sum"]].tolist()
     [0.0, 0.0, 0.0, 6.0, 6.0]
+    >>> rows[2, [FIELD["count"], FIELD["nan"]]] = 4, 1  # recorded non-finite at a held step: kept as recorded
+    >>> hold_rows(rows, held, every=True)[:, FIELD["nan"]].tolist()
+    [0.0, 0.0, 1.0, 0.0, 0.0]
     """
     present = rows[:, _COUNT] > 0
-    fill = held if every else held & ~present
+    fill = held & ~(present & (rows[:, _NAN] + rows[:, _INF] > 0)) if every else held & ~present
     if not fill.any():
         return rows
     n = len(rows)
