@@ -256,6 +256,9 @@ def test_a_learning_rate_of_zero_everywhere_is_found_and_a_warm_up_from_zero_is_
     assert invariants(rows) == {"no_update": 10}
     top = diagnosis.top
     assert (top.type, top.origin, top.onset) == ("update_stagnation", "optimizer", 10)
+    # no parameter changing from step 10 on is the same finding read from the statistics: one hypothesis
+    assert [(h.type, h.origin) for h in diagnosis.hypotheses].count(("update_stagnation", "optimizer")) == 1
+    assert top.confidence >= 0.9 and top.sentence.endswith(f"(confidence {top.confidence:.2f}).")
     with open_recording(tmp_path / "bug" / "t") as recording:
         steps, lr = recording.kpi("lr/0")
         assert steps.tolist() == list(range(40)) and lr[0] == pytest.approx(0.1) and lr[10] == 0.0

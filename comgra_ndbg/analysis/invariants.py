@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -260,7 +260,10 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
     steps after the first effect in its chain: a violation seen right where the harm begins explains that
     harm better than a reading dated many steps before it (an early, weak "divergence" whose non-finite
     values only follow the mistake). A statistical hypothesis that a loop error explains keeps its
-    confidence.
+    confidence; one that says what a loop hypothesis ahead of it says (the same type, origin and node, an
+    onset within ``slack`` steps: a learning rate at 0 and no parameter changing from that step) is one
+    finding read twice, so it is folded into the loop hypothesis, which names the cause, and lends it its
+    confidence where that is higher.
 
     >>> from comgra_ndbg.analysis.events import CausalChain, CausalLink, Event
     >>> e = Event("f", "n", "value", "a", "b", 0, 0, 1.0, 1.0)
@@ -272,6 +275,11 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
     ...     e, (CausalLink(e, late, 26, "same-node"),)))
     >>> [x.type for x in merge_hypotheses([early], [h("wrong_mode", 33)])]
     ['wrong_mode', 'optimizer_divergence']
+    >>> stalled = Hypothesis("update_stagnation", "optimizer", "", 145, 0.95, "", CausalChain(e))
+    >>> lr_at_zero = Hypothesis("update_stagnation", "optimizer", "", 145, 0.9, "The rate fell to 0 (confidence 0.90).",
+    ...                         CausalChain(e))
+    >>> [(x.confidence, x.sentence) for x in merge_hypotheses([stalled], [lr_at_zero])]
+    [(0.95, 'The rate fell to 0 (confidence 0.95).')]
     """
     if not statistical:
         return list(loop)
@@ -280,7 +288,22 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
     first = max(top.onset, min(effects, default=top.onset)) + slack
     ahead = [h for h in loop if h.onset <= first and h.chain.root.to_state not in _BEHIND]
     behind = [h for h in loop if h not in ahead]
-    return ahead + list(statistical) + behind
+    kept = []
+    for h in statistical:
+        same = next((i for i, l in enumerate(ahead) if (l.type, l.origin, l.node) == (h.type, h.origin, h.node)
+                     and abs(l.onset - h.onset) <= slack), None)
+        if same is None:
+            kept.append(h)
+        elif h.confidence > ahead[same].confidence:
+            ahead[same] = _with_confidence(ahead[same], h.confidence)
+    return ahead + kept + behind
+
+
+def _with_confidence(h: Hypothesis, confidence: float) -> Hypothesis:
+    """``h`` with ``confidence``, its sentence's closing "(confidence x)" rewritten to match."""
+    said = f"(confidence {h.confidence:.2f})."
+    sentence = h.sentence[:-len(said)] + f"(confidence {confidence:.2f})." if h.sentence.endswith(said) else h.sentence
+    return replace(h, confidence=confidence, sentence=sentence)
 
 
 def _title(kind: str) -> str:
