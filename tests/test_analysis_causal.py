@@ -42,15 +42,27 @@ def test_forward_backward_and_same_node_links() -> None:
     dead_c = event("activation_regime", "c", "value", "dead", 6)
     grad_a = event("gradient_health", "a", "grad", "vanishing", 5)
     nan_b = event("nonfinite", "b", "value", "non-finite", 7)
-    downstream = event("gradient_health", "c", "grad", "exploding", 5)  # c depends on b: not b's effect
+    # c depends on b: its gradient is the derivative of what follows c, taken at the values b fed it
+    downstream = event("gradient_health", "c", "grad", "exploding", 5)
     links = link_events([nan_b, grad_a, dead_c, downstream, shrink_b], run())
     assert [(x.cause.node, x.cause.to_state, x.effect.node, x.effect.to_state, x.lag, x.via) for x in links] == [
+        ("b", "vanishing", "c", "exploding", 0, "forward"),
         ("b", "vanishing", "a", "vanishing", 0, "backward"),
         ("b", "vanishing", "c", "dead", 1, "forward"),
         ("b", "vanishing", "b", "non-finite", 2, "same-node"),
         ("c", "exploding", "a", "vanishing", 0, "backward"),
         ("c", "exploding", "c", "dead", 1, "same-node"),
     ]
+
+
+def test_a_value_change_reaches_the_gradients_after_it_within_the_pass_and_a_gradient_does_not() -> None:
+    scaled_input = event("data_shift", "x", "value", "shifted", 5)
+    vanishing_b = event("gradient_health", "b", "grad", "vanishing", 6)
+    much_later = event("gradient_health", "c", "grad", "vanishing", 9)  # beyond the pass's propagation lag
+    assert [(x.cause.node, x.effect.node, x.via) for x in link_events([scaled_input, vanishing_b, much_later], run())
+            ] == [("x", "b", "forward")]
+    grad_a = event("gradient_health", "a", "grad", "exploding", 5)
+    assert link_events([grad_a, vanishing_b], run()) == []  # a gradient reaches values only through an update
 
 
 def test_chain_and_coupled_failures() -> None:

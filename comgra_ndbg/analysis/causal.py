@@ -6,7 +6,8 @@ A link ``cause → effect`` needs the effect to start no earlier in the step ord
 pass carries it there within its own step — and a path:
 
 - ``forward``: a forward-pass event (value, non-finite value, loss) in a node that depends on the
-  cause's node — activations propagate forward;
+  cause's node — activations propagate forward — or, from a value event, a gradient event there: a node's
+  gradient is the derivative of what follows it, evaluated at the values the pass computed;
 - ``backward``: a gradient event in a node the cause's node depends on — gradients propagate backward —
   or an update event of a parameter the cause's node depends on (a whole-model optimizer event only
   within ``same_time`` steps): update sizes follow the gradients;
@@ -86,7 +87,11 @@ def _relation(cause: Event, effect: Event, below: dict[str, frozenset[str]], lag
         return "same-node" if cause.label != effect.label or cause.kind != effect.kind else None
     if _is_gradient(effect):
         reaches = cause.node in below.get(effect.node, ()) or cause.node == LOSS_NODE and cause.kind == "kpi"
-        return "backward" if reaches else None
+        if reaches:
+            return "backward"
+        # a node's gradient is the derivative of what follows it, taken at the values it computes: a change of
+        # the values upstream (inputs scaled 100x saturating a later layer) changes it within the same pass
+        return "forward" if cause.kind == "value" and effect.node in below.get(cause.node, ()) else None
     if _is_gradient(cause):  # a gradient reaches the forward pass only through an update
         return None
     if effect.kind == "kpi" and effect.node == LOSS_NODE:  # a loss known only as a KPI ends every forward pass
