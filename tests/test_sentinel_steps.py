@@ -23,7 +23,7 @@ QUIET = Tiers(update_factor=1e6)  # values never move the tiers here: the schedu
 
 
 def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edit_at=None, lr_at=None,
-           steps=STEPS, strided_grads=False, nan_input_at=None, **options):
+           steps=STEPS, strided_grads=False, nan_input_at=None, scale_input_from=None, **options):
     model, criterion, optimizer, batches = tiny_run(steps)
     options.setdefault("snapshots", None)
     with NeuralDbg(model, folder, trial="t", optimizer=optimizer, loss=criterion, detail=detail, **options):
@@ -33,6 +33,8 @@ def _train(folder, *, detail="tiered", scale_grad_at=None, nan_grad_at=None, edi
                     model[0].weight.mul_(1.5)
             if step == lr_at:
                 optimizer.param_groups[0]["lr"] *= 100
+            if scale_input_from is not None and step >= scale_input_from:
+                x = x * 10.0  # an unnormalised batch from here on
             if step == nan_input_at:
                 x = x.clone()
                 x[3, 1] = float("nan")
@@ -180,6 +182,22 @@ def test_a_nan_input_at_a_sentinel_step_is_the_one_root_of_what_follows(tmp_path
     diagnosis = analyze(tmp_path / "t", store=False)
     assert [(h.type, h.origin, h.node, h.onset) for h in diagnosis.hypotheses] == [
         ("nonfinite_data", "data", "input", 53)]
+
+
+def test_inputs_scaled_at_a_sentinel_step_stop_the_interpolation_of_the_outputs_across_them(tmp_path):
+    """The tiers watch parameters, not inputs: a batch scaled 10x at a sentinel step moves no sentinel, and the
+    module outputs, measured again at step 60, were interpolated across the gap from the last measurement
+    before the change, so their change seemed to begin part-way through it (saturation at step 58, which
+    the interpolation made up). The inputs' own rows, recorded at every step, now mark the step they moved
+    at, and the outputs are held from the last measurement to the first after it, as across any gap where
+    something moved: the change is dated where it was measured."""
+    _, recording = _train(tmp_path, detail=QUIET, scale_input_from=53)
+    with recording:
+        assert recording.step_reasons()[53] == SENTINEL_REASON
+        assert 60 in _measured(recording) and not {53, 54, 55, 56, 57, 58, 59} & set(_measured(recording))
+    diagnosis = analyze(tmp_path / "t", store=False)
+    assert [(e.family, e.node, e.onset) for e in diagnosis.events if 50 <= e.onset <= 60] == [
+        ("activation_regime", "model.1", 60)]
 
 
 def test_a_parameter_edited_between_steps_is_measured_at_that_step(tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 from comgra_ndbg.analysis.invariants import LoopFacts, TensorRows
 from comgra_ndbg.analysis.output_range import prediction_nodes
 from comgra_ndbg.analysis.reference_rules import RunFacts
-from comgra_ndbg.analysis.series import RunSeries, build_series
+from comgra_ndbg.analysis.series import RunSeries, build_series, jumps
 from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.stats.statistics import derive_one
 from comgra_ndbg.store import schema
@@ -42,8 +42,11 @@ def load_series(recording: Recording) -> RunSeries:
     reasons = recording.step_reasons()
     held = np.array(sorted(s for s, reason in reasons.items() if reason.startswith(schema.SENTINEL_REASON)),
                     dtype=np.int64)
-    moved = np.array(sorted(s for s, reason in reasons.items()  # the tiers saw something move there
-                            if "tiers:" in reason and reason != schema.SENTINEL_REASON), dtype=np.int64)
+    moved = {s for s, reason in reasons.items()  # the tiers saw something move there
+             if "tiers:" in reason and reason != schema.SENTINEL_REASON}
+    for tensor in inputs["input"]:  # ... or an input moved, which the tiers do not watch
+        moved.update(jumps(tensor.steps, tensor.rows).tolist())
+    moved = np.array(sorted(moved), dtype=np.int64)
     series = build_series(rows, roles=roles, kpis=kpis, graph=graph, trial=recording.trial,
                           node_order=recording.nodes, info=node_info(recording),
                           loop=LoopFacts(log, tuple(inputs["input"]), tuple(inputs["target"])), held=held,

@@ -26,7 +26,7 @@ from comgra_ndbg.analysis.structure import NodeInfo
 from comgra_ndbg.stats.statistics import derive, merge_rows
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
-__all__ = ["NodeSeries", "RunSeries", "build_series", "forward_order", "hold_rows"]
+__all__ = ["NodeSeries", "RunSeries", "build_series", "forward_order", "hold_rows", "jumps"]
 
 Rows = tuple[np.ndarray, np.ndarray]  # (steps [n], rows [n, NUM_FIELDS])
 _COUNT, _NAN, _INF = FIELD["count"], FIELD["nan"], FIELD["inf"]
@@ -269,6 +269,23 @@ def hold_rows(rows: np.ndarray, held: np.ndarray, *, every: bool = False, steps:
         blended[:, [_NAN, _INF]] = rows[before][:, [_NAN, _INF]]
         out[between] = blended
     return out
+
+
+def jumps(steps: np.ndarray, rows: np.ndarray, decades: float = 1.0) -> np.ndarray:
+    """The steps at which the rms of ``rows`` (one tensor's summary rows at ``steps``) moved by at least
+    ``decades`` from its previous row, either way (to or from 0 included). Inputs are recorded at sentinel
+    steps and the tiers do not watch them: a batch scaled or zeroed there is a move the interpolation of
+    ``hold_rows`` must not smooth over, or a change measured at the next full step is dated before it.
+
+    >>> rows = np.zeros((5, NUM_FIELDS)); rows[:, _COUNT] = 4; rows[:, FIELD["sum_sq"]] = [4, 4, 400, 400, 0]
+    >>> jumps(np.arange(10, 15), rows).tolist()
+    [12, 14]
+    """
+    count = np.maximum(rows[:, _COUNT], 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        level = 0.5 * np.log10(rows[:, FIELD["sum_sq"]] / count)
+        moved = np.abs(np.diff(level)) >= decades
+    return np.asarray(steps, dtype=np.int64)[1:][moved]
 
 
 def _pairs(entry: Rows | list[Rows]) -> list[Rows]:
