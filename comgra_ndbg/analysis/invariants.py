@@ -302,7 +302,9 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
 def _with_confidence(h: Hypothesis, confidence: float) -> Hypothesis:
     """``h`` with ``confidence``, its sentence's closing "(confidence x)" rewritten to match."""
     said = f"(confidence {h.confidence:.2f})."
-    sentence = h.sentence[:-len(said)] + f"(confidence {confidence:.2f})." if h.sentence.endswith(said) else h.sentence
+    sentence = h.sentence
+    if sentence.endswith(said):
+        sentence = sentence[:-len(said)] + f"(confidence {confidence:.2f})."
     return replace(h, confidence=confidence, sentence=sentence)
 
 

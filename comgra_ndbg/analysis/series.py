@@ -23,7 +23,8 @@ import numpy as np
 from comgra_ndbg.errors import UnknownSeriesError
 from comgra_ndbg.graph.model import LAYERING_KINDS, PARAMETER_ROLE, DependencyGraph
 from comgra_ndbg.analysis.structure import NodeInfo
-from comgra_ndbg.stats.statistics import derive, merge_rows
+from comgra_ndbg.analysis.shift import log_level
+from comgra_ndbg.stats.statistics import derive, derive_one, merge_rows
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS, identity_row
 
 __all__ = ["NodeSeries", "RunSeries", "build_series", "forward_order", "hold_rows", "jumps"]
@@ -243,7 +244,8 @@ def hold_rows(rows: np.ndarray, held: np.ndarray, *, every: bool = False, steps:
     [0.0, 0.0, 1.0, 0.0, 0.0]
     """
     present = rows[:, _COUNT] > 0
-    fill = held & ~(present & (rows[:, _NAN] + rows[:, _INF] > 0)) if every else held & ~present
+    finite = rows[:, _NAN] + rows[:, _INF] == 0
+    fill = held & ~(present & ~finite) if every else held & ~present
     if not fill.any():
         return rows
     n = len(rows)
@@ -260,8 +262,7 @@ def hold_rows(rows: np.ndarray, held: np.ndarray, *, every: bool = False, steps:
     if moved is not None and moved.any():
         count = np.cumsum(moved)
         between &= count[np.minimum(following, n - 1)] == count[np.maximum(last, 0)]
-    ends_finite = (rows[:, _NAN] + rows[:, _INF] == 0)
-    between &= ends_finite[np.maximum(last, 0)] & ends_finite[np.minimum(following, n - 1)]
+    between &= finite[np.maximum(last, 0)] & finite[np.minimum(following, n - 1)]
     if between.any():
         before, after = last[between], following[between]
         weight = ((steps[between] - steps[before]) / (steps[after] - steps[before]))[:, None]
@@ -281,9 +282,8 @@ def jumps(steps: np.ndarray, rows: np.ndarray, decades: float = 1.0) -> np.ndarr
     >>> jumps(np.arange(10, 15), rows).tolist()
     [12, 14]
     """
-    count = np.maximum(rows[:, _COUNT], 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        level = 0.5 * np.log10(rows[:, FIELD["sum_sq"]] / count)
+    level = log_level(derive_one(rows, "rms"))
+    with np.errstate(invalid="ignore"):
         moved = np.abs(np.diff(level)) >= decades
     return np.asarray(steps, dtype=np.int64)[1:][moved]
 

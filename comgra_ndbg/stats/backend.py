@@ -212,6 +212,11 @@ def _resolve() -> tuple[ModuleType | SimpleNamespace, str]:
     return load_jit(), JIT
 
 
+def _lock_file(where: Path) -> Path:
+    """The file a build of the module for ``where`` holds locked while it runs."""
+    return where.with_name(where.name + ".lock")
+
+
 def _failed_marker(where: Path) -> Path:
     """The file that records a failed build of the module for ``where``: no process tries that build again."""
     return where.with_name(where.name + ".failed")
@@ -228,7 +233,7 @@ def _build(where: Path) -> None:
     except OSError as error:
         raise BuildError(f"cannot create the cache folder {where.parent}: {error}") from error
     failed = _failed_marker(where)
-    with _exclusive(where.parent / f"{where.name}.lock"):
+    with _exclusive(_lock_file(where)):
         if _module_file(where) is not None:  # another process built it while this one waited
             return
         if failed.exists():  # or failed to
@@ -296,13 +301,14 @@ def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | Non
             if entry.exists():
                 continue
             removed.append(entry)
-            for record in (".lock", ".failed"):
-                with suppress(OSError):
-                    (root / (name + record)).unlink()
+            records = (_lock_file(entry), _failed_marker(entry))
         elif name.endswith(".failed"):
+            records = (entry, _lock_file(entry.with_name(base)))
+        else:
+            continue
+        for record in records:
             with suppress(OSError):
-                entry.unlink()
-                (root / (base + ".lock")).unlink()
+                record.unlink()
     return removed
 
 
