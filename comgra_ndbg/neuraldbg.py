@@ -24,8 +24,9 @@ iteration of the open step; a step ends when the next training forward pass find
 in ``model.eval()`` are evaluation passes: they never open a training step, and each run of them is filed
 as cheap summaries of step type ``eval`` at the training step it follows (``instrument/evaluation.py``).
 Chosen modules' outputs are registered with the :class:`~comgra_ndbg.recorder.Recorder` under their
-module path, parameters are tracked with their gradients reduced in post-accumulate-grad hooks, updates are derived when the step ends, and the
-tensor ``backward()`` is called on is the loss (``comgra_ndbg.instrument.loss``).
+module path, parameters are tracked with their gradients read where each backward pass ends (no hook per
+parameter), updates are derived when the step ends, and the tensor ``backward()`` is called on is the loss
+(``comgra_ndbg.instrument.loss``).
 """
 from __future__ import annotations
 
@@ -216,6 +217,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
             budget = self.recorder.byte_budget
             print(f"comgra_ndbg: recording to {self.path}" + (f" ({budget.describe()})" if budget else ""))
         self.recorder.track_module(ROOT, self._root, node_suffix=PARAMETER_SUFFIX, gradients_in_hook=True)
+        self.recorder.poll_parameter_gradients()  # taken where each backward pass ends (``_after_backward``)
         self._parameters = [p for p in self._root.parameters() if p.requires_grad]
         self._parameter_ids = {id(p) for p in self._root.parameters()}
         self._owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (groups, owns)
@@ -256,6 +258,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._loss_sources: dict[tuple[Any, int], tuple[str, int]] = {}  # output (grad_fn, nr) -> (name, iteration)
         self._backward_seen = False
         self._callback_queued = False
+        self._gradients_read = False  # the engine's callback read the parameters' gradients (``_after_backward``)
         self._parameter_mark = 0
         self._grad_mark: tuple = ((), ())  # steps.gradient_fingerprint after the last backward pass
         self._warned: set[str] = set()

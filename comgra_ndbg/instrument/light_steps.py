@@ -196,8 +196,13 @@ class LightSteps:
 
     def _after_backward_call(self) -> None:
         """``patches``' call after each backward call returned: in a light step, the probe's gradient as the
-        backward pass left it (a full step fingerprints every gradient there)."""
+        backward pass left it (a full step fingerprints every gradient there); in a full step, the parameters'
+        gradients of a backward pass that never reached the model's output (no engine callback of ours read
+        them: a penalty on the weights alone)."""
         if not self._light:
+            if not self._gradients_read and self.recorder.current_step is not None:
+                self.recorder.take_parameter_gradients()
+            self._gradients_read = False
             return
         self._light_backwards = True
         self._light_backward_calls += 1

@@ -198,6 +198,8 @@ class StepDetection:
     def _after_backward(self) -> None:
         self._callback_queued = False
         self._backward_seen = True
+        self.recorder.take_parameter_gradients()
+        self._gradients_read = True
         self._grad_mark = self._grad_fingerprint()
         self._stuck_calls += 1  # a step that no step end cuts short (``stuck_steps``): looked at past half its limit,
         # with the invariants on (off, nothing is read and the step stays open, as the loop leaves it)

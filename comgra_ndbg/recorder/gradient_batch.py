@@ -42,8 +42,17 @@ class GradientBatch:
     def add(self, key: Hashable, grad: torch.Tensor, batched: bool) -> None:
         """Keep ``grad`` under ``key`` until the backward pass ends."""
         self._pending.append((key, grad.detach() if grad.requires_grad else grad, batched, grad._version))
-        if self._queued:
-            return
+        if not self._queued:
+            self._queue()
+
+    def extend(self, gradients: list[tuple[Hashable, torch.Tensor]], *, queue: bool = True) -> None:
+        """``add`` of many detached gradients without a batch dimension (the parameters'); ``queue=False``
+        from the owner's flush, which summarises them next."""
+        self._pending += [(key, grad, False, grad._version) for key, grad in gradients]
+        if queue and not self._queued:
+            self._queue()
+
+    def _queue(self) -> None:
         try:
             Variable._execution_engine.queue_callback(self._end_of_backward)
         except RuntimeError:  # not inside a backward pass

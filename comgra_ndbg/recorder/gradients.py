@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from functools import partial
 from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ SET_MEMORY = 64 * 2 ** 20
 """Bytes of registered tensors' gradients a gradient set keeps to add up later backward passes into them."""
 
 _STRIDED = torch.strided
+_LAYOUT, _META = attrgetter("layout"), attrgetter("is_meta")  # (a parameter's gradient is never nested)
+_graph_task = torch._C._current_graph_task_id
 
 
 class GradientRecording:
@@ -143,6 +146,41 @@ class GradientRecording:
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._skipped(self.catalog.tensors[tid].name, "grad", error)
 
+    def poll_parameter_gradients(self) -> None:
+        """Read the gradients of parameters tracked with ``gradients_in_hook`` without a hook per parameter:
+        the caller calls ``take_parameter_gradients()`` where each backward pass ends, and the recorder reads
+        them again right before an optimizer step (``refresh_parameter_gradients``) and when the step's
+        gradients are collected. Call it before the first step."""
+        self._parameters.polled = True
+
+    def take_parameter_gradients(self) -> None:
+        """Hand over the tracked parameters' gradients that changed since they were last read, when the
+        tracker is ``polled`` (``ParameterTracker``): ``NeuralDbg`` calls it where each backward pass ends;
+        the gradient flush at that point (``_flush_gradients``) takes them first, and then this call, in the
+        same backward pass, reads nothing again."""
+        if not self.enabled or not self._step_open or not (self._summarize or self._snapshot):
+            return
+        try:
+            self._take_polled(queue=True)
+        except Exception as error:  # a recorder problem must not break the user's backward pass
+            self._warn("recording a parameter gradient", error)
+
+    def _take_polled(self, *, queue: bool, unread: bool = False) -> None:
+        task = _graph_task()
+        if task != -1 and task == self._polled_task:  # read already at the end of this backward pass
+            return
+        self._polled_task = task
+        changed = self._parameters.changed_gradients(unread=unread)
+        if not changed:
+            return
+        grads = [grad for _, grad in changed]
+        if (self._snapshot or not self._summarize or set(map(_LAYOUT, grads)) != {_STRIDED}
+                or any(map(_META, grads))):
+            for tid, grad in changed:
+                self._on_parameter_grad(tid, grad)
+        else:
+            self._grad_batch.extend(changed, queue=queue)
+
     def refresh_parameter_gradients(self) -> None:
         """Take again the gradients of parameters tracked with ``gradients_in_hook`` whose ``.grad`` changed
         since a backward pass of this step handed it over — clipped (``clip_grad_norm_``), unscaled by a
@@ -159,11 +197,14 @@ class GradientRecording:
             self._warn("recording a parameter gradient", error)
 
     def _flush_gradients(self) -> None:
-        """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end)."""
+        """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end),
+        with those of the parameters when the tracker is ``polled``."""
         if not self._step_open or not self._summarize:
             self._grad_batch.clear()
             return
         try:
+            if self._parameters.polled and _graph_task() != -1:  # (outside a backward pass its callers read them)
+                self._take_polled(queue=False)
             keyed, dropped = self._grad_batch.flush(self._grads)
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._grad_batch.clear()
@@ -201,6 +242,8 @@ class GradientRecording:
         self._guard("recording gradients", partial(self._collect_gradients, kind))
 
     def _collect_gradients(self, kind: str) -> None:
+        if self._parameters.polled:  # gradients that no backward pass's end read (a loss apart from the model)
+            self._take_polled(queue=False, unread=True)
         if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
             self._flush_gradients()
         self._guard("discovering the dependency graph", self._discover_graph)

@@ -34,7 +34,9 @@ class ParameterSteps:
         ``node_prefixes=["model.encoder"]`` makes all of the encoder's parameters one node.
         ``gradients_in_hook=True`` reduces each
         gradient in its post-accumulate-grad hook as soon as it is accumulated (the last accumulation of a
-        step wins), for loops that clear ``.grad`` before ``record_gradients()`` or ``finish_step()`` runs.
+        step wins), for loops that clear ``.grad`` before ``record_gradients()`` or ``finish_step()`` runs;
+        a caller that knows where each backward pass ends reads them there instead, with no hook per
+        parameter (``poll_parameter_gradients``).
         """
         if not self.enabled:
             return

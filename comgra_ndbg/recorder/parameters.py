@@ -12,7 +12,11 @@ value, and the update is summarised from the parameter and the copy without mate
 
 With ``on_gradient``, the hook hands each accumulated gradient to that callback at once instead of marking
 it fresh: for loops that clear ``.grad`` (``optimizer.zero_grad()`` at the top) before the recorder gets to
-read it, as ``NeuralDbg`` does.
+read it, as ``NeuralDbg`` does. A caller that knows where each backward pass ends (``NeuralDbg``, from the
+autograd engine's callback) sets :attr:`ParameterTracker.polled` instead: no hook per parameter — each one
+is a call from C++ into Python per parameter per backward pass, the largest share of a small model's
+bookkeeping — and ``changed_gradients`` reads every ``.grad`` that is not the one it read last (a weak
+reference, so a freed gradient whose address a new one reuses is not taken for it) or that changed in place.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class _Tracked:
     receiver: Callable[[int, torch.Tensor], None] | None = None  # that callback
     incoming: torch.Tensor | None = None  # what backward passes added since the step's first take
     handed: tuple[int, int] | None = None  # (id, version) of the ``.grad`` last handed over in this step
+    seen: tuple[Any, int] | None = None  # (weak reference, version) of the ``.grad`` last read, ``polled``
 
 
 @dataclass
@@ -66,6 +71,7 @@ class ParameterTracker:
     _step_hooks: list[Any] = field(default_factory=list)
     _watching: bool = False
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
+    polled: bool = False  # handed-over gradients are read by ``changed_gradients``, with no hook (module doc)
     _names: dict[str, torch.nn.Parameter] | None = None
     _params: list[torch.nn.Parameter] | None = None  # ``parameters()``, kept until ``track`` or ``close``
     _ids: list[int] | None = None  # ``tensor_ids()``, likewise
@@ -116,7 +122,8 @@ class ParameterTracker:
 
     def _hooks_of(self, entries: list[_Tracked]) -> list[Any]:
         return [t.parameter.register_post_accumulate_grad_hook(_hand_over(t, t.receiver)) if t.handed_over
-                else t.parameter.register_hook(_mark_fresh(t, self)) for t in entries if t.parameter.requires_grad]
+                else t.parameter.register_hook(_mark_fresh(t, self)) for t in entries
+                if t.parameter.requires_grad and not (t.handed_over and self.polled)]
 
     def unwatch(self) -> None:
         for handle in self._step_hooks:
@@ -282,17 +289,27 @@ class ParameterTracker:
         return out
 
     def forget_gradients(self) -> None:
-        """Start a step: earlier gradients are not its own, and its first take reads ``.grad``."""
+        """Start a step: earlier gradients are not its own, and its first take reads ``.grad`` (``polled``:
+        the gradients there now are the ones ``changed_gradients`` passes over)."""
+        polled = self.polled
         for t in self.tracked:
             t.fresh = False
             t.incoming = None
             t.handed = None
+            if polled:
+                grad = t.parameter.grad
+                t.seen = None if grad is None else (weakref.ref(grad), grad._version)
         self.per_pass = False
 
-    def changed_gradients(self) -> list[tuple[int, torch.Tensor]]:
+    def changed_gradients(self, *, unread: bool = False) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
         place since a backward pass of this step handed it over (clipped, unscaled by a ``GradScaler``); each
-        is marked handed over again."""
+        is marked handed over again. ``polled``: of those whose ``.grad`` is not the one read last, or changed
+        in place since — what each backward pass accumulated, and what was done to it after; ``unread``
+        only of those not read in this step yet (at its end a ``.grad`` zeroed in place is no gradient of
+        it)."""
+        if self.polled:
+            return _read_changed(self.tracked, unread)
         changed = []
         for t in self.tracked:
             grad = t.parameter.grad
@@ -359,6 +376,23 @@ def _layout_key(params: list[torch.nn.Parameter]) -> tuple[list, ...]:
 def _on_host(tensors: list[torch.Tensor]) -> bool:
     """Whether numpy can work on every tensor directly (CPU, a numpy dtype, no conjugate/negative view)."""
     return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in tensors)
+
+
+def _read_changed(tracked: list[_Tracked], unread: bool) -> list[tuple[int, torch.Tensor]]:
+    """``changed_gradients`` of a ``polled`` tracker: every read gradient is remembered as read."""
+    changed = []
+    for t in tracked:
+        if not t.handed_over or (unread and t.handed is not None):
+            continue
+        grad = t.parameter.grad
+        if grad is None:
+            continue
+        seen, version = t.seen, grad._version
+        if seen is not None and seen[1] == version and seen[0]() is grad:
+            continue
+        t.seen, t.handed = (weakref.ref(grad), version), (id(grad), version)
+        changed.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))
+    return changed
 
 
 def _mark_fresh(entry: _Tracked, tracker: ParameterTracker) -> Any:

@@ -217,6 +217,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         if budget is not None:  # to the library's logger: a training script's own output stays its own
             _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
+        self._polled_task = -2  # the backward pass whose end last read the parameters' gradients (``polled``)
         self._tier_state = None if tiers is None else TierState(tiers)
         self._tier_hook = None if tiers is None else _optimizer_pre_hook(self)
         self._tier_stepped = 0  # ``ParameterSteps._tier_optimizer_step``
