@@ -199,10 +199,10 @@ class LightSteps:
         backward pass left it (a full step fingerprints every gradient there); in a full step, the parameters'
         gradients of a backward pass that never reached the model's output (no engine callback of ours read
         them: a penalty on the weights alone)."""
+        read, self._gradients_read = self._gradients_read, False
         if not self._light:
-            if not self._gradients_read and self.recorder.current_step is not None:
+            if not read and self.recorder.current_step is not None:
                 self.recorder.take_parameter_gradients()
-            self._gradients_read = False
             return
         self._light_backwards = True
         self._light_backward_calls += 1
