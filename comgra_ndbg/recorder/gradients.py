@@ -155,9 +155,9 @@ class GradientRecording:
 
     def take_parameter_gradients(self) -> None:
         """Hand over the tracked parameters' gradients that changed since they were last read, when the
-        tracker is ``polled`` (``ParameterTracker``): ``NeuralDbg`` calls it where each backward pass ends;
-        the gradient flush at that point (``_flush_gradients``) takes them first, and then this call, in the
-        same backward pass, reads nothing again."""
+        tracker is ``polled`` (``ParameterTracker``): ``NeuralDbg`` calls it where each backward pass ends,
+        where the gradient flush (``_flush_gradients``) reads them too; whichever of the two runs first in a
+        backward pass reads them, the other reads nothing again."""
         if not self.enabled or not self._step_open or not (self._summarize or self._snapshot):
             return
         try:

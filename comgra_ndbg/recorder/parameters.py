@@ -13,10 +13,10 @@ value, and the update is summarised from the parameter and the copy without mate
 With ``on_gradient``, the hook hands each accumulated gradient to that callback at once instead of marking
 it fresh: for loops that clear ``.grad`` (``optimizer.zero_grad()`` at the top) before the recorder gets to
 read it, as ``NeuralDbg`` does. A caller that knows where each backward pass ends (``NeuralDbg``, from the
-autograd engine's callback) sets :attr:`ParameterTracker.polled` instead: no hook per parameter — each one
-is a call from C++ into Python per parameter per backward pass, the largest share of a small model's
-bookkeeping — and ``changed_gradients`` reads every ``.grad`` that is not the one it read last (a weak
-reference, so a freed gradient whose address a new one reuses is not taken for it) or that changed in place.
+autograd engine's callback) sets :attr:`ParameterTracker.polled` instead: no hook per parameter (each one a
+call from C++ into Python per parameter per backward pass), and ``changed_gradients`` reads every ``.grad``
+that is not the one it read last (a weak reference, so a freed gradient whose address a new one reuses is
+not taken for it) or that changed in place.
 """
 from __future__ import annotations
 
