@@ -2,7 +2,7 @@
 
 Size: a 12-block pre-norm Transformer encoder of width 64 (4 heads, feed-forward 256, sequences of 32
 tokens, batch 16, next-token loss, Adam) is recorded by ``NeuralDbg`` with its defaults (summaries every
-step, snapshots every 10th step, the default byte budget) for ``--steps`` steps, and once with
+step, snapshots every 40th step, the default byte budget) for ``--steps`` steps, and once with
 ``byte_budget=None`` for comparison. The file's datasets are split into summaries, snapshots and the rest
 (catalog, graph, KPIs); the bytes per recorded step and per snapshot step are measured, and a run of
 ``--project`` steps is projected linearly for the summaries and, for the snapshots, by running the byte
@@ -33,7 +33,15 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, LAYERS, BATCH = 256, 32, 64, 4, 256, 12, 16
-SNAPSHOT_EVERY = 10
+
+
+def snapshot_every() -> int:
+    """``NeuralDbg``'s default snapshot interval (its ``snapshots=`` default), which the projection follows."""
+    import inspect
+
+    from comgra_ndbg import NeuralDbg
+
+    return int(inspect.signature(NeuralDbg).parameters["snapshots"].default)
 
 
 class Transformer(nn.Module):
@@ -101,7 +109,7 @@ def project_snapshots(per_snapshot: int, steps: int) -> tuple[int, int]:
     data = SnapshotData((per_snapshot // 4 - 16,), np.zeros(0, np.int64), np.zeros((0, 17)),
                         np.zeros(per_snapshot // 4 - 16, np.float32), None)
     taken = 0
-    for step in range(0, steps, SNAPSHOT_EVERY):
+    for step in range(0, steps, snapshot_every()):
         if budget.admit():
             fitted, _ = budget.fit(StepRecord(step, 0, 1, "", 0.0, snapshots=[(0, 0, data)]), preferred=False)
             taken += bool(fitted.snapshots)
@@ -214,7 +222,7 @@ def main() -> None:
               f"{unbounded['snapshot'] / max(snap_steps, 1) / 1e6:.3f} MB without")
         snap_bytes, snap_count = project_snapshots(int(per_snapshot), args.project)
         projected = per_step * args.project + snap_bytes + sizes["other"]
-        naive = per_step * args.project + unbounded["snapshot"] / max(snap_steps, 1) * args.project / SNAPSHOT_EVERY
+        naive = per_step * args.project + unbounded["snapshot"] / max(snap_steps, 1) * args.project / snapshot_every()
         print(f"  projected {args.project} steps: {projected / 1e9:.2f} GB = summaries "
               f"{per_step * args.project / 1e9:.2f} GB + snapshots {snap_bytes / 1e9:.3f} GB in {snap_count} "
               f"snapshot steps (budget {DEFAULT_BYTE_BUDGET.run_bytes / 1e9:.3f} GB) + rest "

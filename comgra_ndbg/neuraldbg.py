@@ -83,7 +83,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
     :class:`Recorder`; among them ``byte_budget`` (default 256 MiB of snapshots per run, 1 MiB per step; None
     for no bound) keeps large models' recordings small (``docs/recording.md``, "Byte budget").
     ``detail="tiered"`` (default) measures everything — module outputs, their gradients, parameter updates —
-    at the first 32 steps, every 10th step and the one after it, at snapshot steps and for 2 steps after
+    at the first 32 steps, every 40th step and the one after it, at snapshot steps (every 40th) and for 2 steps after
     something moved; the *sentinel steps* between record every parameter's value and gradient, the model's
     inputs and the KPIs, which the tiers watch for what moved (``recorder/tiers.py``,
     ``recorder/sentinel_steps.py``). ``detail=Tiers(sentinels=False)`` records module outputs at every step,
@@ -139,7 +139,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         loss: nn.Module | None = None,
         modules: Sequence[ModulePattern] | None = None,
         summaries: Any = 1,
-        snapshots: Any = 10,
+        snapshots: Any = 40,
         flight_recorder: Any = None,
         step_type: str = "train",
         enabled: bool = True,

@@ -100,6 +100,94 @@ def test_gradients_cleared_either_way_are_no_violation(tmp_path: Path, zero: str
     assert rows == [] and loop_hypotheses(diagnosis) == []
 
 
+def _dropping_loop(model: nn.Module, stop_at: int, set_to_none: bool, clip: bool = False,
+                   steps: int = 100) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def loop() -> None:
+        g = torch.Generator().manual_seed(1)
+        for step in range(steps):
+            x, y = batch(g)
+            if step < stop_at:
+                optimizer.zero_grad(set_to_none=set_to_none)
+            F.cross_entropy(model(x), y).backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)  # scales every gradient in place
+            optimizer.step()
+
+    return loop
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("stop_at", [45, 71])
+def test_a_zero_grad_dropped_mid_run_between_measured_steps_is_found_at_that_step(tmp_path: Path, stop_at: int,
+                                                                                  set_to_none: bool) -> None:
+    """Past the first steps most steps are light and the invariants look at the steps measured in full only
+    (40 and 41, 80 and 81 here): the probe's gradient surviving a step boundary it never survived before (or
+    moving one in-place change less across it) sends the next steps to the full path, which dates the stale
+    gradient from the step that carried it."""
+    model = mlp()
+    rows, diagnosis = record(tmp_path, model, _dropping_loop(model, stop_at, set_to_none))
+    assert invariants(rows) == {"stale_gradients": stop_at}
+    assert rows[0].detail["confirmed_at"] <= stop_at + 4
+    top = diagnosis.top
+    assert (top.type, top.origin, top.onset) == ("stale_gradients", "loop", stop_at)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_cleared_and_clipped_in_place_leave_the_light_steps_light(tmp_path: Path, set_to_none: bool) -> None:
+    """Clearing and clipping move the probe's gradient alike at every step boundary: no step is sent to the
+    full path for it, and no violation is reported."""
+    from comgra_ndbg.recorder.sentinel_steps import SENTINEL_REASON
+
+    model = mlp()
+    rows, _ = record(tmp_path, model, _dropping_loop(model, 100, set_to_none, clip=True))
+    assert rows == []
+    with open_recording(tmp_path / "t") as recording:
+        reasons = recording.step_reasons()
+    assert all(reasons[s].startswith(SENTINEL_REASON) for s in [*range(42, 80), *range(82, 100)])
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("stop_at", [None, 57])
+def test_another_models_backward_calls_are_no_step_boundary_of_the_probe(tmp_path: Path, set_to_none: bool,
+                                                                          stop_at: int | None) -> None:
+    """``backward()`` is patched for every model: a second model's backward calls, inside the recorded model's
+    steps (every other one) and between them, neither send its light steps to the full path nor hide a
+    ``zero_grad()`` it drops (the second model's optimizer steps between the recorded model's steps: one
+    inside them would send them to the full path, as a GAN's do)."""
+    from comgra_ndbg.recorder.sentinel_steps import SENTINEL_REASON
+
+    model, other = mlp(), mlp()
+    optimizer, other_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, other))
+
+    def loop() -> None:
+        g = torch.Generator().manual_seed(1)
+        for step in range(100):
+            x, y = batch(g)
+            if stop_at is None or step < stop_at:
+                optimizer.zero_grad(set_to_none=set_to_none)
+            loss = F.cross_entropy(model(x), y)
+            if step % 2 == 0:  # now and then inside the recorded model's step
+                other_optimizer.zero_grad(set_to_none=set_to_none)
+                F.cross_entropy(other(x), y).backward()
+            loss.backward()
+            optimizer.step()
+            other_optimizer.step()
+            other_optimizer.zero_grad(set_to_none=set_to_none)
+            F.cross_entropy(other(x), y).backward()  # between two of its steps
+            other_optimizer.step()
+
+    rows, _ = record(tmp_path, model, loop, optimizer=optimizer)
+    if stop_at is not None:
+        assert invariants(rows) == {"stale_gradients": stop_at}
+        return
+    assert rows == []
+    with open_recording(tmp_path / "t") as recording:
+        reasons = recording.step_reasons()
+    assert all(reasons[s].startswith(SENTINEL_REASON) for s in range(42, 78))
+
+
 def test_gradient_accumulation_is_no_violation(tmp_path: Path) -> None:
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -18,7 +18,7 @@ from comgra_ndbg.stats.sentinels import is_sentinel
 from tiny_tanh_run import tiny_run
 
 STEPS = 24
-QUIET = Tiers(update_factor=1e6, first=0)  # only what changes updates moves the tiers: the schedule is exact
+QUIET = Tiers(update_factor=1e6, first=0, full_every=10)  # only what changes updates moves the tiers: the schedule is exact
 
 
 def _train(folder, *, detail, edit_at=None, data_edit_at=None, lr_at=None, nan_at=None, freeze_at=None,
@@ -85,7 +85,7 @@ def test_an_edit_under_no_grad_measures_updates_from_that_step(tmp_path):
 
 
 def test_an_edit_no_version_counter_sees_moves_the_values(tmp_path):
-    with _train(tmp_path, detail=Tiers(update_factor=4.0, first=0), data_edit_at=13) as recording:
+    with _train(tmp_path, detail=Tiers(update_factor=4.0, first=0, full_every=10), data_edit_at=13) as recording:
         reasons = recording.step_reasons()
         assert "changed beyond its updates" in reasons[13] and "tiers" not in reasons.get(12, "")
         for name, steps in _update_steps(recording).items():

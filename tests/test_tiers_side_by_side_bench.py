@@ -23,7 +23,7 @@ def test_a_step_kind_comes_from_its_reason_and_its_snapshots() -> None:
 def test_the_kinds_of_a_default_run_follow_the_schedule(tmp_path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 10))
-    criterion, steps = nn.CrossEntropyLoss(), 60
+    criterion, steps = nn.CrossEntropyLoss(), 90
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     with NeuralDbg(model, tmp_path, trial="run", loss=criterion, optimizer=optimizer):
         for inputs, targets in make_data(steps):
@@ -32,7 +32,7 @@ def test_the_kinds_of_a_default_run_follow_the_schedule(tmp_path) -> None:
             optimizer.step()
     kinds = step_kinds(str(tmp_path), steps)
     snapshot_steps = [s for s in range(steps) if kinds[s] == "measured, snapshots"]
-    assert snapshot_steps == [0, 10, 20, 30, 40, 50]
+    assert snapshot_steps == [0, 40, 80]  # every 40th step, measured in full with the one after it
     measured = [s for s in range(steps) if kinds[s] == "measured"]
-    assert measured == [s for s in range(32) if s % 10] + [41, 51]
-    assert (kinds[32:40] == "sentinel").all() and (kinds[42:50] == "sentinel").all()
+    assert measured == list(range(1, 32)) + [41, 81]  # and the first 32 steps
+    assert (kinds[32:40] == "sentinel").all() and (kinds[42:80] == "sentinel").all() and (kinds[82:] == "sentinel").all()

@@ -110,8 +110,8 @@ def missing_statistics_text(cache: ReaderCache, selection: Selection, where: str
     if selection.kind == "update":
         if not nearest:
             return text
-        return (text + " Its update was measured at other steps (the statistic tiers measure updates every 10th "
-                "step and where something changed): nearest " + nearest + ".")
+        return (text + " Its update was measured at other steps (the statistic tiers measure updates periodically "
+                "and where something changed): nearest " + nearest + ".")
     if not (len(before) and len(after)):
         return text
     return (text + " It was recorded at other steps (between the steps the statistic tiers measure in full, "

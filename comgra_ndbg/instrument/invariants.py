@@ -32,6 +32,7 @@ from comgra_ndbg.instrument import loop_rules as rules
 from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import node_name, tensor_leaves
 from comgra_ndbg.instrument.invariant_checks import StepEndChecks
+from comgra_ndbg.instrument.light_steps import CARRIED_FULL
 from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation, names_text
 from comgra_ndbg.instrument.steps import gradient_fingerprint
 from comgra_ndbg.instrument.train_dry_run import pending_train_changes
@@ -84,6 +85,7 @@ class LoopInvariants(StepEndChecks):
         self._inv_stale = [False] * count
         self._inv_after: list[int | None] = [None] * count  # gradient version after the last accumulation seen
         self._inv_ambiguous: dict[int, int] = {}  # parameter -> step where its gradient was first grown in place
+        self._inv_carried_from: int | None = None  # a light step whose gradient held the step before's
         self._inv_watch: dict[int, Any] = {}  # parameter -> post-accumulate-grad hook handle
         self._inv_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> (number, groups key, held)
         self._inv_groups_checked: set[tuple[int, int]] = set()
@@ -297,6 +299,8 @@ class LoopInvariants(StepEndChecks):
         uncleared (accumulated onto), or zeroed in place and accumulated again? A watched parameter's
         post-accumulate-grad hook knows; otherwise start watching it."""
         if i in self._inv_watch:
+            if not self._inv_stale[i]:  # cleared in place: a later stale gradient begins where it is seen
+                self._inv_ambiguous.pop(i, None)
             return self._inv_stale[i]
         self._inv_ambiguous.setdefault(i, step)
         self._inv_watch[i] = self._parameters[i].register_post_accumulate_grad_hook(partial(self._inv_accumulated, i))
@@ -305,6 +309,9 @@ class LoopInvariants(StepEndChecks):
     def _inv_stale_gradients(self, number: int, stale: list[int], step: int) -> None:
         names = [self._inv_names[i] for i in stale]
         onset = min(self._inv_ambiguous.get(i, step) for i in stale)
+        carried, self._inv_carried_from = self._inv_carried_from, None
+        if carried is not None and step - carried <= CARRIED_FULL + 1:  # seen first by a light step
+            onset = min(onset, carried)
         self._inv_report(Violation(
             "stale_gradients", onset, _optimizer_label(number),
             f"optimizer.zero_grad() is not called between steps: at step {onset} the gradient of '{names[0]}' still "

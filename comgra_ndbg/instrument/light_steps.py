@@ -21,7 +21,11 @@ So the loop invariants are checked at every step of the first :data:`LIGHT_AFTER
 show, and then at every recorded step *and the one after it*, a pair of consecutive steps that the checks
 comparing one step with the next (an uncleared gradient, a parameter that got no gradient) need. What the
 checks carried from step to step is reset after light steps (``_inv_after_gap``): a comparison never spans
-steps it did not see.
+steps it did not see. The most common of those mistakes, a ``zero_grad()`` dropped mid-run, is also watched
+at every step on one probe parameter (``_watch_probe``): a loop moves its gradient alike across every step
+boundary (a new tensor, or the same number of in-place changes); a boundary it crosses with less (the same
+tensor where it was always a new one, one in-place change fewer) sends the next :data:`CARRIED_FULL` steps to
+the full path, whose invariants then report the stale gradient dated from that step.
 
 A full step also ends, with no optimizer step of the model's, where a training pass finds the parameters
 changed or the gradients changed since the last backward call. A light step follows it on one *probe*
@@ -43,6 +47,7 @@ hand between two passes of one step, to parameters other than the probe, that st
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -51,11 +56,16 @@ import torch
 from comgra_ndbg.instrument.hooks import input_names
 from comgra_ndbg.instrument.loss import loss_value, step_loss
 
-__all__ = ["LIGHT_AFTER", "LightSteps"]
+__all__ = ["CARRIED_FULL", "LIGHT_AFTER", "LightSteps"]
 
 LIGHT_AFTER = 32
 """Steps checked in full from the first before a step may go light (loop mistakes show in the first steps;
 the longest run an invariant counts is ``loop_rules.UNUSED_STEPS``)."""
+
+CARRIED_FULL = 3
+"""Full steps after a light step whose gradient was not cleared: one to note the gradients its optimizer step
+consumes, one to see them grown in place (and start watching their accumulation where that is ambiguous),
+one to see the accumulation land on them."""
 
 _LOSS = "loss"
 _OPEN, _OVER, _FULL = 0, 1, 2  # a light step goes on; ended, as steps end; ended, the next step is full
@@ -78,6 +88,11 @@ class LightSteps:
         self._light_backward_calls = 0  # ... how many (the full path carries them on, ``stuck_steps``)
         self._light_probe: torch.Tensor | None = None  # a parameter that held a gradient after the last full step
         self._light_grads: tuple[weakref.ref, int] | None = None  # its gradient, version after the last backward
+        self._probe_last: tuple[weakref.ref, int] | None = None  # the probe's gradient and version at the last
+        self._probe_step: int | None = None  # ... backward call's return, in this step
+        self._probe_least = None  # the least its gradient moved across a step boundary (``_watch_probe``)
+        self._probe_before: tuple[torch.Tensor, int] | None = None  # its gradient and version as a backward call began
+        self._full_until = 0  # the steps before this one take the full path (``_carried_over``)
         self._light_version = 0  # the parameters' version when the light step opened (``_light_version_now``)
         self._light_hand = False  # the loop changed parameters by hand where no optimizer of the model's stepped
         self._light_carried = False  # the full path goes on with the open light step (``_light_to_full``)
@@ -95,7 +110,7 @@ class LightSteps:
         return (self._next_step - self._first_step >= LIGHT_AFTER and not self._hooks.collecting_now
                 and not self._pending and not self._layer_handles and not callbacks["before_step"]
                 and not callbacks["after_step"] and not callbacks["after_layer"]
-                and self._light_kind())
+                and self._next_step >= self._full_until and self._light_kind())
 
     def _light_kind(self) -> bool:
         """Whether the Recorder lets the next step be light: it would record nothing, or it may be a sentinel
@@ -200,19 +215,57 @@ class LightSteps:
         gradients of a backward pass that never reached the model's output (no engine callback of ours read
         them: a penalty on the weights alone)."""
         read, self._gradients_read = self._gradients_read, False
+        probe = self._light_probe
+        grad = None if probe is None else probe.grad
         if not self._light:
             if not read and self.recorder.current_step is not None:
                 self.recorder.take_parameter_gradients()
+            self._watch_probe(self.recorder.current_step, grad)
             return
         self._light_backwards = True
         self._light_backward_calls += 1
-        probe = self._light_probe
-        grad = None if probe is None else probe.grad
+        self._watch_probe(self._light_step, grad)
         if grad is None:
             self._light_grads = None
             self._grad_mark = self._grad_fingerprint()
         else:
             self._light_grads = (weakref.ref(grad), grad._version)
+
+    def _watch_probe(self, step: int | None, grad: torch.Tensor | None) -> None:
+        """At a backward call's return: at the first of a step, how far the probe's gradient moved since the last
+        backward call of the step before — a new tensor (cleared to None between) or its version's move (zeroed
+        in place, scaled, accumulated onto). A loop moves it alike at every step boundary; one that moves it
+        less than ever before (the same tensor where it was always a new one, one in-place change fewer) did
+        not clear it: the gradients were carried over (``_carried_over``). A backward call that did not reach the
+        probe (another model's) is no boundary. A few attribute reads per backward call."""
+        before, self._probe_before = self._probe_before, None
+        if step is None or grad is None or (before is not None and before[0] is grad and before[1] == grad._version):
+            return  # a backward call outside the model's steps, or one that did not reach the probe (another model's)
+        if self._probe_last is not None and step != self._probe_step:
+            last, version = self._probe_last
+            moved = grad._version - version if last() is grad else math.inf
+            least = self._probe_least
+            if least is not None and moved < least:
+                self._carried_over(step)
+            self._probe_least = moved if least is None else min(least, moved)
+        self._probe_step = step
+        self._probe_last = (weakref.ref(grad), grad._version)
+
+    def _probe_before_backward(self) -> None:
+        """``patches``' call before each backward call: the probe's gradient as it began (held until the call
+        returns, so that ``_watch_probe`` tells a call that reached the probe from one that did not)."""
+        probe = self._light_probe
+        grad = None if probe is None else probe.grad
+        self._probe_before = None if grad is None else (grad, grad._version)
+
+    def _carried_over(self, step: int) -> None:
+        """Step ``step``'s gradient held the step before's (``_watch_probe``): the next :data:`CARRIED_FULL`
+        steps take the full path, whose invariants need that many consecutive steps (after light steps, or
+        where they could not yet tell an uncleared gradient from one zeroed in place) to report it, dated
+        from ``step``."""
+        self._full_until = step + 1 + CARRIED_FULL
+        if self._inv:
+            self._inv_carried_from = step
 
     def _light_to_full(self) -> None:
         """The open light step runs more than twice the training passes of the last full step (uneven

@@ -113,6 +113,8 @@ class LossCapture:
 
     def _on_backward_call(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """``patches``' callback: take each root computed from this step's forward passes as a loss."""
+        if not self._closed:
+            self._probe_before_backward()
         if self._inv and not self._light and not self._closed:  # a light step: its loss only (below)
             self._safely("checking loop invariants", self._inv_backward_call)
         if self._closed or not self._loss_sources or (self.recorder.current_step is None and not self._light):

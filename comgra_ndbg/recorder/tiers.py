@@ -32,7 +32,7 @@ that measure updates, and the step after each, record everything.
 
 >>> tiers = as_tiers("tiered")
 >>> tiers.full_every, as_tiers("full") is None
-(10, True)
+(40, True)
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ _REASONS = {NONFINITE: "tiers: a non-finite parameter value", STOPPED: "tiers: a
 class Tiers:
     """Parameter updates measured every ``full_every``-th step and where something moved (module docstring)."""
 
-    full_every: int = 10
+    full_every: int = 40
     edit_fraction: float = 0.01
     update_factor: float = 4.0
     hold: int = 2
