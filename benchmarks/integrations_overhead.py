@@ -11,7 +11,7 @@ this process (steadier on a machine shared with other work), both as a ratio to 
 - *run*: the whole ``fit()`` / ``train()`` call, including the framework's start-up, the recorder's
   ``close()`` and, for "callback", the analysis at the end.
 
-"callback" records summaries every step and snapshots every 10th (the defaults); "callback, no analysis"
+"callback" records with NeuralDbg's defaults (tiered, snapshots every 40th); "callback, no analysis"
 passes ``analyze=False``. Run: ``python benchmarks/integrations_overhead.py [--steps 150] [--rounds 3]
 [--threads 1]``.
 """

@@ -7,7 +7,7 @@ trains the same data with the same plain loop; what differs is what is attached 
 - ``bare``: nothing;
 - ``ndbg-defaults``: ``NeuralDbg(model, ...)`` with its defaults (tiered, ``docs/recording.md`` "Statistic
   tiers": everything at the steps the tiers measure, sentinel steps with the parameters' values and
-  gradients, the input and the KPIs between; snapshots every 10th);
+  gradients, the input and the KPIs between; snapshots every 40th);
 - ``ndbg-all-every-step``: summaries of everything (``detail="full"``) and snapshots every step;
 - ``ndbg-all-every-10th``: summaries of everything (``detail="full"``) and snapshots every 10th step;
 - ``comgra-default``: Comgra 0.11.5's ``ComgraRecorder`` with its defaults (every sample of the batch per
@@ -262,7 +262,7 @@ PEERS: dict[str, type[Peer]] = {
 }
 PEER_LABELS = {
     "bare": "bare",
-    "ndbg-defaults": "NeuralDbg defaults (tiered, sentinel steps between measured ones; snapshots every 10th)",
+    "ndbg-defaults": "NeuralDbg defaults (tiered, sentinel steps between measured ones; snapshots every 40th)",
     "ndbg-all-every-step": "NeuralDbg, everything every step",
     "ndbg-all-every-10th": "NeuralDbg, everything every 10th step",
     "comgra-default": "Comgra 0.11.5 defaults, every 10th step",

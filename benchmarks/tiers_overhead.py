@@ -7,8 +7,8 @@ Variants, run interleaved in rounds with the order rotated each round, one torch
 
 - bare: the training loop alone;
 - tiered (the default): ``detail="tiered"`` — every value and gradient summarised at every step, parameter
-  updates measured at the first 20 steps, every 10th step and where something changed (``recorder/tiers.py``),
-  snapshots every 10th step;
+  updates measured at the first 20 steps, every 40th step and where something changed (``recorder/tiers.py``),
+  snapshots every 40th step;
 - full: ``detail="full"`` — every parameter's update summarised at every step too;
 - tiered / full without snapshots (``snapshots=None``): the summaries' share;
 - nothing recorded: a policy that skips every step (the hooks return at once);
