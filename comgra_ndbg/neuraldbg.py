@@ -58,6 +58,7 @@ from comgra_ndbg.instrument.steps import StepDetection
 from comgra_ndbg.instrument.stuck_steps import StuckSteps
 from comgra_ndbg.recorder.distributed import detect_rank, is_ddp_wrapped, shared_trial_name, unwrap_ddp
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
+from comgra_ndbg.recorder.tiers import FULL_EVERY
 from comgra_ndbg.recorder.validation import check_step
 
 if TYPE_CHECKING:  # the analysis is imported when a diagnosis is asked for, not by a recording
@@ -139,7 +140,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         loss: nn.Module | None = None,
         modules: Sequence[ModulePattern] | None = None,
         summaries: Any = 1,
-        snapshots: Any = 40,
+        snapshots: Any = FULL_EVERY,
         flight_recorder: Any = None,
         step_type: str = "train",
         enabled: bool = True,

@@ -217,39 +217,42 @@ class LightSteps:
         read, self._gradients_read = self._gradients_read, False
         probe = self._light_probe
         grad = None if probe is None else probe.grad
+        mark = None if grad is None else (weakref.ref(grad), grad._version)
         if not self._light:
             if not read and self.recorder.current_step is not None:
                 self.recorder.take_parameter_gradients()
-            self._watch_probe(self.recorder.current_step, grad)
+            self._watch_probe(self.recorder.current_step, mark)
             return
         self._light_backwards = True
         self._light_backward_calls += 1
-        self._watch_probe(self._light_step, grad)
-        if grad is None:
-            self._light_grads = None
+        self._watch_probe(self._light_step, mark)
+        self._light_grads = mark
+        if mark is None:
             self._grad_mark = self._grad_fingerprint()
-        else:
-            self._light_grads = (weakref.ref(grad), grad._version)
 
-    def _watch_probe(self, step: int | None, grad: torch.Tensor | None) -> None:
+    def _watch_probe(self, step: int | None, mark: tuple[weakref.ref, int] | None) -> None:
         """At a backward call's return: at the first of a step, how far the probe's gradient moved since the last
         backward call of the step before — a new tensor (cleared to None between) or its version's move (zeroed
         in place, scaled, accumulated onto). A loop moves it alike at every step boundary; one that moves it
         less than ever before (the same tensor where it was always a new one, one in-place change fewer) did
         not clear it: the gradients were carried over (``_carried_over``). A backward call that did not reach the
-        probe (another model's) is no boundary. A few attribute reads per backward call."""
+        probe (another model's) is no boundary. ``mark``: the probe's gradient now (a weak reference) and its
+        version, or None. A few attribute reads per backward call."""
         before, self._probe_before = self._probe_before, None
-        if step is None or grad is None or (before is not None and before[0] is grad and before[1] == grad._version):
-            return  # a backward call outside the model's steps, or one that did not reach the probe (another model's)
+        if step is None or mark is None:
+            return  # a backward call outside the model's steps, or the probe holds no gradient
+        grad, version_now = mark[0](), mark[1]
+        if before is not None and before[0] is grad and before[1] == version_now:
+            return  # a backward call that did not reach the probe (another model's)
         if self._probe_last is not None and step != self._probe_step:
             last, version = self._probe_last
-            moved = grad._version - version if last() is grad else math.inf
+            moved = version_now - version if last() is grad else math.inf
             least = self._probe_least
             if least is not None and moved < least:
                 self._carried_over(step)
             self._probe_least = moved if least is None else min(least, moved)
         self._probe_step = step
-        self._probe_last = (weakref.ref(grad), grad._version)
+        self._probe_last = mark
 
     def _probe_before_backward(self) -> None:
         """``patches``' call before each backward call: the probe's gradient as it began (held until the call

@@ -46,10 +46,14 @@ from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.stats.drift import BEYOND, NONFINITE, STOPPED, DriftState, gradients_moved
 from comgra_ndbg.stats.fields import FIELD
 
-__all__ = ["DETAILS", "Tiers", "TierState", "as_tiers", "settings_jumped", "optimizer_settings"]
+__all__ = ["DETAILS", "FULL_EVERY", "Tiers", "TierState", "as_tiers", "settings_jumped", "optimizer_settings"]
 
 DETAILS = ("full", "tiered")
 """The named presets of ``detail=``."""
+
+FULL_EVERY = 40
+"""The steps between two measured in full by default: ``NeuralDbg``'s snapshots follow the same schedule, so a
+snapshot step is one the tiers measure anyway (``docs/recording.md``, "Every 40th step")."""
 
 _SUM_SQ, _MIN, _MAX = FIELD["sum_sq"], FIELD["min"], FIELD["max"]
 _REASONS = {NONFINITE: "tiers: a non-finite parameter value", STOPPED: "tiers: a parameter stopped changing",
@@ -60,7 +64,7 @@ _REASONS = {NONFINITE: "tiers: a non-finite parameter value", STOPPED: "tiers: a
 class Tiers:
     """Parameter updates measured every ``full_every``-th step and where something moved (module docstring)."""
 
-    full_every: int = 40
+    full_every: int = FULL_EVERY
     edit_fraction: float = 0.01
     update_factor: float = 4.0
     hold: int = 2
