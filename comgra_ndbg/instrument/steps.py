@@ -156,7 +156,11 @@ class StepDetection:
                     self._register_compiled(stashed, output)
                 else:
                     if not self._root_selected:
-                        self._register_outputs("", list(tensor_leaves(output)), "output")
+                        single = isinstance(output, torch.Tensor) and not from_compiled_code(output)
+                        if single and not self._eval_capture:
+                            self._on_output("", output)  # one tensor out (the usual model): a module output's route
+                        else:
+                            self._register_outputs("", list(tensor_leaves(output)), "output")
                     if self._needs_structure_pass():
                         self._declare_eager_structure()
                 if not self._outputs_seen and self._hooks.installed > self._root_selected:

@@ -253,7 +253,7 @@ class GradientRecording:
         self._parameter_grads, self._parameter_grad_snaps = {}, {}
         gradients = self._parameters.take_gradients()
         parameter_rows: list[int] = []
-        if self._summarize:
+        if self._summarize and gradients:
             parameter_rows = self._grads.add_many([grad for _, grad in gradients])
         if self._snapshot:
             self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in gradients)
