@@ -70,7 +70,7 @@ class StepRecord:
             writer.add_step(self.step, self.step_type, self.iterations, flags, reason or self.reason, when=self.time)
         rows = self.rows
         if summaries and len(rows):
-            if not rows.iterations.any():  # the common case: one iteration
+            if not np.count_nonzero(rows.iterations):  # the common case: one iteration
                 writer.add_summaries(self.step, 0, rows.series, rows.data)
             else:
                 for iteration in np.unique(rows.iterations).tolist():
