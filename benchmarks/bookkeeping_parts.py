@@ -17,15 +17,22 @@ for NeuralDbg everything every step (``detail="full"``), the explicit ``Recorder
 every step, no snapshots), and the floor of ``neuraldbg_overhead`` (the same statistics from the same
 kernels called from bare hooks). The bookkeeping is a recorder's line minus the floor's. Runs of one code
 agree on the fixed part within a few microseconds; the 33-layer runs spread by about 5 % (some 4 us per
-layer). (NeuralDbg's defaults are not measured here: a deep chain of tiny layers has
-vanishing gradients, so the tiers measure every step in full.)
+layer).
+
+The same split for a step that records nothing: NeuralDbg with nothing to record (after its first 32 steps
+every step is a light step, ``instrument/light_steps.py``) and NeuralDbg's hook entry points installed and
+empty (``benchmarks/hook_floor.py``), each above bare: the target for such a step is 1.02x. (NeuralDbg's
+defaults are not measured here: a deep chain of tiny layers has vanishing gradients, so the tiers measure
+every step in full.) The chains keep the recorder's code in the caches, which a large model's passes evict:
+the projections are lower bounds for the MLP itself, and this benchmark is for seeing a change in the cost
+of the Python, which it resolves to a few microseconds.
 
 The 8x256 MLP of the bookkeeping figure is 10 such layers (every ``nn.Linear`` output and its weight and
 bias; its ``tanh`` is functional), so the last line projects the two parts onto it, ``fixed + 10 *
 per_layer``, as a share of that MLP's bare step measured in the same run: the bookkeeping target is
 0.05x of it.
 
-Run: ``python -m benchmarks.bookkeeping_parts [--depths 1 33] [--steps 500] [--rounds 3]``.
+Run: ``python -m benchmarks.bookkeeping_parts [--depths 1 33] [--steps 500] [--rounds 3] [--width 4] [--batch 2]``.
 """
 from __future__ import annotations
 
@@ -38,10 +45,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from benchmarks.hook_floor import run_hook_floor
 from benchmarks.neuraldbg_overhead import TanhMLP, make_data, run, run_floor
 from comgra_ndbg import Recorder
 
-__all__ = ["Chain", "chain_data", "parts", "recorder_seconds", "RECORDERS", "VARIANTS"]
+__all__ = ["Chain", "chain_data", "parts", "recorder_seconds", "RECORDERS", "SKIPPED", "VARIANTS"]
 
 WIDTH, BATCH, MLP_LAYERS = 4, 2, 10
 VARIANTS: dict[str, dict | None] = {
@@ -49,8 +57,11 @@ VARIANTS: dict[str, dict | None] = {
     "floor": None,
     "NeuralDbg, everything every step": dict(summaries=1, snapshots=None, detail="full"),
     "Recorder, summaries every step": None,
+    "NeuralDbg, nothing recorded": dict(summaries=None, snapshots=None),
+    "hook entries alone": None,
 }
 RECORDERS = ("NeuralDbg, everything every step", "Recorder, summaries every step")
+SKIPPED = ("NeuralDbg, nothing recorded", "hook entries alone")
 
 
 class Chain(nn.Module):
@@ -78,6 +89,8 @@ def _seconds(variant: str, make_model: Callable[[], nn.Module], data: list, fold
         return run_floor(make_model, data, "sgd")[1]
     if variant.startswith("Recorder"):
         return recorder_seconds(make_model, data, folder, trial)
+    if variant == "hook entries alone":
+        return run_hook_floor(make_model, data, "sgd", warmup=50)[1]
     return run(make_model, data, VARIANTS[variant], folder, trial, "sgd", warmup=50)[1]
 
 
@@ -156,6 +169,13 @@ def main() -> None:
           f"{mlp_bare * 1e3:.2f} ms with SGD): fixed + {MLP_LAYERS} x per layer")
     for v in RECORDERS:
         fixed, per_layer = lines[v][0] - floor_fixed, lines[v][1] - floor_layer
+        total = fixed + MLP_LAYERS * per_layer
+        print(f"  {v:<36} {fixed * 1e6:7.1f} us {per_layer * 1e6:9.2f} us   {total * 1e6:7.1f} us = "
+              f"{total / mlp_bare:.3f}x of the MLP's bare step")
+    print("a step that records nothing (after the first 32 steps: light steps), above bare; projected the same way")
+    bare_fixed, bare_layer = lines["bare"]
+    for v in SKIPPED:
+        fixed, per_layer = lines[v][0] - bare_fixed, lines[v][1] - bare_layer
         total = fixed + MLP_LAYERS * per_layer
         print(f"  {v:<36} {fixed * 1e6:7.1f} us {per_layer * 1e6:9.2f} us   {total * 1e6:7.1f} us = "
               f"{total / mlp_bare:.3f}x of the MLP's bare step")

@@ -11,7 +11,8 @@ from comgra_ndbg import open_recording
 from benchmarks.neuraldbg_overhead import TanhMLP
 
 COSTS = {"bare": (100e-6, 20e-6), "floor": (180e-6, 35e-6), "NeuralDbg, everything every step": (500e-6, 55e-6),
-         "Recorder, summaries every step": (400e-6, 50e-6)}
+         "Recorder, summaries every step": (400e-6, 50e-6), "NeuralDbg, nothing recorded": (150e-6, 21e-6),
+         "hook entries alone": (120e-6, 20e-6)}
 
 
 def test_the_line_through_two_depths_recovers_the_fixed_and_per_layer_costs(monkeypatch) -> None:
