@@ -134,9 +134,8 @@ def parts(depths: tuple[int, int], steps: int, rounds: int, width: int = WIDTH, 
     with tempfile.TemporaryDirectory() as folder:
         for r in range(rounds):
             for d in depths:
-                for v in VARIANTS:
-                    trial = f"parts-{r}-{d}-{len(v)}"
-                    times[(v, d)].append(_seconds(v, lambda d=d: Chain(d, width), data, folder, trial))
+                for i, v in enumerate(VARIANTS):
+                    times[(v, d)].append(_seconds(v, lambda d=d: Chain(d, width), data, folder, f"parts-{r}-{d}-{i}"))
     low, high = depths
     lines = {}
     for v in VARIANTS:
@@ -164,18 +163,18 @@ def main() -> None:
     print(f"  {'':<36} {'fixed':>10} {'per layer':>12}")
     for v, (fixed, per_layer) in lines.items():
         print(f"  {v:<36} {fixed * 1e6:7.1f} us {per_layer * 1e6:9.2f} us")
-    floor_fixed, floor_layer = lines["floor"]
-    print(f"bookkeeping (NeuralDbg - floor); projected onto the 8x256 MLP ({MLP_LAYERS} layers, bare step "
+    print(f"bookkeeping (recorder - floor); projected onto the 8x256 MLP ({MLP_LAYERS} layers, bare step "
           f"{mlp_bare * 1e3:.2f} ms with SGD): fixed + {MLP_LAYERS} x per layer")
-    for v in RECORDERS:
-        fixed, per_layer = lines[v][0] - floor_fixed, lines[v][1] - floor_layer
-        total = fixed + MLP_LAYERS * per_layer
-        print(f"  {v:<36} {fixed * 1e6:7.1f} us {per_layer * 1e6:9.2f} us   {total * 1e6:7.1f} us = "
-              f"{total / mlp_bare:.3f}x of the MLP's bare step")
+    _print_above(lines, RECORDERS, "floor", mlp_bare)
     print("a step that records nothing (after the first 32 steps: light steps), above bare; projected the same way")
-    bare_fixed, bare_layer = lines["bare"]
-    for v in SKIPPED:
-        fixed, per_layer = lines[v][0] - bare_fixed, lines[v][1] - bare_layer
+    _print_above(lines, SKIPPED, "bare", mlp_bare)
+
+
+def _print_above(lines: dict[str, tuple[float, float]], variants: tuple[str, ...], base: str, mlp_bare: float) -> None:
+    """Each of ``variants``' two parts above ``base``'s, and their projection onto the MLP."""
+    base_fixed, base_layer = lines[base]
+    for v in variants:
+        fixed, per_layer = lines[v][0] - base_fixed, lines[v][1] - base_layer
         total = fixed + MLP_LAYERS * per_layer
         print(f"  {v:<36} {fixed * 1e6:7.1f} us {per_layer * 1e6:9.2f} us   {total * 1e6:7.1f} us = "
               f"{total / mlp_bare:.3f}x of the MLP's bare step")
