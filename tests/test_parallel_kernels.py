@@ -224,3 +224,32 @@ def test_small_work_stays_on_the_calling_thread_and_the_part_size_is_bounded(mon
     row = np.tile(identity_row(), (1, 1))
     assert parallel.moments_many(a.dtype, addresses([a]), np.array([100]), row).tolist() == [False]
     assert row[0, FIELD["sum"]] == 100.0
+
+
+@pytest.mark.parametrize("total", ["small", "large"])
+def test_the_call_without_argument_checks_gives_the_checked_calls_rows(total: str) -> None:
+    """``moments_many_built`` (the recorder's packed passes, whose arguments it builds itself) returns what
+    ``moments_many`` returns for the same arguments, on the calling thread and on the team, with copies,
+    starts and batches; the compiled pass still refuses an array it cannot read."""
+    rng = np.random.default_rng(7)
+    sizes = [6, 300] if total == "small" else [6, 300, 3 * parallel.MIN_ELEMENTS]
+    values = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    before = [v + np.float32(0.25) for v in values]
+    batches = np.array([2] + [0] * (len(sizes) - 1), dtype=np.int64)
+    size_array = np.array(sizes, dtype=np.int64)
+    for options in ({}, {"starts": addresses(before)}, {"batches": batches}):
+        checked, built = np.tile(identity_row(), (len(sizes), 1)), np.tile(identity_row(), (len(sizes), 1))
+        flags = parallel.moments_many(np.dtype(np.float32), addresses(values), size_array, checked, **options)
+        flags_built = parallel.moments_many_built(np.dtype(np.float32), addresses(values), size_array, built,
+                                                  options.get("starts"), None, options.get("batches"))
+        np.testing.assert_array_equal(flags_built, flags)
+        np.testing.assert_array_equal(built, checked)
+    copies = [np.zeros_like(v) for v in values]
+    built = np.tile(identity_row(), (len(sizes), 1))
+    parallel.moments_many_built(np.dtype(np.float32), addresses(values), size_array, built, None, addresses(copies),
+                                None)
+    for value, copy in zip(values, copies):
+        np.testing.assert_array_equal(copy, value)
+    with pytest.raises(ValueError, match="cannot be read as described"):
+        parallel.moments_many_built(np.dtype(np.float32), addresses(values), size_array, built, None, None,
+                                    np.array([4] + [0] * (len(sizes) - 1), dtype=np.int64))  # 4 does not divide 6

@@ -89,10 +89,10 @@ def summarize_addressed(rows: np.ndarray, dtype: np.dtype, addresses: np.ndarray
                          start_addresses: np.ndarray | None, copies: np.ndarray | None,
                          batches: np.ndarray | None) -> None:
     """One kernel call over arrays given by address, into ``rows`` (identity rows, one per array); rows the
-    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``; with their ``batches``)."""
+    kernel flags are recomputed exactly from ``tensors`` (minus ``starts``; with their ``batches``). The
+    arrays are the caller's own, built as ``parallel.moments_many_built`` takes them (unchecked)."""
     rows[:, _COUNT] = sizes
-    exact = parallel.moments_many(dtype, addresses, sizes, rows, starts=start_addresses, copies=copies,
-                                  batches=batches)
+    exact = parallel.moments_many_built(dtype, addresses, sizes, rows, start_addresses, copies, batches)
     flags = exact.tolist()  # (a plain list: numpy's small reductions are slow right after the kernel's pass)
     if True not in flags:
         return

@@ -28,7 +28,8 @@ import numpy as np
 from comgra_ndbg.stats import backend, kernels, openmp
 from comgra_ndbg.stats.fields import NUM_FIELDS
 
-__all__ = ["MIN_ELEMENTS", "MIN_UNITS", "MOMENTS", "PART", "UNIT_COUNTS", "moments_many", "plan", "warm_up"]
+__all__ = ["MIN_ELEMENTS", "MIN_UNITS", "MOMENTS", "PART", "UNIT_COUNTS", "moments_many", "moments_many_built", "plan",
+           "warm_up"]
 
 PART = (2 * kernels.BLOCK, 16 * kernels.BLOCK)
 """Least and most elements per work item: about eight items per thread, each large enough that claiming it
@@ -62,6 +63,32 @@ def moments_many(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows
                            arrays)
             return exact
     return kernels.moments_many(dtype, addresses, sizes, rows, starts=starts, copies=copies, batches=batches)
+
+
+def moments_many_built(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, rows: np.ndarray,
+                       starts: np.ndarray | None, copies: np.ndarray | None, batches: np.ndarray | None
+                       ) -> np.ndarray:
+    """``moments_many`` for a caller that built every argument itself as ``kernels.addressed`` checks them
+    (``dtype`` a float32 or float64 ``np.dtype``; addresses, sizes and the optional arrays C-contiguous int64
+    arrays of one length; ``rows`` a writable C-contiguous float64 block of that many rows): the same call and
+    results without those checks, which cost several times the kernel on a step's few small arrays (the
+    recorder's packed passes over parameters and gradients). The compiled pass still checks sizes and
+    batches."""
+    suffix = kernels._SUFFIX[dtype]
+    none = kernels.nones(len(sizes))
+    arrays = (addresses, none if starts is None else starts, none if copies is None else copies, sizes,
+              none if batches is None else batches)
+    exact = np.zeros(len(sizes), dtype=np.bool_)
+    entry = openmp.entry()
+    if entry:
+        threads = openmp.threads()
+        if threads > 1:
+            total = sum(sizes.tolist())
+            if total >= MIN_ELEMENTS and _team_ready():
+                kernels.misfit(_TEAM[0](entry, _part(total, threads), dtype.itemsize, *arrays, rows, exact), arrays)
+                return exact
+    kernels.misfit(kernels._entry("moments_many", suffix)(kernels._LIKE[suffix], *arrays, rows, exact), arrays)
+    return exact
 
 
 def plan(sizes: np.ndarray, batches: np.ndarray, part: int) -> np.ndarray:

@@ -5,11 +5,10 @@ that stay on the device as 0-d tensors; ``collect`` stacks every pending scalar 
 it to the host in a single copy, so a step costs one synchronisation, not one ``.item()`` per tensor.
 
 Small tensors off the host that ``add_many`` receives together (parameters, their gradients and updates)
-are reduced together by ``segmented``, in a dozen launches instead of eight per tensor.
-
-CPU tensors are summarised at once, straight into their row, by ``host`` (the single-pass kernels, or
-numpy when numba is missing); ``add`` can copy a tensor (``copy_to``) or summarise its difference to
-another (``start``) in that same pass.
+are reduced together by ``segmented``, in a dozen launches instead of eight per tensor. CPU tensors are
+summarised at once, straight into their row, by ``host`` (the single-pass kernels, or numpy when numba is
+missing); ``add`` can copy a tensor (``copy_to``) or summarise its difference to another (``start``) in
+that same pass.
 
 NaN and ±Inf are rare, so the fast path does not look for them: any row whose moments come out non-finite
 (which NaN, Inf and float32 overflow all cause) is recomputed exactly, in float64, on its tensor.
@@ -62,7 +61,6 @@ class _Pending:
     row: int
     batched: bool
     bounds: tuple[float, float] | None
-
 
 
 class Reducer:
@@ -199,23 +197,18 @@ class Reducer:
         pass); returns their row indices. Contiguous float CPU tensors are summarised by one kernel call for
         all of them, which saves the per-tensor dispatch that dominates on small tensors. ``batched``,
         ``starts`` and ``copies`` pair up with ``tensors`` as ``add``'s arguments of those names do."""
-        count = len(tensors)
-        first = self._claim(count)
-        fast = kernels.AVAILABLE
-        if fast and starts is None and copies is None:
-            lean = _lean_flags(tensors)  # C-level passes over the list, no call per tensor
-        else:
-            lean = [fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
-                    for j, t in enumerate(tensors)]
+        count, first, fast = len(tensors), self._claim(len(tensors)), kernels.AVAILABLE
+        lean = _lean_flags(tensors) if fast and starts is None and copies is None else [  # (C-level passes)
+            fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
+            for j, t in enumerate(tensors)]
+        dtypes = set(map(_DTYPE, tensors))
+        if len(dtypes) == 1 and False not in lean and count:  # the usual case: one kernel call, no sorting
+            self._add_group(first, count, tensors, batched, range(count), starts, copies, dtypes.pop())
+            return list(range(first, first + count))
         groups: dict[torch.dtype, list[int]] = {}
         device_groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        members = list(compress(range(count), lean))
-        dtypes = set(compress(map(_DTYPE, tensors), lean))
-        if len(dtypes) == 1:  # the kernels' tensors are all of one dtype (the others are taken one by one)
-            groups[dtypes.pop()] = members
-        else:
-            for j in members:
-                groups.setdefault(tensors[j].dtype, []).append(j)
+        for j in compress(range(count), lean):
+            groups.setdefault(tensors[j].dtype, []).append(j)
         for j in compress(range(count), map(not_, lean)):
             tensor = tensors[j]
             start, copy_to = None if starts is None else starts[j], None if copies is None else copies[j]
@@ -230,22 +223,28 @@ class Reducer:
                                 [tensors[j].shape[0] if batched and batched[j] and tensors[j].dim() else 0
                                  for j in members])
         for dtype, members in groups.items():
-            whole = len(members) == count  # every tensor is in this group: its rows are one slice of the buffer
-            group = tensors if whole else [tensors[j] for j in members]
-            picked = batched if whole or batched is None else [batched[j] for j in members]
-            batches = None
-            if picked is not None and any(picked):
-                batches = np.array([t.shape[0] if b and t.dim() else 0 for t, b in zip(group, picked)], dtype=np.int64)
-            group_starts = None if starts is None else [starts[j] for j in members]
-            rows = self._buffer[first:first + count] if whole else _identity_rows(len(members))
-            _summarize_addressed(
-                rows, _NUMPY_DTYPE[dtype], np.array(list(map(_DATA_PTR, group)), dtype=np.int64),
-                np.array(list(map(_NUMEL, group)), dtype=np.int64), group, group_starts,
-                None if starts is None else np.array(list(map(_DATA_PTR, group_starts)), dtype=np.int64),
-                None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64), batches)
-            if not whole:
-                self._buffer[[first + j for j in members]] = rows
+            self._add_group(first, count, tensors, batched, members, starts, copies, dtype)
         return list(range(first, first + count))
+
+    def _add_group(self, first: int, count: int, tensors: Sequence[torch.Tensor], batched: Sequence[bool] | None,
+                   members: Sequence[int], starts: Sequence[torch.Tensor] | None, copies: Sequence[torch.Tensor] | None,
+                   dtype: torch.dtype) -> None:
+        """One kernel call into rows ``first + j`` for ``tensors[j]``, ``j`` in ``members`` (``add_many``'s)."""
+        whole = len(members) == count  # every tensor is in this group: its rows are one slice of the buffer
+        group = tensors if whole else [tensors[j] for j in members]
+        picked = batched if whole or batched is None else [batched[j] for j in members]
+        batches = None
+        if picked is not None and any(picked):
+            batches = np.array([t.shape[0] if b and t.dim() else 0 for t, b in zip(group, picked)], dtype=np.int64)
+        group_starts = None if starts is None else [starts[j] for j in members]
+        rows = self._buffer[first:first + count] if whole else _identity_rows(len(group))
+        _summarize_addressed(
+            rows, _NUMPY_DTYPE[dtype], np.fromiter(map(_DATA_PTR, group), np.int64, len(group)),
+            np.fromiter(map(_NUMEL, group), np.int64, len(group)), group, group_starts,
+            None if starts is None else np.fromiter(map(_DATA_PTR, group_starts), np.int64, len(group)),
+            None if copies is None else np.array([copies[j].data_ptr() for j in members], dtype=np.int64), batches)
+        if not whole:
+            self._buffer[[first + j for j in members]] = rows
 
     def _add_segmented(self, rows: list[int], tensors: list[torch.Tensor], starts: list[torch.Tensor] | None,
                        copies: list[torch.Tensor] | None, batches: list[int],
