@@ -24,7 +24,7 @@ import torch
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
-from comgra_ndbg.recorder.step_record import SummaryRows
+from comgra_ndbg.recorder.step_record import SummaryRows, rows_at, zeros
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 
@@ -307,14 +307,30 @@ class GradientRecording:
                           for sid, row in zip(series.tolist(), indices))
             self._report_failed(self._values, schema.KIND_VALUE, by_row)
         if self._value_keys:
-            keys = np.array(self._value_keys, dtype=np.int64)
-            self._rows.append(SummaryRows(keys[:, 0], keys[:, 1], rows[keys[:, 2]]))
+            series, iterations, at = self._value_layout()
+            self._rows.append(SummaryRows(series, iterations, rows[at]))
         for series, indices in self._value_blocks:
-            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[indices]))
+            self._rows.append(SummaryRows(series, zeros(len(series)), rows[rows_at(indices)]))
         if self._tier_rows is not None:
             self._observe_tier_values(rows[self._tier_rows])
             self._tier_rows = None
         self._value_keys, self._value_blocks = [], []
+
+    def _value_layout(self) -> tuple[np.ndarray, np.ndarray, slice | np.ndarray]:
+        """Series ids, iterations and rows in the collected block of the registrations in ``_value_keys``: a
+        loop registers the same names in the same order at every step, so they are built once per list of
+        keys (read-only, shared by the steps' records), the rows as a slice when they are consecutive."""
+        cached = self._value_layouts
+        if cached is not None and cached[0] == self._value_keys:
+            return cached[1]
+        keys = np.array(self._value_keys, dtype=np.int64)
+        series, iterations, rows = keys[:, 0].copy(), keys[:, 1].copy(), keys[:, 2].copy()
+        series.flags.writeable = iterations.flags.writeable = rows.flags.writeable = False
+        first = int(rows[0])
+        consecutive = bool((rows == np.arange(first, first + len(rows))).all())
+        layout = (series, iterations, slice(first, first + len(rows)) if consecutive else rows)
+        self._value_layouts = (list(self._value_keys), layout)
+        return layout
 
     def _report_failed(self, reducer: Reducer, kind: str, tensor_of_row: dict[int, int]) -> None:
         """Log each row ``reducer.collect()`` could not compute as a skipped tensor (it stays absent)."""

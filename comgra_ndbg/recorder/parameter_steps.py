@@ -11,7 +11,7 @@ import torch
 
 from comgra_ndbg.errors import InvalidArgumentError, InvalidTensorError, RecorderStateError
 from comgra_ndbg.recorder.snapshot import take_update_snapshot
-from comgra_ndbg.recorder.step_record import SummaryRows
+from comgra_ndbg.recorder.step_record import SummaryRows, rows_at, zeros
 from comgra_ndbg.recorder.tiers import optimizer_settings
 from comgra_ndbg.recorder.validation import check_name, check_text
 from comgra_ndbg.store import schema
@@ -169,10 +169,10 @@ class ParameterSteps:
             if self._updates.failed:
                 self._report_failed(self._updates, schema.KIND_UPDATE,
                                     dict(zip(indices, self._parameters.tensor_ids())))
-            rows = rows[indices]
+            rows = rows[rows_at(indices)]
             if self._tiered:
                 self._tier_state.observe_updates(rows[keep], keep)
-            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows if everything else rows[keep]))
+            self._rows.append(SummaryRows(series, zeros(len(series)), rows if everything else rows[keep]))
         if self._snapshot:
             self._take_updates(self._parameters.update_pairs(), keep)
         self._parameters.release()

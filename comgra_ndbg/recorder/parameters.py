@@ -165,7 +165,7 @@ class ParameterTracker:
             self._ids = [t.tensor_id for t in self.tracked]
         return self._ids
 
-    def capture(self, reducer: Reducer | None = None) -> list[int]:
+    def capture(self, reducer: Reducer | None = None) -> Sequence[int]:
         """Copy every parameter now, so updates can be measured against this point.
 
         With ``reducer``, each value's summary is queued in the same pass as its copy (one read of the
@@ -186,8 +186,8 @@ class ParameterTracker:
         if reducer is not None:
             layout = self._layout if kernels.AVAILABLE else None
             if layout is not None:
-                return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
-                                                  copies=layout.copies))
+                return reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
+                                             copies=layout.copies)
             return reducer.add_many(params, copies=self._buffers)
         params = [p.detach() for p in params]
         if _on_host(params):
@@ -197,14 +197,14 @@ class ParameterTracker:
             torch._foreach_copy_(self._buffers, params)
         return []
 
-    def summarize_values(self, reducer: Reducer) -> list[int]:
+    def summarize_values(self, reducer: Reducer) -> Sequence[int]:
         """Queue the summary of every parameter's value (no copy); returns the row indices, in
         ``tensor_ids()`` order. One kernel call by address while the parameters are where ``capture()`` last
         found them."""
         params = self.parameters()
         layout = self._layout if kernels.AVAILABLE else None
         if layout is not None and _layout_key(params) == self._layout_key:
-            return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params))
+            return reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params)
         return reducer.add_many([p.detach() for p in params])
 
     def summarize_with_gradients(self, reducer: Reducer, grads: list[torch.Tensor]) -> range | None:
@@ -232,7 +232,7 @@ class ParameterTracker:
         """Whether a copy taken by ``capture()`` awaits its updates."""
         return self._captured and self._buffers is not None
 
-    def summarize_updates(self, reducer: Reducer) -> list[int]:
+    def summarize_updates(self, reducer: Reducer) -> Sequence[int]:
         """Queue the summary of every ΔW since ``capture()`` without materialising it; returns the row
         indices, in ``tensor_ids()`` order."""
         if not self.captured:
@@ -240,8 +240,8 @@ class ParameterTracker:
         params = self.parameters()
         layout = self._layout if kernels.AVAILABLE else None
         if layout is not None and _layout_key(params) == self._layout_key:  # no parameter moved during the step
-            return list(reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
-                                              starts=self._buffers, start_addresses=layout.copies))
+            return reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
+                                         starts=self._buffers, start_addresses=layout.copies)
         return reducer.add_many(params, starts=self._buffers)
 
     def update_pairs(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -255,9 +255,11 @@ class ParameterTracker:
         """Which parameters have an update in this step, in ``tensor_ids()`` order: those that require grad
         and those that changed since ``capture()`` (a parameter updated by hand, an EMA copy). A frozen
         parameter that did not move has none: its all-zero ΔW would say nothing and look like a dead one."""
-        versions = self._versions or [None] * len(self.tracked)
-        return np.array([t.parameter.requires_grad or t.parameter._version != version
-                         for t, version in zip(self.tracked, versions)], dtype=bool)
+        params = self.parameters()
+        if False not in list(map(_REQUIRES_GRAD, params)):  # the usual model: every parameter trains
+            return _everything(len(params))
+        versions = self._versions or [None] * len(params)
+        return np.array([p.requires_grad or p._version != version for p, version in zip(params, versions)], dtype=bool)
 
     def scratch(self) -> list[torch.Tensor]:
         """Buffers like the start-of-step copies, for updates computed in full (the sentinels of
@@ -371,6 +373,18 @@ def _layout_key(params: list[torch.nn.Parameter]) -> tuple[list, ...]:
     twice per recorded step."""
     return (list(map(_DATA_PTR, params)), list(map(_STRIDE, params)), list(map(_IS_NEG, params)),
             list(map(_PLACE, params)))
+
+
+def _everything(count: int) -> np.ndarray:
+    """``count`` True values, read-only and shared: the update mask of parameters that all train."""
+    found = _EVERYTHING.get(count)
+    if found is None:
+        found = _EVERYTHING[count] = np.ones(count, dtype=bool)
+        found.flags.writeable = False
+    return found
+
+
+_EVERYTHING: dict[int, np.ndarray] = {}
 
 
 def _on_host(tensors: list[torch.Tensor]) -> bool:

@@ -231,6 +231,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
         self._gradient_layouts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (kind, keys) -> (series, iterations)
+        self._value_layouts: tuple[list, tuple] | None = None  # the last value keys and their layout (``gradients``)
         self._plans: dict[str, RegistrationPlan] = {}  # name -> how its last registration was recorded (``plan``)
         self._reset_step_state()
         if kernels.AVAILABLE:  # loaded (or, once per machine, built) here rather than inside the first step

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.recorder.plan import fits
-from comgra_ndbg.recorder.step_record import SummaryRows
+from comgra_ndbg.recorder.step_record import SummaryRows, rows_at
 from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.store import schema
 
@@ -113,8 +113,8 @@ class SentinelSteps:
             value_rows = tracker.summarize_values(self._values)
             grad_rows = self._values.add_many(with_grad) if with_grad else []
         rows = self._values.collect()
-        value_data = _rows(rows, value_rows)
-        grad_data = _rows(rows, grad_rows) if with_grad else np.zeros((0, schema.NUM_FIELDS))
+        value_data = rows[rows_at(value_rows)]
+        grad_data = rows[rows_at(grad_rows)] if with_grad else np.zeros((0, schema.NUM_FIELDS))
         missing = not complete and any(g is None and t.parameter.requires_grad for g, t in zip(grads, tracked))
         moved = state.observe_values(step, value_data)
         moved = state.observe_gradients(step, grad_data if complete else None, missing) or moved
@@ -187,10 +187,3 @@ class SentinelSteps:
         series = self._parameter_series(schema.KIND_UPDATE)[keep]
         joined = SummaryRows.join([sentinel.rows, SummaryRows(series, np.zeros(len(series), np.int64), rows)])
         return Sentinel(joined, "; ".join(filter(None, (sentinel.moved, "tiers: an optimizer's settings jumped"))))
-
-
-def _rows(rows: np.ndarray, indices: range | list[int]) -> np.ndarray:
-    """``rows[indices]``, as a slice where the indices are a range (no index array built)."""
-    if isinstance(indices, range):
-        return rows[indices.start:indices.stop]
-    return rows[indices]

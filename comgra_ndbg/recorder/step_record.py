@@ -11,7 +11,7 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import SnapshotData
 from comgra_ndbg.store.writer import RecordingWriter
 
-__all__ = ["StepRecord", "SummaryRows"]
+__all__ = ["StepRecord", "SummaryRows", "rows_at", "zeros"]
 
 
 class SummaryRows(NamedTuple):
@@ -38,6 +38,30 @@ class SummaryRows(NamedTuple):
             return blocks[0]
         return SummaryRows(np.concatenate([b.series for b in blocks]), np.concatenate([b.iterations for b in blocks]),
                            np.concatenate([b.data for b in blocks]))
+
+
+def rows_at(indices: range | list[int] | np.ndarray) -> slice | range | list[int] | np.ndarray:
+    """``indices`` of rows as an index into a block of rows: a slice (a view, no gather) for consecutive
+    rows given as a range, else ``indices`` as they are.
+
+    >>> rows_at(range(2, 5)), rows_at([4, 1])
+    (slice(2, 5, None), [4, 1])
+    """
+    if type(indices) is range and indices.step == 1:
+        return slice(indices.start, indices.stop)
+    return indices
+
+
+def zeros(count: int) -> np.ndarray:
+    """``count`` int64 zeros, read-only and shared: the iterations of rows that all belong to iteration 0."""
+    found = _ZEROS.get(count)
+    if found is None:
+        found = _ZEROS[count] = np.zeros(count, np.int64)
+        found.flags.writeable = False
+    return found
+
+
+_ZEROS: dict[int, np.ndarray] = {}
 
 
 @dataclass
