@@ -12,8 +12,10 @@ from torch import nn
 
 from comgra_ndbg import NeuralDbg, Recorder, open_recording
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError
+from comgra_ndbg.recorder.plan import make_plan, work_tensor
 from comgra_ndbg.recorder.registration import TensorRegistration
 from comgra_ndbg.recorder.snapshot import take_snapshot
+from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.stats.reducer import summarize
 from comgra_ndbg.store.schema import FIELD
 from comgra_ndbg.stats.statistics import derive
@@ -159,6 +161,25 @@ def test_integer_half_precision_and_strided_tensors_take_converting_plans_with_t
                 reference = summarize(registered[step][name], batched=True, bounds=None)
                 np.testing.assert_array_equal(rows[step], reference, err_msg=f"{name} at step {step}")
 
+
+
+@pytest.mark.parametrize("tensor", [
+    torch.arange(-3, 9).reshape(3, 4), torch.arange(12, dtype=torch.uint8), torch.arange(-6, 6, dtype=torch.int8),
+    torch.arange(-6, 6, dtype=torch.int16).reshape(4, 3).t(), torch.tensor([[True, False], [False, False]]),
+    torch.linspace(-70000, 70000, 9).half(), torch.randn(3, 4, dtype=torch.float16, requires_grad=True),
+    torch.randn(4, 3).t(), torch.randn(3, dtype=torch.float64).expand(2, 3),
+    torch.linspace(-3, 3, 7, dtype=torch.bfloat16), torch._neg_view(torch.arange(5.0))],
+    ids=["int64", "uint8", "int8", "int16-strided", "bool", "half-overflowing", "half-requiring-grad",
+         "float32-transposed", "float64-broadcast", "bfloat16", "negated"])
+def test_a_converting_plan_reads_the_work_view_s_values_whichever_library_converts(tensor: torch.Tensor) -> None:
+    """numpy converts the dtypes it shares with torch (class targets, masks, half precision, strided views);
+    the array the kernels read is the work view's, element for element and in the same order."""
+    plan = make_plan(("input", None, None, ""), tensor, batch_before=None, batched=False, bounds=None,
+                     saturation_margin=0.005, tensor_id=1, series_id=1, deferred=True)
+    assert plan is not None and plan.convert
+    converted, reference = work_tensor(tensor, plan), work_view(tensor.detach()).contiguous()
+    assert converted.dtype == reference.dtype and converted.is_contiguous() and not converted.requires_grad
+    assert torch.equal(converted.reshape(-1), reference.reshape(-1))
 
 def test_snapshot_steps_take_the_plans_and_record_the_general_path_s_snapshots(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

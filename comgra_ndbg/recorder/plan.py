@@ -38,12 +38,13 @@ import torch
 
 from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.bounds import saturation_thresholds
+from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.stats.host import NUMPY_DTYPE, lean
 
 _WORK_DTYPE = np.dtype(np.float64)  # what ``work_view`` turns integers and booleans into
 _HALF_DTYPE = np.dtype(np.float32)  # ... and half-precision floats
 
-__all__ = ["RegistrationPlan", "make_plan", "fits", "plan_key"]
+__all__ = ["RegistrationPlan", "make_plan", "fits", "plan_key", "work_tensor"]
 
 
 class RegistrationPlan(NamedTuple):
@@ -94,6 +95,20 @@ def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int 
                             batch, thresholds, tensor_id, series_id, deferred, convert, bounds, dtype,
                             kernels.summary_entry(dtype, thresholds is not None),
                             (tensor.ndim, tensor.dtype, tensor.requires_grad, type(tensor.grad_fn)))
+
+
+def work_tensor(tensor: torch.Tensor, plan: RegistrationPlan) -> torch.Tensor:
+    """What a converting plan's kernel reads of ``tensor``: its work view (``stats.exact.work_view``) as a
+    contiguous host tensor of ``plan.work_dtype``. numpy converts the dtypes it shares with torch in one
+    pass, several times faster than torch's cast on a step's small tensors (a batch of class targets), to
+    the same values: integers and booleans to float64 and half precision to float32 are exact either way."""
+    if tensor.dtype in _NUMPY_CONVERTS and not tensor.is_neg():
+        return torch.from_numpy(np.ascontiguousarray(tensor.detach().numpy(), dtype=plan.work_dtype))
+    return work_view(tensor.detach()).contiguous()
+
+
+_NUMPY_CONVERTS = frozenset((torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+                             torch.float16, torch.float32, torch.float64))
 
 
 def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -> bool:

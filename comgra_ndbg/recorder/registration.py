@@ -14,11 +14,10 @@ import torch
 from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.graph import TensorEdge
 from comgra_ndbg.recorder.grad_hook import on_gradient_at
-from comgra_ndbg.recorder.plan import RegistrationPlan, make_plan
+from comgra_ndbg.recorder.plan import RegistrationPlan, make_plan, work_tensor
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.stats.bounds import saturation_bounds
-from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import TensorInfo
 
@@ -96,7 +95,7 @@ class TensorRegistration:
             self._batch_size = plan.batch
         iteration = self._iteration
         try:
-            row = self._values.add_planned(work_view(tensor.detach()).contiguous() if plan.convert else tensor,
+            row = self._values.add_planned(work_tensor(tensor, plan) if plan.convert else tensor,
                                            plan.batch, plan.thresholds, plan.kernel, plan.work_dtype)
         except Exception as error:  # a recorder problem must not break the training run
             self._skipped(name, "value", error)

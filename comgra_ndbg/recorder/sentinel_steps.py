@@ -23,9 +23,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from comgra_ndbg.recorder.plan import fits
+from comgra_ndbg.recorder.plan import fits, work_tensor
 from comgra_ndbg.recorder.step_record import SummaryRows, rows_at
-from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.store import schema
 
 __all__ = ["Sentinel", "SentinelSteps", "SENTINEL_REASON"]
@@ -83,7 +82,7 @@ class SentinelSteps:
             plan = self._plans.get(name)
             if plan is None or not fits(plan, tensor, plan.batch_before):
                 continue
-            host = work_view(tensor.detach()).contiguous() if plan.convert else tensor
+            host = work_tensor(tensor, plan) if plan.convert else tensor
             pending.append((plan.series_id, self._values.add_planned(host, plan.batch, plan.thresholds, plan.kernel,
                                                                      plan.work_dtype)))
 
