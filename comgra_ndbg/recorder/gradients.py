@@ -246,7 +246,8 @@ class GradientRecording:
             self._take_polled(queue=False, unread=True)
         if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
             self._flush_gradients()
-        self._guard("discovering the dependency graph", self._discover_graph)
+        if self._structure.pending:
+            self._guard("discovering the dependency graph", self._discover_graph)
         for by_tensor, keyed in ((self._parameter_grads, self._grad_keys),
                                  (self._parameter_grad_snaps, self._grad_snaps)):
             keyed.update(zip(zip(by_tensor, repeat(0)), by_tensor.values()))  # tensor id -> (tensor id, iteration 0)

@@ -22,6 +22,7 @@ from comgra_ndbg.recorder.sentinel_steps import Sentinel
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot, SnapshotData
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.validation import check_name, check_step
+from comgra_ndbg.stats.exact import recomputed
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 
@@ -133,6 +134,7 @@ class StepCycle:
         if step_type is not None:
             self._last_step_type = step_type
         self._token += 1
+        self._recomputed = recomputed()
         self._summary_decision = self.summary_policy.decide(step, step_type)
         self._snapshot_decision = self.snapshot_policy.decide(step, step_type)
         if self._snapshot_decision.record and self._budget is not None and not self._budget.admit():
@@ -308,9 +310,11 @@ class StepCycle:
         if pending or (not self._grad_kinds and self._parameters.has_fresh_gradients()):
             kind = schema.KIND_GRAD if not self._grad_kinds else self._grad_kinds[-1]
             self._collect_gradients(kind)
-        self._guard("discovering the dependency graph", self._discover_graph)
+        if self._structure.pending:
+            self._guard("discovering the dependency graph", self._discover_graph)
         self._finish_parameters()
-        self._collect_values()
+        if len(self._values) or self._value_keys or self._value_blocks or self._tier_rows is not None:
+            self._collect_values()
         rows = SummaryRows.join(self._rows)
         if self._tiered and self._sentinels_on:
             self._observe_tier_gradients(rows)
@@ -319,7 +323,8 @@ class StepCycle:
             reasons.append(self._tier_reason)
         if self._forced:
             reasons.insert(0, self._dispatcher.forced_reason(self._step))
-        self._check_overflow(rows)
+        if recomputed() != self._recomputed:  # an overflowed Σx² is always recomputed exactly (``stats.exact``)
+            self._check_overflow(rows)
         return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
                           rows, self._snaps)
 
