@@ -71,6 +71,7 @@ class ParameterTracker:
     _step_hooks: list[Any] = field(default_factory=list)
     _watching: bool = False
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
+    _marked: bool = False  # a hook marked a parameter fresh (or kept its pass's gradient) since the last take
     polled: bool = False  # handed-over gradients are read by ``changed_gradients``, with no hook (module doc)
     _names: dict[str, torch.nn.Parameter] | None = None
     _params: list[torch.nn.Parameter] | None = None  # ``parameters()``, kept until ``track`` or ``close``
@@ -273,13 +274,17 @@ class ParameterTracker:
         self._captured = False
 
     def has_fresh_gradients(self) -> bool:
-        return any(t.fresh for t in self.tracked)
+        return self._marked and any(t.fresh for t in self.tracked)
 
     def take_gradients(self) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, gradient) of parameters that received one since the last call: ``.grad`` at the
         step's first call, the sum of the backward passes since the previous call after it."""
         out = []
         per_pass = self.per_pass
+        if not self._marked:  # no hook marked a parameter since the last take (gradients handed over, read by poll)
+            self.per_pass = True
+            return out
+        self._marked = False
         for t in self.tracked:
             if t.fresh:
                 grad = t.incoming if per_pass else t.parameter.grad
@@ -301,7 +306,7 @@ class ParameterTracker:
             if polled:
                 grad = t.parameter.grad
                 t.seen = None if grad is None else (weakref.ref(grad), grad._version)
-        self.per_pass = False
+        self.per_pass = self._marked = False
 
     def changed_gradients(self, *, unread: bool = False) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
@@ -412,6 +417,7 @@ def _read_changed(tracked: list[_Tracked], unread: bool) -> list[tuple[int, torc
 def _mark_fresh(entry: _Tracked, tracker: ParameterTracker) -> Any:
     def hook(grad: torch.Tensor) -> None:
         entry.fresh = True
+        tracker._marked = True
         if tracker.per_pass:  # a later gradient set: keep this pass's own gradient (never changed in place)
             grad = grad.detach()
             entry.incoming = grad if entry.incoming is None else entry.incoming + grad

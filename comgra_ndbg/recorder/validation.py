@@ -54,6 +54,8 @@ def check_name(name: object, what: str = "names") -> str:
     """A tensor, node, KPI, step type or gradient set name: a non-empty str the recording can store."""
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError(f"{what} must be non-empty strings, got {name!r}")
+    if name.isascii() and "\0" not in name:  # the usual name, checked on every step: no message built
+        return name
     return check_text(f"name {name[:40]!r}", name)
 
 
