@@ -329,9 +329,12 @@ def test_7_float64_values_near_1e300_are_kept_and_an_overflowing_sum_is_logged(t
 
 
 def test_7_an_overflowing_sum_on_a_planned_step_is_logged_at_that_step(tmp_path: Path) -> None:
-    """Steps whose summaries needed no exact recompute skip the overflow check; a later step of the same
-    shape (the planned registration, the packed parameter passes) whose sum overflows is still logged."""
+    """A step of the same shape as the ones before (the planned registration, the packed parameter passes)
+    whose sum of squares overflows is logged at that step: values far apart (the exact recompute's sum),
+    values close together (the kernel's sums around a shift, rebuilt without overflow until the last
+    addition), and an update of a tracked parameter."""
     layer = torch.nn.Linear(2, 2).double()
+    g = torch.Generator().manual_seed(0)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         with Recorder(tmp_path, trial="t", snapshots=None) as rec:
@@ -340,12 +343,14 @@ def test_7_an_overflowing_sum_on_a_planned_step_is_logged_at_that_step(tmp_path:
                 with rec.step(step):
                     scale = 1e300 if step == 2 else 1.0
                     rec.register_tensor("h", torch.tensor([[scale, -2.0 * scale]], dtype=torch.float64))
+                    close = 1e154 if step == 1 else 1.0
+                    rec.register_tensor("g", close * (1 + 1e-3 * torch.randn(8, 16, generator=g, dtype=torch.float64)))
                     if step == 3:
                         with torch.no_grad():
                             layer.weight[0, 0] = 1e250
     with open_recording(tmp_path) as recording:
         problems = [(p.step, p.subject) for p in recording.problems() if p.category == schema.PROBLEM_OVERFLOW]
-    assert problems == [(2, "h"), (3, "layer.weight")]
+    assert problems == [(1, "g"), (2, "h"), (3, "layer.weight")]
 
 # ---- 8. a full disk ----------------------------------------------------------------------------------------------
 def test_8_a_full_disk_is_reported_at_once_leaves_no_temporary_file_and_drops_nothing_silently(

@@ -332,6 +332,39 @@ def test_backward_passes_of_one_set_add_up_in_a_registered_tensor(tmp_path: Path
         np.testing.assert_allclose(recording.snapshot(0, "out", "grad").dense(), np.full((5, 4), 3 / 20), rtol=1e-6)
 
 
+
+def test_a_registered_leaf_whose_grad_the_loop_changes_between_passes_keeps_only_the_last_pass(
+        tmp_path: Path) -> None:
+    """A registered leaf (an adversarial input) gets two backward passes with its ``.grad`` zeroed in between:
+    the sum the set would hold is no longer the one autograd accumulated, so the last pass is recorded, with a
+    warning."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(3, 2)
+    with pytest.warns(RecorderWarning, match=r"'x' received gradients from several backward passes.*only the last"):
+        with Recorder(tmp_path, trial="t", snapshots=1) as rec:
+            with rec.step(0):
+                rec.register_tensor("x", x)
+                (x @ w).sum().backward()
+                x.grad.zero_()
+                (2 * x @ w).sum().backward()
+                rec.record_gradients()
+    with open_recording(tmp_path, "t") as recording:
+        np.testing.assert_allclose(recording.snapshot(0, "x", "grad").dense(), x.grad.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(recording.summary("x", "grad", "mean")[1], [x.grad.mean().item()], rtol=1e-6)
+
+
+def test_a_kpi_tensor_is_read_as_it_was_recorded_even_when_its_data_is_replaced_later(tmp_path: Path) -> None:
+    """KPI tensors are read at the end of the step; one whose ``.data`` the loop replaces after
+    ``record_kpi`` still records the value it held then."""
+    accuracy = torch.tensor(1.0)
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        with rec.step(0):
+            rec.record_kpi("accuracy", accuracy)
+            accuracy.data = torch.tensor(5.0)
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kpi("accuracy")[1].tolist() == [1.0]
+
 def test_multi_iteration_step_records_each_iteration(tmp_path: Path) -> None:
     torch.manual_seed(5)
     cell = nn.RNNCell(3, 5)

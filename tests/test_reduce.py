@@ -552,3 +552,15 @@ def test_a_constant_tensor_has_no_spread(device: str) -> None:
         stats = derive(summarize(torch.full((3000,), value, device=device))[None])
         assert stats["std"][0] <= 1e-7 * abs(value), value
         assert stats["mean"][0] == pytest.approx(np.float32(value), rel=1e-12)
+
+
+def test_add_many_refuses_flags_starts_or_copies_that_do_not_pair_up_with_the_tensors() -> None:
+    """One batched flag, start and copy per tensor: a shorter list would describe arrays the compiled pass
+    reads past; it is refused before any row is claimed."""
+    reducer = Reducer()
+    tensors = [torch.ones(4, 2), torch.ones(3)]
+    for options in ({"batched": [True]}, {"starts": [torch.zeros(4, 2)]}, {"copies": [torch.zeros(4, 2)] * 3}):
+        with pytest.raises(ValueError, match="one batched flag, start and copy per tensor"):
+            reducer.add_many(tensors, **options)
+    assert len(reducer) == 0
+    assert reducer.add_many(tensors, batched=[True, False]) == [0, 1]

@@ -63,8 +63,7 @@ class GradientRecording:
             key = (tid, iteration)
             earlier = self._set_grads.get(key)
             if earlier is None:  # the usual case: the set's first backward pass to reach the tensor
-                if grad.requires_grad:  # (create_graph=True; else the gradient is its own detached self)
-                    grad = grad.detach()
+                grad = grad.detach()
                 size = grad.numel() * grad.element_size()
                 if deferred and self._set_grad_bytes + size <= SET_MEMORY:
                     self._set_grad_bytes += size

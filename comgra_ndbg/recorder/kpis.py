@@ -41,10 +41,7 @@ class KpiRecording:
             if value.is_complex() or value.is_meta or value.layout is not torch.strided:
                 raise InvalidTensorError(f"KPI {name!r} must be a real number, got a {value.dtype} tensor on "
                                          f"{value.device} ({value.layout}); pass e.g. its .abs() or .real")
-            if value.requires_grad:
-                value = value.detach()
-            if value.dim():
-                value = value.reshape(())
+            value = value.detach().reshape(())
         elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise InvalidTensorError(f"KPI {name!r} must be a number or a one-element tensor, got "
                                      f"{type(value).__name__}")

@@ -209,7 +209,6 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._steps_since_flush = 0
         self._noted: set[str] = set()
         self._token = 0
-        self._recomputed = 0  # ``stats.exact.recomputed()`` when the open step began
         self._skipped_steps: list[tuple] = []  # steps of skip_step not handed to the writer yet
         self._hooks: list[Any] = []
         self._budget = None if budget is None else SnapshotBudget(budget)

@@ -22,7 +22,6 @@ from comgra_ndbg.recorder.sentinel_steps import Sentinel
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot, SnapshotData
 from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
 from comgra_ndbg.recorder.validation import check_name, check_step
-from comgra_ndbg.stats.exact import recomputed
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 
@@ -134,7 +133,6 @@ class StepCycle:
         if step_type is not None:
             self._last_step_type = step_type
         self._token += 1
-        self._recomputed = recomputed()
         self._summary_decision = self.summary_policy.decide(step, step_type)
         self._snapshot_decision = self.snapshot_policy.decide(step, step_type)
         if self._snapshot_decision.record and self._budget is not None and not self._budget.admit():
@@ -323,8 +321,7 @@ class StepCycle:
             reasons.append(self._tier_reason)
         if self._forced:
             reasons.insert(0, self._dispatcher.forced_reason(self._step))
-        if recomputed() != self._recomputed:  # an overflowed Σx² is always recomputed exactly (``stats.exact``)
-            self._check_overflow(rows)
+        self._check_overflow(rows)
         return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
                           rows, self._snaps)
 

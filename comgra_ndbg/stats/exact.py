@@ -9,7 +9,7 @@ import torch
 
 from comgra_ndbg.stats.fields import FIELD
 
-__all__ = ["cancels", "exact_moments", "exact_spread", "recomputed", "reduce_host", "row_cancels", "work_view"]
+__all__ = ["cancels", "exact_moments", "exact_spread", "reduce_host", "row_cancels", "work_view"]
 
 _SPREAD = [FIELD[f] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]
 
@@ -92,20 +92,9 @@ def cancels(rows: np.ndarray, tolerance: float = 1e-2) -> np.ndarray:
         return (n > 1) & (q > 0) & (q - s * s / np.maximum(n, 1) < tolerance * q)
 
 
-def recomputed() -> int:
-    """How many rows ``exact_moments`` recomputed in this process so far: a row whose fast sums came out
-    non-finite (NaN, Inf, a float64 overflow of Σx²) always passes through it, so a caller that sees this
-    count unchanged over a span of summaries knows none of them holds such a sum."""
-    return _RECOMPUTED[0]
-
-
-_RECOMPUTED = [0]
-
-
 def exact_moments(tensor: torch.Tensor, row: np.ndarray, batch: int = 0) -> None:
     """Recompute counts of NaN/Inf/zeros and the moments of the finite elements, in float64, and with a
     ``batch`` size (0: batch-less) the sample spread."""
-    _RECOMPUTED[0] += 1
     flat = work_view(tensor).double()
     finite = torch.isfinite(flat)
     nan = torch.isnan(flat).sum()

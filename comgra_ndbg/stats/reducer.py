@@ -197,6 +197,8 @@ class Reducer:
         pass); returns their row indices. Contiguous float CPU tensors are summarised by one kernel call for
         all of them, which saves the per-tensor dispatch that dominates on small tensors. ``batched``,
         ``starts`` and ``copies`` pair up with ``tensors`` as ``add``'s arguments of those names do."""
+        if any(other is not None and len(other) != len(tensors) for other in (batched, starts, copies)):
+            raise ValueError(f"add_many takes one batched flag, start and copy per tensor ({len(tensors)} tensors)")
         count, first, fast = len(tensors), self._claim(len(tensors)), kernels.AVAILABLE
         lean = _lean_flags(tensors) if fast and starts is None and copies is None else [  # (C-level passes)
             fast and _batchable(t, None if starts is None else starts[j], None if copies is None else copies[j])
