@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from comgra_ndbg.recorder.step_record import shared
 from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.host import lean_flags
 from comgra_ndbg.stats.reducer import Reducer
@@ -258,7 +259,7 @@ class ParameterTracker:
         parameter that did not move has none: its all-zero ΔW would say nothing and look like a dead one."""
         params = self.parameters()
         if False not in list(map(_REQUIRES_GRAD, params)):  # the usual model: every parameter trains
-            return _everything(len(params))
+            return shared(len(params), True)
         versions = self._versions or [None] * len(params)
         return np.array([p.requires_grad or p._version != version for p, version in zip(params, versions)], dtype=bool)
 
@@ -378,18 +379,6 @@ def _layout_key(params: list[torch.nn.Parameter]) -> tuple[list, ...]:
     twice per recorded step."""
     return (list(map(_DATA_PTR, params)), list(map(_STRIDE, params)), list(map(_IS_NEG, params)),
             list(map(_PLACE, params)))
-
-
-def _everything(count: int) -> np.ndarray:
-    """``count`` True values, read-only and shared: the update mask of parameters that all train."""
-    found = _EVERYTHING.get(count)
-    if found is None:
-        found = _EVERYTHING[count] = np.ones(count, dtype=bool)
-        found.flags.writeable = False
-    return found
-
-
-_EVERYTHING: dict[int, np.ndarray] = {}
 
 
 def _on_host(tensors: list[torch.Tensor]) -> bool:

@@ -11,7 +11,7 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import SnapshotData
 from comgra_ndbg.store.writer import RecordingWriter
 
-__all__ = ["StepRecord", "SummaryRows", "rows_at", "zeros"]
+__all__ = ["StepRecord", "SummaryRows", "rows_at", "shared", "zeros"]
 
 
 class SummaryRows(NamedTuple):
@@ -54,14 +54,25 @@ def rows_at(indices: range | list[int] | np.ndarray) -> slice | range | list[int
 
 def zeros(count: int) -> np.ndarray:
     """``count`` int64 zeros, read-only and shared: the iterations of rows that all belong to iteration 0."""
-    found = _ZEROS.get(count)
+    return shared(count, 0)
+
+
+def shared(count: int, value: int | bool) -> np.ndarray:
+    """``count`` copies of ``value`` (an int64 or a bool array), read-only and kept for the next caller: the
+    per-step constants of a step's rows and masks.
+
+    >>> shared(3, True).tolist(), shared(2, 0) is shared(2, 0), shared(2, 0).flags.writeable
+    ([True, True, True], True, False)
+    """
+    key = (count, type(value), value)
+    found = _SHARED.get(key)
     if found is None:
-        found = _ZEROS[count] = np.zeros(count, np.int64)
+        found = _SHARED[key] = np.full(count, value, dtype=bool if type(value) is bool else np.int64)
         found.flags.writeable = False
     return found
 
 
-_ZEROS: dict[int, np.ndarray] = {}
+_SHARED: dict[tuple[int, type, int], np.ndarray] = {}
 
 
 @dataclass
