@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import math
+
 from comgra_ndbg.analysis.events import CausalChain, Event
 from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
 from comgra_ndbg.analysis.reading import Reading
@@ -122,13 +124,35 @@ def describe(e: Event) -> str:
     if e.to_state == "spike":
         return f"after the loss jumped {e.magnitude:.0f}× its recent median and recovered"
     if e.to_state == "diverging":
-        return f"after the loss rose {e.magnitude:.0f}× its recent median"
+        return _diverging(e)
     what = {"value": "value rms", "grad": "gradient (relative to the output's)",
             "update": "update/weight ratio"}.get(e.kind, e.kind)
     direction = "rose" if e.to_state in ("exploding", "unstable") else "fell"
     if e.at_start:
         return f"where the {what} of {subject} is {e.magnitude:.1f} decades off"
     return f"after the {what} of {subject} {direction} {e.magnitude:.1f} decades against its recent history"
+
+
+def _diverging(e: Event) -> str:
+    """The clause of a diverging loss: how far it rose at its onset, and how far by the end of the run when
+    it went on rising (the event's magnitude is the highest loss after the onset, which may come hundreds of
+    steps later: quoted as the onset's rise it overstated that step by as much)."""
+    evidence = e.evidence[0] if e.evidence else None
+    if (evidence is None or not evidence.values or not evidence.steps
+            or not evidence.baseline > 0 or not math.isfinite(evidence.values[0])):
+        return f"after the loss rose to {_times(e.magnitude)} its recent median"
+    first = evidence.values[0] / evidence.baseline
+    clause = f"after the loss rose to {_times(first)} its recent median"
+    if evidence.steps[0] != e.onset:  # (the sentence names the onset already)
+        clause += f" at step {evidence.steps[0]}"
+    if e.magnitude >= 10 * first:
+        clause += f", and on to {_times(e.magnitude)} later"
+    return clause
+
+
+def _times(ratio: float) -> str:
+    """A factor for a sentence: "40×", "1,200×", "3.5e+10×"."""
+    return f"{ratio:,.0f}×" if ratio < 1e6 else f"{ratio:.2g}×"
 
 
 def _about(ratio: float) -> str:
