@@ -99,14 +99,22 @@ def kpi_values() -> st.SearchStrategy:
                      st.sampled_from([None, "1.0", True, [1.0]]), tensors())
 
 
+def bounds() -> st.SearchStrategy:
+    """``register_tensor``'s ``bounds``: the valid forms and malformed ones (one of which, accepted, once made
+    every later write of the recording fail)."""
+    return st.sampled_from(["auto", None, (0.0, 1.0), [-1, 1], (1.0, 0.0), (0.5, 0.5), 5, (1.0,), ("a", "b"),
+                            (0.0, float("nan")), (True, 2), "bogus"])
+
+
 def calls() -> st.SearchStrategy:
     """A list of calls (name, arguments) in any order."""
     call = st.one_of(
         st.tuples(st.just("start_step"), steps(), st.one_of(st.just("train"), st.none(), names())),
         st.tuples(st.just("register_tensor"), names(), tensors(),
                   st.sampled_from(["intermediate", "input", "output", "loss", "target", "parameter", "bogus", None]),
-                  st.one_of(st.none(), names()), st.sampled_from([None, True, False, "yes"])),
-        st.tuples(st.just("register_tensor"), names(), tensors(), st.just("intermediate"), st.none(), st.none()),
+                  st.one_of(st.none(), names()), st.sampled_from([None, True, False, "yes"]), bounds()),
+        st.tuples(st.just("register_tensor"), names(), tensors(), st.just("intermediate"), st.none(), st.none(),
+                  st.just("auto")),
         st.tuples(st.just("record_kpi"), names(), kpi_values()),
         st.tuples(st.just("add_note"), st.one_of(st.text(max_size=8), st.sampled_from([None, 5, b"b"]))),
         st.tuples(st.just("add_dependency"), names(), names()),
@@ -202,8 +210,8 @@ def _call(rec: Recorder, op: tuple, expected: _Expected, loose: list) -> None:
         expected.steps.add(int(args[0]))
         loose.clear()
     elif name == "register_tensor":
-        label, tensor, role, node, batched = args
-        out = rec.register_tensor(label, tensor, role=role, node=node, batched=batched)
+        label, tensor, role, node, batched, bounds_ = args
+        out = rec.register_tensor(label, tensor, role=role, node=node, batched=batched, bounds=bounds_)
         assert out is tensor, "register_tensor must hand back the very tensor"
         if rec.is_recording and tensor.numel() > 0:
             expected.tensors.append((rec.current_step, label))

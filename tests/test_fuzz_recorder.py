@@ -115,9 +115,9 @@ def test_the_tensor_strategy_covers_what_it_claims(tensor: object) -> None:
 
 # ---- the oracle itself: it must see what it claims to see ------------------------------------------------------------
 def case() -> list[tuple]:
-    return [("start_step", 0, "train"), ("register_tensor", "x", torch.ones(2, 2), "intermediate", None, None),
+    return [("start_step", 0, "train"), ("register_tensor", "x", torch.ones(2, 2), "intermediate", None, None, "auto"),
             ("record_kpi", "loss", 1.5), ("add_note", "hello"), ("finish_step",), ("start_step", 1, "train"),
-            ("register_tensor", "x", torch.ones(2, 2), "intermediate", None, None)]
+            ("register_tensor", "x", torch.ones(2, 2), "intermediate", None, None, "auto")]
 
 
 def test_the_oracle_passes_a_clean_case_and_catches_a_silent_loss(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,5 +137,5 @@ def test_the_oracle_catches_a_crash_and_a_changed_tensor(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(Recorder, "register_tensor", clobber)
     outcome = run_case(case()[:2])
-    assert outcome.crashes == ["register_tensor('x', Tensor, 'intermediate', None, None): RuntimeError: boom",
+    assert outcome.crashes == ["register_tensor('x', Tensor, 'intermediate', None, None, 'auto'): RuntimeError: boom",
                                "register_tensor changed the tensor it was handed"]

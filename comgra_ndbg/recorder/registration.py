@@ -16,7 +16,7 @@ from comgra_ndbg.graph import TensorEdge
 from comgra_ndbg.recorder.grad_hook import on_gradient_at
 from comgra_ndbg.recorder.plan import RegistrationPlan, make_plan, work_tensor
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
-from comgra_ndbg.recorder.validation import check_name, summarizable
+from comgra_ndbg.recorder.validation import check_bounds, check_name, summarizable
 from comgra_ndbg.stats.bounds import saturation_bounds
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.catalog import TensorInfo
@@ -72,6 +72,8 @@ class TensorRegistration:
                 f"give each tensor its own name, or call start_iteration() between forward passes")
         if role not in schema.ROLES:
             raise InvalidArgumentError(f"role of {name!r} must be one of {list(schema.ROLES)}, got {role!r}")
+        if bounds is not None and not (isinstance(bounds, str) and bounds == AUTO):
+            bounds = check_bounds(name, bounds)
         self._step_names.add(name)
         if not (self._summarize or self._snapshot):
             self._names.add(name)

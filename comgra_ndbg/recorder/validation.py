@@ -20,7 +20,7 @@ import torch
 from comgra_ndbg.errors import InvalidArgumentError
 
 __all__ = ["MAX_STEP", "check_name", "check_text", "check_step", "check_int", "check_positive_number",
-           "check_group_path", "check_settings", "summarizable", "check_parameter_groups"]
+           "check_group_path", "check_settings", "summarizable", "check_parameter_groups", "check_bounds"]
 
 MAX_STEP = 2**63 - 1
 """The largest step number the file's int64 tables hold."""
@@ -57,6 +57,29 @@ def check_name(name: object, what: str = "names") -> str:
     if name.isascii() and "\0" not in name:  # the usual name, checked on every step: no message built
         return name
     return check_text(f"name {name[:40]!r}", name)
+
+
+def check_bounds(name: str, bounds: object) -> tuple[float, float]:
+    """``register_tensor``'s explicit ``bounds`` as ``(low, high)`` floats: two finite real numbers, low below
+    high (a tuple or a list). What else reached the catalog failed every later write of the recording.
+
+    >>> check_bounds("act", [0, 1])
+    (0.0, 1.0)
+    >>> check_bounds("act", (1.0, 0.0))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    comgra_ndbg.errors.InvalidArgumentError: bounds of 'act' must be (low, high) with low < high, both finite, ...
+    """
+    pair = tuple(bounds) if isinstance(bounds, (tuple, list)) else None
+    if (pair is None or len(pair) != 2 or not all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                                                  for v in pair)):
+        raise InvalidArgumentError(f"bounds of {name!r} must be a (low, high) pair of numbers, 'auto' or None, got "
+                                   f"{bounds!r:.60}; e.g. bounds=(-1.0, 1.0) for a tanh output")
+    low, high = float(pair[0]), float(pair[1])
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise InvalidArgumentError(f"bounds of {name!r} must be (low, high) with low < high, both finite, got "
+                                   f"{bounds!r:.60}; they are the range the activation's outputs saturate at")
+    return low, high
 
 
 def check_step(step: object) -> int:
