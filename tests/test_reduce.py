@@ -185,6 +185,23 @@ def test_float32_values_whose_squares_overflow_give_exact_float64_sums(device: s
     assert row[FIELD["min"]] == expected[FIELD["min"]] and row[FIELD["max"]] == expected[FIELD["max"]]
 
 
+@pytest.mark.parametrize("scale", [1e-17, 1e-22, 1e-24, 1e-30, 1e-36])
+@pytest.mark.parametrize("size", [2048, 70_000])  # one kernel call; work items shared by a thread team
+def test_float32_values_whose_squares_underflow_give_exact_float64_sums(scale: float, size: int) -> None:
+    """Float32 squares of |x| < 1e-19 fall below the smallest normal float32 (a vanishing gradient's): summed
+    in float32 their Σx² read 0 or lost its digits, and so did rms, std and l2."""
+    x = (scale * torch.randn(size, generator=torch.Generator().manual_seed(3))).to(torch.float32)
+    expected = reference_row(host(x))
+    rows = [summarize(x), summarize(x.view(64, -1) if size % 64 == 0 else x, batched=size % 64 == 0)]
+    reducer = Reducer()
+    reducer.add_many([x, x * 2])
+    rows += list(reducer.collect())
+    for row, factor in zip(rows, (1, 1, 1, 2)):
+        np.testing.assert_allclose(row[FIELD["sum_sq"]], expected[FIELD["sum_sq"]] * factor ** 2, rtol=1e-6)
+        np.testing.assert_allclose(derive_one(row[None], "rms")[0], factor * np.sqrt(np.mean(host(x) ** 2)),
+                                   rtol=1e-6)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_overflowing_values_mixed_with_nan_and_inf(device: str) -> None:
     x = torch.tensor([3e38, 3e38, -3e38, float("nan"), float("inf"), 1.0, 0.0], dtype=torch.float32)

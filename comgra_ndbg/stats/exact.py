@@ -9,7 +9,7 @@ import torch
 
 from comgra_ndbg.stats.fields import FIELD
 
-__all__ = ["cancels", "exact_moments", "exact_spread", "reduce_host", "row_cancels", "work_view"]
+__all__ = ["cancels", "exact_moments", "exact_spread", "reduce_host", "row_cancels", "underflows", "work_view"]
 
 _SPREAD = [FIELD[f] for f in ("spread_count", "spread_sum_sq", "spread_dev_sq")]
 
@@ -81,6 +81,20 @@ def row_cancels(row: np.ndarray) -> bool:
     """``cancels`` for one row, in plain floats (numpy's scalar machinery costs more than the test)."""
     n, s, q = float(row[FIELD["count"]]), float(row[FIELD["sum"]]), float(row[FIELD["sum_sq"]])
     return n > 1 and q > 0 and q - s * s / n < 1e-2 * q
+
+
+def underflows(row: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether squares of the row's elements, taken in ``dtype``, may fall below its smallest normal number
+    by more than 1e-7 of the largest square (what ``kernels`` flag too): the float32 squares of a vanishing
+    gradient of 1e-24 are 0, and its rms read 0.
+
+    >>> from comgra_ndbg.stats.fields import NUM_FIELDS
+    >>> row = np.zeros(NUM_FIELDS); row[FIELD["count"]], row[FIELD["min"]], row[FIELD["max"]] = 100, -1e-20, 2e-20
+    >>> underflows(row, np.dtype(np.float32)), underflows(row, np.dtype(np.float64))
+    (True, False)
+    """
+    peak = max(abs(float(row[FIELD["min"]])), abs(float(row[FIELD["max"]])))
+    return 0 < peak < np.inf and peak * peak < float(row[FIELD["count"]]) * float(np.finfo(dtype).tiny) * 1e7
 
 
 def cancels(rows: np.ndarray, tolerance: float = 1e-2) -> np.ndarray:

@@ -22,6 +22,7 @@ from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN, saturation_thres
 from comgra_ndbg.stats.exact import exact_moments as _exact_moments
 from comgra_ndbg.stats.exact import reduce_host as _reduce_host
 from comgra_ndbg.stats.exact import row_cancels as _row_cancels
+from comgra_ndbg.stats.exact import underflows as _underflows
 from comgra_ndbg.stats.exact import work_view
 from comgra_ndbg.stats.fields import FIELD
 
@@ -47,7 +48,7 @@ def reduce_cpu(flat: torch.Tensor, row: np.ndarray, batch: int, bounds: tuple[fl
     else:
         with np.errstate(all="ignore"):  # float32 overflow is expected here; the exact recompute handles it
             _reduce_host(a, row, batch, bounds, saturation_margin)
-        exact = not np.isfinite(row[CHECKED_COLUMNS]).all()
+        exact = not np.isfinite(row[CHECKED_COLUMNS]).all() or (a.dtype.kind == "f" and _underflows(row, a.dtype))
         if not exact and _row_cancels(row):  # float32 sums cannot resolve the variance: redo them in float64
             wide = a.astype(np.float64)
             row[FIELD["sum"]], row[FIELD["sum_sq"]] = wide.sum(), np.dot(wide, wide)

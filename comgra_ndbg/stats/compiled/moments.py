@@ -24,6 +24,7 @@ _COUNT, _NUM_FIELDS = FIELD["count"], NUM_FIELDS
 _UNITS, _DEAD = FIELD["units"], FIELD["dead_units"]
 _BOUNDED, _SATURATED, _SATURATED_UNITS = FIELD["bounded"], FIELD["saturated"], FIELD["saturated_units"]
 _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
+_TINY32 = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
 @numba.njit(fastmath=True, nogil=True, cache=True)
@@ -134,6 +135,12 @@ def moments(a, start, copy_to, row):  # pragma: no cover - compiled
     row[_MAX] = largest
     row[_MIN] = smallest
     if not (np.isfinite(s) and np.isfinite(q) and np.isfinite(total_abs) and np.isfinite(c)):
+        return True
+    # squares below float32's smallest normal number (|x| < 1e-19: a vanishing gradient) lose their digits or
+    # vanish: recompute when what they could lose, n * tiny, exceeds 1e-7 of the largest square (float64
+    # arrays too, whose squares would not underflow so soon: the recompute gives them the same sums)
+    peak = max(abs(float(largest)), abs(float(smallest)))
+    if peak > 0.0 and peak * peak < n * _TINY32 * 1e7:
         return True
     return n > 1 and q > 0 and q - s * s / n < 1e-2 * q
 
