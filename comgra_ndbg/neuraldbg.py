@@ -222,6 +222,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._parameters = [p for p in self._root.parameters() if p.requires_grad]
         self._parameter_ids = {id(p) for p in self._root.parameters()}
         self._owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (groups, owns)
+        self.recorder.on_parameters_replaced = self._parameters_replaced
         self._own_steps = self._foreign_steps = 0  # optimizer steps in the open step: ours, others'
         self._parameter_names = {node_name(name) for name, _ in self._root.named_parameters()}
         self._root_selected = any(p == "" for p, _ in chosen)
@@ -278,6 +279,18 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
             self._hooks.pin()  # compiled code guards on the hooks: never take them out
         patches.attach(self)
         self.recorder.profile_module(ROOT, self._root)  # after the step hooks: a profiled pass sees its step open
+
+    def _parameters_replaced(self) -> None:
+        """A module of the model got a new parameter object (``module.weight = nn.Parameter(...)``), seen by the
+        recorder at a step's start: the step detection, the light steps and the loop invariants follow the
+        parameters the model holds now (the invariants start over: what they kept was about the old ones)."""
+        self._parameters = [p for p in self._root.parameters() if p.requires_grad]
+        self._parameter_ids = {id(p) for p in self._root.parameters()}
+        self._owners = weakref.WeakKeyDictionary()
+        self._light_probe = self._light_grads = self._probe_last = self._probe_before = None
+        if self._inv:
+            self._inv_close()
+            self._init_invariants(True)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> NeuralDbg:

@@ -57,9 +57,37 @@ class ParameterSteps:
             raise InvalidArgumentError(f"node_prefixes must be a list of non-empty str, got {node_prefixes!r}")
         for prefix in node_prefixes:
             check_name(prefix, "node_prefixes")
-        self._parameters.track(name, module, node_suffix=node_suffix,
-                               on_gradient=self._on_parameter_grad if gradients_in_hook else None,
-                               node_prefixes=tuple(node_prefixes))
+        left_out = self._parameters.track(name, module, node_suffix=node_suffix,
+                                          on_gradient=self._on_parameter_grad if gradients_in_hook else None,
+                                          node_prefixes=tuple(node_prefixes))
+        for full, why in left_out:
+            self._skipped(full, "parameter", why)
+
+    def _resync_parameters(self, step: int) -> None:
+        """Follow the parameters assigned to tracked modules since the last step (``ParameterTracker.resync``),
+        each noted in the log (category ``parameter_replaced``) and warned about once."""
+        if not self._parameters._assigned:  # (the usual step: one attribute read)
+            return
+        try:
+            changed = self._parameters.resync()
+        except Exception as error:  # a recorder problem must not break the training run
+            self._warn("following a replaced parameter", error)
+            return
+        for name, old, new in changed:
+            if old is None:
+                message = (f"parameter {name!r} was added to a tracked module before step {step}; it is not "
+                           f"recorded (the parameters are those the module had when it was tracked: track it "
+                           f"from the start, or start a new recorder)")
+            else:
+                what = (f"a new tensor (shape {tuple(old.shape)} -> {tuple(new.shape)})" if old.shape != new.shape
+                        else "a new tensor")
+                message = (f"parameter {name!r} was assigned {what} before step {step}; it is recorded from the "
+                           f"new tensor from this step on")
+            self._add_log(step, schema.LOG_REPLACED, name, message, {"shape": list(new.shape)})
+            self._note_once(f"replaced {name}", message)
+        self._series_of_parameters.clear()
+        if self.on_parameters_replaced is not None and any(old is not None for _, old, _ in changed):
+            self.on_parameters_replaced()
 
     def _start_parameters(self) -> None:
         tracker = self._parameters

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from comgra_ndbg.recorder.validation import summarizable
 from comgra_ndbg.recorder.step_record import shared
 from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.host import lean_flags
@@ -71,6 +72,10 @@ class ParameterTracker:
     _versions: list[int] | None = None  # each parameter's version counter at ``capture()``
     _step_hooks: list[Any] = field(default_factory=list)
     _watching: bool = False
+    # tracked module -> its path; parameters assigned to one of them since the last ``resync`` (see ``track``)
+    _owners: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    _assigned: list[tuple[str, torch.nn.Parameter]] = field(default_factory=list)
+    _registration: Any = None  # the handle of the global parameter-registration hook
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
     _marked: bool = False  # a hook marked a parameter fresh (or kept its pass's gradient) since the last take
     polled: bool = False  # handed-over gradients are read by ``changed_gradients``, with no hook (module doc)
@@ -82,18 +87,30 @@ class ParameterTracker:
 
     def track(self, name: str, module: torch.nn.Module, *, node_suffix: str = "",
               on_gradient: Callable[[int, torch.Tensor], None] | None = None,
-              node_prefixes: Sequence[str] = ()) -> None:
+              node_prefixes: Sequence[str] = ()) -> list[tuple[str, ValueError]]:
         """Add every parameter of ``module`` as tensor ``name.<path>`` in node ``name.<owning module>`` (plus
         ``node_suffix``), or in node ``prefix`` for the first of ``node_prefixes`` that ``name.<path>``
         starts with. ``on_gradient(tensor id, grad)``, if given, receives each gradient as it is
-        accumulated, and ``take_gradients`` no longer returns it."""
+        accumulated, and ``take_gradients`` no longer returns it. Returns the parameters left out, with why:
+        those without readable values (on the meta device), which would fail every step's passes over the
+        parameters and take the other tensors' rows with them."""
         self.modules.add(name)
+        left_out = []
         for path, sub in module.named_modules():
             own = sum(p.numel() for p in sub.parameters(recurse=False))
             self.catalog.add_module(ModuleInfo(_join(name, path), type(sub).__name__, own))
+            self._owners[sub] = _join(name, path)
+        if self._registration is None:  # a parameter assigned later (a head re-initialised): ``resync``
+            self._registration = torch.nn.modules.module.register_module_parameter_registration_hook(
+                _note_assigned(weakref.ref(self)))
         for path, parameter in module.named_parameters():
             owner = _join(name, path.rpartition(".")[0])
             full = _join(name, path)
+            try:
+                summarizable(parameter)
+            except ValueError as why:
+                left_out.append((full, why))
+                continue
             node = next((prefix for prefix in node_prefixes if full.startswith(prefix)), owner)
             tid = self.catalog.tensor_id(full)
             if tid is None:
@@ -107,6 +124,43 @@ class ParameterTracker:
         self._buffers = None
         self._names = self._params = self._ids = None
         self._holders = weakref.WeakKeyDictionary()
+        return left_out
+
+    def resync(self) -> list[tuple[str, torch.nn.Parameter | None, torch.nn.Parameter]]:
+        """Take the parameters assigned to tracked modules since the last call (``module.weight =
+        nn.Parameter(...)``: a head re-initialised, a layer pruned or resized) in place of the ones they
+        replaced, so that the recording follows the tensors the model uses; returns (name, old, new) of each,
+        old None for a parameter the module did not have when it was tracked, which is not recorded (the
+        step's rows and the tiers keep one row per tracked parameter). Called at the start of a step."""
+        if not self._assigned:
+            return []
+        assigned, self._assigned = self._assigned, []
+        by_name = {t.name: t for t in self.tracked}
+        changed: list[tuple[str, torch.nn.Parameter | None, torch.nn.Parameter]] = []
+        for full, parameter in assigned:
+            entry = by_name.get(full)
+            if entry is None:
+                changed.append((full, None, parameter))
+                continue
+            if entry.parameter is parameter:
+                continue
+            try:
+                summarizable(parameter)
+            except ValueError:
+                continue  # (moved to the meta device: the old tensor's rows stay the last)
+            changed.append((full, entry.parameter, parameter))
+            entry.parameter = parameter
+            entry.fresh, entry.incoming, entry.handed, entry.seen = False, None, None, None
+        if any(old is not None for _, old, _ in changed):
+            self._buffers = self._scratch = None
+            self._layout = self._layout_key = None
+            self._captured = False
+            self._names = self._params = self._ids = None
+            self._holders = weakref.WeakKeyDictionary()
+            if self._watching:
+                self.unwatch()
+                self.watch()
+        return changed
 
     def watch(self) -> None:
         """Mark parameters that receive a gradient from now until ``unwatch()`` as fresh, and hand over the
@@ -329,6 +383,10 @@ class ParameterTracker:
     def close(self) -> None:
         """Remove every hook this tracker added and drop the parameter references."""
         self.unwatch()
+        if self._registration is not None:
+            self._registration.remove()
+            self._registration = None
+        self._assigned.clear()
         self.tracked.clear()
         self._buffers = self._scratch = None
         self._names = self._params = self._ids = None
@@ -370,6 +428,19 @@ def optimizer_holds(optimizer: Any, ids: Callable[[], set[int]], cache: weakref.
         cached = (key, any(id(p) in wanted for group in optimizer.param_groups for p in group["params"]))
         cache[optimizer] = cached
     return cached[1]
+
+
+def _note_assigned(tracker: Callable[[], ParameterTracker | None]) -> Callable[..., None]:
+    """The global parameter-registration hook of a tracker (held weakly): notes a parameter assigned to a
+    module it tracks, for ``resync`` at the next step; changes nothing."""
+    def hook(module: torch.nn.Module, name: str, parameter: torch.nn.Parameter | None) -> None:
+        owner = tracker()
+        if owner is None or parameter is None:
+            return
+        path = owner._owners.get(module)
+        if path is not None:
+            owner._assigned.append((_join(path, name), parameter))
+    return hook
 
 
 def _layout_key(params: list[torch.nn.Parameter]) -> tuple[list, ...]:

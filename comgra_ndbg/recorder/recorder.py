@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -200,6 +200,9 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._grads = Reducer(saturation_margin)
         self._updates = Reducer(saturation_margin)
         self._parameters = ParameterTracker(self.catalog)
+        self.on_parameters_replaced: Callable[[], None] | None = None
+        """Called at a step's start after a tracked module got a new parameter object (``NeuralDbg``'s own
+        lists of the model's parameters follow it)."""
         self._structure = StructureTracker(self.catalog)
         self._seen_steps: set[int] = set()
         self._replayed = False  # the open step was recorded before the trial was continued (mode="a")

@@ -69,6 +69,7 @@ class SentinelSteps:
         the parameters' gradient hooks of the last recorded step come off."""
         self._sentinel_step = step
         self._tier_stepped = 0
+        self._resync_parameters(step)
         self._parameters.unwatch()
         self._parameters.release()
 

@@ -133,6 +133,7 @@ class StepCycle:
         if step_type is not None:
             self._last_step_type = step_type
         self._token += 1
+        self._resync_parameters(step)
         self._summary_decision = self.summary_policy.decide(step, step_type)
         self._snapshot_decision = self.snapshot_policy.decide(step, step_type)
         if self._snapshot_decision.record and self._budget is not None and not self._budget.admit():

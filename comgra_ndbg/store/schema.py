@@ -176,7 +176,8 @@ PROBLEM_CATEGORIES = (PROBLEM_SKIPPED_TENSOR, PROBLEM_DROPPED_ROWS, PROBLEM_STOR
 LOG_RESUMED = "resumed"  # not a problem: the trial was continued by a new writer (mode="a")
 LOG_INVARIANT = "invariant"  # not a problem: a loop invariant NeuralDbg saw broken (detail: invariant, severity)
 LOG_BUDGET = "budget"  # not a problem: what the byte budget skipped, shrank or dropped of the snapshots
-LOG_CATEGORIES = PROBLEM_CATEGORIES + (LOG_RESUMED, LOG_INVARIANT, LOG_BUDGET)
+LOG_REPLACED = "parameter_replaced"  # not a problem: a tracked module got a new parameter object (recorded from here)
+LOG_CATEGORIES = PROBLEM_CATEGORIES + (LOG_RESUMED, LOG_INVARIANT, LOG_BUDGET, LOG_REPLACED)
 
 # ---- modules tracked with track_module (cumulative) ------------------------------------------------------
 MODULE_PATH = "modules/path"  # utf-8, e.g. "model.encoder.0"
