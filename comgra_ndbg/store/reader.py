@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from comgra_ndbg.errors import InvalidArgumentError, RecordingFormatError, RecordingNotFoundError, UnknownSeriesError
+from comgra_ndbg.errors import (InvalidArgumentError, RecorderStateError, RecordingFormatError, RecordingNotFoundError,
+                                UnknownSeriesError)
 from comgra_ndbg.graph import graph_from_dict
 from comgra_ndbg.graph.modules import ModuleInfo as ModuleTreeEntry
 from comgra_ndbg.graph.modules import module_tree
@@ -126,9 +127,23 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
         self.group = group
         self.skip_damage = damaged == "skip"
         self.damage: list[Damage] = []  # with damaged="skip": every finding read around so far
-        self._views: dict[Path, FileView] = {}
+        self._closed = False
+        self._open_views: dict[Path, FileView] = {}
         self._catalog: Catalog | None = None
         self.refresh()
+
+    @property
+    def _views(self) -> dict[Path, FileView]:
+        """The open files; after ``close()`` a typed error (reading them there returned no data, silently)."""
+        if self._closed:
+            raise RecorderStateError(f"the recording of trial {self.trial!r} at {self.location} was closed (its "
+                                     f"'with open_recording(...)' block ended, or close() was called); read it "
+                                     f"inside the block, or open it again with open_recording(...)")
+        return self._open_views
+
+    @_views.setter
+    def _views(self, views: dict[Path, FileView]) -> None:
+        self._open_views = views
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -170,9 +185,11 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
         return record
 
     def close(self) -> None:
-        for view in self._views.values():
+        """Close the files; later reads of data raise ``RecorderStateError``. Idempotent."""
+        for view in self._open_views.values():
             view.close()
-        self._views.clear()
+        self._open_views.clear()
+        self._closed = True
 
     def __enter__(self) -> Recording:
         return self
@@ -419,6 +436,8 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
         return read_results(self.location, num_steps=len(self.steps))
 
     def __repr__(self) -> str:
+        if self._closed:
+            return f"Recording(trial={self.trial!r}, closed)"
         return (f"Recording(trial={self.trial!r}, " + (f"rank={self.rank}, " if self.ranks else "") + f"steps={len(self.steps)}, nodes={len(self.nodes)}, "
                 f"files={len(self._views)}, complete={self.is_complete}"
                 + (f", damage={len(self.damage)}" if self.damage else "") + ")")
