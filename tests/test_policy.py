@@ -463,7 +463,8 @@ REPRS = [
     (EveryK(10, offset=3), "EveryK(10, offset=3)"),
     (PerTypeBackoff(10), "PerTypeBackoff(10)"),
     (PerTypeBackoff(10, factor=1.5, first=False), "PerTypeBackoff(10, factor=1.5, first=False)"),
-    (StepList(range(100)), "StepList(<100 steps: 0, 1, 2, 3, 4, ..., 99>)"),
+    (StepList(list(range(100))), "StepList(<100 steps: 0, 1, 2, 3, 4, ..., 99>)"),
+    (StepList(range(100)), "StepList(range(0, 100))"),
     (Predicate(_named_predicate), "Predicate(_named_predicate)"),
     (Predicate(_named_predicate, "loss spike"), "Predicate(_named_predicate, 'loss spike')"),
 ]

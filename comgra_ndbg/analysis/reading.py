@@ -3,7 +3,7 @@
 | root event | type | origin |
 |---|---|---|
 | parameter edited outside the optimizer, harm in the signal it feeds | what the harm is (dead units, saturation, exploding, vanishing) | the parameter's node |
-| non-finite input | nonfinite_data | data |
+| non-finite input (from the first step too) | nonfinite_data | data |
 | non-finite loss, or non-finite gradients first at the loss's end of the backward pass | nonfinite_loss | loss |
 | non-finite elsewhere | exploding | node |
 | value scale jump / drop; dead or saturated units in the same signal at once | exploding / vanishing (dead_units / saturation) | node |
@@ -74,6 +74,8 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
     if root.to_state == "frozen":
         return Reading("update_stagnation", "optimizer" if root.node == OPTIMIZER else "node",
                        "" if root.node == OPTIMIZER else root.node)
+    if root.family == "nonfinite" and _role(series, root.node) == "input":  # from the first step or not: the data
+        return Reading("nonfinite_data", "data", root.node)
     if root.at_start:
         if root.node == OPTIMIZER:
             return Reading("optimizer_divergence", "optimizer", "")

@@ -35,7 +35,7 @@ saturation bounds, under the same tensor names (:func:`output_names`, :func:`inp
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from fnmatch import fnmatchcase
@@ -108,6 +108,12 @@ def select_modules(root: nn.Module, patterns: Sequence[ModulePattern] | None) ->
         return [(path, module) for path, module in named if next(module.children(), None) is None]
     if isinstance(patterns, (str, type)):
         patterns = [patterns]
+    if isinstance(patterns, nn.Module) or not isinstance(patterns, Iterable):
+        raise InvalidArgumentError(f"modules= takes path patterns (str, e.g. 'blocks.*') or nn.Module classes, or a "
+                                   f"list of them, got {type(patterns).__name__} {patterns!r:.60}"
+                                   + ("; for a module, pass its path or its class" if isinstance(patterns, nn.Module)
+                                      else ""))
+    patterns = list(patterns)
     for pattern in patterns:
         if not (isinstance(pattern, str) or (isinstance(pattern, type) and issubclass(pattern, nn.Module))):
             raise InvalidArgumentError(f"modules= takes path patterns (str, e.g. 'blocks.*') or nn.Module classes, "

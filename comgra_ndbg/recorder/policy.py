@@ -297,6 +297,11 @@ def as_policy(spec: PolicySpec, *, name: str = "policy") -> Policy:
         return Predicate(spec)
     if isinstance(spec, Mapping) or not isinstance(spec, Iterable):
         raise PolicyError(f"{name}={spec!r} is a {type(spec).__name__}; {_ACCEPTED}")
+    if isinstance(spec, range):  # kept as a range: a list of every step of a long run costs seconds and GiB
+        if spec and min(spec[0], spec[-1]) < 0:
+            raise PolicyError(f"{name}={spec!r} holds negative steps; a step list holds ints >= 0, e.g. "
+                              f"{name}=range(0, 1000, 50)")
+        return StepList(spec)
     steps = list(spec)
     for step in steps:
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:

@@ -228,13 +228,16 @@ class FirstN(Policy):
 
 
 class StepList(Policy):
-    """Records an explicit collection of steps (held as a frozenset).
+    """Records an explicit collection of steps (held as a frozenset; a ``range`` is kept as the range, which
+    answers membership at once however many steps it spans).
 
     >>> p = StepList([0, 5, 100])
     >>> p.decide(5, "train"), p.could_record(6)
     (Decision(record=True, reason='step list', rule='steps'), False)
     >>> StepList(range(0, 50, 10))
     StepList([0, 10, 20, 30, 40])
+    >>> StepList(range(0, 10**12, 200)).could_record(10**11)
+    True
     """
 
     __slots__ = ("steps", "_yes", "_no")
@@ -245,10 +248,17 @@ class StepList(Policy):
                 f"StepList needs a collection of step numbers, got {steps!r} ({type(steps).__name__}); "
                 f"pass e.g. StepList([0, 10, 500])"
             )
-        self.steps = frozenset(
-            check_int(step, "every step of StepList", 0, "pass step numbers, e.g. StepList([0, 10, 500])")
-            for step in steps
-        )
+        if isinstance(steps, range):
+            steps = steps[::-1] if steps.step < 0 else steps
+            if steps and steps[0] < 0:
+                raise PolicyError(f"StepList's steps are step numbers >= 0, got {steps!r}; pass e.g. "
+                                  f"range(0, 1000, 50)")
+            self.steps: frozenset[int] | range = steps
+        else:
+            self.steps = frozenset(
+                check_int(step, "every step of StepList", 0, "pass step numbers, e.g. StepList([0, 10, 500])")
+                for step in steps
+            )
         self._yes = Decision(True, "step list", "steps")
         self._no = Decision(False, "not in step list", "steps")
 
@@ -259,6 +269,8 @@ class StepList(Policy):
         return step in self.steps
 
     def __repr__(self) -> str:
+        if isinstance(self.steps, range) and len(self.steps) > 10:
+            return f"StepList({self.steps!r})"
         ordered = sorted(self.steps)
         if len(ordered) <= 10:
             return f"StepList({ordered})"
