@@ -10,7 +10,8 @@ dead          activation_regime, representation         dead_units, saturation, 
 optimizer     optimizer_stability                       optimizer_divergence, optimizer_instability,
                                                         update_stagnation, precision
 anomalies     nonfinite, parameter_edit, loop_invariant nonfinite_loss, nonfinite_data, data_shift,
-                                                        loss_spike and the training-loop mistakes
+                                                        target_shift, loss_spike and the training-loop
+                                                        mistakes
 ============  ========================================  ==============================================
 
 A hypothesis of type ``unclear`` belongs to every family of its ``alternatives``.
@@ -66,7 +67,8 @@ EVENT_FAMILIES = {"gradients": ("gradient_health", "path_balance"),
                   "optimizer": ("optimizer_stability",)}
 HYPOTHESIS_TYPES = {"gradients": ("vanishing", "exploding", "imbalanced_learning", "gradient_ratio"),
                     "dead": ("dead_units", "saturation", "mode_collapse", "output_range"),
-                    "anomalies": ("nonfinite_loss", "nonfinite_data", "data_shift", "loss_spike", "stale_gradients",
+                    "anomalies": ("nonfinite_loss", "nonfinite_data", "data_shift", "target_shift", "loss_spike",
+                                  "stale_gradients",
                                   "wrong_mode", "batch_statistics", "unused_parameters", "repeated_batch",
                                   "unnormalised_input", "constant_target", "frozen_trains", "wrong_dtype",
                                   "partial_ddp", "rank_desync", "rank_divergence", "rank_stalled", "memory_leak",

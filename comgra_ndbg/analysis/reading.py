@@ -20,6 +20,7 @@
 | a sudden lasting jump of the loss that sets parallel paths apart | imbalanced_learning | loss |
 | one parameter's update jump | optimizer_instability | node |
 | transient loss spike | loss_spike | data |
+| a sudden lasting jump of the loss with the parameters and inputs as the step before had them | target_shift | data (the targets) |
 | loss divergence with no other root | optimizer_divergence | optimizer |
 | the prediction cannot reach its targets, one side squashed on its path | output_range | the squashing node |
 | faults present from the first step | as above | architecture (optimizer for update sizes) |
@@ -39,11 +40,15 @@ from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER, initial_loss
 from comgra_ndbg.analysis.series import RunSeries
+from comgra_ndbg.analysis.shift import log_level
 from comgra_ndbg.analysis.structure import consumers, signal_chain
 
 __all__ = ["Reading", "interpret", "LOSS_NODE"]
 
 LOSS_NODE = "loss"
+STEP_CHANGE_FACTOR = 10.0
+"""How many times its usual step-to-step move a parameter node's norm may move into a step whose loss jumped,
+for the jump to be read as the targets' (``_model_as_before``)."""
 _REGIME_TYPE = {"dead": "dead_units", "saturated": "saturation"}
 _START_TYPE = {"activation_regime:dead": "dead_units", "activation_regime:saturated": "saturation",
                "gradient_health:vanishing": "vanishing", "gradient_health:exploding": "exploding",
@@ -102,6 +107,8 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
         imbalance = [e for e in events if e.family == "path_balance" and 0 <= e.onset - root.onset <= t.same_time]
         if imbalance:  # the loss itself changed at once (a term's weight) and set the paths apart
             return Reading("imbalanced_learning", "loss", _loss_node(series), (imbalance[0],))
+    if root.to_state == "diverging" and root.sudden and _model_as_before(series, root.onset, t):
+        return Reading("target_shift", "data", _target_node(series) or _loss_node(series))
     if root.node == OPTIMIZER or root.to_state == "diverging":
         return Reading(_optimizer_type(root, events, series, t), "optimizer", "")
     if root.to_state == "spike":
@@ -178,6 +185,38 @@ def _optimizer_type(root: Event, events: Sequence[Event], series: RunSeries, t: 
                 and np.nanmedian(settled) >= t.divergence_floor * initial):
             return "optimizer_divergence"  # the model is now worse than it was untrained
     return "optimizer_instability"
+
+
+def _model_as_before(series: RunSeries, onset: int, t: Thresholds) -> bool:
+    """Whether the step before ``onset`` left every parameter node and every input as the steps before it did:
+    their norm moved from the previous step by no more than ``STEP_CHANGE_FACTOR`` × the median of such moves
+    over the ``window`` steps before (and an input's rms by less than a decade). The loss of step ``onset``
+    is computed before that step's update, so a loss that jumps at once there, with the model's parameters and
+    inputs as they were, was changed by what it compares them with: the targets, or the loss itself. A
+    learning rate that jumped shows in the parameters' move into ``onset``, an edit or an unnormalised batch
+    as well. False where the parameters' values are not recorded at ``onset`` and the step before."""
+    i = int(np.searchsorted(series.steps, onset))
+    if i < 2 or i >= len(series.steps) or series.steps[i] != onset or series.steps[i - 1] != onset - 1:
+        return False
+    checked = 0
+    for node in series.nodes:
+        if not node.has("value") or not (node.is_parameter or node.role == "input"):
+            continue
+        level = log_level(node.stats["value"]["l2" if node.is_parameter else "rms"])[:i + 1]
+        moves = np.abs(np.diff(level))
+        now, before = moves[-1], moves[max(0, len(moves) - 1 - t.window):-1]
+        before = before[np.isfinite(before)]
+        if not np.isfinite(now) or len(before) < t.min_history:
+            return False
+        limit = 1.0 if node.role == "input" else STEP_CHANGE_FACTOR * float(np.median(before))
+        if now > max(limit, float(np.median(before))):
+            return False
+        checked += node.is_parameter
+    return checked > 0
+
+
+def _target_node(series: RunSeries) -> str:
+    return next((n.name for n in series.nodes if n.role == "target"), "")
 
 
 def _role(series: RunSeries, name: str) -> str:

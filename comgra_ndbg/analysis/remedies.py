@@ -142,6 +142,10 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     if kind == "nonfinite_data":
         return (f"the input of step {onset} holds NaN or Inf: check the data pipeline (a normalisation dividing by "
                 f"a zero standard deviation, a corrupt sample) and assert torch.isfinite(x).all() on each batch")
+    if kind == "target_shift":
+        return (f"the loss jumped at step {onset} before the model or its inputs had changed: check the targets "
+                f"of the batches from step {onset} on (labels remapped, shuffled or paired with the wrong inputs) "
+                f"and any change to the loss then (a weight, a reduction, a term)")
     if kind == "data_shift":
         return (f"the input's scale changed at step {onset}: check the preprocessing of the batches from then on "
                 f"(a normalisation dropped, pixels in 0-255 instead of 0-1)")

@@ -26,6 +26,7 @@ TYPE_TEXT = {
     "nonfinite_loss": "A non-finite loss",
     "nonfinite_data": "Non-finite input data",
     "data_shift": "A shift of the input data",
+    "target_shift": "A change of the targets or the loss",
     "loss_spike": "A transient loss spike",
     "update_stagnation": "Update stagnation",
     "mode_collapse": "Mode collapse",
@@ -63,11 +64,14 @@ def sentence(reading: Reading, root: Event, chain: CausalChain, confidence: floa
     'blocks.3.pre' rose 1.6 decades against its recent history and 'blocks.3.out' went dead (confidence
     0.93)."."""
     where = {"optimizer": "the optimizer", "loss": f"the loss ('{reading.node}')" if reading.node else "the loss",
-             "data": f"the input data ('{reading.node}')" if reading.node else "the input data",
+             "data": (f"the targets ('{reading.node}')" if reading.type == "target_shift" else
+                      f"the input data ('{reading.node}')") if reading.node else "the input data",
              "architecture": f"the architecture or initialisation (first seen in '{reading.node}')"}.get(
         reading.origin, f"'{reading.node}'")
     onset = "from the first step" if root.at_start else f"at step {root.onset}"
     because = describe(root)
+    if reading.type == "target_shift":
+        because += " at once, while the parameters and inputs were as the steps before left them"
     if reading.refined_by:
         regime = reading.refined_by[0]
         because += f" and '{regime.node}' went {regime.to_state}" if regime.node != root.node else ""
