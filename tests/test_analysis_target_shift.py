@@ -1,16 +1,20 @@
 """A loss that jumps at once while the model and its inputs are as the step before left them was changed by
 what it compares them with: the targets (or the loss). Real runs under ``NeuralDbg``'s defaults: class ids
 remapped from step 150 on had been read as "optimizer divergence" at confidence 0.99, with the advice to lower
-a learning rate that never changed; a learning rate raised at the same step stays the optimizer's."""
+a learning rate that never changed; a lasting jump short of 100× (labels shuffled on a task the model had not
+learnt as well) went unreported; a learning rate raised at the same step stays the optimizer's."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from comgra_ndbg import NeuralDbg
 from comgra_ndbg.analysis.api import analyze
+from comgra_ndbg.analysis.optimizer_stability import loss_events
+from comgra_ndbg.analysis.series import build_series
 
 STEPS, T0 = 230, 150
 
@@ -32,6 +36,8 @@ def _run(folder: Path, fault: str) -> list:
             x, y = inputs[batch], labels[batch]
             if step >= T0 and fault == "labels":
                 y = remap[y]
+            if step >= T0 and fault == "shuffled":
+                y = y[torch.randperm(len(y), generator=g)]
             if step == T0 and fault == "lr":
                 optimizer.param_groups[0]["lr"] = 0.5
             optimizer.zero_grad()
@@ -45,6 +51,26 @@ def test_labels_remapped_mid_run_are_read_as_a_change_of_the_targets(tmp_path: P
     assert (top.type, top.origin, top.onset) == ("target_shift", "data", T0)
     assert "check the targets" in top.remedy and "learning rate" not in top.remedy
     assert "while the parameters and inputs were as the steps before left them" in top.sentence
+
+
+def test_labels_shuffled_mid_run_are_read_as_a_change_of_the_targets(tmp_path: Path) -> None:
+    top = _run(tmp_path, "shuffled")[0]
+    assert (top.type, top.origin, top.onset) == ("target_shift", "data", T0)
+
+
+def test_a_lasting_loss_jump_is_an_event_and_a_recovered_spike_or_a_slow_rise_is_not() -> None:
+    steps = np.arange(200)
+    noise = 1 + 0.1 * np.sin(steps)
+    base = np.r_[np.linspace(2.0, 0.1, 60), np.full(140, 0.1)] * noise
+    lasting, spike, slow = base.copy(), base.copy(), base.copy()
+    lasting[150:] *= 20
+    spike[150:153] *= 20
+    slow[100:] *= np.linspace(1, 20, 100)
+    states = {}
+    for name, loss in (("lasting", lasting), ("spike", spike), ("slow", slow)):
+        series = build_series({}, roles={}, kpis={"loss": (steps, loss)})
+        states[name] = [(e.to_state, e.onset) for e in loss_events(series, settle=50)]
+    assert states == {"lasting": [("jumped", 150)], "spike": [("spike", 150)], "slow": []}
 
 
 def test_a_learning_rate_raised_mid_run_is_still_the_optimizers(tmp_path: Path) -> None:

@@ -12,7 +12,10 @@
   ``spike_floor`` × the loss of the untrained model (a trained model that does worse on one batch than it
   did before training saw something it should not; a noisy batch of a model at a loss of 1e-5 did not);
   *diverging*: above ``divergence_factor`` × for ``persist`` steps, and by at least ``harm_fraction`` of the
-  untrained model's loss (a loss of 1e-7 rising to 1e-5 is noise, not divergence).
+  untrained model's loss (a loss of 1e-7 rising to 1e-5 is noise, not divergence); *jumped*: above
+  ``spike_factor`` × at once and above ``spike_recovery_factor`` × for the ``window`` steps after, their
+  median higher by at least ``harm_fraction`` of the untrained model's loss (a lasting jump short of
+  divergence: labels shuffled from one step on, the model still learning what it can).
 
 >>> import numpy as np
 >>> from comgra_ndbg.analysis.series import build_series
@@ -173,6 +176,14 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
             out.append(Event(FAMILY, "loss", "kpi", "stable", "diverging", int(steps[start]), int(steps[n - 1]),
                              magnitude, strength(np.log10(magnitude), np.log10(t.divergence_factor)), (evidence,),
                              sudden=at_once))
+            break
+        stay = loss[i:i + t.window]
+        if (len(stay) == t.window and np.isfinite(stay).all() and (stay >= t.spike_recovery_factor * b).all()
+                and np.median(stay) >= floor):
+            magnitude = float(np.median(stay) / b)
+            out.append(Event(FAMILY, "loss", "kpi", "stable", "jumped", int(steps[i]), int(steps[i + t.window - 1]),
+                             magnitude, strength(np.log10(magnitude), np.log10(t.spike_factor)), (evidence,),
+                             sudden=True))
             break
         i += 1
     return out

@@ -21,7 +21,7 @@
 | one parameter's update jump | optimizer_instability | node |
 | transient loss spike | loss_spike | data |
 | a sudden lasting jump of the loss with the parameters and inputs as the step before had them | target_shift | data (the targets) |
-| loss divergence with no other root | optimizer_divergence | optimizer |
+| loss divergence (or a lasting jump) with no other root | optimizer_divergence (optimizer_instability) | optimizer |
 | the prediction cannot reach its targets, one side squashed on its path | output_range | the squashing node |
 | faults present from the first step | as above | architecture (optimizer for update sizes) |
 
@@ -107,9 +107,9 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
         imbalance = [e for e in events if e.family == "path_balance" and 0 <= e.onset - root.onset <= t.same_time]
         if imbalance:  # the loss itself changed at once (a term's weight) and set the paths apart
             return Reading("imbalanced_learning", "loss", _loss_node(series), (imbalance[0],))
-    if root.to_state == "diverging" and root.sudden and _model_as_before(series, root.onset, t):
+    if root.to_state in ("diverging", "jumped") and root.sudden and _model_as_before(series, root.onset, t):
         return Reading("target_shift", "data", _target_node(series) or _loss_node(series))
-    if root.node == OPTIMIZER or root.to_state == "diverging":
+    if root.node == OPTIMIZER or root.to_state in ("diverging", "jumped"):
         return Reading(_optimizer_type(root, events, series, t), "optimizer", "")
     if root.to_state == "spike":
         return Reading("loss_spike", "data", _input_node(series))

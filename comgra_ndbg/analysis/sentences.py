@@ -71,7 +71,7 @@ def sentence(reading: Reading, root: Event, chain: CausalChain, confidence: floa
     onset = "from the first step" if root.at_start else f"at step {root.onset}"
     because = describe(root)
     if reading.type == "target_shift":
-        because += " at once, while the parameters and inputs were as the steps before left them"
+        because += ", while the parameters and inputs were as the steps before left them"
     if reading.refined_by:
         regime = reading.refined_by[0]
         because += f" and '{regime.node}' went {regime.to_state}" if regime.node != root.node else ""
@@ -129,6 +129,8 @@ def describe(e: Event) -> str:
         return f"after the loss jumped {e.magnitude:.0f}× its recent median and recovered"
     if e.to_state == "diverging":
         return _diverging(e)
+    if e.to_state == "jumped":
+        return f"after the loss jumped to {_times(e.magnitude)} its recent median at once and stayed there"
     what = {"value": "value rms", "grad": "gradient (relative to the output's)",
             "update": "update/weight ratio"}.get(e.kind, e.kind)
     direction = "rose" if e.to_state in ("exploding", "unstable") else "fell"
