@@ -5,7 +5,8 @@
 ============  ========================================  ==============================================
 family        event families                            hypothesis types
 ============  ========================================  ==============================================
-gradients     gradient_health, path_balance             vanishing, exploding, imbalanced_learning
+gradients     gradient_health, path_balance             vanishing, exploding, imbalanced_learning,
+                                                        gradient_scaling
 dead          activation_regime, representation         dead_units, saturation, mode_collapse
 optimizer     optimizer_stability                       optimizer_divergence, optimizer_instability,
                                                         update_stagnation, precision
@@ -65,7 +66,7 @@ EVENT_FAMILIES = {"gradients": ("gradient_health", "path_balance"),
                   "anomalies": ("nonfinite", "parameter_edit", "loop_invariant", "reference_invariant",
                                 "rank_consistency", "memory"),
                   "optimizer": ("optimizer_stability",)}
-HYPOTHESIS_TYPES = {"gradients": ("vanishing", "exploding", "imbalanced_learning", "gradient_ratio"),
+HYPOTHESIS_TYPES = {"gradients": ("vanishing", "exploding", "imbalanced_learning", "gradient_ratio", "gradient_scaling"),
                     "dead": ("dead_units", "saturation", "mode_collapse", "output_range"),
                     "anomalies": ("nonfinite_loss", "nonfinite_data", "data_shift", "target_shift", "loss_spike",
                                   "stale_gradients",

@@ -26,7 +26,7 @@ from comgra_ndbg.analysis.collapse import collapse_events
 from comgra_ndbg.analysis.causal import coupled_failures, link_events
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Diagnosis, Event, diagnosis_from_dict, to_dict
-from comgra_ndbg.analysis.gradient_health import gradient_events
+from comgra_ndbg.analysis.gradient_health import gradient_events, scaled_after_backward
 from comgra_ndbg.analysis.hypotheses import rank_hypotheses
 from comgra_ndbg.analysis.invariants import loop_diagnosis, merge_hypotheses
 from comgra_ndbg.analysis.loading import load_run_facts, load_series
@@ -63,6 +63,7 @@ def detect_events(series: RunSeries, thresholds: Thresholds = Thresholds()) -> l
     events += stagnation_events(series, thresholds, stop=stop)
     events += balance_events(series, thresholds, stop=stop, settle=settle)
     events += output_range_events(series, thresholds, stop=stop)
+    events = scaled_after_backward(series, events, thresholds)
     events += abrupt_events(series, events, thresholds, stop=stop)
     return sorted(events, key=lambda e: phase_key(e, series))
 

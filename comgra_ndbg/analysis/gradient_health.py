@@ -10,6 +10,12 @@ behind it moves. Two rules:
 - absolute, from step 0: the median ratio over the first ``start_steps`` is beyond
   ``start_gradient_decades`` (an architecture or initialisation that cannot carry gradients).
 
+Sudden shifts of the same size, in the same step and direction, in most parameter nodes while no module
+output's gradient moved are one event of the node ``optimizer``: the backward pass delivered the gradients
+it always did, and something between it and the optimizer's step scaled every parameter's gradient alike
+(``clip_grad_norm_`` with a tiny ``max_norm``, a ``.grad`` multiplied by hand). Read one by one they were
+each a vanishing (or exploding) layer.
+
 >>> import numpy as np
 >>> from comgra_ndbg.analysis.series import build_series
 >>> from comgra_ndbg.store.schema import FIELD, identity_row
@@ -33,10 +39,11 @@ import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event, Evidence
+from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER
 from comgra_ndbg.analysis.series import NodeSeries, RunSeries
 from comgra_ndbg.analysis.shift import Shift, level_shifts, log_level, strength
 
-__all__ = ["gradient_events", "reference_node", "normalized_gradient", "FAMILY"]
+__all__ = ["gradient_events", "reference_node", "normalized_gradient", "scaled_after_backward", "FAMILY"]
 
 FAMILY = "gradient_health"
 
@@ -84,6 +91,41 @@ def gradient_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
                                 int(series.steps[s.end]), s.peak, strength(s.peak, enter), (evidence,),
                                 sudden=_sudden(s, x, own, t.sudden_fraction * enter, series.step_types)))
     return events
+
+
+UNIFORM_DECADES = 0.5
+"""How far apart (decades) the parameter nodes' shifts may be to count as one scaling of every gradient."""
+
+
+def scaled_after_backward(series: RunSeries, events: list[Event], t: Thresholds = Thresholds()) -> list[Event]:
+    """``events`` (of every family) with each group of sudden, same-sized, same-step gradient shifts in at
+    least ``optimizer_share`` of the parameter nodes (two at least) replaced by one event of the node
+    ``optimizer`` (module docstring) — when no event of another node (an input, a module output's value or
+    gradient) lies within ``same_time`` steps: a parameter's gradient is its module's input times its output's
+    gradient, so a change in the forward pass moves the parameters' gradients alone as well."""
+    parameters = {n.name for n in series.parameters if n.has("grad")}
+    if len(parameters) < 2:
+        return events
+    out, used = list(events), set()
+    for first in events:
+        if first.key in used or first.node not in parameters or not first.sudden or first.at_start:
+            continue
+        if first.family != FAMILY:
+            continue
+        group = [e for e in events if e.family == FAMILY and e.node in parameters and e.sudden and not e.at_start
+                 and e.key not in used and e.onset == first.onset and e.to_state == first.to_state]
+        sizes = [e.magnitude for e in group]
+        others = [e for e in events if e.node not in parameters and abs(e.onset - first.onset) <= t.same_time]
+        if (len(group) < max(2, t.optimizer_share * len(parameters)) or max(sizes) - min(sizes) > UNIFORM_DECADES
+                or others):
+            continue
+        used.update(e.key for e in group)
+        magnitude = float(np.median(sizes))
+        out = [e for e in out if e.key not in used]
+        out.append(Event(FAMILY, OPTIMIZER, "grad", "healthy", first.to_state, first.onset, max(e.end for e in group),
+                         magnitude, strength(magnitude, _entry(t, 1 if first.to_state == "exploding" else -1)),
+                         tuple(e.evidence[0] for e in group[:4]), sudden=True))
+    return out
 
 
 def _sudden(shift: Shift, ratio: np.ndarray, own: np.ndarray, least: float, types: np.ndarray | None) -> bool:

@@ -13,6 +13,7 @@
 | … beginning with a sudden gradient jump inside the path that moved | exploding / vanishing | the jumping node |
 | dead / saturated units | dead_units / saturation | node |
 | gradient-ratio shift with no forward cause | exploding / vanishing | node |
+| the same sudden gradient shift in most parameter nodes at once, no module output's gradient moving | gradient_scaling | optimizer |
 | a parameter frozen while the rest trains (or never moving though it gets gradients) | update_stagnation | node |
 | the whole model frozen at once | update_stagnation | optimizer |
 | update jumps in most parameters at once | optimizer_divergence (non-finite, ≥ 100×, or settling at 2× the untrained model's loss) / optimizer_instability | optimizer |
@@ -98,6 +99,8 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
             return Reading(_REGIME_TYPE[regime.to_state], "node", root.node, (regime,))
         return Reading(root.to_state, "node", root.node)
     if root.family == "gradient_health":
+        if root.node == OPTIMIZER:  # every parameter's gradient scaled alike after the backward pass
+            return Reading("gradient_scaling", "optimizer", "")
         return Reading(root.to_state, "node", root.node)
     if root.family == "path_balance":
         return _balance_reading(root, events, series, t)

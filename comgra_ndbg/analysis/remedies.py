@@ -142,6 +142,12 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     if kind == "nonfinite_data":
         return (f"the input of step {onset} holds NaN or Inf: check the data pipeline (a normalisation dividing by "
                 f"a zero standard deviation, a corrupt sample) and assert torch.isfinite(x).all() on each batch")
+    if kind == "gradient_scaling":
+        direction = "shrank" if root.to_state == "vanishing" else "grew"
+        return (f"every parameter's gradient {direction} about {10 ** root.magnitude:.2g}× at step {onset} while the "
+                f"gradients of the module outputs did not: check what runs between loss.backward() and "
+                f"optimizer.step() from then on (clip_grad_norm_'s max_norm, a GradScaler's unscale, .grad changed "
+                f"by hand)")
     if kind == "target_shift":
         return (f"the loss jumped at step {onset} before the model or its inputs had changed: check the targets "
                 f"of the batches from step {onset} on (labels remapped, shuffled or paired with the wrong inputs) "

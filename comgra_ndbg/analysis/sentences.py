@@ -27,6 +27,7 @@ TYPE_TEXT = {
     "nonfinite_data": "Non-finite input data",
     "data_shift": "A shift of the input data",
     "target_shift": "A change of the targets or the loss",
+    "gradient_scaling": "Gradients scaled between the backward pass and the optimizer's step",
     "loss_spike": "A transient loss spike",
     "update_stagnation": "Update stagnation",
     "mode_collapse": "Mode collapse",
@@ -131,6 +132,10 @@ def describe(e: Event) -> str:
         return _diverging(e)
     if e.to_state == "jumped":
         return f"after the loss jumped to {_times(e.magnitude)} its recent median at once and stayed there"
+    if e.family == "gradient_health" and e.node == OPTIMIZER:
+        direction = "rose" if e.to_state == "exploding" else "fell"
+        return (f"after the gradients of the parameter nodes (relative to the output's) {direction} {e.magnitude:.1f} "
+                f"decades alike in one step, while the module outputs' gradients did not move")
     what = {"value": "value rms", "grad": "gradient (relative to the output's)",
             "update": "update/weight ratio"}.get(e.kind, e.kind)
     direction = "rose" if e.to_state in ("exploding", "unstable") else "fell"
