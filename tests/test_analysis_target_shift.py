@@ -25,7 +25,8 @@ def _run(folder: Path, fault: str) -> list:
     centers = torch.randn(6, 16, generator=g) * 1.2
     labels = torch.randint(0, 6, (4096,), generator=g)
     inputs = centers[labels] + torch.randn(4096, 16, generator=g)
-    model = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 64), nn.SiLU(), nn.Linear(64, 6))
+    model = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 64), nn.SiLU(), nn.Dropout(0.0),
+                          nn.Linear(64, 6))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     criterion = nn.CrossEntropyLoss()
     remap = torch.tensor([3, 5, 0, 1, 2, 4])
@@ -40,6 +41,8 @@ def _run(folder: Path, fault: str) -> list:
                 y = y[torch.randperm(len(y), generator=g)]
             if step == T0 and fault == "lr":
                 optimizer.param_groups[0]["lr"] = 0.5
+            if step == T0 and fault == "dropout":
+                model[4].p = 1.0  # a forward pass that changes without its parameters
             optimizer.zero_grad()
             criterion(model(x), y).backward()
             optimizer.step()
@@ -71,6 +74,14 @@ def test_a_lasting_loss_jump_is_an_event_and_a_recovered_spike_or_a_slow_rise_is
         series = build_series({}, roles={}, kpis={"loss": (steps, loss)})
         states[name] = [(e.to_state, e.onset) for e in loss_events(series, settle=50)]
     assert states == {"lasting": [("jumped", 150)], "spike": [("spike", 150)], "slow": []}
+
+
+def test_a_dropout_set_to_one_is_the_dropouts_though_its_outputs_are_measured_a_step_after_the_loss(
+        tmp_path: Path) -> None:
+    """The step where p became 1 is a sentinel step: the loss jumps there, the dropout's dead outputs show at
+    the next measured step. The loss is no root of its own then, neither the targets' nor the optimizer's."""
+    top = _run(tmp_path, "dropout")[0]
+    assert (top.type, top.node) == ("dead_units", "model.4") and T0 <= top.onset <= T0 + 1
 
 
 def test_a_learning_rate_raised_mid_run_is_still_the_optimizers(tmp_path: Path) -> None:

@@ -110,7 +110,10 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
         imbalance = [e for e in events if e.family == "path_balance" and 0 <= e.onset - root.onset <= t.same_time]
         if imbalance:  # the loss itself changed at once (a term's weight) and set the paths apart
             return Reading("imbalanced_learning", "loss", _loss_node(series), (imbalance[0],))
-    if root.to_state in ("diverging", "jumped") and root.sudden and _model_as_before(series, root.onset, t):
+    if root.to_state == "jumped" and _forward_moved(events, series, root.onset, t):
+        return None  # the loss followed a forward pass that changed, measured a step later: that is the root
+    if (root.to_state in ("diverging", "jumped") and root.sudden and _model_as_before(series, root.onset, t)
+            and not _forward_moved(events, series, root.onset, t)):
         return Reading("target_shift", "data", _target_node(series) or _loss_node(series))
     if root.node == OPTIMIZER or root.to_state in ("diverging", "jumped"):
         return Reading(_optimizer_type(root, events, series, t), "optimizer", "")
@@ -216,6 +219,15 @@ def _model_as_before(series: RunSeries, onset: int, t: Thresholds) -> bool:
             return False
         checked += node.is_parameter
     return checked > 0
+
+
+def _forward_moved(events: Sequence[Event], series: RunSeries, onset: int, t: Thresholds) -> bool:
+    """Whether a module output's or an input's values moved (an event of kind ``value``) from ``onset`` to the
+    step after the next: a forward pass changed without its parameters (a dropout probability set to 1, an
+    activation swapped), seen where the module outputs were measured next — at a sentinel step they are not."""
+    parameters = {n.name for n in series.parameters}
+    return any(e.kind == "value" and e.node not in parameters and onset <= e.onset <= onset + t.same_time + 1
+               for e in events)
 
 
 def _target_node(series: RunSeries) -> str:
