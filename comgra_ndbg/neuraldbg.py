@@ -259,6 +259,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._loss_kpi: int | None = None  # the catalog's id of the loss KPI, once recorded
         self._loss_sources: dict[tuple[Any, int], tuple[str, int]] = {}  # output (grad_fn, nr) -> (name, iteration)
         self._backward_seen = False
+        self._scaled_backward = False  # a GradScaler scaled a backward call of the open step
         self._callback_queued = False
         self._gradients_read = False  # the engine's callback read the parameters' gradients (``_after_backward``)
         self._parameter_mark = 0

@@ -214,6 +214,7 @@ class LightSteps:
         backward pass left it (a full step fingerprints every gradient there); in a full step, the parameters'
         gradients of a backward pass that never reached the model's output (no engine callback of ours read
         them: a penalty on the weights alone)."""
+        self.recorder.gradient_scale = None  # (set for the backward call that just returned)
         read, self._gradients_read = self._gradients_read, False
         probe = self._light_probe
         grad = None if probe is None else probe.grad

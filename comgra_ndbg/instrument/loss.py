@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
 from comgra_ndbg.instrument.steps import LOSS
 from comgra_ndbg.recorder.grad_hook import on_gradient
@@ -115,6 +116,11 @@ class LossCapture:
         """``patches``' callback: take each root computed from this step's forward passes as a loss."""
         if not self._closed:
             self._probe_before_backward()
+            # a GradScaler's scaled loss: its gradients are divided by the scale (``Recorder.gradient_scale``)
+            scale = next((scale for scale in map(patches.scale_of, (root for root, _ in roots)) if scale is not None),
+                         None)
+            self.recorder.gradient_scale = scale
+            self._scaled_backward = self._scaled_backward or scale is not None
         if self._inv and not self._light and not self._closed:  # a light step: its loss only (below)
             self._safely("checking loop invariants", self._inv_backward_call)
         if self._closed or not self._loss_sources or (self.recorder.current_step is None and not self._light):

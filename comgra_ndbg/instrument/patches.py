@@ -10,7 +10,9 @@ one ``NeuralDbg`` is open, this module replaces
   ``_after_backward_call()`` that it returned: two Python calls per ``backward()``; a backward call made
   from inside a backward pass (a reentrant checkpoint's recompute) is not a loss and is passed on untouched;
 - ``torch.amp.GradScaler.scale`` by a wrapper that remembers, weakly, which loss each scaled tensor came
-  from, so that ``scaler.scale(loss).backward()`` reports ``loss`` and not ``loss × scale``;
+  from, so that ``scaler.scale(loss).backward()`` reports ``loss`` and not ``loss × scale``, and by which
+  scale (``scale_of``): the registered tensors' gradients of that backward call are divided by it, into
+  the units of the parameters' gradients, which the step reads after ``scaler.unscale_``;
 
 and registers a global optimizer step pre-hook and post-hook (``torch.optim.optimizer``'s, which every
 optimizer runs), so each listener sees every optimizer's step: right before it (the gradients the optimizer
@@ -52,12 +54,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from comgra_ndbg.recorder.recorder import RecorderWarning
 
-__all__ = ["attach", "detach", "installed", "scale_calls"]
+__all__ = ["attach", "detach", "installed", "scale_calls", "scale_of"]
 
 _lock = threading.Lock()
 _listeners: list[Any] = []
 _optimizer_hooks: list[Any] = []  # the handles of the global optimizer step hooks
 _unscaled = WeakIdKeyDictionary()  # scaled tensor -> the loss it was scaled from (weak on both ends' owner)
+_scales = WeakIdKeyDictionary()  # scaled tensor -> the scaler's scale tensor it was multiplied by
 _scale_calls = [0]  # GradScaler.scale calls while patched: a step that used a scaler may skip optimizer.step()
 
 
@@ -105,6 +108,9 @@ def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
         _scale_calls[0] += 1
         if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not outputs:
             _unscaled[scaled] = outputs
+            scale_tensor = getattr(self, "_scale", None)
+            if isinstance(scale_tensor, torch.Tensor):
+                _scales[scaled] = scale_tensor
         return scaled
 
     return scale
@@ -178,6 +184,13 @@ def detach(listener: Any) -> None:
                 handle.remove()
             _optimizer_hooks.clear()
             _unscaled.clear()
+            _scales.clear()
+
+
+def scale_of(root: torch.Tensor) -> torch.Tensor | None:
+    """The scale ``GradScaler.scale`` multiplied ``root`` by (a 0-d tensor, read where it lives: no device
+    sync), or None for a tensor no scaler made: the gradients of a backward call on ``root`` carry it."""
+    return _scales.get(root)
 
 
 def scale_calls() -> int:

@@ -103,7 +103,7 @@ class StepDetection:
             rec.start_step(self._next_step, self.step_type)
             self._next_step += 1
             self._parameter_mark = self._parameter_version()
-            self._backward_seen = False
+            self._backward_seen = self._scaled_backward = False
             self._own_steps = self._foreign_steps = 0
             self._declared_edges = False
         self._iteration = rec.start_iteration()
@@ -243,7 +243,7 @@ class StepDetection:
         if self._inv:
             self._safely("checking loop invariants", self._inv_before_step, optimizer)
         if self.recorder.current_step is not None:
-            self.recorder.refresh_parameter_gradients()
+            self.recorder.refresh_parameter_gradients(force=self._scaled_backward)
 
     def _after_optimizer_step_anywhere(self, optimizer: torch.optim.Optimizer) -> None:
         if self._light:

@@ -56,6 +56,8 @@ class GradientRecording:
         if token != self._token or not self._step_open:
             return
         try:
+            if self.gradient_scale is not None:  # a GradScaler's scaled loss: in the parameters' units
+                grad = grad.detach() / self.gradient_scale
             if self._structure.pending:
                 self._discover_graph()
             if grad.layout is not _STRIDED or grad.is_meta or grad.is_nested or grad.is_quantized:
@@ -181,15 +183,17 @@ class GradientRecording:
         else:
             self._grad_batch.extend(changed, queue=queue)
 
-    def refresh_parameter_gradients(self) -> None:
+    def refresh_parameter_gradients(self, *, force: bool = False) -> None:
         """Take again the gradients of parameters tracked with ``gradients_in_hook`` whose ``.grad`` changed
         since a backward pass of this step handed it over — clipped (``clip_grad_norm_``), unscaled by a
         ``GradScaler`` — so the step records the gradient the optimizer uses. ``NeuralDbg`` calls it right
-        before an optimizer that holds the model's parameters steps."""
+        before an optimizer that holds the model's parameters steps; ``force`` takes every one again, for a
+        step whose backward pass a ``GradScaler`` scaled (its ``unscale_`` changes ``.grad`` in place without
+        moving the version counter)."""
         if not self.enabled or not self._step_open or not (self._summarize or self._snapshot):
             return
         try:
-            for tid, grad in self._parameters.changed_gradients():
+            for tid, grad in self._parameters.changed_gradients(force=force):
                 self._on_parameter_grad(tid, grad)
             if len(self._grad_batch):
                 self._flush_gradients()

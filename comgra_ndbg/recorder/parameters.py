@@ -363,15 +363,16 @@ class ParameterTracker:
                 t.seen = None if grad is None else (weakref.ref(grad), grad._version)
         self.per_pass = self._marked = False
 
-    def changed_gradients(self, *, unread: bool = False) -> list[tuple[int, torch.Tensor]]:
+    def changed_gradients(self, *, unread: bool = False, force: bool = False) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
         place since a backward pass of this step handed it over (clipped, unscaled by a ``GradScaler``); each
         is marked handed over again. ``polled``: of those whose ``.grad`` is not the one read last, or changed
         in place since — what each backward pass accumulated, and what was done to it after; ``unread``
         only of those not read in this step yet (at its end a ``.grad`` zeroed in place is no gradient of
-        it)."""
+        it); ``force``: every handed-over ``.grad`` of a ``polled`` tracker, changed or not (a ``GradScaler``
+        unscales in place without moving the version counter)."""
         if self.polled:
-            return _read_changed(self.tracked, unread)
+            return _read_changed(self.tracked, unread, force)
         changed = []
         for t in self.tracked:
             grad = t.parameter.grad
@@ -457,7 +458,7 @@ def _on_host(tensors: list[torch.Tensor]) -> bool:
     return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in tensors)
 
 
-def _read_changed(tracked: list[_Tracked], unread: bool) -> list[tuple[int, torch.Tensor]]:
+def _read_changed(tracked: list[_Tracked], unread: bool, force: bool = False) -> list[tuple[int, torch.Tensor]]:
     """``changed_gradients`` of a ``polled`` tracker: every read gradient is remembered as read."""
     changed = []
     for t in tracked:
@@ -467,7 +468,7 @@ def _read_changed(tracked: list[_Tracked], unread: bool) -> list[tuple[int, torc
         if grad is None:
             continue
         seen, version = t.seen, grad._version
-        if seen is not None and seen[1] == version and seen[0]() is grad:
+        if not force and seen is not None and seen[1] == version and seen[0]() is grad:
             continue
         t.seen, t.handed = (weakref.ref(grad), version), (id(grad), version)
         changed.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))

@@ -200,6 +200,9 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._grads = Reducer(saturation_margin)
         self._updates = Reducer(saturation_margin)
         self._parameters = ParameterTracker(self.catalog)
+        self.gradient_scale: torch.Tensor | None = None
+        """The scale the running backward pass's gradients carry (a ``GradScaler``'s, set by ``NeuralDbg``):
+        the registered tensors' gradients are divided by it, into the units of the parameters' gradients."""
         self.on_parameters_replaced: Callable[[], None] | None = None
         """Called at a step's start after a tracked module got a new parameter object (``NeuralDbg``'s own
         lists of the model's parameters follow it)."""
