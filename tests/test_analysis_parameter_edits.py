@@ -116,3 +116,35 @@ def test_an_edit_that_harms_nothing_is_no_failure() -> None:
     diagnosis = diagnose(series)
     assert [e.family for e in diagnosis.events] == ["parameter_edit"]
     assert diagnosis.healthy
+
+
+def test_a_layer_reinitialised_larger_mid_run_is_the_layers_fault_though_its_values_move_under_a_decade(
+        tmp_path) -> None:
+    """``nn.init.normal_(fc2.weight, std=1.0)`` under ``no_grad`` mid-run (a real run under ``NeuralDbg``'s
+    defaults): the edit was found, but fc2's outputs rose 0.8 decades, under the value rules' decade, so the
+    edit read as harming nothing and the gradient jump it caused downstream, at fc3's parameters, stood as the
+    root (confidence 0.88). The gradients downstream that jump with an edit are its harm."""
+    import torch
+    from torch import nn
+
+    from comgra_ndbg import NeuralDbg
+    from comgra_ndbg.analysis.api import analyze
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    w1, w2 = torch.randn(16, 32, generator=g), torch.randn(32, 4, generator=g)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    criterion = nn.CrossEntropyLoss()
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, snapshots=None):
+        for step in range(230):
+            if step == 150:
+                with torch.no_grad():
+                    nn.init.normal_(model[2].weight, std=1.0)
+            x = torch.randn(64, 16, generator=g)
+            y = (torch.tanh(x @ w1) @ w2).argmax(1)
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+    top = analyze(tmp_path / "t", store=False).hypotheses[0]
+    assert (top.type, top.origin, top.node, top.onset) == ("exploding", "node", "model.2.parameters", 150)

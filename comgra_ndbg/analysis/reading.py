@@ -159,7 +159,35 @@ def _edit_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Th
         if found:
             effect = found[0]
             return Reading(kind or _REGIME_TYPE.get(effect.to_state, effect.to_state), "node", root.node, (effect,))
+    # the values it feeds moved less than a decade, but gradients downstream jumped with the edit: the weights'
+    # own jump (a layer re-initialised to a larger scale) is the fault, not those gradients
+    downstream = _downstream(series, root.node)
+    jumps = [e for e in events if e.family == "gradient_health" and e.sudden and e.node in downstream
+             and e.to_state in ("exploding", "vanishing") and 0 <= e.onset - root.onset <= t.same_time]
+    if jumps:
+        return Reading(jumps[0].to_state, "node", root.node, (jumps[0],))
+    # nothing downstream crossed its rule, but the weights' norm itself moved a decade: the edit is read by
+    # its direction, a failure only where the loss got worse after it (``harm``)
+    if root.evidence and len(root.evidence[0].values) == 2:
+        before, after = root.evidence[0].values
+        if before > 0 and after > 0 and abs(np.log10(after / before)) >= t.enter_decades:
+            return Reading("exploding" if after > before else "vanishing", "node", root.node)
     return None
+
+
+def _downstream(series: RunSeries, node: str) -> set[str]:
+    """The nodes the dependency graph reaches from ``node`` (its consumers, theirs, and so on), with the
+    parameter nodes of the modules among them."""
+    graph = series.graph
+    if graph is None:
+        return set()
+    seen, todo = set(), [node]
+    while todo:
+        for consumer in consumers(graph, todo.pop()):
+            if consumer not in seen:
+                seen.add(consumer)
+                todo.append(consumer)
+    return seen | {n.name for n in series.parameters if n.name.rsplit(".parameters", 1)[0] in seen}
 
 
 def _regime_in_signal(node: str, onset: int, events: Sequence[Event], series: RunSeries,
