@@ -46,3 +46,28 @@ def test_a_tiny_clipping_norm_from_one_step_on_is_one_scaling_of_every_gradient(
 
 def test_clipping_at_one_throughout_is_healthy(tmp_path: Path) -> None:
     assert _run(tmp_path, 1.0) == []
+
+
+def test_a_gradient_cut_to_exactly_zero_from_the_start_is_update_stagnation_of_that_layer(tmp_path: Path) -> None:
+    """Hooks that return zeros for the first layer's gradients (a cut backward path): a gradient of exactly 0
+    is no attenuation ("vanishing from the architecture, 27.8 decades off" at confidence 0.99, advising
+    residual connections) and, received at every step, no choice to freeze the layer either."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    centers = torch.randn(8, 16, generator=g) * 1.2
+    labels = torch.randint(0, 8, (4096,), generator=g)
+    inputs = centers[labels] + torch.randn(4096, 16, generator=g)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    for parameter in model[0].parameters():
+        parameter.register_hook(torch.zeros_like)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    criterion = nn.CrossEntropyLoss()
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, snapshots=None):
+        for step in range(120):
+            batch = torch.randint(0, 4096, (64,), generator=g)
+            optimizer.zero_grad()
+            criterion(model(inputs[batch]), labels[batch]).backward()
+            optimizer.step()
+    hypotheses = analyze(tmp_path / "t", store=False).hypotheses
+    assert (hypotheses[0].type, hypotheses[0].node) == ("update_stagnation", "model.0.parameters")
+    assert not any(h.type == "vanishing" for h in hypotheses)

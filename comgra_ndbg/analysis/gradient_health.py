@@ -182,6 +182,8 @@ def _start_events(series: RunSeries, node: NodeSeries, ratio: np.ndarray, t: Thr
     head = ratio[:t.start_steps]
     if not np.isfinite(head).any():
         return []
+    if np.nan_to_num(node.stats["grad"]["abs_max"][:t.start_steps], nan=0.0).max(initial=0.0) == 0:
+        return []  # exactly 0: a cut backward path, which update stagnation reads, not an attenuation
     if (len(series.steps) and series.steps[0] == 0 and np.isfinite(ratio[0])
             and abs(ratio[0]) < t.start_gradient_decades - t.exit_decades):
         return []

@@ -95,11 +95,16 @@ def same_summary(value: Mapping[str, np.ndarray], before: np.ndarray, after: np.
 
 
 def had_gradient(node: NodeSeries, start: int, stop: int) -> bool:
-    """Whether the node received a non-zero gradient at some step index in ``[start, stop]``."""
+    """Whether the node received a gradient at some step index in ``[start, stop]``: a non-zero one, or one
+    exactly 0 at most of those steps (its backward path cut — a hook, a detach — which is no choice to freeze
+    it: a frozen parameter gets no gradient at all)."""
     if not node.has("grad"):
         return False
     grad = node.stats["grad"]["abs_max"][start:stop + 1]
-    return bool(np.nan_to_num(grad, nan=0.0).max(initial=0.0) > 0)
+    if np.nan_to_num(grad, nan=0.0).max(initial=0.0) > 0:
+        return True
+    count = node.stats["grad"]["count"][start:stop + 1] if "count" in node.stats["grad"] else None
+    return count is not None and bool((np.nan_to_num(count, nan=0.0) > 0).mean() > 0.5)
 
 
 def stagnation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
