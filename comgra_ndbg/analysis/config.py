@@ -6,7 +6,11 @@ no hypothesis, while every catalogue fault is found. ``docs/diagnosis.md`` lists
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+import numbers
+from dataclasses import asdict, dataclass, fields
+
+from comgra_ndbg.errors import InvalidArgumentError
 
 __all__ = ["Thresholds"]
 
@@ -69,5 +73,26 @@ class Thresholds:
     propagation_lag: int = 2  # a value or gradient event reaches other nodes within these steps (same pass)
     same_time: int = 1  # events this close (steps) count as simultaneous when localising
 
+    def __post_init__(self) -> None:
+        """Refuse values no rule can run with (a window of 0 steps, a NaN factor), saying which and why."""
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is None and item.name in _OPTIONAL:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise InvalidArgumentError(f"Thresholds.{item.name} must be a finite number, got {value!r}")
+            least = _LEAST.get(item.name, 1 if item.type == "int" else 0)
+            if (item.type == "int" and not isinstance(value, numbers.Integral)) or value < least or (
+                    item.type != "int" and least == 0 and value <= 0 and item.name not in _MAY_BE_ZERO):
+                kind = "an int" if item.type == "int" else "a number"
+                bound = f">= {least}" if item.type == "int" or item.name in _MAY_BE_ZERO else "> 0"
+                raise InvalidArgumentError(f"Thresholds.{item.name} must be {kind} {bound}, got {value!r}; the "
+                                           f"default is {item.default!r}")
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+_OPTIONAL = frozenset({"vanishing_decades", "exploding_decades"})
+_LEAST = {"settle_steps": 0, "optimizer_spread": 0, "abrupt_steps": 0, "same_time": 0, "propagation_lag": 0}
+_MAY_BE_ZERO = frozenset({"harm_fraction", "dead_rise", "saturated_rise", "spike_floor"})

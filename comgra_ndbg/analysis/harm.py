@@ -113,11 +113,16 @@ def loss_blew_up_from_start(series: RunSeries, end: int, t: Thresholds = Thresho
 
 def loss_improved_from_start(series: RunSeries, t: Thresholds = Thresholds()) -> bool | None:
     """Whether some later stretch of ``window`` steps has a median loss ``harm_factor`` × below the first
-    ``window``'s: training works, so a state present from the first step did not stop it (None without a
-    loss)."""
+    ``window``'s — in a run shorter than two windows, the second half's below the first's: training works, so
+    a state present from the first step did not stop it (None without a loss, or in a run under 10 steps)."""
     loss = np.asarray(series.loss, dtype=np.float64)
-    chunks = [loss[i:i + t.window] for i in range(0, len(loss), t.window)]
+    size = t.window if len(loss) >= 2 * t.window else max(len(loss) // 2, 1)  # a short run: its two halves
+    chunks = [loss[i:i + size] for i in range(0, len(loss), size)]
     medians = [float(np.median(c[np.isfinite(c)])) for c in chunks if np.isfinite(c).sum() * 2 >= len(c)]
-    if len(medians) < 2 or not np.isfinite(loss[:t.window]).any():
+    if len(medians) < 2 or size < MIN_HALF or not np.isfinite(loss[:size]).any():
         return None
     return bool(min(medians[1:]) * t.harm_factor <= medians[0])
+
+
+MIN_HALF = 5
+"""The fewest steps per half for a run shorter than two windows to tell whether its loss fell."""

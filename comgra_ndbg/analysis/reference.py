@@ -63,12 +63,14 @@ class ReferenceComparison:
     invariants: tuple[Invariant, ...]
     events: tuple[Event, ...]
     hypotheses: tuple[Hypothesis, ...]
+    step_types: str = ""  # how the step types were matched, when the two runs name them differently
 
     def note(self) -> str:
         """One line for the diagnosis' notes: how many invariants held in the reference, how many broke."""
         rules = sorted({inv.rule for inv in self.invariants})
         return (f"compared with the reference run {self.reference!r}: {len(self.invariants)} invariants held there "
-                f"({', '.join(rules) or 'none'}); {len(self.hypotheses)} broken here")
+                f"({', '.join(rules) or 'none'}); {len(self.hypotheses)} broken here"
+                + (f"; {self.step_types}" if self.step_types else ""))
 
 
 def check_comparable(run: RunFacts, reference: RunFacts) -> None:
@@ -114,6 +116,7 @@ def compare_runs(reference: RunFacts, run: RunFacts, thresholds: ReferenceThresh
     step it broke, the node, both runs' evidence, the cause and the remedy). Raises
     :class:`ReferenceMismatchError` when the runs are not comparable."""
     check_comparable(run, reference)
+    run, matched = _match_step_types(run, reference)
     shared = frozenset(n.name for n in run.series.parameters) & frozenset(n.name for n in reference.series.parameters)
     invariants = learn_invariants(reference, thresholds, shared)
     findings: list[Finding] = []
@@ -147,7 +150,23 @@ def compare_runs(reference: RunFacts, run: RunFacts, thresholds: ReferenceThresh
         hypotheses.append(Hypothesis(kind, origin, f.invariant.node, f.onset, confidence, text, chain,
                                      features(event, chain, len(hypotheses), len(findings), run.series), remedy))
         events.append(event)
-    return ReferenceComparison(reference.source, invariants, tuple(events), tuple(hypotheses))
+    return ReferenceComparison(reference.source, invariants, tuple(events), tuple(hypotheses), matched)
+
+
+def _match_step_types(run: RunFacts, reference: RunFacts) -> tuple[RunFacts, str]:
+    """The rules hold per step type. Two runs of one type each, named differently ('train' and 'training'):
+    the run's steps read as the reference's type. Types that share no name otherwise: nothing compares,
+    and the note says so (it had said "0 broken here" as if every invariant held)."""
+    mine = [t for t in dict.fromkeys(run.types().tolist()) if t]
+    theirs = [t for t in dict.fromkeys(reference.types().tolist()) if t]
+    if not mine or not theirs or set(mine) & set(theirs):
+        return run, ""
+    if len(mine) == 1 and len(theirs) == 1:
+        renamed = tuple(theirs[0] if t == mine[0] else t for t in run.types().tolist())
+        return replace(run, step_types=renamed), (f"this run's step type {mine[0]!r} was compared with the "
+                                                  f"reference's {theirs[0]!r}")
+    return run, (f"no step type in common (the reference's: {theirs}; this run's: {mine}), so no invariant was "
+                 f"checked: record both with the same step types")
 
 
 def with_reference(diagnosis: Diagnosis, comparison: ReferenceComparison) -> Diagnosis:

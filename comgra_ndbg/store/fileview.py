@@ -21,7 +21,7 @@ from comgra_ndbg.store.checksums import decode_text, text_intact
 from comgra_ndbg.store.damage import READ_ERRORS, DamagedData
 from comgra_ndbg.store.live import file_identity
 
-__all__ = ["FileView", "open_h5", "TEXT_TABLES", "INDEX_TABLES"]
+__all__ = ["FileView", "open_h5", "TEXT_TABLES", "INDEX_TABLES", "SNAPSHOT_INDEX_TABLES"]
 
 TEXT_TABLES = frozenset({schema.STEPS_REASON, schema.NOTE_TEXT, schema.TRIGGER_REASON, schema.SAMPLE_CATEGORY,
                          schema.LOG_CATEGORY, schema.LOG_SUBJECT, schema.LOG_MESSAGE, schema.LOG_DETAIL,
@@ -31,7 +31,9 @@ INDEX_TABLES = (schema.STEPS_STEP, schema.STEPS_TYPE, schema.STEPS_FLAGS, schema
                 schema.SNAP_SERIES, schema.SNAP_SHAPE, schema.SNAP_SAMPLES_OFFSET, schema.SNAP_SAMPLES_COUNT,
                 schema.SNAP_VALUES_OFFSET, schema.SNAP_VALUES_COUNT, schema.SNAP_INDEX_OFFSET,
                 schema.KPI_STEP, schema.KPI_ID, schema.KPI_VALUE, schema.KPI_STEP_TYPE)
-"""Small tables a reader keeps in memory; a file whose index cannot be read cannot be read at all."""
+"""Small tables a reader keeps in memory; a file whose index cannot be read cannot be read at all (a reader
+that skips damage reads one whose snapshot tables fail without its snapshots: ``drop_snapshots``)."""
+SNAPSHOT_INDEX_TABLES = tuple(name for name in INDEX_TABLES if name.startswith("snapshot/"))
 
 
 def open_h5(path: Path) -> h5py.File:
@@ -98,6 +100,17 @@ class FileView:
         """Read every index table now (raises ``DamagedData`` for the first that fails)."""
         for name in INDEX_TABLES:
             self.array(name)
+
+    def drop_snapshots(self) -> None:
+        """Read this file as if it held no snapshot: for a reader that skips damage, when an index table of
+        the snapshots fails (the summaries, KPIs and steps do not depend on it)."""
+        for name in SNAPSHOT_INDEX_TABLES:
+            try:
+                dataset = self.file[name] if name in self.file else None
+                shape, dtype = (dataset.shape[1:], dataset.dtype) if dataset is not None else ((), np.int64)
+            except READ_ERRORS:
+                shape, dtype = (), np.int64
+            self._cache[name] = np.zeros((0, *shape), dtype=dtype)
 
     def catalog(self) -> Catalog:
         try:

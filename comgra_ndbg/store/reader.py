@@ -198,11 +198,19 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
         self.close()
 
     def with_trial(self, trial: str) -> Recording:
-        """Open another trial of the same group."""
+        """Open another trial of the same group, read the same way (``damaged``; the same rank where it has
+        that rank)."""
         if self.group is None:
             raise UnknownSeriesError(f"{self.location} is a single trial; there is no other trial to open")
         require(trial, str, "trial", f"a trial name (str); trials are {self.trials}")
-        return open_recording(self.group, trial)
+        damaged = "skip" if self.skip_damage else "raise"
+        rank = getattr(self, "rank", None)
+        if rank is not None:
+            try:
+                return open_recording(self.group, trial, rank=rank, damaged=damaged)
+            except UnknownSeriesError:  # that trial has no such rank (or none): its own default
+                pass
+        return open_recording(self.group, trial, damaged=damaged)
 
     # ---- catalog -------------------------------------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ chunk costs its own rows and nothing else, and says which steps and tensors thos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import h5py
@@ -75,11 +76,14 @@ def read_file(path: Path) -> FileContent:
         except READ_ERRORS as error:
             out.damage.append(Damage("unreadable", path, "its catalog (tensor, step type and KPI names)", _why(error)))
         reader = _Reader(f, path, out)
-        reader.steps()
-        reader.summaries()
-        reader.snapshots()
-        for name, columns in _TABLES.items():
-            reader.table(name, columns)
+        parts = [("its steps table", reader.steps), ("its summaries", reader.summaries),
+                 ("its snapshots", reader.snapshots)]
+        parts += [(f"its {name} table", partial(reader.table, name, columns)) for name, columns in _TABLES.items()]
+        for what, read in parts:
+            try:
+                read()
+            except (*READ_ERRORS, IndexError) as error:  # a header or layout garbled beyond the chunk checks
+                out.damage.append(Damage("unreadable", path, what, _why(error)))
     return out
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from comgra_ndbg.errors import RecordingFormatError, RecordingNotFoundError
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.damage import Damage, DamagedData
-from comgra_ndbg.store.fileview import FileView
+from comgra_ndbg.store.fileview import SNAPSHOT_INDEX_TABLES, FileView
 from comgra_ndbg.store.live import TrialScan, scan_trial
 from comgra_ndbg.store.segment import parse_segment_name
 
@@ -52,10 +52,13 @@ def open_views(location: Path, current: dict[Path, FileView], *, skip: bool
                     try:
                         view.preload()
                     except DamagedData as error:
-                        view.close()
-                        damage.append(Damage("unreadable", path, f"its index ({error.dataset}) cannot be read",
-                                             error.reason))
-                        continue
+                        if error.dataset not in SNAPSHOT_INDEX_TABLES or not _without_snapshots(view):
+                            view.close()
+                            damage.append(Damage("unreadable", path, f"its index ({error.dataset}) cannot be read",
+                                                 error.reason))
+                            continue
+                        damage.append(Damage("unreadable", path, f"its snapshots' index ({error.dataset}) cannot be "
+                                             f"read: its snapshots are left out", error.reason))
                 opened[path] = view
         except RecordingFormatError:
             for path, view in opened.items():
@@ -68,6 +71,16 @@ def open_views(location: Path, current: dict[Path, FileView], *, skip: bool
         damage += _scan_damage(scan, views)
         return views, _located(damage, views)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _without_snapshots(view: FileView) -> bool:
+    """Whether ``view`` reads with its snapshots left out: every other index table intact."""
+    view.drop_snapshots()
+    try:
+        view.preload()
+    except DamagedData:
+        return False
+    return True
 
 
 def _scan_damage(scan: TrialScan, views: dict[Path, FileView]) -> list[Damage]:

@@ -124,11 +124,15 @@ class Registrations:
         if recording_type == "single_value":
             raise InvalidArgumentError(f"register_tensor({tensor_name!r}): recording_type='single_value' is for "
                                        f"tensors without a batch dimension; pass index_of_batch_dimension=None")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < tensor.dim() or (
-                tensor.shape[index] != self.current_batch_size):
+        if isinstance(index, bool) or not isinstance(index, int) or not -tensor.dim() <= index < tensor.dim():
+            raise InvalidArgumentError(f"register_tensor({tensor_name!r}): index_of_batch_dimension must be a "
+                                       f"dimension of shape {tuple(tensor.shape)} (an int from {-tensor.dim()} to "
+                                       f"{tensor.dim() - 1}), got {index!r}")
+        if tensor.shape[index] != self.current_batch_size:
             raise InvalidArgumentError(f"register_tensor({tensor_name!r}): dimension {index!r} of shape "
                                        f"{tuple(tensor.shape)} must be the batch of {self.current_batch_size} "
                                        f"samples that start_batch() announced")
+        index %= tensor.dim()  # a negative index, as Comgra takes it (the batch checked on tensor.shape[index])
         if per_sample is False:
             self._warner.once("per_sample", "record_per_batch_index=False has no equivalent: snapshots keep the values "
                                             "of the first max_num_batch_size_to_record samples of every batched "
