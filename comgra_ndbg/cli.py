@@ -27,10 +27,23 @@ from pathlib import Path
 from typing import Any
 
 from comgra_ndbg import __version__
-from comgra_ndbg.cli_reports import add_profile, add_signature, add_sweep
+from comgra_ndbg.cli_reports import add_profile, add_signature, add_sweep, non_negative_int
 from comgra_ndbg.errors import ComgraError
 
 __all__ = ["build_parser", "main"]
+
+
+def _port(text: str) -> int:
+    """An argparse ``type`` for ``--port``: a TCP port from 1 to 65535, refused while parsing (exit status 2) so
+    that nothing is loaded or recorded for a port the explorer could never listen on. 0 ("any free port") is
+    refused too: the explorer prints its address before serving, and Dash would serve 0 on its own 8050."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {port}")
+    return port
 
 
 def _gui(args: argparse.Namespace) -> int:
@@ -52,7 +65,7 @@ def _add_gui(subparsers: Any) -> None:
     parser.add_argument("path", help="folder given to Recorder(...), a trial folder inside it, or a .h5 file")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--visualization-file", metavar="FILE",
                         help="Python file defining visualize(recording, selection) for the Custom tab")
     parser.add_argument("--refresh-ms", type=int, default=2000,
@@ -239,12 +252,13 @@ def _add_demo(subparsers: Any) -> None:
     parser.add_argument("--no-gui", action="store_true", help="stop after printing the explanations")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address the explorer binds (default {DEFAULT_HOST}: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"explorer port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"explorer port (default {DEFAULT_PORT})")
     parser.set_defaults(handler=_demo)
 
 
 def _explain(args: argparse.Namespace) -> int:
     from comgra_ndbg.analysis import analyze
+    from comgra_ndbg.errors import InvalidArgumentError
     from comgra_ndbg.explain import (OVERRIDDEN, SCHEMA, SCHEMA_VERSION, explain_text, only, overrides,
                                      thresholds_with, trial_record)
     from comgra_ndbg.export import current_diagnosis, json_safe
@@ -252,6 +266,9 @@ def _explain(args: argparse.Namespace) -> int:
 
     if getattr(args, "reference", None) is not None:
         return _explain_against_reference(args)
+    if getattr(args, "reference_trial", None) is not None:
+        raise InvalidArgumentError(f"--reference-trial {args.reference_trial} names a trial of the healthy "
+                                   f"reference run; pass that run with --reference GOOD too")
     changes = overrides(vanishing=args.vanishing_threshold, exploding=args.exploding_threshold,
                         activation=args.activation_threshold)
     trials = [args.trial] if args.trial is not None else list_trials(args.path)
@@ -312,7 +329,7 @@ def _add_explain(subparsers: Any) -> None:
     parser.add_argument("--trial", help="explain only this trial of a group folder")
     parser.add_argument("--json", action="store_true",
                         help="print the diagnoses as JSON (schema comgra-ndbg-explain, see comgra_ndbg/explain.py)")
-    parser.add_argument("--max-events", type=int, default=20, metavar="N",
+    parser.add_argument("--max-events", type=non_negative_int, default=20, metavar="N",
                         help="events listed per trial in the text output (default 20)")
     parser.add_argument("--reference", metavar="GOOD",
                         help="a recording of a healthy run of the same model: report where each trial first breaks "

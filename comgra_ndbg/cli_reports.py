@@ -1,21 +1,56 @@
 """The ``comgra-ndbg`` subcommands that report on finished recordings beyond ``explain``: ``signature`` (the
 failure signature as a PNG), ``sweep`` (many recordings analysed on Dask, one row per trial) and
 ``profile`` (time and memory per layer). Each ``add_*`` creates its parser and sets its handler, as the
-subcommands of :mod:`comgra_ndbg.cli` do.
+subcommands of :mod:`comgra_ndbg.cli` do; :func:`non_negative_int` and :func:`check_output_file` check
+arguments of both modules before any work is done.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
-__all__ = ["add_signature", "add_sweep", "add_profile"]
+__all__ = ["add_signature", "add_sweep", "add_profile", "check_output_file", "non_negative_int"]
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse ``type`` for counts of things listed (``--limit``, ``--max-events``): a whole number of 0 or
+    more, refused while parsing (exit status 2) since a negative count would cut the list from its end."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {value}")
+    return value
+
+
+def check_output_file(path: str, option: str) -> None:
+    """Raise :class:`~comgra_ndbg.errors.InvalidArgumentError` when the file ``path`` (given as ``option``)
+    cannot be written: it is a folder, or its folder is missing, not a folder or not writable. Checked before
+    any analysis, so a mistyped output path is reported at once, in one line."""
+    from comgra_ndbg.errors import InvalidArgumentError
+
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise InvalidArgumentError(f"{option} {path} is a folder; name the file to write in it")
+    if not folder.exists():
+        raise InvalidArgumentError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not folder.is_dir():
+        raise InvalidArgumentError(f"{option} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK):
+        raise InvalidArgumentError(f"{option} {path}: the folder {folder} is not writable")
 
 
 def _signature(args: argparse.Namespace) -> int:
     from comgra_ndbg.errors import NoFailureError
     from comgra_ndbg.signature import signature_of, write_png
 
+    check_output_file(args.out, "-o")
     try:
         signature = signature_of(args.path, trial=args.trial, steps=args.steps)
     except NoFailureError as healthy:
@@ -49,8 +84,12 @@ def add_signature(subparsers: Any) -> None:
 def _sweep(args: argparse.Namespace) -> int:
     from comgra_ndbg.sweep import analyze_many
 
-    frame = analyze_many(args.paths, scheduler=args.scheduler, workers=args.workers, processes=not args.threads,
-                         progress=True)
+    if args.csv:
+        check_output_file(args.csv, "--csv")
+    with ExitStack() as stack:
+        client = stack.enter_context(_scheduler_client(args.scheduler)) if args.scheduler is not None else None
+        frame = analyze_many(args.paths, client=client, workers=args.workers, processes=not args.threads,
+                             progress=True)
     print(frame.drop(columns=["hypothesis"]).to_string(index=False))
     if args.csv:
         frame.to_csv(args.csv, index=False)
@@ -59,6 +98,22 @@ def _sweep(args: argparse.Namespace) -> int:
     if failed:
         print(f"{failed} of {len(frame)} trials could not be analysed (see the error column)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _scheduler_client(address: str) -> Any:
+    """A ``distributed.Client`` of the running scheduler at ``address``. One that cannot be reached (nothing
+    listening within distributed's connect timeout, or not an address at all) raises
+    :class:`~comgra_ndbg.errors.InvalidArgumentError` instead of distributed's own traceback."""
+    from comgra_ndbg.errors import InvalidArgumentError
+    from comgra_ndbg.sweep.runner import require
+
+    distributed = require("distributed", "analysing many recordings")
+    try:
+        return distributed.Client(address)
+    except (OSError, ValueError) as error:
+        raise InvalidArgumentError(f"cannot reach the Dask scheduler at {address} ({error}): check that it is "
+                                   f"running and its address (tcp://host:8786), or leave out --scheduler to "
+                                   f"start a local cluster") from None
 
 
 def add_sweep(subparsers: Any) -> None:
@@ -111,5 +166,5 @@ def add_profile(subparsers: Any) -> None:
                                                "profile=True.")
     parser.add_argument("path", help="group folder, trial folder or .h5 file")
     parser.add_argument("--trial", help="the trial of a group folder (default: the first)")
-    parser.add_argument("--limit", type=int, default=15, metavar="N", help="modules listed (default 15)")
+    parser.add_argument("--limit", type=non_negative_int, default=15, metavar="N", help="modules listed (default 15)")
     parser.set_defaults(handler=_profile)
