@@ -133,6 +133,7 @@ RECOVERED = 0.1  # ... unless it comes back to a tenth of that maximum (warm res
 EARLY = 0.5  # a collapse before this share of the run is no schedule's intended end
 ZERO_LEFT = 0.1  # a rate of exactly 0 with at least this share of the run (and 10 steps) left
 REPEAT_SHARE = 0.9  # share of consecutive recorded steps with the same batch
+REPEAT_RUN = 20  # ... or this many in a row up to the last step, after different batches (stuck from a step on)
 MIN_STEPS = 3
 UNIT_SCALE = 20.0  # input rms over this, from the first steps: far outside a unit-scale initialisation
 _MIN, _MAX, _COUNT = FIELD["min"], FIELD["max"], FIELD["count"]
@@ -377,15 +378,28 @@ def _batch_findings(series: RunSeries, facts: LoopFacts) -> list[_Finding]:
             for t in inputs:
                 rows = t.rows[np.searchsorted(t.steps, common)]
                 same &= np.all((rows[1:] == rows[:-1]) | (np.isnan(rows[1:]) & np.isnan(rows[:-1])), axis=1)
+            names = ', '.join(repr(t.name) for t in inputs[:3])
+            tail = len(same) - int(np.flatnonzero(~same)[-1]) - 1 if (~same).any() else len(same)
             if same.sum() >= MIN_STEPS - 1 and same.mean() >= REPEAT_SHARE:
                 onset = int(common[1:][same][0])
                 out.append(_Finding(
                     "repeated_batch", onset, "",
                     f"the input batch is the same at {int(same.sum()) + 1} of {len(common)} recorded steps (every "
-                    f"summary of {', '.join(repr(t.name) for t in inputs[:3])} identical from step {onset - 1} on): "
+                    f"summary of {names} identical from step {onset - 1} on): "
                     f"the data loader restarts at its first batch every step",
                     (Evidence(f"{inputs[0].name}/value/mean", tuple(int(s) for s in common[:3]),
                               tuple(float(v) for v in derive(inputs[0].rows[:3])["mean"])),)))
+            elif tail >= REPEAT_RUN:  # different batches, then one batch to the end: a loader stuck from a step on
+                first = len(common) - 1 - tail  # the index in ``common`` of the batch repeated from then on
+                onset = int(common[first + 1])
+                at = np.searchsorted(inputs[0].steps, common[first:first + 3])
+                out.append(_Finding(
+                    "repeated_batch", onset, "",
+                    f"the input batch is the same at every recorded step from step {int(common[first])} to the last, "
+                    f"{tail + 1} steps (every summary of {names} identical), after different batches before: the "
+                    f"data loader is stuck on one batch",
+                    (Evidence(f"{inputs[0].name}/value/mean", tuple(int(s) for s in common[first:first + 3]),
+                              tuple(float(v) for v in derive(inputs[0].rows[at])["mean"])),)))
     out += _scale_findings(series, facts)
     return out
 
