@@ -256,6 +256,7 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._tensor_handles: list[Any] = []
         self._criterion = loss
         self._losses: list[torch.Tensor] = []
+        self._loss_shapes_checked = False  # the loss module's prediction and target shapes (``_check_loss_shapes``)
         self._loss_kpi: int | None = None  # the catalog's id of the loss KPI, once recorded
         self._loss_sources: dict[tuple[Any, int], tuple[str, int]] = {}  # output (grad_fn, nr) -> (name, iteration)
         self._backward_seen = False

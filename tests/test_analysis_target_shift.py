@@ -5,9 +5,11 @@ a learning rate that never changed; a lasting jump short of 100× (labels shuffl
 learnt as well) went unreported; a learning rate raised at the same step stays the optimizer's."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -88,3 +90,32 @@ def test_a_learning_rate_raised_mid_run_is_still_the_optimizers(tmp_path: Path) 
     hypotheses = _run(tmp_path, "lr")
     assert hypotheses and hypotheses[0].origin == "optimizer"
     assert all(h.type != "target_shift" for h in hypotheses)
+
+
+@pytest.mark.parametrize("squeeze", [False, True])
+def test_a_regression_target_without_the_outputs_last_dimension_is_named(tmp_path: Path, squeeze: bool) -> None:
+    """``MSELoss`` of an output ``[B, 1]`` against a target ``[B]`` broadcasts to ``[B, B]`` and the model learns
+    the batch mean; it had read as an output that cannot reach its targets (0.98), the shapes never named."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    criterion = nn.MSELoss()
+    weights = torch.randn(8, generator=g)
+    with NeuralDbg(model, tmp_path, trial="t", loss=criterion, optimizer=optimizer, snapshots=None):
+        for _ in range(120):
+            x = torch.randn(64, 8, generator=g)
+            y = x @ weights + 2.0
+            optimizer.zero_grad()
+            prediction = model(x)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's own broadcast warning
+                criterion(prediction.squeeze(-1) if squeeze else prediction, y).backward()
+            optimizer.step()
+    hypotheses = analyze(tmp_path / "t", store=False).hypotheses
+    if squeeze:
+        assert all(h.type != "target_shape" for h in hypotheses)
+    else:
+        assert (hypotheses[0].type, hypotheses[0].origin, hypotheses[0].onset) == ("target_shape", "loss", 0)
+        assert "squeeze" in hypotheses[0].remedy
+        assert all(h.type != "output_range" for h in hypotheses)

@@ -60,6 +60,7 @@ CONFIDENCE = {
     "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
     "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
+    "target_shape": 0.9,
 }
 """Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
 
@@ -120,6 +121,9 @@ _READING = {
     "unnormalised_input": ("unnormalised_input", "data",
                            "normalise the inputs (e.g. images / 255, or subtract the mean and divide by the standard "
                            "deviation of the training set) before the first layer"),
+    "target_shape": ("target_shape", "loss",
+                     "give the loss a prediction and a target of one shape: squeeze the output's last dimension "
+                     "(output.squeeze(-1)) or unsqueeze the target (target.unsqueeze(-1))"),
     "constant_target": ("constant_target", "data",
                         "check how the targets are built (a label column read wrongly, a target overwritten, an "
                         "index that never changes)"),
@@ -291,13 +295,20 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
     behind = [h for h in loop if h not in ahead]
     kept = []
     for h in statistical:
-        same = next((i for i, l in enumerate(ahead) if (l.type, l.origin, l.node) == (h.type, h.origin, h.node)
+        same = next((i for i, l in enumerate(ahead) if ((l.type, l.origin, l.node) == (h.type, h.origin, h.node)
+                                                         or h.type in _SEEN_AS.get(l.type, ()))
                      and abs(l.onset - h.onset) <= slack), None)
         if same is None:
             kept.append(h)
         elif h.confidence > ahead[same].confidence:
             ahead[same] = _with_confidence(ahead[same], h.confidence)
     return ahead + kept + behind
+
+
+_SEEN_AS = {"target_shape": ("output_range",)}
+"""Loop mistakes and the statistical reading of their effect, folded into them as one finding: a prediction
+broadcast against a target of another shape learns the batch mean, which reads as an output that cannot
+reach its targets."""
 
 
 def _with_confidence(h: Hypothesis, confidence: float) -> Hypothesis:

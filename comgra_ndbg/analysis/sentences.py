@@ -41,6 +41,7 @@ TYPE_TEXT = {
     "repeated_batch": "The same batch every step",
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
+    "target_shape": "A target shaped unlike the prediction",
     "nonfinite_evaluation": "Non-finite outputs in evaluation",
     "output_range": "An output that cannot reach its targets",
     # found against a healthy reference run (analysis/reference.py)

@@ -19,6 +19,7 @@ the loss is registered as node ``loss`` (``loss#1``, … for further losses of o
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any
 
@@ -27,6 +28,7 @@ from torch import nn
 
 from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
+from comgra_ndbg.instrument.loop_rules import Violation
 from comgra_ndbg.instrument.steps import LOSS
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
@@ -172,10 +174,36 @@ class LossCapture:
             return
         self._safely("recording the loss", self._record_loss, args, output)
 
+    def _check_loss_shapes(self, args: tuple) -> None:
+        """The loss module's prediction and floating target of other shapes that broadcast to more elements
+        than either (``[B, 1]`` against ``[B]``: every prediction compared with every target of the batch, and
+        the model learns the batch's mean; torch warns once, in a warning easily missed). Checked at the first
+        recorded training pass; a loop invariant of its own (``target_shape``)."""
+        if len(args) < 2 or not (isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor)):
+            return
+        prediction, target = args[0], args[1]
+        if not target.is_floating_point() or prediction.shape == target.shape:
+            return
+        try:
+            shape = torch.broadcast_shapes(prediction.shape, target.shape)
+        except RuntimeError:
+            return
+        if math.prod(shape) <= max(prediction.numel(), target.numel()):
+            return
+        self._inv_report(Violation(
+            "target_shape", self._inv_step_number(), LOSS,
+            f"the loss compares a prediction of shape {list(prediction.shape)} with a target of shape "
+            f"{list(target.shape)}: they broadcast to {list(shape)}, every prediction against every target of the "
+            f"batch, so the model learns the batch's mean",
+            evidence={"prediction": list(prediction.shape), "target": list(target.shape), "broadcast": list(shape)}))
+
     def _record_loss(self, args: tuple, output: torch.Tensor) -> None:
         """The loss value (KPI, every step) and, on recorded steps, the loss and target tensors."""
         rec = self.recorder
         self._losses.append(loss_value(output))
+        if self._inv and not self._loss_shapes_checked:
+            self._loss_shapes_checked = True
+            self._check_loss_shapes(args)
         if not rec.is_recording:
             return
         target = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].requires_grad else None
