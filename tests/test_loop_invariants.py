@@ -380,6 +380,36 @@ def test_one_param_group_set_to_zero_while_the_other_trains_follows_the_stagnati
 
 
 # ---- the learning rate schedule ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["grows", "warmup_then_constant", "warmup_to_the_end"])
+def test_a_rate_that_never_stops_growing_is_found_and_a_warm_up_is_not(tmp_path: Path, schedule: str) -> None:
+    """× 1.05 a step from step 60 to the end (a factor applied every step): the loss gets worse from late in
+    the run, and the rate had been read as instability at its late effect. A linear warm-up that ends, or that
+    is still rising at the end of a short run while the loss falls, is no failure."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    steps = 200
+
+    def lr_at(step: int) -> float:
+        if schedule == "grows":
+            return 0.02 * 1.05 ** max(0, step - 60)
+        if schedule == "warmup_then_constant":
+            return 0.02 * min(1.0, (step + 1) / 50)
+        return 0.02 * (step + 1) / steps
+
+    def loop() -> None:
+        g = torch.Generator().manual_seed(1)
+        for step in range(steps):
+            optimizer.param_groups[0]["lr"] = lr_at(step)
+            _train_step(model, optimizer, *batch(g))
+
+    _, diagnosis = record(tmp_path, model, loop)
+    growth = [h for h in loop_hypotheses(diagnosis) if "never stops growing" in h.sentence]
+    if schedule == "grows":
+        assert [(h.type, h.origin, h.onset) for h in growth] == [("optimizer_divergence", "optimizer", 60)]
+    else:
+        assert growth == []
+
+
 @pytest.mark.parametrize("schedule", ["step_per_batch", "warmup_cosine", "step_decay", "warm_restarts"])
 def test_a_schedule_stepped_per_batch_collapses_the_rate_and_healthy_schedules_do_not(tmp_path: Path,
                                                                                        schedule: str) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import CausalChain, Event, Evidence, Hypothesis
 from comgra_ndbg.analysis.hypotheses import features
 from comgra_ndbg.analysis.sentences import TYPE_TEXT
@@ -60,7 +61,7 @@ CONFIDENCE = {
     "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
     "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
-    "target_shape": 0.9,
+    "target_shape": 0.9, "lr_growth": 0.9,
 }
 """Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
 
@@ -108,6 +109,9 @@ _READING = {
                              "check what '{node}' computes only in eval() mode or without gradients: its BatchNorm "
                              "running statistics (finite after training?), an eval-only branch, a calibration "
                              "constant (a temperature) left at 0"),
+    "lr_growth": ("optimizer_divergence", "optimizer",
+                  "stop the schedule's growth: a warm-up ends at its target rate (check its length and that the "
+                  "scheduler after it takes over), and a factor applied every step must stay at or below 1"),
     "lr_collapse": ("update_stagnation", "optimizer",
                     "check the scheduler: step it once per epoch if its step_size / T_max / milestones count "
                     "epochs (or give it the number of batches), and check the steps it was told the run has"),
@@ -235,6 +239,7 @@ def loop_diagnosis(series: RunSeries, facts: LoopFacts | None = None) -> LoopDia
     if any(f.invariant == "not_in_optimizer" for f in findings):  # the replaced layer's old parameters: one mistake
         findings = [f for f in findings if f.invariant != "foreign_parameters"]
     findings += _lr_findings(series)
+    findings += _lr_growth_findings(series)
     findings += _batch_findings(series, facts)
     findings += _target_findings(facts)
     findings.sort(key=lambda f: f.onset)
@@ -367,6 +372,62 @@ def _lr_findings(series: RunSeries) -> list[_Finding]:
                 float(np.log10(peak[i] / values[i])) if values[i] > 0 else float("inf")))
             break
     return out
+
+
+def _lr_growth_findings(series: RunSeries) -> list[_Finding]:
+    """A param group's learning rate rising at every recorded step to the run's end, ``GROWTH``× or more
+    since that rise began and still ``TAIL_GROWTH``× over the last tenth of the run, with the loss worse
+    after its start: a schedule that never stops growing (a warm-up without its end, a factor applied every
+    step). A warm-up reaches its rate and stays or decays; a learning-rate range test rises like this on
+    purpose (the sentence says so)."""
+    out = []
+    for name in sorted(k for k in series.kpis if k.startswith("lr/")):
+        lr = series.kpis[name]
+        present = np.flatnonzero(np.isfinite(lr))
+        if len(present) < 2 * MIN_GROWTH_STEPS:
+            continue
+        values = lr[present]
+        falls = np.flatnonzero(~(values[1:] > values[:-1]))
+        start = int(falls[-1]) + 1 if len(falls) else 0  # the strictly rising run that reaches the last step
+        tail = values[-max(MIN_GROWTH_STEPS // 2, len(values) // 10):]
+        if (len(values) - start < MIN_GROWTH_STEPS or values[start] <= 0 or values[-1] < GROWTH * values[start]
+                or tail[-1] < TAIL_GROWTH * tail[0]):
+            continue
+        onset = int(series.steps[present[start]])
+        if not _worse_at_the_end(series, int(present[start])):
+            continue
+        out.append(_Finding(
+            "lr_growth", onset, "",
+            f"the learning rate of param group {name[3:]} rose at every step from step {onset} to the end of the run, "
+            f"from {values[start]:.3g} to {values[-1]:.3g} ({values[-1] / values[start]:.3g}×), and the loss got "
+            f"worse from then on: a schedule that never stops growing (unless this run is a learning-rate range "
+            f"test)", (Evidence(f"kpi/{name}", (onset, int(series.steps[present[-1]])),
+                                (float(values[start]), float(values[-1]))),),
+            float(np.log10(values[-1] / values[start]))))
+        break
+    return out
+
+
+def _worse_at_the_end(series: RunSeries, index: int, t: Thresholds = Thresholds()) -> bool:
+    """Whether the loss of the run's last ``window`` steps is worse than that of the ``window`` steps before
+    index ``index`` (as ``harm`` reads worse: ``harm_factor`` × and ``harm_fraction`` of the first loss above
+    it, or non-finite): a slowly growing rate harms late, not in the steps right after it starts."""
+    loss = np.asarray(series.loss, dtype=np.float64)
+    before, end = loss[max(0, index - t.window):index], loss[-t.window:]
+    finite = before[np.isfinite(before)]
+    if not len(finite) or index >= len(loss) - t.window:
+        return False
+    if not np.isfinite(end).all():
+        return True
+    first = loss[np.isfinite(loss)][:t.window]
+    initial = float(np.median(first)) if len(first) else 0.0
+    low, high = float(np.median(finite)), float(np.median(end))
+    return high >= t.harm_factor * low and high - low >= t.harm_fraction * initial
+
+
+GROWTH = 100.0  # a rising learning rate this many times its value where the rise began ...
+TAIL_GROWTH = 2.0  # ... and still rising this much over the last tenth of the run
+MIN_GROWTH_STEPS = 20
 
 
 def _still_training(lr: np.ndarray, position: int) -> bool:
