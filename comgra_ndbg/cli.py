@@ -33,6 +33,19 @@ from comgra_ndbg.errors import ComgraError
 __all__ = ["build_parser", "main"]
 
 
+def _refresh_ms(text: str) -> int:
+    """An argparse ``type`` for ``--refresh-ms``: milliseconds between looks for new steps, at least 100 (a
+    smaller interval makes the browser ask faster than a look takes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, a whole number of 100 or more, got "
+                                         f"{text!r}") from None
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, a whole number of 100 or more, got {value}")
+    return value
+
+
 def _port(text: str) -> int:
     """An argparse ``type`` for ``--port``: a TCP port from 1 to 65535, refused while parsing (exit status 2) so
     that nothing is loaded or recorded for a port the explorer could never listen on. 0 ("any free port") is
@@ -68,7 +81,7 @@ def _add_gui(subparsers: Any) -> None:
     parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--visualization-file", metavar="FILE",
                         help="Python file defining visualize(recording, selection) for the Custom tab")
-    parser.add_argument("--refresh-ms", type=int, default=2000,
+    parser.add_argument("--refresh-ms", type=_refresh_ms, default=2000,
                         help="how often to look for steps written since (default 2000)")
     parser.set_defaults(handler=_gui)
 

@@ -83,6 +83,15 @@ def test_gui_refuses_a_port_outside_1_to_65535(port: str, group: Path, served: l
     assert served == []
 
 
+@pytest.mark.parametrize("interval", ["0", "-5", "99"])
+def test_gui_refuses_a_refresh_interval_under_100_ms(interval: str, group: Path, served: list[dict[str, Any]],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["gui", str(group), "--refresh-ms", interval], capsys)
+    assert_refused_while_parsing(code, out, err, "gui", f"argument --refresh-ms: expected milliseconds, a whole "
+                                                        f"number of 100 or more, got {int(interval)}")
+    assert served == []
+
+
 def test_demo_refuses_a_bad_port_before_recording_anything(tmp_path: Path, served: list[dict[str, Any]],
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["demo", "--steps", str(STEPS), "--port", "99999", "--path", str(tmp_path / "g")], capsys)

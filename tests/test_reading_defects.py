@@ -150,3 +150,12 @@ def test_the_comgra_layer_takes_a_negative_batch_dimension_as_comgra_does(tmp_pa
         recorder.register_tensor("feature_major", torch.randn(3, 4), index_of_batch_dimension=-1)  # no error
         with pytest.raises(InvalidArgumentError, match="index_of_batch_dimension must be a dimension"):
             recorder.register_tensor("out_of_range", torch.randn(3, 4), index_of_batch_dimension=-3)
+
+
+def test_the_comgra_layer_names_recorder_options_that_the_recorder_does_not_take(tmp_path: Path) -> None:
+    from comgra_ndbg.compat.comgra.objects import DecisionMakerForRecordingsHardcoded
+    from comgra_ndbg.compat.comgra.recorder import ComgraRecorder
+
+    with pytest.raises(InvalidArgumentError, match=r"Recorder does not take: \['flush_every_second'\]"):
+        ComgraRecorder(tmp_path, "g", "t", DecisionMakerForRecordingsHardcoded([0]),
+                       recorder_options={"flush_every_second": 5})

@@ -27,6 +27,7 @@ so that ``get_name_of_module`` works, which in Comgra raises ``KeyError``).
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,10 @@ class ComgraRecorder(Registrations):
         self.group_path = root / group
         self.trial_path = self.group_path / trial_id
         options = dict(recorder_options or {})
+        unknown = sorted(set(options) - set(inspect.signature(Recorder).parameters))
+        if unknown:
+            raise InvalidArgumentError(f"recorder_options has keys Recorder does not take: {unknown}; see "
+                                       f"help(comgra_ndbg.Recorder) for its keyword arguments")
         taken = sorted(set(options) & set(_LAYER_OPTIONS))
         if taken:
             raise InvalidArgumentError(f"recorder_options may not set {taken}: ComgraRecorder sets them from Comgra's "
