@@ -16,13 +16,19 @@ from comgra_ndbg.analysis.api import analyze
 STEPS, T0 = 230, 150
 
 
-def _run(folder: Path, max_norm_from_t0: float) -> list:
+def _clusters() -> tuple[torch.Tensor, torch.Tensor, torch.Generator, nn.Sequential]:
+    """Eight Gaussian clusters in 16 dimensions (inputs, labels, the generator drawn from) and a ReLU MLP."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(5)
     centers = torch.randn(8, 16, generator=g) * 1.2
     labels = torch.randint(0, 8, (4096,), generator=g)
     inputs = centers[labels] + torch.randn(4096, 16, generator=g)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    return inputs, labels, g, nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                                            nn.Linear(64, 8))
+
+
+def _run(folder: Path, max_norm_from_t0: float) -> list:
+    inputs, labels, g, model = _clusters()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     criterion = nn.CrossEntropyLoss()
     order = torch.randperm(4096, generator=g)
@@ -52,12 +58,7 @@ def test_a_gradient_cut_to_exactly_zero_from_the_start_is_update_stagnation_of_t
     """Hooks that return zeros for the first layer's gradients (a cut backward path): a gradient of exactly 0
     is no attenuation ("vanishing from the architecture, 27.8 decades off" at confidence 0.99, advising
     residual connections) and, received at every step, no choice to freeze the layer either."""
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(5)
-    centers = torch.randn(8, 16, generator=g) * 1.2
-    labels = torch.randint(0, 8, (4096,), generator=g)
-    inputs = centers[labels] + torch.randn(4096, 16, generator=g)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    inputs, labels, g, model = _clusters()
     for parameter in model[0].parameters():
         parameter.register_hook(torch.zeros_like)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -208,8 +208,8 @@ class Recording(SnapshotReading, StepTables, RankAccess, ConfigReading, ProfileR
         if rank is not None:
             try:
                 return open_recording(self.group, trial, rank=rank, damaged=damaged)
-            except UnknownSeriesError:  # that trial has no such rank (or none): its own default
-                pass
+            except UnknownSeriesError:  # that trial has no such rank (or none): its own default rank
+                rank = None
         return open_recording(self.group, trial, damaged=damaged)
 
     # ---- catalog -------------------------------------------------------------------------------------------
