@@ -257,6 +257,9 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._criterion = loss
         self._losses: list[torch.Tensor] = []
         self._loss_shapes_checked = False  # the loss module's prediction and target shapes (``_check_loss_shapes``)
+        self._loss_graphs_read = 0  # backward calls whose loss graph was read (``_check_loss_graph``)
+        self._model_outputs: list[torch.Tensor] = []  # a training pass's outputs, until the next backward call
+        self._outside_checked = False  # the model's graph was walked for parameters it does not hold
         self._loss_kpi: int | None = None  # the catalog's id of the loss KPI, once recorded
         self._loss_sources: dict[tuple[Any, int], tuple[str, int]] = {}  # output (grad_fn, nr) -> (name, iteration)
         self._backward_seen = False

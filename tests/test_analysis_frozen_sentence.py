@@ -21,7 +21,7 @@ def _series(stopped: int, moving: int):
         name = f"p{k}"
         update = np.zeros(60) if k < stopped else np.full(60, 1e-3)
         rows[(name, "update")] = summary_rows(rms=update)
-        rows[(name, "grad")] = summary_rows(rms=np.full(60, 1e-2))
+        rows[(name, "grad")] = summary_rows(rms=1e-2 * (1 + 0.1 * np.sin(np.arange(60))))  # a new gradient each step
         roles[name] = "parameter"
     return build_series(rows, roles=roles, kpis={})
 

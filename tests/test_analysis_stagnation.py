@@ -64,8 +64,8 @@ def test_a_layer_frozen_on_purpose_from_the_start_is_no_failure() -> None:
 
 
 def test_a_layer_that_gets_gradients_but_never_moves_is_missing_from_the_optimizer() -> None:
-    series = params({"new_head": np.zeros(STEPS), "body": moving()},
-                    {"new_head": np.ones(STEPS), "body": np.ones(STEPS)})
+    series = params({"new_head": np.zeros(STEPS), "body": moving()},  # (a gradient that changes from step to step)
+                    {"new_head": np.linspace(1.0, 2.0, STEPS), "body": np.ones(STEPS)})
     events = stagnation_events(series)
     assert states(events) == [("new_head", "initial", "frozen", 0, STEPS - 1, True)]
     [h] = rank_hypotheses(events, link_events(events, series), series)

@@ -39,11 +39,14 @@ def activation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), 
     """
     t = thresholds
     events: list[Event] = []
+    scale = _input_scale(series)
     for node in series.activations:
         if not node.has("value"):
             continue
         stats = node.stats["value"]
         events += _scale_events(series, node, t, stop, settle)
+        if node.role not in ("input", "target") and scale is not None:
+            events += _initial_scale_events(series, node, scale, stop)
         if node.role != "input":
             events += fraction_events(series, node, stats["dead_fraction"], "dead", t.dead_enter, t.dead_exit,
                                       t.dead_rise, t, stop)
@@ -68,6 +71,35 @@ def _scale_events(series: RunSeries, node: NodeSeries, t: Thresholds, stop: int 
                          int(series.steps[s.end]), s.peak, strength(s.peak, t.enter_decades), (evidence,),
                          sudden=bool(s.jump >= t.sudden_fraction * t.enter_decades)))
     return out
+
+
+INITIAL_RMS = 10.0
+"""An activation of the untrained model (step 0) at or above this rms, and this many times the largest input's,
+explodes in the forward pass from the initialisation (no update has run yet)."""
+
+
+def _input_scale(series: RunSeries) -> float | None:
+    """The largest rms of the model's inputs at step 0 (None when step 0, before any update, is not recorded
+    or no input is)."""
+    if not len(series.steps) or series.steps[0] != 0:
+        return None
+    found = [float(n.stats["value"]["rms"][0]) for n in series.activations
+             if n.role == "input" and n.has("value") and np.isfinite(n.stats["value"]["rms"][0])]
+    return max(found) if found else None
+
+
+def _initial_scale_events(series: RunSeries, node: NodeSeries, scale: float, stop: int | None) -> list[Event]:
+    """A node whose rms at step 0 is at least :data:`INITIAL_RMS` and that many times the inputs' (an RNN whose
+    recurrent weights amplify, a gain wrong at initialisation): exploding from the first step, before the
+    first update could be the cause."""
+    rms = node.stats["value"]["rms"][:stop]
+    if not len(rms) or not np.isfinite(rms[0]) or rms[0] < INITIAL_RMS or rms[0] < INITIAL_RMS * scale:
+        return []
+    ratio = float(rms[0] / max(scale, 1e-30))
+    evidence = Evidence(f"{node.name}/value/rms", (int(series.steps[0]),), (float(rms[0]),), scale)
+    decades = float(np.log10(ratio))
+    return [Event(FAMILY, node.name, "value", "normal", "exploding", int(series.steps[0]), int(series.steps[0]),
+                  decades, strength(decades, 1.0), (evidence,), at_start=True)]
 
 
 def fraction_events(series: RunSeries, node: NodeSeries, fraction: np.ndarray, state: str, enter: float,

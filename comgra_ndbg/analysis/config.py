@@ -61,6 +61,8 @@ class Thresholds:
     spike_recovery_steps: int = 5  # a spike back under `spike_recovery_factor` × median within these steps is transient
     spike_recovery_factor: float = 3.0
     spike_floor: float = 1.0  # ... and peaking at least at this × the loss of the untrained model (first steps)
+    jump_factor: float = 5.0  # loss above this × its recent median at once, and `spike_recovery_factor` × for
+    # `window` steps after: a lasting jump (a spike that does not come back)
     divergence_floor: float = 2.0  # an optimizer event after which the loss settles at this × the untrained
     # model's loss (the model is worse than untrained) is a divergence, not an instability
     divergence_factor: float = 100.0  # loss above this × its median before the event: diverging

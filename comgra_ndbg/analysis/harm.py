@@ -36,6 +36,7 @@ from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.analysis.series import RunSeries
 
 __all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "loss_blew_up_from_start",
+           "ends_worse_than_untrained", "optimizer_blew_up_at_start",
            "harmful", "HARD_STATES"]
 
 HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
@@ -92,7 +93,8 @@ def harmful(root: Event, effects: Iterable[Event], series: RunSeries, t: Thresho
     if is_hard(root) or any(is_hard(e) for e in effects):
         return True
     if root.at_start:
-        if root.family == "optimizer_stability" and loss_blew_up_from_start(series, root.end, t):
+        if root.family == "optimizer_stability" and (loss_blew_up_from_start(series, root.end, t)
+                                                     or ends_worse_than_untrained(series, t)):
             return True
         learned = loss_improved_from_start(series, t)
         return True if learned is None else not learned
@@ -109,6 +111,31 @@ def loss_blew_up_from_start(series: RunSeries, end: int, t: Thresholds = Thresho
         return False
     head = loss[:int(np.searchsorted(steps, end, side="right"))]
     return bool((np.isinf(head) | (head >= t.divergence_factor * loss[0])).any())
+
+
+def ends_worse_than_untrained(series: RunSeries, t: Thresholds = Thresholds()) -> bool:
+    """Whether the median loss of the last ``window`` steps is ``divergence_floor`` × the loss at step 0 (the
+    untrained model) or more: updates from the first step on left the model worse than it started, whatever
+    it recovered after a first blow-up; False when step 0's loss was not recorded."""
+    steps = np.asarray(series.steps)
+    loss = np.asarray(series.loss, dtype=np.float64)
+    if not len(steps) or steps[0] != 0 or len(loss) != len(steps) or not np.isfinite(loss[0]) or loss[0] <= 0:
+        return False
+    tail = loss[-t.window:]
+    tail = tail[np.isfinite(tail)]
+    return bool(len(tail) * 2 >= min(t.window, len(loss)) and np.median(tail) >= t.divergence_floor * loss[0])
+
+
+def optimizer_blew_up_at_start(series: RunSeries, t: Thresholds = Thresholds()) -> bool:
+    """Whether the first recorded update moved the median parameter node by ``update_ratio_high`` of its norm
+    and the loss then blew up or ended worse than the untrained model's."""
+    ratios = [float(ratio[np.isfinite(ratio)][0]) for node in series.parameters
+              if node.has("update") and node.has("value")
+              for ratio in (node.stats["update"]["l2"] / node.stats["value"]["l2"],) if np.isfinite(ratio).any()]
+    if not ratios or np.median(ratios) < t.update_ratio_high:
+        return False
+    end = int(series.steps[min(len(series.steps) - 1, t.window)]) if len(series.steps) else 0
+    return loss_blew_up_from_start(series, end, t) or ends_worse_than_untrained(series, t)
 
 
 def loss_improved_from_start(series: RunSeries, t: Thresholds = Thresholds()) -> bool | None:

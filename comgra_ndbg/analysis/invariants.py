@@ -43,7 +43,9 @@ import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import CausalChain, Event, Evidence, Hypothesis
+from comgra_ndbg.analysis.harm import optimizer_blew_up_at_start
 from comgra_ndbg.analysis.hypotheses import features
+from comgra_ndbg.analysis.lost_updates import lost_updates
 from comgra_ndbg.analysis.sentences import TYPE_TEXT
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.stats.statistics import derive
@@ -60,8 +62,12 @@ CONFIDENCE = {
     "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9,
     "half_precision_eps": 0.95,
     "nonfinite_evaluation": 0.9,
-    "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7, "constant_target": 0.85,
-    "target_shape": 0.9, "lr_growth": 0.9,
+    "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7,
+    "constant_target": 0.85,
+    "single_value_batches": 0.85, "lost_updates": 0.85, "sum_reduction": 0.9,
+    "unregistered_parameters": 0.9,
+    "target_shape": 0.9, "lr_growth": 0.9, "activation_before_loss": 0.9, "negative_lr": 0.9,
+    "decay_not_below_one": 0.9, "negative_weight_decay": 0.9,
 }
 """Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
 
@@ -112,6 +118,15 @@ _READING = {
     "lr_growth": ("optimizer_divergence", "optimizer",
                   "stop the schedule's growth: a warm-up ends at its target rate (check its length and that the "
                   "scheduler after it takes over), and a factor applied every step must stay at or below 1"),
+    "negative_lr": ("optimizer_divergence", "optimizer",
+                    "check the scheduler: a decay that runs past its last step (a linear decay given too few "
+                    "steps) turns negative; clamp its factor at 0 or give it the run's real length"),
+    "decay_not_below_one": ("optimizer_divergence", "optimizer",
+                            "keep momentum, betas, alpha and rho below 1 (0.9; (0.9, 0.999); 0.99 are the usual "
+                            "values), and check the code that edits the param groups"),
+    "negative_weight_decay": ("optimizer_divergence", "optimizer",
+                              "give weight_decay a value of 0 or more (1e-4 to 1e-1 is usual), and check the code "
+                              "that edits the param groups"),
     "lr_collapse": ("update_stagnation", "optimizer",
                     "check the scheduler: step it once per epoch if its step_size / T_max / milestones count "
                     "epochs (or give it the number of batches), and check the steps it was told the run has"),
@@ -128,11 +143,30 @@ _READING = {
     "target_shape": ("target_shape", "loss",
                      "give the loss a prediction and a target of one shape: squeeze the output's last dimension "
                      "(output.squeeze(-1)) or unsqueeze the target (target.unsqueeze(-1))"),
+    "activation_before_loss": ("output_range", "node",
+                               "pass the loss the model's raw outputs (logits): BCEWithLogitsLoss and CrossEntropyLoss "
+                               "apply the sigmoid or softmax themselves, so remove the model's last sigmoid/softmax "
+                               "(apply it only to predictions at inference); NLLLoss takes log_softmax's output, not "
+                               "softmax's"),
+    "unregistered_parameters": ("update_stagnation", "architecture",
+                                "keep sub-modules in nn.ModuleList / nn.ModuleDict (a plain list or dict hides their "
+                                "parameters from model.parameters(), the optimizer, .to() and the state dict), then "
+                                "build the optimizer from model.parameters()"),
+    "sum_reduction": ("optimizer_divergence", "loss",
+                      "average the loss (reduction='mean', the default), or divide the learning rate by the number of "
+                      "terms the sum adds up"),
+    "lost_updates": ("precision", "architecture",
+                     "keep the weights in float32 and run the forward pass under torch.autocast(dtype=torch.bfloat16) "
+                     "(float32 master weights), instead of model.to(torch.bfloat16) / .half()"),
+    "single_value_batches": ("single_value_batches", "data",
+                             "shuffle the training data (DataLoader(..., shuffle=True), or a random sampler): a data "
+                             "set sorted by its labels gives batches of one class each"),
     "constant_target": ("constant_target", "data",
                         "check how the targets are built (a label column read wrongly, a target overwritten, an "
                         "index that never changes)"),
 }
-_POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one", "nonfinite_evaluation")
+_POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one", "nonfinite_evaluation",
+                   "activation_before_loss")
 _BEHIND = ("lr_group_stopped",)
 """Invariants that explain how, not where: one param group stopped while the others train is a failure of
 the nodes that group holds, which the statistical stagnation hypothesis names; the loop hypothesis follows it."""
@@ -227,6 +261,9 @@ def loop_diagnosis(series: RunSeries, facts: LoopFacts | None = None) -> LoopDia
     findings: list[_Finding] = []
     notes: list[str] = []
     for row in facts.rows:
+        if row.invariant in _EXPLAINS_ONLY:
+            findings += _EXPLAINS_ONLY[row.invariant](row, series)
+            continue
         if row.severity != "failure":
             notes.append(f"{row.message} (step {row.step}).")
             continue
@@ -242,6 +279,7 @@ def loop_diagnosis(series: RunSeries, facts: LoopFacts | None = None) -> LoopDia
     findings += _lr_growth_findings(series)
     findings += _batch_findings(series, facts)
     findings += _target_findings(facts)
+    findings += _precision_findings(series)
     findings.sort(key=lambda f: f.onset)
     hypotheses, events, seen = [], [], set()
     last = int(series.steps[-1]) if len(series.steps) else 0
@@ -301,7 +339,8 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
     kept = []
     for h in statistical:
         same = next((i for i, l in enumerate(ahead) if ((l.type, l.origin, l.node) == (h.type, h.origin, h.node)
-                                                         or h.type in _SEEN_AS.get(l.type, ()))
+                                                         or h.type in _SEEN_AS.get(l.type, ())
+                                                         or h.type in _SEEN_AS.get(l.chain.root.to_state, ()))
                      and abs(l.onset - h.onset) <= slack), None)
         if same is None:
             kept.append(h)
@@ -310,10 +349,12 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
     return ahead + kept + behind
 
 
-_SEEN_AS = {"target_shape": ("output_range",)}
+_SEEN_AS = {"target_shape": ("output_range",), "activation_before_loss": ("output_range", "saturation"),
+            "sum_reduction": ("optimizer_divergence", "optimizer_instability")}
 """Loop mistakes and the statistical reading of their effect, folded into them as one finding: a prediction
 broadcast against a target of another shape learns the batch mean, which reads as an output that cannot
-reach its targets."""
+reach its targets; so does a sigmoid or softmax the loss applies a second time, whose first application
+saturates as the model pushes against the cap."""
 
 
 def _with_confidence(h: Hypothesis, confidence: float) -> Hypothesis:
@@ -342,6 +383,17 @@ def _lr_findings(series: RunSeries) -> list[_Finding]:
         if len(present) < MIN_STEPS:
             continue
         values = lr[present]
+        negative = np.flatnonzero(values < 0)
+        if len(negative):  # gradient ascent: not a collapse
+            i = int(negative[0])
+            onset = int(series.steps[present[i]])
+            out.append(_Finding(
+                "negative_lr", onset, "",
+                f"the learning rate of param group {name[3:]} turned negative ({values[i]:.3g}) at step {onset}: every "
+                f"update from then on climbs the loss instead of descending it",
+                (Evidence(f"kpi/{name}", (int(series.steps[present[max(i - 1, 0)]]), onset),
+                          (float(values[max(i - 1, 0)]), float(values[i]))),)))
+            continue
         peak = np.maximum.accumulate(values)
         low = (peak > 0) & (values <= peak * 10 ** -COLLAPSE_DECADES * (1 + 1e-9))  # 0.1 · 0.1³ > 1e-4 in floats
         zero = (peak > 0) & (values == 0)
@@ -502,18 +554,89 @@ def _scale_findings(series: RunSeries, facts: LoopFacts) -> list[_Finding]:
     return out
 
 
+def _summed_loss(row: LoopRow, series: RunSeries) -> list[_Finding]:
+    """A loss summed over many terms (``reduction='sum'``, information by itself) where the optimizer blew up
+    from the first step: the sum is what made the updates that large."""
+    terms = row.detail.get("terms")
+    if not isinstance(terms, int) or terms < SUMMED_TERMS or not optimizer_blew_up_at_start(series):
+        return []
+    return [_Finding("sum_reduction", row.step, "",
+                     f"{row.message}; a learning rate set for a mean takes updates {terms}× too large, and the "
+                     f"optimizer blew up from the first step",
+                     (Evidence(f"log/{row.invariant}", (row.step,), (float(terms),)),))]
+
+
+SUMMED_TERMS = 16
+"""Terms a summed loss adds up, at least, for its sum to explain an optimizer blown up from the start."""
+_EXPLAINS_ONLY = {"sum_reduction": _summed_loss}
+"""Information rows that become a finding only where the statistics show the harm they explain (no note)."""
+
+
+def _precision_findings(series: RunSeries) -> list[_Finding]:
+    """Half-precision weights whose updates round away (:mod:`~comgra_ndbg.analysis.lost_updates`)."""
+    found = lost_updates(series)
+    if found is None:
+        return []
+    more = len(found.nodes) - 1
+    return [_Finding(
+        "lost_updates", found.onset, found.node,
+        f"'{found.node}'{f' and {more} more parameter node(s)' if more else ''} hold {found.dtype} weights, and "
+        f"{found.share:.0%} of their elements with a gradient do not move at a step (median): updates smaller than "
+        f"half a unit in the last place of a weight round away, so training crawls while the gradients are there",
+        (Evidence(f"{found.node}/update/zero_fraction", (found.onset,), (found.share,)),))]
+
+
 def _target_findings(facts: LoopFacts) -> list[_Finding]:
+    """A target that holds one value for every sample: at nearly every recorded step and always the same value
+    (``constant_target``), the same from a step to the last after varying targets before (a label overwritten
+    mid-run, also ``constant_target``), or one value per batch that changes from batch to batch (data sorted
+    by its label and not shuffled: ``single_value_batches``)."""
     out = []
     for t in facts.targets:
         if len(t.steps) < MIN_STEPS + 2:
             continue
         constant = (t.rows[:, _MIN] == t.rows[:, _MAX]) & (t.rows[:, _COUNT] > 1)
+        values = t.rows[:, _MIN]
         if constant.mean() >= REPEAT_SHARE:
-            onset = int(t.steps[np.flatnonzero(constant)[0]])
-            value = float(t.rows[np.flatnonzero(constant)[0], _MIN])
+            at = np.flatnonzero(constant)
+            onset, value = int(t.steps[at[0]]), float(values[at[0]])
+            distinct = np.unique(values[at])
+            if len(distinct) > 1:
+                shown = ", ".join(f"{v:.4g}" for v in distinct[:5]) + (", …" if len(distinct) > 5 else "")
+                out.append(_Finding(
+                    "single_value_batches", onset, "",
+                    f"the target '{t.name}' holds one value for every sample of the batch at {len(at)} of "
+                    f"{len(t.steps)} recorded steps, a different one from batch to batch ({len(distinct)} values: "
+                    f"{shown}): the data is ordered by its target and not shuffled, so every step pulls the model "
+                    f"towards one value and batch statistics see one class at a time",
+                    (Evidence(f"{t.name}/value/min", tuple(int(s) for s in t.steps[at[:3]]),
+                              tuple(float(v) for v in values[at[:3]])),)))
+                continue
             out.append(_Finding(
                 "constant_target", onset, "",
-                f"the target '{t.name}' holds one value ({value:.4g}) for every sample at {int(constant.sum())} of "
+                f"the target '{t.name}' holds one value ({value:.4g}) for every sample at {len(at)} of "
                 f"{len(t.steps)} recorded steps: the model can only learn to output it",
                 (Evidence(f"{t.name}/value/min", (onset,), (value,)),)))
+            continue
+        tail = _same_value_tail(constant, values)
+        first = len(t.steps) - tail
+        if (tail >= MIN_STEPS + 2 and first > 0 and t.steps[-1] - t.steps[first] + 1 >= REPEAT_RUN
+                and constant[:first].mean() <= 0.5):  # (batches of one class by chance, often before: imbalance)
+            onset, value = int(t.steps[first]), float(values[first])
+            out.append(_Finding(
+                "constant_target", onset, "",
+                f"the target '{t.name}' holds one value ({value:.4g}) for every sample at every recorded step from "
+                f"step {onset} to the last ({tail} recorded steps), after varying targets before: from then on the "
+                f"model can only learn to output it",
+                (Evidence(f"{t.name}/value/min", (int(t.steps[first - 1]), onset),
+                          (float(values[first - 1]), value)),)))
     return out
+
+
+def _same_value_tail(constant: np.ndarray, values: np.ndarray) -> int:
+    """How many recorded steps at the end hold one value for every sample, the same value at each of them."""
+    if not constant[-1]:
+        return 0
+    same = constant & (values == values[-1])
+    breaks = np.flatnonzero(~same)
+    return len(same) - int(breaks[-1]) - 1 if len(breaks) else len(same)

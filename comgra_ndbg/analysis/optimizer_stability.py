@@ -146,11 +146,22 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
     factor[:settle] = np.nan
     out: list[Event] = []
     i, n = 0, len(loss)
+    entry = min(t.spike_factor, t.jump_factor)
     while i < n:
-        if not (np.isfinite(factor[i]) and factor[i] >= t.spike_factor and base[i] > 0):
+        if not (np.isfinite(factor[i]) and factor[i] >= entry and base[i] > 0):
             i += 1
             continue
         b = base[i]
+        floor = b + t.harm_fraction * initial if np.isfinite(initial) else b  # a loss of 1e-7 rising to 1e-5: noise
+        if factor[i] < t.spike_factor:  # short of a spike: only a lasting jump at once (from under 3×) counts
+            before = factor[i - 1] if i > 0 else np.nan
+            at_once = np.isfinite(before) and before < t.spike_recovery_factor
+            jump = _lasting_jump(series, loss, i, b, floor, t) if at_once else None
+            if jump is not None:
+                out.append(jump)
+                break
+            i += 1
+            continue
         after = loss[i:i + t.spike_recovery_steps + 1] / b
         back = np.flatnonzero((after < t.spike_recovery_factor) | (after * t.spike_factor <= factor[i]))
         evidence = Evidence("kpi/loss", tuple(int(v) for v in steps[i:i + 3]), tuple(float(v) for v in loss[i:i + 3]),
@@ -165,7 +176,6 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
                              magnitude, strength(np.log10(magnitude), np.log10(t.spike_factor)), (evidence,)))
             i = end + 1
             continue
-        floor = b + t.harm_fraction * initial if np.isfinite(initial) else b  # a loss of 1e-7 rising to 1e-5: noise
         high = (np.nan_to_num(loss[i:] / b, nan=np.inf) >= t.divergence_factor) & (np.nan_to_num(loss[i:], nan=np.inf)
                                                                                    >= floor)
         diverged = runs(high, t.persist)
@@ -177,13 +187,25 @@ def loss_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *, sto
                              magnitude, strength(np.log10(magnitude), np.log10(t.divergence_factor)), (evidence,),
                              sudden=at_once))
             break
-        stay = loss[i:i + t.window]
-        if (len(stay) == t.window and np.isfinite(stay).all() and (stay >= t.spike_recovery_factor * b).all()
-                and np.median(stay) >= floor):
-            magnitude = float(np.median(stay) / b)
-            out.append(Event(FAMILY, "loss", "kpi", "stable", "jumped", int(steps[i]), int(steps[i + t.window - 1]),
-                             magnitude, strength(np.log10(magnitude), np.log10(t.spike_factor)), (evidence,),
-                             sudden=True))
+        jump = _lasting_jump(series, loss, i, b, floor, t)
+        if jump is not None:
+            out.append(jump)
             break
         i += 1
     return out
+
+
+def _lasting_jump(series: RunSeries, loss: np.ndarray, i: int, base: float, floor: float,
+                  t: Thresholds) -> Event | None:
+    """A ``jumped`` event at index ``i`` when the loss stays ≥ ``spike_recovery_factor`` × ``base`` for the
+    ``window`` steps from there, their median at or above ``floor``."""
+    stay = loss[i:i + t.window]
+    if not (len(stay) == t.window and np.isfinite(stay).all() and (stay >= t.spike_recovery_factor * base).all()
+            and np.median(stay) >= floor):
+        return None
+    steps = series.steps
+    magnitude = float(np.median(stay) / base)
+    evidence = Evidence("kpi/loss", tuple(int(v) for v in steps[i:i + 3]), tuple(float(v) for v in loss[i:i + 3]),
+                        float(base))
+    return Event(FAMILY, "loss", "kpi", "stable", "jumped", int(steps[i]), int(steps[i + t.window - 1]),
+                 magnitude, strength(np.log10(magnitude), np.log10(t.jump_factor)), (evidence,), sudden=True)

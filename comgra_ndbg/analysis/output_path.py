@@ -101,7 +101,10 @@ def side_masses(series: RunSeries, name: str, window: slice) -> tuple[float, flo
 def _squash(series: RunSeries, name: str, side: str, window: slice, compression: float,
             pin_margin: float) -> Squash | None:
     value = series.node(name).stats["value"]
-    low, high = np.nanmedian(value["min"][window]), np.nanmedian(value["max"][window])
+    lows, highs = value["min"][window], value["max"][window]
+    if not (np.isfinite(lows).any() and np.isfinite(highs).any()):  # (a node recorded non-finite throughout)
+        return None
+    low, high = np.nanmedian(lows), np.nanmedian(highs)
     if not (np.isfinite(low) and np.isfinite(high)):
         return None
     if bounded(series, name, window):

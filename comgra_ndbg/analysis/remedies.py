@@ -48,7 +48,7 @@ def _ratio_jump(series: RunSeries, onset: int) -> tuple[float, float]:
             ratio = update_ratio(node)
             head, tail = ratio[series.steps < onset], ratio[(series.steps >= onset) & (series.steps < onset + 5)]
             if np.isfinite(head).any() and np.isfinite(tail).any():
-                before.append(np.nanmedian(head[-20:]))
+                before.append(np.median(head[np.isfinite(head)][-20:]))  # the last 20 recorded (tiers skip steps)
                 after.append(np.nanmax(tail))
     if not before:
         return float("nan"), float("nan")
@@ -111,6 +111,10 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     if kind == "saturation":
         return (f"keep the input of '{node}' in the activation's working range: normalise it (LayerNorm, "
                 f"BatchNorm) or scale down the weights that feed it")
+    if kind == "exploding" and root.at_start and root.family == "activation_regime":  # before any update
+        return (f"the untrained model already amplifies its inputs at '{node}': check its initialisation (the weights' "
+                f"scale; for a recurrent layer, a recurrence gain at or under 1: orthogonal or 1/sqrt(hidden) "
+                f"weights), or add a normalisation before it")
     if kind == "exploding":
         return _clip(series, onset) + f", and look at what amplifies the signal at '{node}'"
     if kind == "vanishing":

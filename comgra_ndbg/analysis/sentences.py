@@ -37,10 +37,11 @@ TYPE_TEXT = {
     "wrong_mode": "A train/eval mode mistake",
     "batch_statistics": "BatchNorm on single samples",
     "unused_parameters": "Unused parameters",
-    "precision": "An optimizer eps below the weights' precision",
+    "precision": "Half-precision weights",
     "repeated_batch": "The same batch every step",
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
+    "single_value_batches": "Batches of a single target value",
     "target_shape": "A target shaped unlike the prediction",
     "nonfinite_evaluation": "Non-finite outputs in evaluation",
     "output_range": "An output that cannot reach its targets",
@@ -140,6 +141,10 @@ def describe(e: Event) -> str:
     what = {"value": "value rms", "grad": "gradient (relative to the output's)",
             "update": "update/weight ratio"}.get(e.kind, e.kind)
     direction = "rose" if e.to_state in ("exploding", "unstable") else "fell"
+    if e.at_start and e.family == "activation_regime" and e.kind == "value" and e.evidence and e.evidence[0].values:
+        rms, inputs = e.evidence[0].values[0], e.evidence[0].baseline
+        return (f"where the value rms of {subject} is already {rms:.3g} before the first update, "
+                f"{_times(rms / inputs)} the inputs'")
     if e.at_start:
         return f"where the {what} of {subject} is {e.magnitude:.1f} decades off"
     return f"after the {what} of {subject} {direction} {e.magnitude:.1f} decades against its recent history"

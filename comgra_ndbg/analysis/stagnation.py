@@ -94,13 +94,33 @@ def same_summary(value: Mapping[str, np.ndarray], before: np.ndarray, after: np.
     return same & ((norm_a == norm_b) | (mixed & close))
 
 
+def _left_behind(grad: Mapping[str, np.ndarray], start: int, stop: int) -> bool:
+    """Whether a gradient's summary is finite, non-zero and exactly the same at every one of at least
+    ``STALE_STEPS`` recorded steps in ``[start, stop]``."""
+    columns = [grad[k][start:stop + 1] for k in ("abs_max", "l2", "mean") if k in grad]
+    if not columns or len(columns[0]) < STALE_STEPS:
+        return False
+    present = np.isfinite(columns[0])
+    if present.sum() < STALE_STEPS or not (columns[0][present] > 0).all():
+        return False
+    return all(np.all(c[present] == c[present][0]) for c in columns)
+
+
+STALE_STEPS = 10
+"""Recorded steps with one and the same gradient summary that make a ``.grad`` left behind, not a gradient."""
+
+
 def had_gradient(node: NodeSeries, start: int, stop: int) -> bool:
     """Whether the node received a gradient at some step index in ``[start, stop]``: a non-zero one, or one
     exactly 0 at most of those steps (its backward path cut — a hook, a detach — which is no choice to freeze
-    it: a frozen parameter gets no gradient at all)."""
+    it: a frozen parameter gets no gradient at all). A gradient whose summary is the same at every recorded
+    step is none: the ``.grad`` an earlier phase left behind (trained, then frozen with ``requires_grad_(False)``
+    and never cleared), which no backward pass of the run writes."""
     if not node.has("grad"):
         return False
     grad = node.stats["grad"]["abs_max"][start:stop + 1]
+    if _left_behind(node.stats["grad"], start, stop):
+        return False
     if np.nan_to_num(grad, nan=0.0).max(initial=0.0) > 0:
         return True
     count = node.stats["grad"]["count"][start:stop + 1] if "count" in node.stats["grad"] else None

@@ -95,6 +95,10 @@ class LoopInvariants(StepEndChecks):
         self._inv_no_step_onset = self._inv_no_update_onset = -1
         self._inv_foreign_run = 0
         self._inv_foreign_onset = -1
+        self._inv_outside: list[torch.Tensor] = []  # parameters the first loss reached that the model does not hold
+        self._inv_outside_held: set[int] = set()  # ... and those the optimizers that stepped hold
+        self._inv_outside_steps = 0
+        self._inv_outside_from = 0  # the step of that first pass
         self._inv_share: float | None = None
         self._inv_eval_grad_passes = self._inv_train_passes = self._inv_eval_run = 0
         self._inv_trained_in_train_mode = False
@@ -257,6 +261,9 @@ class LoopInvariants(StepEndChecks):
             if (id(optimizer), g) not in self._inv_groups_checked:
                 self._inv_groups_checked.add((id(optimizer), g))
                 self._inv_check_eps(number, g, group, step)
+            setting = rules.optimizer_setting(group)
+            if setting is not None:
+                self._inv_optimizer_setting(number, g, setting, step)
             with_grad = 0
             for i in held:
                 grad = params[i].grad
@@ -354,6 +361,43 @@ class LoopInvariants(StepEndChecks):
                 f"underflows, and the update divides by zero",
                 evidence={"eps": float(eps), "dtype": dtype, "smallest_normal": float(tiny), "group": g}))
 
+    def _inv_any_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Any optimizer's step (another model's too, as a GAN's discriminator): which parameters it holds."""
+        self._inv_outside_held.update(id(p) for group in optimizer.param_groups for p in group["params"])
+
+    def _inv_check_outside(self, step: int) -> None:
+        """``OUTSIDE_STEPS`` steps after the model's first training pass reached parameters the model does not
+        hold (modules its forward calls without registering them): did any optimizer step them? Judged once."""
+        outside, held = self._inv_outside, self._inv_outside_held
+        self._inv_outside, self._inv_outside_held = [], set()
+        missed = [p for p in outside if id(p) not in held]
+        if not missed:
+            return
+        elements = sum(_numel(p) for p in missed)
+        self._inv_report(Violation(
+            "unregistered_parameters", step, "model",
+            f"the model's forward pass uses {len(missed)} parameter(s) ({elements} elements; shapes "
+            f"{_shapes_text(missed)}) that are not the model's (not in model.parameters()) and that no optimizer "
+            f"stepped in the first {OUTSIDE_STEPS} steps holds: they get gradients and never change — layers kept in "
+            f"a plain Python list or dict instead of nn.ModuleList / nn.ModuleDict",
+            evidence={"parameters": len(missed), "elements": elements,
+                      "shapes": [list(p.shape) for p in missed[:20]]}))
+
+    def _inv_optimizer_setting(self, number: int, g: int, setting: tuple[str, str, float], step: int) -> None:
+        invariant, name, value = setting
+        label = f"{_optimizer_label(number)} group {g}"
+        if invariant == "negative_weight_decay":
+            effect = "every step moves the weights away from 0 by it: they grow until the loss follows"
+        elif name == "momentum":
+            effect = ("a momentum of 1 or more never forgets a gradient: every update is the sum of all the gradients "
+                      "since, and it grows and overshoots")
+        else:
+            effect = ("a moving average with a factor of 1 or more never takes in a new value (and its bias "
+                      "correction divides by 0 or changes sign)")
+        self._inv_report(Violation(
+            invariant, step, label, f"{label} runs with {name}={value:g} from step {step}: {effect}",
+            evidence={"setting": name, "value": value, "group": g}))
+
     # ---- the end of a step ------------------------------------------------------------------------------------
     def _inv_end_step(self) -> None:
         """The step is over: what received a gradient, which optimizers stepped, what changed."""
@@ -370,6 +414,10 @@ class LoopInvariants(StepEndChecks):
             return
         params = self._parameters
         self._inv_check_no_step(step)
+        if self._inv_outside:
+            self._inv_outside_steps += 1
+            if self._inv_outside_steps == OUTSIDE_STEPS:
+                self._inv_check_outside(self._inv_outside_from)
         if self._inv_held:  # an optimizer holding the model's parameters stepped (its pre-hook ran; the
             # count of own steps is not there yet at the optimizer= post-hook that ends the step)
             self._inv_check_omitted(step, received)
@@ -397,6 +445,15 @@ class LoopInvariants(StepEndChecks):
                 f"step {onset} on while the others did: the loss does not depend on {names_text(names)}",
                 evidence={"parameters": names[:20], "num_parameters": len(names), "nodes": nodes[:20],
                           "steps": rules.UNUSED_STEPS}))
+
+
+OUTSIDE_STEPS = 3
+"""Steps over which optimizers are watched for the parameters the model's first pass reached but does not hold."""
+
+
+def _shapes_text(tensors: list[torch.Tensor], limit: int = 4) -> str:
+    shapes = [str(list(t.shape)) for t in tensors[:limit]]
+    return ", ".join(shapes) + (f" and {len(tensors) - limit} more" if len(tensors) > limit else "")
 
 
 def _numel(p: torch.Tensor) -> int:

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from comgra_ndbg.instrument.hooks import input_names
+from comgra_ndbg.instrument.loop_rules import optimizer_setting
 from comgra_ndbg.instrument.loss import loss_value, step_loss
 
 __all__ = ["CARRIED_FULL", "LIGHT_AFTER", "LightSteps"]
@@ -366,6 +367,12 @@ class LightSteps:
                 return
             cached = self._light_lrs = (optimizer, self._inv_light_lrs(optimizer))
         self._light_kpis += [(kpi, group["lr"]) for kpi, group in cached[1]]
+        known = self._inv_optimizers.get(optimizer) if self._inv else None
+        if known is not None:  # a param group edited between full steps (momentum set to 1): dated where it is used
+            for g, group in enumerate(optimizer.param_groups):
+                setting = optimizer_setting(group)
+                if setting is not None:
+                    self._inv_optimizer_setting(known[0], g, setting, self._light_step)
 
     def _light_sentinels(self, optimizer: torch.optim.Optimizer) -> None:
         """Any optimizer's step pre-hook in a sentinel step: the first that holds the model's parameters

@@ -26,7 +26,7 @@ from comgra_ndbg.store import schema
 
 __all__ = ["CATEGORY", "FAILURE", "INFO", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse",
            "omission_severity", "omission", "copy_optimizer", "train_not_called", "outermost",
-           "NO_STEP_STEPS", "NO_UPDATE_STEPS", "STUCK_BACKWARDS", "STUCK_PER_STEP", "STUCK_FIRST",
+           "optimizer_setting", "NO_STEP_STEPS", "NO_UPDATE_STEPS", "STUCK_BACKWARDS", "STUCK_PER_STEP", "STUCK_FIRST",
            "stuck_limit", "UNUSED_STEPS", "EVAL_PASS_RUN",
            "SHARE_DROP", "SHARE_COLLAPSED", "OMITTED_ON_PURPOSE", "MODE_DEPENDENT", "NORM_LAYERS", "percent",
            "names_text"]
@@ -51,6 +51,11 @@ INVARIANTS = {
     "unused_parameters": "trainable parameters that receive no gradient for many steps",
     "half_precision_eps": "half-precision weights with an optimizer eps the dtype cannot represent",
     "nonfinite_evaluation": "evaluation passes whose module outputs hold NaN or Inf",
+    "target_shape": "a loss's prediction and target broadcast to more elements than either (every pair compared)",
+    "activation_before_loss": "a sigmoid or softmax before a loss that applies it again (or probabilities to NLLLoss)",
+    "decay_not_below_one": "an optimizer's momentum, beta, alpha or rho of 1 or more",
+    "unregistered_parameters": "parameters the loss depends on that neither the model nor an optimizer holds",
+    "negative_weight_decay": "an optimizer's negative weight decay",
 }
 """Every invariant checked during the loop, by the name its log rows carry in ``detail["invariant"]``."""
 
@@ -128,6 +133,36 @@ def eps_below_resolution(eps: float, dtype: str) -> bool:
     if dtype not in ("torch.float16", "torch.bfloat16"):
         return False
     return 0 < eps < torch.finfo(getattr(torch, dtype.split(".")[1])).tiny
+
+
+_AVERAGES = (("momentum", "momentum"), ("alpha", "alpha (RMSprop's smoothing)"), ("rho", "rho"))
+
+
+def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
+    """A param group's setting that no training wants, as ``(invariant, setting, value)``, or None: a moving
+    average's factor of 1 or more (``momentum``, Adam's ``betas``, RMSprop's ``alpha``, Adadelta's ``rho``:
+    a momentum of 1 never forgets a gradient, a beta of 1 divides by a bias correction of 0), or a negative
+    ``weight_decay`` (the weights grow by it every step). torch checks most of these only when the optimizer
+    is built, SGD's momentum never above; an edit of ``param_groups`` mid-run is not checked at all.
+
+    >>> optimizer_setting({"momentum": 0.9, "weight_decay": 0.0}), optimizer_setting({"momentum": 1.0})
+    (None, ('decay_not_below_one', 'momentum', 1.0))
+    >>> optimizer_setting({"betas": (0.9, 1.0)}), optimizer_setting({"weight_decay": -0.01})
+    (('decay_not_below_one', 'betas[1]', 1.0), ('negative_weight_decay', 'weight_decay', -0.01))
+    """
+    for key, label in _AVERAGES:
+        value = group.get(key)
+        if isinstance(value, (int, float)) and value >= 1:
+            return "decay_not_below_one", label, float(value)
+    betas = group.get("betas")
+    if isinstance(betas, (tuple, list)):
+        for i, value in enumerate(betas):
+            if isinstance(value, (int, float)) and value >= 1:
+                return "decay_not_below_one", f"betas[{i}]", float(value)
+    decay = group.get("weight_decay")
+    if isinstance(decay, (int, float)) and decay < 0:
+        return "negative_weight_decay", "weight_decay", float(decay)
+    return None
 
 
 def stuck_limit(longest_step: int) -> int:

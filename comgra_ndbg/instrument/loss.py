@@ -28,13 +28,16 @@ from torch import nn
 
 from comgra_ndbg.instrument import patches
 from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
-from comgra_ndbg.instrument.loop_rules import Violation
+from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation
+from comgra_ndbg.instrument.loss_graph import INFORMATION, gradient_leaves, loss_mistakes
 from comgra_ndbg.instrument.steps import LOSS
 from comgra_ndbg.recorder.grad_hook import on_gradient
 
 __all__ = ["LossCapture", "TARGET", "loss_value", "reached_outputs"]
 
 TARGET = "target"
+LOSS_GRAPHS = 3
+"""Backward calls of a run whose loss graphs are read for mistakes in how the prediction reaches the loss."""
 
 OutputKey = tuple[Any, int]
 """An output tensor's autograd identity: ``(grad_fn, output_nr)``."""
@@ -114,6 +117,21 @@ class LossCapture:
             if tensor.grad_fn is not None:
                 self._loss_sources[(tensor.grad_fn, tensor.output_nr)] = (ROOT + suffix, self._iteration)
 
+    def _note_model_outputs(self, output: Any) -> None:
+        """Keep the output tensors of a training pass until the model's graph was walked once for parameters
+        it does not hold (``_check_outside``, at the next backward call)."""
+        if self._inv and not self._outside_checked:
+            self._model_outputs = [t for _, t in tensor_leaves(output) if t.grad_fn is not None]
+
+    def _check_outside(self) -> None:
+        """The parameters the model's pass reached that the model does not hold (sub-modules in a plain list):
+        kept for the invariants, which judge them against the optimizers of the next steps."""
+        self._outside_checked = True
+        self._inv_outside = [p for p in gradient_leaves(self._model_outputs)
+                             if isinstance(p, nn.Parameter) and id(p) not in self._parameter_ids]
+        self._inv_outside_from = self._inv_step_number()
+        self._model_outputs = []
+
     def _on_backward_call(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """``patches``' callback: take each root computed from this step's forward passes as a loss."""
         if not self._closed:
@@ -125,12 +143,29 @@ class LossCapture:
             self._scaled_backward = self._scaled_backward or scale is not None
         if self._inv and not self._light and not self._closed:  # a light step: its loss only (below)
             self._safely("checking loop invariants", self._inv_backward_call)
+            if self._model_outputs and not self._outside_checked:
+                self._safely("checking loop invariants", self._check_outside)
+            if self._loss_graphs_read < LOSS_GRAPHS and self.recorder.current_step is not None:
+                self._loss_graphs_read += 1
+                self._safely("checking loop invariants", self._check_loss_graph, roots)
         if self._closed or not self._loss_sources or (self.recorder.current_step is None and not self._light):
             return
         for _, loss in roots:
             sources = reached_outputs(loss, self._loss_sources)
             if sources:
                 self._safely("recording the loss", self._take_loss, loss, sources)
+
+    def _check_loss_graph(self, roots: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """How each loss of the backward call reaches its prediction (``loss_graph``): an activation the loss
+        applies again, a prediction broadcast against its target; loop invariants, read at the first
+        ``LOSS_GRAPHS`` backward calls of the run with a step open."""
+        for _, loss in roots:
+            for mistake in loss_mistakes(loss):
+                node = self.recorder.registered_node(mistake.source) if mistake.source is not None else None
+                evidence = dict(mistake.evidence, node=node) if mistake.source is not None else mistake.evidence
+                severity = INFO if mistake.invariant in INFORMATION else FAILURE
+                self._inv_report(Violation(mistake.invariant, self._inv_step_number(), node or LOSS, mistake.message,
+                                           severity, evidence))
 
     def _take_loss(self, loss: torch.Tensor, sources: list[tuple[str, int]]) -> None:
         rec = self.recorder

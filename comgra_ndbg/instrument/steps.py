@@ -168,6 +168,7 @@ class StepDetection:
             elif not self._hooks.attached and any(from_compiled_code(t) for _, t in tensor_leaves(output)):
                 self._hooks.pin()  # compiled code guards on the hooks: keep them from now on
             self._note_outputs(output)
+            self._note_model_outputs(output)
             self._watch_backward(output)
         finally:
             self._hooks.capture = False
@@ -230,6 +231,8 @@ class StepDetection:
         return optimizer_holds(optimizer, lambda: self._parameter_ids, self._owners)
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._inv and self._inv_outside:  # parameters the model's pass reached that it does not hold
+            self._safely("checking loop invariants", self._inv_any_step, optimizer)
         if self._light:
             if self._light_sentinel and not self._closed:
                 self._safely("recording parameter sentinels", self._light_sentinels, optimizer)

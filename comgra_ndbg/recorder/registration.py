@@ -181,6 +181,14 @@ class TensorRegistration:
                                        f"target_iteration=)")
         self._structure.add_edge(TensorEdge(source, target, iterations[0], iterations[1]), discovered=discovered)
 
+    def registered_node(self, grad_fn: object) -> str | None:
+        """The node of the tensor registered in the open step that the autograd node ``grad_fn`` produced
+        (as it was when registered), or None: puts a name on a node of the step's autograd graph before the
+        backward pass discovers the dependency graph."""
+        name = self._structure.name_of(grad_fn)
+        tid = None if name is None else self.catalog.tensor_id(name)
+        return None if tid is None else self.catalog.tensors[tid].node
+
     def _declare_all_edges(self) -> None:
         """This step's edges all come through ``add_dependency`` (NeuralDbg's eager pass over a partly
         compiled model): walking autograd would add shortcuts across the compiled region, whose backward is

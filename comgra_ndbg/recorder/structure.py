@@ -45,6 +45,10 @@ class StructureTracker:
                            if shape_key is None else shape_key, origin[1]))  # ``registration_key``, inline
         self.pending = True
 
+    def name_of(self, grad_fn: object) -> str | None:
+        """The name of the tensor registered since the last discovery that ``grad_fn`` produced, or None."""
+        return next((name for name, _, _, origin in self._registered if origin[0] is grad_fn), None)
+
     def add_edge(self, edge: TensorEdge, *, discovered: bool = False) -> None:
         (self._found if discovered else self._manual).append(edge)
         self.pending = bool(self._registered)
