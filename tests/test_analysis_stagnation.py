@@ -98,3 +98,31 @@ def test_a_parameter_without_update_rows_whose_value_stands_still_is_frozen() ->
     series = build_series(rows, roles={"a": "parameter", "b": "parameter"},
                           kpis={"loss": (np.arange(STEPS), np.ones(STEPS))})
     assert states(stagnation_events(series)) == [("a", "stable", "frozen", 150, STEPS - 1, False)]
+
+
+def test_a_backbone_frozen_with_requires_grad_off_then_unfrozen_is_no_whole_model_stall() -> None:
+    """Nodes without a gradient at a step were frozen on purpose there (``requires_grad_(False)``): they do
+    not count among the stopped when most of the model is frozen until it is unfrozen at step 100 (it had read
+    as the optimizer stalling 99 steps, 0.95)."""
+    frozen_until = {f"b{k}": stopped_at(0) for k in range(4)}
+    grads: dict[str, np.ndarray | None] = {}
+    for name, update in frozen_until.items():
+        update[100:] = 1e-3
+        grad = np.linspace(1.0, 2.0, STEPS)
+        grad[:100] = np.nan  # no gradient recorded while requires_grad is off
+        grads[name] = grad
+    series = params(frozen_until | {"head": moving()}, grads | {"head": np.linspace(1.0, 2.0, STEPS)})
+    assert [e for e in stagnation_events(series) if e.node == OPTIMIZER] == []
+
+
+def test_most_nodes_with_exactly_zero_gradients_are_a_cut_path_not_the_optimizer() -> None:
+    """A scale of 0 that is no Parameter multiplies the blocks' path by 0: their gradients are exactly 0, the
+    ends of the model train. Read as unused parameters of the architecture, at the first such node."""
+    zero = {f"block{k}": np.zeros(STEPS) for k in range(4)}
+    series = params(zero | {"inp": moving(), "out": moving()},
+                    {name: np.zeros(STEPS) for name in zero} | {"inp": np.linspace(1.0, 2.0, STEPS),
+                                                               "out": np.linspace(1.0, 2.0, STEPS)})
+    events = stagnation_events(series)
+    hypotheses = rank_hypotheses(events, link_events(events, series), series)
+    assert [(h.type, h.origin, h.node) for h in hypotheses][:1] == [("unused_parameters", "architecture", "block0")]
+    assert "exactly 0" in hypotheses[0].remedy

@@ -30,6 +30,10 @@ STEPS = 70
     ({"rho": 1.0}, ("decay_not_below_one", "rho", 1.0)),
     ({"weight_decay": -1e-3}, ("negative_weight_decay", "weight_decay", -1e-3)),
     ({"momentum": torch.tensor(1.0)}, None),  # a tensor setting is not read (no device sync)
+    ({"betas": (0.999, 0.9), "eps": 1e-8}, ("betas_unstable", "betas", 0.999)),  # swapped
+    ({"betas": (0.9, 0.95), "eps": 1e-8}, None),  # a short second moment, as large models use
+    ({"betas": (0.9, 0.999), "eps": 1.0}, ("eps_too_large", "eps", 1.0)),
+    ({"betas": (0.9, 0.999), "eps": 1e-3}, None),
 ])
 def test_settings_are_judged_by_their_meaning(group: dict, expected) -> None:
     assert optimizer_setting(group) == expected
@@ -96,9 +100,17 @@ def test_a_linear_decay_past_its_last_step_turns_the_learning_rate_negative(tmp_
     assert all(h.type != "update_stagnation" for h in hypotheses)
 
 
+def test_swapped_betas_and_an_eps_of_one_are_named(tmp_path: Path) -> None:
+    swapped = _run(tmp_path, "swapped", lambda p: torch.optim.Adam(p, lr=3e-3, betas=(0.999, 0.9)))[0]
+    assert (swapped.type, swapped.origin, swapped.onset) == ("optimizer_instability", "optimizer", 0)
+    assert "betas=(0.999, 0.9)" in swapped.sentence and "swapped" in swapped.remedy
+    eps = _run(tmp_path, "eps", lambda p: torch.optim.Adam(p, lr=3e-3, eps=1.0))[0]
+    assert (eps.type, eps.origin, eps.onset) == ("update_stagnation", "optimizer", 0) and "eps=1" in eps.sentence
+
+
 @pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
                                   lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
                                   lambda p: torch.optim.RMSprop(p, lr=1e-3, alpha=0.99, momentum=0.5)])
 def test_usual_settings_raise_nothing(tmp_path: Path, make: Callable) -> None:
     hypotheses = _run(tmp_path, "ok", make)
-    assert all(h.type != "optimizer_divergence" for h in hypotheses)
+    assert all(h.type not in ("optimizer_divergence", "optimizer_instability") for h in hypotheses)

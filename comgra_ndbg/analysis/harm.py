@@ -36,7 +36,7 @@ from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.analysis.series import RunSeries
 
 __all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "loss_blew_up_from_start",
-           "ends_worse_than_untrained", "optimizer_blew_up_at_start",
+           "ends_worse_than_untrained", "optimizer_blew_up_at_start", "training_undone",
            "harmful", "HARD_STATES"]
 
 HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
@@ -99,7 +99,28 @@ def harmful(root: Event, effects: Iterable[Event], series: RunSeries, t: Thresho
         learned = loss_improved_from_start(series, t)
         return True if learned is None else not learned
     worse = loss_is_worse(series, root.onset, t)
+    if root.family == "parameter_edit" and not worse and training_undone(series, root.onset, t):
+        return True
     return True if worse is None else worse
+
+
+def training_undone(series: RunSeries, onset: int, t: Thresholds = Thresholds()) -> bool:
+    """Whether the loss after ``onset`` is back at the untrained model's (its first steps' median, within
+    ``UNDONE`` of it) after training had taken it at least ``LEARNED`` below: an edit that re-initialised the
+    weights undoes what training did, however little that was."""
+    loss = np.asarray(series.loss, dtype=np.float64)
+    i = int(np.searchsorted(series.steps, onset))
+    start, before, after = loss[:3], loss[max(3, i - t.window):i], loss[i:i + t.window]
+    start, before, after = (x[np.isfinite(x)] for x in (start, before, after))
+    if not (len(start) and len(before) and len(after)):
+        return False
+    untrained, b, a = float(np.median(start)), float(np.median(before)), float(np.median(after))
+    return untrained > 0 and b <= LEARNED * untrained and abs(a - untrained) <= UNDONE * untrained
+
+
+LEARNED = 0.9
+"""Training had taken the loss to at most this share of the untrained model's before an edit that undid it."""
+UNDONE = 0.1
 
 
 def loss_blew_up_from_start(series: RunSeries, end: int, t: Thresholds = Thresholds()) -> bool:
@@ -115,15 +136,20 @@ def loss_blew_up_from_start(series: RunSeries, end: int, t: Thresholds = Thresho
 
 def ends_worse_than_untrained(series: RunSeries, t: Thresholds = Thresholds()) -> bool:
     """Whether the median loss of the last ``window`` steps is ``divergence_floor`` × the loss at step 0 (the
-    untrained model) or more: updates from the first step on left the model worse than it started, whatever
-    it recovered after a first blow-up; False when step 0's loss was not recorded."""
+    untrained model) or more, and no stretch of ``window`` steps was better than step 0: updates from the
+    first step on left the model worse than it started, whatever it recovered after a first blow-up (a run
+    that trained and later diverged is not harmed from the start); False when step 0's loss was not
+    recorded."""
     steps = np.asarray(series.steps)
     loss = np.asarray(series.loss, dtype=np.float64)
     if not len(steps) or steps[0] != 0 or len(loss) != len(steps) or not np.isfinite(loss[0]) or loss[0] <= 0:
         return False
     tail = loss[-t.window:]
     tail = tail[np.isfinite(tail)]
-    return bool(len(tail) * 2 >= min(t.window, len(loss)) and np.median(tail) >= t.divergence_floor * loss[0])
+    if not (len(tail) * 2 >= min(t.window, len(loss)) and np.median(tail) >= t.divergence_floor * loss[0]):
+        return False
+    windows = [w[np.isfinite(w)] for w in np.array_split(loss[1:], max(1, (len(loss) - 1) // t.window))]
+    return all(np.median(w) >= loss[0] for w in windows if len(w))  # never better than untrained: from the start
 
 
 def optimizer_blew_up_at_start(series: RunSeries, t: Thresholds = Thresholds()) -> bool:

@@ -61,11 +61,12 @@ CONFIDENCE = {
     "no_update": 0.95, "trainable_share": 0.9, "eval_mode_training": 0.95, "train_mode_evaluation": 0.9,
     "train_not_called": 0.9, "batchnorm_batch_one": 0.95, "unused_parameters": 0.9,
     "half_precision_eps": 0.95,
-    "nonfinite_evaluation": 0.9,
+    "nonfinite_evaluation": 0.9, "nonfinite_evaluation_data": 0.9,
     "lr_collapse": 0.9, "lr_group_stopped": 0.85, "repeated_batch": 0.85, "unnormalised_input": 0.7,
     "constant_target": 0.85,
     "single_value_batches": 0.85, "lost_updates": 0.85, "sum_reduction": 0.9,
-    "unregistered_parameters": 0.9,
+    "unregistered_parameters": 0.9, "identical_samples": 0.85, "betas_unstable": 0.85, "eps_too_large": 0.85,
+    "outlier_batch": 0.85,
     "target_shape": 0.9, "lr_growth": 0.9, "activation_before_loss": 0.9, "negative_lr": 0.9,
     "decay_not_below_one": 0.9, "negative_weight_decay": 0.9,
 }
@@ -103,7 +104,8 @@ _READING = {
                          "model's own train() applies its frozen stages and normalisation settings there"),
     "batchnorm_batch_one": ("batch_statistics", "node",
                             "train with batches of more than one sample per replica (drop_last=True for a last "
-                            "batch of one), or use GroupNorm/LayerNorm, or put '{node}' in eval() mode"),
+                            "batch of one; BatchNorm1d needs several samples per micro-batch), or use "
+                            "GroupNorm/LayerNorm, or put '{node}' in eval() mode"),
     "unused_parameters": ("unused_parameters", "node",
                           "check that the output of '{node}' reaches the loss (a tensor detached, a branch not "
                           "used, a layer replaced by another); freeze it with requires_grad_(False) if it is meant "
@@ -115,6 +117,10 @@ _READING = {
                              "check what '{node}' computes only in eval() mode or without gradients: its BatchNorm "
                              "running statistics (finite after training?), an eval-only branch, a calibration "
                              "constant (a temperature) left at 0"),
+    "nonfinite_evaluation_data": ("nonfinite_evaluation", "data",
+                                  "check the evaluation data for NaN or Inf (a missing value, a division by zero in "
+                                  "its preprocessing) and clean or drop those samples; the training data is read by "
+                                  "another path"),
     "lr_growth": ("optimizer_divergence", "optimizer",
                   "stop the schedule's growth: a warm-up ends at its target rate (check its length and that the "
                   "scheduler after it takes over), and a factor applied every step must stay at or below 1"),
@@ -124,6 +130,11 @@ _READING = {
     "decay_not_below_one": ("optimizer_divergence", "optimizer",
                             "keep momentum, betas, alpha and rho below 1 (0.9; (0.9, 0.999); 0.99 are the usual "
                             "values), and check the code that edits the param groups"),
+    "betas_unstable": ("optimizer_instability", "optimizer",
+                       "use betas=(beta1, beta2) with beta1 below beta2, e.g. the default (0.9, 0.999); check that the "
+                       "two were not swapped"),
+    "eps_too_large": ("update_stagnation", "optimizer",
+                      "set eps to a small number (the default 1e-8; 1e-6 or 1e-4 for half precision)"),
     "negative_weight_decay": ("optimizer_divergence", "optimizer",
                               "give weight_decay a value of 0 or more (1e-4 to 1e-1 is usual), and check the code "
                               "that edits the param groups"),
@@ -148,6 +159,12 @@ _READING = {
                                "apply the sigmoid or softmax themselves, so remove the model's last sigmoid/softmax "
                                "(apply it only to predictions at inference); NLLLoss takes log_softmax's output, not "
                                "softmax's"),
+    "outlier_batch": ("loss_spike", "data",
+                      "find that batch in the data (its step) and fix or drop it; guard the loop against such batches "
+                      "(check the targets' and inputs' range before the step, or clip the gradient norm)"),
+    "identical_samples": ("mode_collapse", "data",
+                          "draw each row of the batch on its own (torch.randn(B, d), not "
+                          "torch.randn(1, d).expand(B, d) or a repeat of one item), and check the collate step"),
     "unregistered_parameters": ("update_stagnation", "architecture",
                                 "keep sub-modules in nn.ModuleList / nn.ModuleDict (a plain list or dict hides their "
                                 "parameters from model.parameters(), the optimizer, .to() and the state dict), then "
@@ -166,6 +183,7 @@ _READING = {
                         "index that never changes)"),
 }
 _POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one", "nonfinite_evaluation",
+                   "nonfinite_evaluation_data",
                    "activation_before_loss")
 _BEHIND = ("lr_group_stopped",)
 """Invariants that explain how, not where: one param group stopped while the others train is a failure of
@@ -179,6 +197,7 @@ REPEAT_RUN = 20  # ... or this many in a row up to the last step, after differen
 MIN_STEPS = 3
 UNIT_SCALE = 20.0  # input rms over this, from the first steps: far outside a unit-scale initialisation
 _MIN, _MAX, _COUNT = FIELD["min"], FIELD["max"], FIELD["count"]
+_SPREAD_COUNT, _SPREAD_DEV, _SUM_SQ = FIELD["spread_count"], FIELD["spread_dev_sq"], FIELD["sum_sq"]
 _SCALE_FREE = ("Embedding", "EmbeddingBag", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm")
 
 
@@ -350,7 +369,9 @@ def merge_hypotheses(statistical: Sequence[Hypothesis], loop: Sequence[Hypothesi
 
 
 _SEEN_AS = {"target_shape": ("output_range",), "activation_before_loss": ("output_range", "saturation"),
-            "sum_reduction": ("optimizer_divergence", "optimizer_instability")}
+            "sum_reduction": ("optimizer_divergence", "optimizer_instability"),
+            "outlier_batch": ("optimizer_divergence", "optimizer_instability", "loss_spike", "nonfinite_loss",
+                              "exploding")}
 """Loop mistakes and the statistical reading of their effect, folded into them as one finding: a prediction
 broadcast against a target of another shape learns the batch mean, which reads as an output that cannot
 reach its targets; so does a sigmoid or softmax the loss applies a second time, whose first application
@@ -525,7 +546,73 @@ def _batch_findings(series: RunSeries, facts: LoopFacts) -> list[_Finding]:
                     (Evidence(f"{inputs[0].name}/value/mean", tuple(int(s) for s in common[first:first + 3]),
                               tuple(float(v) for v in derive(inputs[0].rows[at])["mean"])),)))
     out += _scale_findings(series, facts)
+    out += _identical_sample_findings(facts)
+    out += _outlier_batch_findings(facts)
     return out
+
+
+OUTLIER = 100.0
+"""An input or target batch whose rms is this many times its recent median is an outlier (a corrupt batch)."""
+
+
+def _outlier_batch_findings(facts: LoopFacts) -> list[_Finding]:
+    """The first input or target batch whose rms is ≥ :data:`OUTLIER` × the median of the (up to 20) recorded
+    steps before it, at least 5 of them, while the batches recorded after it are back under a tenth of that
+    (their median over up to 3): one corrupt batch (targets in other units, a sensor glitch), whatever the
+    model did with it next. A scale that stays is a shift of the data (the statistical rules' ``data_shift``)."""
+    found: list[tuple[int, str, str, float, float]] = []
+    for node, tensors in (("input", facts.inputs), ("target", facts.targets)):
+        for t in tensors:
+            if not t.dtype.startswith(("float", "bfloat", "half")) or len(t.steps) < MIN_STEPS + 3:
+                continue
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rms = np.sqrt(t.rows[:, _SUM_SQ] / t.rows[:, _COUNT])
+            for i in range(MIN_STEPS + 2, len(rms) - 1):
+                before = rms[max(0, i - 20):i]
+                before = before[np.isfinite(before) & (before > 0)]
+                if len(before) < MIN_STEPS + 2 or not np.isfinite(rms[i]):
+                    continue
+                usual = float(np.median(before))
+                after = rms[i + 1:i + 4]
+                after = after[np.isfinite(after)]
+                if rms[i] >= OUTLIER * usual and len(after) and np.median(after) < OUTLIER / 10 * usual:
+                    found.append((int(t.steps[i]), node, t.name, float(rms[i]), usual))
+                    break
+    if not found:
+        return []
+    onset, node, name, value, usual = min(found)
+    return [_Finding(
+        "outlier_batch", onset, node,
+        f"the batch of step {onset} is an outlier: the rms of '{name}' is {value:.3g}, {value / usual:,.0f}× its "
+        f"recent median {usual:.3g}, and the batches after it are back to their usual scale (a corrupt batch: "
+        f"values in other units, a glitch in the data)",
+        (Evidence(f"{name}/value/rms", (onset,), (value,), usual),))]
+
+
+def _identical_sample_findings(facts: LoopFacts) -> list[_Finding]:
+    """Every sample of the batch the same, in every floating input, at ≥ ``REPEAT_SHARE`` of ≥ ``MIN_STEPS``
+    + 2 recorded steps while the batch changes from step to step: one noise vector expanded over the batch
+    (``torch.randn(1, d).expand(B, d)``), a collate step that repeats one item. An input constant on purpose
+    (the same at every step) and a second input shared by the batch beside one that varies (a diffusion
+    timestep) are left alone."""
+    batched = [t for t in facts.inputs if len(t.steps) >= MIN_STEPS + 2 and (t.rows[:, _SPREAD_COUNT] > 0).any()]
+    if not batched:
+        return []
+    shares, firsts = [], []
+    for t in batched:
+        known = t.rows[:, _SPREAD_COUNT] > 0
+        same = known & (t.rows[:, _SPREAD_DEV] == 0)
+        varies = np.any(t.rows[known][:, _MIN] != t.rows[known][0, _MIN])
+        if not varies or same.sum() < REPEAT_SHARE * known.sum():
+            return []
+        shares.append(float(same.sum() / known.sum()))
+        firsts.append(int(t.steps[np.flatnonzero(same)[0]]))
+    onset, names = min(firsts), ", ".join(repr(t.name) for t in batched[:3])
+    return [_Finding(
+        "identical_samples", onset, "",
+        f"every sample of the batch is the same in {names} at {min(shares):.0%} of the recorded steps (the batch "
+        f"changes from step to step, its rows never differ): the model sees one sample per step, copied",
+        (Evidence(f"{batched[0].name}/value/sample_spread", (onset,), (0.0,)),))]
 
 
 def _scale_findings(series: RunSeries, facts: LoopFacts) -> list[_Finding]:

@@ -39,6 +39,7 @@ import numpy as np
 from comgra_ndbg.analysis.balance import path_members
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event
+from comgra_ndbg.analysis.harm import training_undone
 from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER, initial_loss
 from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.shift import log_level
@@ -78,6 +79,10 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
     if root.family == "output_range":  # present from the start or not, the squashing node is the place to fix
         return Reading("output_range", "node", root.node)
     if root.to_state == "frozen":
+        if root.node == OPTIMIZER and root.at_start:  # (a network killed mid-run also ends at zero gradients)
+            cut = _zero_gradient_nodes(series, root)
+            if cut:  # their gradients are exactly 0: the backward path is cut, no optimizer could move them
+                return Reading("unused_parameters", "architecture", cut[0])
         return Reading("update_stagnation", "optimizer" if root.node == OPTIMIZER else "node",
                        "" if root.node == OPTIMIZER else root.node)
     if root.family == "nonfinite" and _role(series, root.node) == "input":  # from the first step or not: the data
@@ -147,6 +152,26 @@ def _nonfinite_reading(root: Event, role: str, series: RunSeries) -> Reading:
     return Reading("exploding", "node", root.node)
 
 
+def _zero_gradient_nodes(series: RunSeries, root: Event) -> list[str]:
+    """The parameter nodes whose recorded gradient is exactly 0 at every step of ``root`` (a whole-model
+    stagnation) while some other parameter node's is not, when they are at least half the parameter nodes:
+    the model multiplies their path by 0 (a scale initialised to 0 that is no ``Parameter``), or cuts it."""
+    steps = (series.steps >= root.onset) & (series.steps <= root.end)
+    zero, live = [], 0
+    for node in series.parameters:
+        if not node.has("grad"):
+            continue
+        grad = node.stats["grad"]["abs_max"][steps]
+        grad = grad[np.isfinite(grad)]
+        if not len(grad):
+            continue
+        if grad.max() == 0:
+            zero.append(node.name)
+        else:
+            live += 1
+    return zero if live and len(zero) * 2 >= len(series.parameters) else []
+
+
 def _edit_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Thresholds) -> Reading | None:
     """The harm in the signal an edited parameter feeds, read as that parameter's failure."""
     chain: set[str] = set()
@@ -172,6 +197,12 @@ def _edit_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Th
         before, after = root.evidence[0].values
         if before > 0 and after > 0 and abs(np.log10(after / before)) >= t.enter_decades:
             return Reading("exploding" if after > before else "vanishing", "node", root.node)
+    # weights written back to where an untrained model's are (a re-initialisation inside the loop): the loss
+    # returns to the untrained model's; most parameter nodes at once is the whole model, the loop's doing
+    if training_undone(series, root.onset, t):
+        edited = {e.node for e in events if e.family == "parameter_edit" and e.onset == root.onset}
+        whole = len(edited) * 2 >= max(len(series.parameters), 1)
+        return Reading("weights_reset", "loop", "" if whole else root.node)
     return None
 
 

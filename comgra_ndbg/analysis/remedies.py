@@ -93,6 +93,10 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     """The remedy sentence for a hypothesis read as ``reading`` from ``root`` (see the module docstring)."""
     node, onset = reading.node, root.onset
     if root.family == "parameter_edit":
+        if reading.type == "weights_reset":
+            return (f"the model's weights were set back to an untrained state at step {onset} (an initialisation "
+                    f"applied inside the training loop, model.apply(init) or reset_parameters() per epoch, or a "
+                    f"checkpoint of the untrained model loaded): initialise once, before the loop")
         return (f"the values of '{node}' were written outside the optimizer before step {onset} (an in-place edit "
                 f"under torch.no_grad(), a re-initialisation or a checkpoint load): find the code that writes them, "
                 f"or restore them from a checkpoint taken before step {onset}")
@@ -111,6 +115,11 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
     if kind == "saturation":
         return (f"keep the input of '{node}' in the activation's working range: normalise it (LayerNorm, "
                 f"BatchNorm) or scale down the weights that feed it")
+    if kind == "unused_parameters":
+        return (f"the gradients reaching '{node}' and the other parameter nodes that stopped are exactly 0: the "
+                f"model multiplies their path by 0 or cuts it from the loss (a scale initialised to 0 kept as a plain "
+                f"number instead of an nn.Parameter, a detach, a mask of zeros); make the scale a Parameter or "
+                f"reconnect the path")
     if kind == "exploding" and root.at_start and root.family == "activation_regime":  # before any update
         return (f"the untrained model already amplifies its inputs at '{node}': check its initialisation (the weights' "
                 f"scale; for a recurrent layer, a recurrence gain at or under 1: orthogonal or 1/sqrt(hidden) "

@@ -35,12 +35,13 @@ TYPE_TEXT = {
     # found by loop invariants (analysis/invariants.py)
     "stale_gradients": "Gradients carried over between steps",
     "wrong_mode": "A train/eval mode mistake",
-    "batch_statistics": "BatchNorm on single samples",
+    "batch_statistics": "BatchNorm on too few samples",
     "unused_parameters": "Unused parameters",
     "precision": "Half-precision weights",
     "repeated_batch": "The same batch every step",
     "unnormalised_input": "Unnormalised inputs",
     "constant_target": "A constant target",
+    "weights_reset": "Weights reset during training",
     "single_value_batches": "Batches of a single target value",
     "target_shape": "A target shaped unlike the prediction",
     "nonfinite_evaluation": "Non-finite outputs in evaluation",
@@ -69,7 +70,8 @@ def sentence(reading: Reading, root: Event, chain: CausalChain, confidence: floa
     where = {"optimizer": "the optimizer", "loss": f"the loss ('{reading.node}')" if reading.node else "the loss",
              "data": (f"the targets ('{reading.node}')" if reading.type == "target_shift" else
                       f"the input data ('{reading.node}')") if reading.node else "the input data",
-             "architecture": f"the architecture or initialisation (first seen in '{reading.node}')"}.get(
+             "architecture": f"the architecture or initialisation (first seen in '{reading.node}')",
+             "loop": f"the training loop (first seen in '{reading.node or root.node}')"}.get(
         reading.origin, f"'{reading.node}'")
     onset = "from the first step" if root.at_start else f"at step {root.onset}"
     because = describe(root)

@@ -150,9 +150,19 @@ def stagnation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), 
         share = others.mean(axis=0) if len(others) else np.zeros(still.shape[1])
         events += _node_events(series, node, still[k] & (share >= t.optimizer_share), update[k], t)
     if trainable.sum() >= 2:
-        shares = still[trainable].mean(axis=0)
+        held = still & ~np.stack([_without_gradient(n, update.shape[1]) for n in nodes])
+        shares = held[trainable].mean(axis=0)
         events += _whole_model_events(series, shares, moved, t)
     return events
+
+
+def _without_gradient(node: NodeSeries, n: int) -> np.ndarray:
+    """Steps at which a node that records gradients got none (``requires_grad`` off: frozen on purpose, as a
+    backbone before it is unfrozen); all False for a node whose gradients are not recorded at all."""
+    if not node.has("grad") or "count" not in node.stats["grad"]:
+        return np.zeros(n, bool)
+    count, largest = node.stats["grad"]["count"][:n], node.stats["grad"]["abs_max"][:n]
+    return ~(np.isfinite(count) & (count > 0) & np.isfinite(largest))
 
 
 def _whole_model_events(series: RunSeries, shares: np.ndarray, moved: np.ndarray, t: Thresholds) -> list[Event]:

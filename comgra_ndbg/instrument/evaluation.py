@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from comgra_ndbg.instrument.hooks import call_node, node_name, output_names, tensor_leaves
+from comgra_ndbg.instrument.hooks import INPUT, call_node, node_name, output_names, tensor_leaves
 from comgra_ndbg.instrument.loop_rules import Violation, names_text
 
 __all__ = ["EVAL", "EvalRecording", "eval_kpis"]
@@ -87,16 +87,25 @@ class EvalRecording:
         self._eval_with_grad = False  # the run holds passes with gradients on (maybe training in eval mode)
         self._eval_counts: dict[str, int] = {}
         self._eval_filed = 0  # evaluation runs filed as KPIs
+        self._eval_inputs_bad: torch.Tensor | None = None  # non-finite elements of the run's inputs, on their device
 
     @property
     def eval_runs(self) -> int:
         """Evaluation runs recorded so far (each filed at the training step it followed)."""
         return getattr(self, "_eval_filed", 0)
 
-    def _eval_begin(self) -> None:
-        """An evaluation pass starts: its module outputs go to :meth:`_eval_output` until it ends."""
+    def _eval_begin(self, args: tuple = (), kwargs: dict | None = None) -> None:
+        """An evaluation pass starts: its module outputs go to :meth:`_eval_output` until it ends; its floating
+        inputs' non-finite elements are counted (on their device), to tell data from the model's computation."""
         if not self._eval_on or self._pass_open:
             return
+        if self._inv:
+            with torch.no_grad():
+                for _, tensor in tensor_leaves((args, kwargs or {})):
+                    if tensor.is_floating_point() and tensor.numel():
+                        bad = tensor.numel() - torch.isfinite(tensor).sum()
+                        known = self._eval_inputs_bad
+                        self._eval_inputs_bad = bad if known is None else known + bad.to(known.device)
         self._eval_run_passes += 1
         self._eval_with_grad |= torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
         self._eval_counts = {}
@@ -130,12 +139,14 @@ class EvalRecording:
     def _eval_drop(self) -> None:
         """Forget the run: its passes with gradients were training steps in eval() mode."""
         self._eval_sums, self._eval_sizes, self._eval_run_passes, self._eval_with_grad = {}, {}, 0, False
+        self._eval_inputs_bad = None
 
     def _eval_file(self) -> None:
         """End the evaluation run: file its KPIs at the open or last training step, one host copy."""
         if not self._eval_run_passes:
             return
         sums, sizes, passes = self._eval_sums, self._eval_sizes, self._eval_run_passes
+        inputs_bad = self._eval_inputs_bad
         self._eval_drop()
         rec = self.recorder
         if rec._last_step is None:  # before the first training step: no step to file it at
@@ -150,19 +161,28 @@ class EvalRecording:
         self._eval_filed += 1
         broken = [node for node, row in host.items() if row[1] > 0]
         if broken and self._inv and _finite(self._parameters):
-            self._eval_nonfinite(rec._last_step, broken, host)
+            bad = int(inputs_bad.item()) if inputs_bad is not None else 0
+            self._eval_nonfinite(rec._last_step, broken, host, bad)
 
-    def _eval_nonfinite(self, step: int, broken: list[str], host: dict[str, list[float]]) -> None:
+    def _eval_nonfinite(self, step: int, broken: list[str], host: dict[str, list[float]], inputs_bad: int) -> None:
         first = broken[0]
         share = host[first][1] / host[first][0]
+        evidence = {"nodes": broken[:20], "num_nodes": len(broken), "share": share, "step_type": self.eval_step_type,
+                    "inputs_nonfinite": inputs_bad}
+        if inputs_bad:
+            evidence["outputs"] = evidence.pop("nodes")  # (the node at fault is the input)
+            self._inv_report(Violation(
+                "nonfinite_evaluation_data", step, INPUT,
+                f"evaluation passes after step {step} were given inputs with {inputs_bad} non-finite element(s), and "
+                f"their outputs are non-finite from '{first}' on: the evaluation data, not the model, holds NaN or "
+                f"Inf", evidence=evidence))
+            return
         self._inv_report(Violation(
             "nonfinite_evaluation", step, first,
             f"evaluation passes after step {step} produced non-finite outputs in {names_text(broken, 3)} "
             f"({share:.0%} of the elements of '{first}', the first in forward order): a computation taken only in "
             f"evaluation (a model.eval() branch, BatchNorm running statistics, an unset calibration constant) "
-            f"breaks there",
-            evidence={"nodes": broken[:20], "num_nodes": len(broken), "share": share,
-                      "step_type": self.eval_step_type}))
+            f"breaks there", evidence=evidence))
 
 
 def _finite(parameters: list[torch.Tensor]) -> bool:

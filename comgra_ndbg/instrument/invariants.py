@@ -91,6 +91,7 @@ class LoopInvariants(StepEndChecks):
         self._inv_groups_checked: set[tuple[int, int]] = set()
         self._inv_unused = [0] * count
         self._inv_unused_counting = False
+        self._inv_unused_refs: dict[int, Any] = {}  # parameter -> weak reference to its gradient at the step's start
         self._inv_no_step = self._inv_no_update = 0
         self._inv_no_step_onset = self._inv_no_update_onset = -1
         self._inv_foreign_run = 0
@@ -98,6 +99,8 @@ class LoopInvariants(StepEndChecks):
         self._inv_outside: list[torch.Tensor] = []  # parameters the first loss reached that the model does not hold
         self._inv_outside_held: set[int] = set()  # ... and those the optimizers that stepped hold
         self._inv_outside_steps = 0
+        self._inv_bn_two_checked = False  # the first pass with a batch of 2 hooked the BatchNorm1d layers once
+        self._inv_bn_two: list[Any] = []  # those one-shot hooks' handles
         self._inv_outside_from = 0  # the step of that first pass
         self._inv_share: float | None = None
         self._inv_eval_grad_passes = self._inv_train_passes = self._inv_eval_run = 0
@@ -119,6 +122,9 @@ class LoopInvariants(StepEndChecks):
     def _inv_close(self) -> None:
         if not getattr(self, "_inv", False):
             return
+        for handle in self._inv_bn_two:
+            handle.remove()
+        self._inv_bn_two = []
         for handle in self._inv_watch.values():
             handle.remove()
         self._inv_watch = {}
@@ -174,18 +180,43 @@ class LoopInvariants(StepEndChecks):
 
     def _inv_batch_one(self, args: tuple, kwargs: dict) -> None:
         first = next((t for _, t in tensor_leaves((args, kwargs)) if t.dim() > 0), None)
-        if first is None or first.shape[0] != 1:
+        if first is None or first.shape[0] > 2:
             return
-        training = [path for path, m in self._inv_batchnorms if m.training]
+        if first.shape[0] == 1:
+            training = [path for path, m in self._inv_batchnorms if m.training]
+            what = ("a batch of 1 sample", "they normalise each channel with the statistics of that one sample and "
+                    "update their running statistics with them")
+        else:  # 2 samples: a BatchNorm1d given flat features normalises each over 2 values, to -1 and +1
+            if not self._inv_bn_two_checked:
+                self._inv_bn_two_checked = True
+                self._inv_bn_two = [m.register_forward_pre_hook(partial(self._inv_batch_two, path))
+                                    for path, m in self._inv_batchnorms if m.training and isinstance(m, nn.BatchNorm1d)]
+            return
         if training:
             step = self._inv_step_number()
             self._inv_report(Violation(
                 "batchnorm_batch_one", step, node_name(training[0]),
-                f"BatchNorm layers in training mode ({names_text([node_name(p) for p in training], 3)}) got a batch "
-                f"of 1 sample at step {step}: they normalise each channel with the statistics of that one sample "
-                f"and update their running statistics with them",
-                evidence={"batch_size": 1, "input_shape": list(first.shape),
+                f"BatchNorm layers in training mode ({names_text([node_name(p) for p in training], 3)}) got "
+                f"{what[0]} at step {step}: {what[1]}",
+                evidence={"batch_size": int(first.shape[0]), "input_shape": list(first.shape),
                           "modules": [node_name(p) for p in training[:20]]}))
+
+    def _inv_batch_two(self, path: str, module: nn.Module, args: tuple) -> None:
+        """One-shot forward pre-hook of the training BatchNorm1d layers in the first pass with a batch of 2:
+        flat features there are normalised over 2 values each."""
+        handles, self._inv_bn_two = self._inv_bn_two, []
+        for handle in handles:
+            handle.remove()
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if x is None or x.dim() != 2 or x.shape[0] != 2:
+            return
+        step = self._inv_step_number()
+        self._inv_report(Violation(
+            "batchnorm_batch_one", step, node_name(path),
+            f"BatchNorm1d '{node_name(path)}' in training mode got a batch of 2 samples at step {step}: each feature "
+            f"is normalised over its 2 values, so the outputs are -1 and +1 whatever the inputs (micro-batches of 2 "
+            f"under gradient accumulation?)",
+            evidence={"batch_size": 2, "input_shape": list(x.shape), "modules": [node_name(path)]}))
 
     # ---- backward ---------------------------------------------------------------------------------------------
     def _inv_backward_call(self) -> None:
@@ -193,6 +224,9 @@ class LoopInvariants(StepEndChecks):
         if self._inv_grad_start is None and self.recorder.current_step is not None:
             grads = list(map(_GRAD, self._parameters))
             self._inv_grad_start = _NO_GRADIENTS if all(map(_IS_NONE, grads)) else gradient_fingerprint(grads)
+            if self._inv_unused_counting:  # the gradients of parameters counted unused so far, by identity
+                self._inv_unused_refs = {i: weakref.ref(grads[i]) for i, n in enumerate(self._inv_unused)
+                                         if n and grads[i] is not None}
 
     def _inv_accumulated(self, i: int, parameter: torch.Tensor) -> None:
         """Post-accumulate-grad hook of a watched parameter: did this accumulation land on the very gradient
@@ -263,7 +297,7 @@ class LoopInvariants(StepEndChecks):
                 self._inv_check_eps(number, g, group, step)
             setting = rules.optimizer_setting(group)
             if setting is not None:
-                self._inv_optimizer_setting(number, g, setting, step)
+                self._inv_optimizer_setting(number, g, group, setting, step)
             with_grad = 0
             for i in held:
                 grad = params[i].grad
@@ -383,20 +417,30 @@ class LoopInvariants(StepEndChecks):
             evidence={"parameters": len(missed), "elements": elements,
                       "shapes": [list(p.shape) for p in missed[:20]]}))
 
-    def _inv_optimizer_setting(self, number: int, g: int, setting: tuple[str, str, float], step: int) -> None:
+    def _inv_optimizer_setting(self, number: int, g: int, group: dict, setting: tuple[str, str, float],
+                               step: int) -> None:
         invariant, name, value = setting
         label = f"{_optimizer_label(number)} group {g}"
         if invariant == "negative_weight_decay":
             effect = "every step moves the weights away from 0 by it: they grow until the loss follows"
+        elif invariant == "betas_unstable":
+            value = tuple(float(b) for b in group["betas"])
+            effect = ("beta1 squared is not below the square root of beta2, Adam's condition for stable updates "
+                      "(swapped betas?): the squared-gradient average forgets faster than the gradient average, and "
+                      "the updates swing")
+        elif invariant == "eps_too_large":
+            effect = ("the denominator sqrt(v) + eps is about eps, so every update is about lr times the gradient's "
+                      "average, orders of magnitude smaller than Adam's (a typo for 1e-8?)")
         elif name == "momentum":
             effect = ("a momentum of 1 or more never forgets a gradient: every update is the sum of all the gradients "
                       "since, and it grows and overshoots")
         else:
             effect = ("a moving average with a factor of 1 or more never takes in a new value (and its bias "
                       "correction divides by 0 or changes sign)")
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
         self._inv_report(Violation(
-            invariant, step, label, f"{label} runs with {name}={value:g} from step {step}: {effect}",
-            evidence={"setting": name, "value": value, "group": g}))
+            invariant, step, label, f"{label} runs with {name}={shown} from step {step}: {effect}",
+            evidence={"setting": name, "value": list(value) if isinstance(value, tuple) else value, "group": g}))
 
     # ---- the end of a step ------------------------------------------------------------------------------------
     def _inv_end_step(self) -> None:
@@ -429,7 +473,10 @@ class LoopInvariants(StepEndChecks):
                 self._inv_unused_counting = False
             return
         self._inv_unused_counting = True
+        refs, self._inv_unused_refs = self._inv_unused_refs, {}
         for i, got in enumerate(received):
+            if not got and i in refs:  # a new gradient tensor where a freed one was (same id and version)
+                got = params[i].grad is not None and refs[i]() is not params[i].grad
             if got or not params[i].requires_grad:
                 self._inv_unused[i] = 0
             else:

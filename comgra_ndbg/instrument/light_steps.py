@@ -372,7 +372,7 @@ class LightSteps:
             for g, group in enumerate(optimizer.param_groups):
                 setting = optimizer_setting(group)
                 if setting is not None:
-                    self._inv_optimizer_setting(known[0], g, setting, self._light_step)
+                    self._inv_optimizer_setting(known[0], g, group, setting, self._light_step)
 
     def _light_sentinels(self, optimizer: torch.optim.Optimizer) -> None:
         """Any optimizer's step pre-hook in a sentinel step: the first that holds the model's parameters

@@ -51,10 +51,13 @@ INVARIANTS = {
     "unused_parameters": "trainable parameters that receive no gradient for many steps",
     "half_precision_eps": "half-precision weights with an optimizer eps the dtype cannot represent",
     "nonfinite_evaluation": "evaluation passes whose module outputs hold NaN or Inf",
+    "nonfinite_evaluation_data": "evaluation passes whose inputs hold NaN or Inf",
     "target_shape": "a loss's prediction and target broadcast to more elements than either (every pair compared)",
     "activation_before_loss": "a sigmoid or softmax before a loss that applies it again (or probabilities to NLLLoss)",
     "decay_not_below_one": "an optimizer's momentum, beta, alpha or rho of 1 or more",
     "unregistered_parameters": "parameters the loss depends on that neither the model nor an optimizer holds",
+    "betas_unstable": "Adam betas outside its convergence condition beta1^2 < sqrt(beta2) (swapped betas)",
+    "eps_too_large": "an Adam-family eps of 1 or more",
     "negative_weight_decay": "an optimizer's negative weight decay",
 }
 """Every invariant checked during the loop, by the name its log rows carry in ``detail["invariant"]``."""
@@ -143,12 +146,19 @@ def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
     average's factor of 1 or more (``momentum``, Adam's ``betas``, RMSprop's ``alpha``, Adadelta's ``rho``:
     a momentum of 1 never forgets a gradient, a beta of 1 divides by a bias correction of 0), or a negative
     ``weight_decay`` (the weights grow by it every step). torch checks most of these only when the optimizer
-    is built, SGD's momentum never above; an edit of ``param_groups`` mid-run is not checked at all.
+    is built, SGD's momentum never above; an edit of ``param_groups`` mid-run is not checked at all. For the
+    Adam family also: betas outside Adam's convergence condition β1² < √β2 (``(0.999, 0.9)``: swapped), and an
+    ``eps`` of 1 or more (a typo for 1e-8: the denominator √v + eps is then about eps, and the updates lr ×
+    the gradient's average, orders of magnitude too small).
 
     >>> optimizer_setting({"momentum": 0.9, "weight_decay": 0.0}), optimizer_setting({"momentum": 1.0})
     (None, ('decay_not_below_one', 'momentum', 1.0))
     >>> optimizer_setting({"betas": (0.9, 1.0)}), optimizer_setting({"weight_decay": -0.01})
     (('decay_not_below_one', 'betas[1]', 1.0), ('negative_weight_decay', 'weight_decay', -0.01))
+    >>> optimizer_setting({"betas": (0.999, 0.9)}), optimizer_setting({"betas": (0.9, 0.95), "eps": 1.0})
+    (('betas_unstable', 'betas', 0.999), ('eps_too_large', 'eps', 1.0))
+    >>> optimizer_setting({"betas": (0.9, 0.999), "eps": 1e-8}), optimizer_setting({"betas": (0.5, 0.999)})
+    (None, None)
     """
     for key, label in _AVERAGES:
         value = group.get(key)
@@ -159,6 +169,12 @@ def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
         for i, value in enumerate(betas):
             if isinstance(value, (int, float)) and value >= 1:
                 return "decay_not_below_one", f"betas[{i}]", float(value)
+        if (len(betas) == 2 and all(isinstance(b, (int, float)) for b in betas) and betas[1] > 0
+                and betas[0] ** 2 >= betas[1] ** 0.5):
+            return "betas_unstable", "betas", float(betas[0])
+        eps = group.get("eps")
+        if isinstance(eps, (int, float)) and eps >= 1:
+            return "eps_too_large", "eps", float(eps)
     decay = group.get("weight_decay")
     if isinstance(decay, (int, float)) and decay < 0:
         return "negative_weight_decay", "weight_decay", float(decay)

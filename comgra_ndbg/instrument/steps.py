@@ -75,7 +75,7 @@ class StepDetection:
             self._safely("starting a forward pass", self._start_pass, args, kwargs)
         else:
             self._evaluation_passes += 1
-            self._safely("starting an evaluation pass", self._eval_begin)
+            self._safely("starting an evaluation pass", self._eval_begin, args, kwargs)
         if self._hooks.capture:
             self._hooks.attach()
         else:
