@@ -2,6 +2,8 @@
 requires_grad_(False) (no gradient), frozen on purpose from the start, and the whole model frozen at once."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from comgra_ndbg.analysis.hypotheses import rank_hypotheses
@@ -126,3 +128,11 @@ def test_most_nodes_with_exactly_zero_gradients_are_a_cut_path_not_the_optimizer
     hypotheses = rank_hypotheses(events, link_events(events, series), series)
     assert [(h.type, h.origin, h.node) for h in hypotheses][:1] == [("unused_parameters", "architecture", "block0")]
     assert "exactly 0" in hypotheses[0].remedy
+
+
+def test_a_run_non_finite_from_its_first_step_reads_no_gradient_from_an_empty_range() -> None:
+    """``stop=0`` (the loss non-finite at step 0): no step to read a gradient from, and no numpy warning."""
+    series = params({"a": moving(), "b": moving()}, {"a": np.ones(STEPS), "b": np.ones(STEPS)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stagnation_events(series, stop=0) == []

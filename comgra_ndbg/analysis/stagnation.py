@@ -124,7 +124,7 @@ def had_gradient(node: NodeSeries, start: int, stop: int) -> bool:
     if np.nan_to_num(grad, nan=0.0).max(initial=0.0) > 0:
         return True
     count = node.stats["grad"]["count"][start:stop + 1] if "count" in node.stats["grad"] else None
-    return count is not None and bool((np.nan_to_num(count, nan=0.0) > 0).mean() > 0.5)
+    return count is not None and len(count) > 0 and bool((np.nan_to_num(count, nan=0.0) > 0).mean() > 0.5)
 
 
 def stagnation_events(series: RunSeries, thresholds: Thresholds = Thresholds(), *,
