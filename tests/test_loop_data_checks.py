@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -119,3 +120,22 @@ def test_a_gan_generator_gets_new_gradients_where_freed_ones_were_and_is_not_unu
             opt_g.step()
     hypotheses = analyze(tmp_path / "gan", store=False).hypotheses
     assert all(h.type != "unused_parameters" for h in hypotheses)
+
+
+def test_a_failing_check_inside_the_models_forward_never_reaches_the_training_loop(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """The one-shot BatchNorm1d pre-hook runs inside the user's forward pass: a failure there is the
+    recorder's, logged and warned about, and the pass goes on."""
+    def broken(self, path, module, args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(NeuralDbg, "_inv_batch_two", broken)
+
+    def two(step: int, g: torch.Generator) -> tuple:
+        x = torch.randn(2, 8, generator=g)
+        return x, x[:, :1] * 0.5
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+    with pytest.warns(Warning, match="checking loop invariants"):
+        hypotheses = _regression(tmp_path, "broken", two, model=model)
+    assert all(h.type != "batch_statistics" for h in hypotheses)

@@ -189,7 +189,8 @@ class LoopInvariants(StepEndChecks):
         else:  # 2 samples: a BatchNorm1d given flat features normalises each over 2 values, to -1 and +1
             if not self._inv_bn_two_checked:
                 self._inv_bn_two_checked = True
-                self._inv_bn_two = [m.register_forward_pre_hook(partial(self._inv_batch_two, path))
+                self._inv_bn_two = [m.register_forward_pre_hook(partial(self._safely, "checking loop invariants",
+                                                                        self._inv_batch_two, path))
                                     for path, m in self._inv_batchnorms if m.training and isinstance(m, nn.BatchNorm1d)]
             return
         if training:
