@@ -126,12 +126,21 @@ UNDONE = 0.1
 def loss_blew_up_from_start(series: RunSeries, end: int, t: Thresholds = Thresholds()) -> bool:
     """Whether the loss went non-finite, or ``divergence_factor`` × above its value at step 0 (the untrained
     model, before any update), by step ``end``; False when step 0's loss was not recorded."""
+    loss = _from_step_zero(series)
+    if loss is None:
+        return False
+    head = loss[:int(np.searchsorted(series.steps, end, side="right"))]
+    return bool((np.isinf(head) | (head >= t.divergence_factor * loss[0])).any())
+
+
+def _from_step_zero(series: RunSeries) -> np.ndarray | None:
+    """The loss per recorded step, when step 0 (the untrained model) was recorded with a positive finite loss;
+    None otherwise."""
     steps = np.asarray(series.steps)
     loss = np.asarray(series.loss, dtype=np.float64)
     if not len(steps) or steps[0] != 0 or len(loss) != len(steps) or not np.isfinite(loss[0]) or loss[0] <= 0:
-        return False
-    head = loss[:int(np.searchsorted(steps, end, side="right"))]
-    return bool((np.isinf(head) | (head >= t.divergence_factor * loss[0])).any())
+        return None
+    return loss
 
 
 def ends_worse_than_untrained(series: RunSeries, t: Thresholds = Thresholds()) -> bool:
@@ -140,9 +149,8 @@ def ends_worse_than_untrained(series: RunSeries, t: Thresholds = Thresholds()) -
     first step on left the model worse than it started, whatever it recovered after a first blow-up (a run
     that trained and later diverged is not harmed from the start); False when step 0's loss was not
     recorded."""
-    steps = np.asarray(series.steps)
-    loss = np.asarray(series.loss, dtype=np.float64)
-    if not len(steps) or steps[0] != 0 or len(loss) != len(steps) or not np.isfinite(loss[0]) or loss[0] <= 0:
+    loss = _from_step_zero(series)
+    if loss is None:
         return False
     tail = loss[-t.window:]
     tail = tail[np.isfinite(tail)]

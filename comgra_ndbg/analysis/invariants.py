@@ -48,7 +48,7 @@ from comgra_ndbg.analysis.hypotheses import features
 from comgra_ndbg.analysis.lost_updates import lost_updates
 from comgra_ndbg.analysis.sentences import TYPE_TEXT
 from comgra_ndbg.analysis.series import RunSeries
-from comgra_ndbg.stats.statistics import derive
+from comgra_ndbg.stats.statistics import derive, derive_one
 from comgra_ndbg.store.schema import FIELD
 
 __all__ = ["LoopRow", "TensorRows", "LoopFacts", "LoopDiagnosis", "loop_diagnosis", "merge_hypotheses",
@@ -197,7 +197,7 @@ REPEAT_RUN = 20  # ... or this many in a row up to the last step, after differen
 MIN_STEPS = 3
 UNIT_SCALE = 20.0  # input rms over this, from the first steps: far outside a unit-scale initialisation
 _MIN, _MAX, _COUNT = FIELD["min"], FIELD["max"], FIELD["count"]
-_SPREAD_COUNT, _SPREAD_DEV, _SUM_SQ = FIELD["spread_count"], FIELD["spread_dev_sq"], FIELD["sum_sq"]
+_SPREAD_COUNT, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_dev_sq"]
 _SCALE_FREE = ("Embedding", "EmbeddingBag", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm")
 
 
@@ -565,8 +565,7 @@ def _outlier_batch_findings(facts: LoopFacts) -> list[_Finding]:
         for t in tensors:
             if not t.dtype.startswith(("float", "bfloat", "half")) or len(t.steps) < MIN_STEPS + 3:
                 continue
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rms = np.sqrt(t.rows[:, _SUM_SQ] / t.rows[:, _COUNT])
+            rms = derive_one(t.rows, "rms")
             for i in range(MIN_STEPS + 2, len(rms) - 1):
                 before = rms[max(0, i - 20):i]
                 before = before[np.isfinite(before) & (before > 0)]
