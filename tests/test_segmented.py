@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_reduce import host, reference_row
 
-from comgra_ndbg.stats import kernels, segmented
+from comgra_ndbg.stats import fused, kernels, segmented
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.stats.statistics import derive
 from comgra_ndbg.store.schema import FIELD
@@ -32,6 +32,7 @@ def segmented_everywhere(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return original(tensors, *args)
 
     monkeypatch.setattr(kernels, "AVAILABLE", False)
+    monkeypatch.setattr(fused, "usable", lambda t: False)  # where Triton runs, this path is the fallback
     monkeypatch.setattr(segmented, "segmentable", lambda t: t.is_floating_point() and 0 < t.numel()
                         <= segmented.SEGMENT_MAX and not t.is_neg())
     monkeypatch.setattr(segmented, "segment_moments", counting)

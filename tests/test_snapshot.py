@@ -417,3 +417,23 @@ def test_update_snapshot_of_a_transposed_parameter_follows_its_logical_order() -
     got = take_update_snapshot(value, start, max_elements=5)
     want = take_snapshot(value - start, batched=False, num_samples=4, max_elements=5)
     np.testing.assert_array_equal(got.values, want.values)
+
+
+def test_device_arrays_of_a_steps_snapshots_reach_the_host_together_with_their_dtypes() -> None:
+    from comgra_ndbg.recorder.device_snapshots import materialize
+    from comgra_ndbg.store.segment import SnapshotData
+
+    stats = torch.arange(2 * NUM_FIELDS, dtype=torch.float64).view(2, NUM_FIELDS)
+    on_device = SnapshotData((2, 3), np.arange(2), stats, torch.tensor([1.5, -2.0, 3.0]), np.array([0, 2, 4]))
+    wide = SnapshotData((2,), np.zeros(0, np.int64), np.zeros((0, NUM_FIELDS)), torch.tensor([1e300, 2.0],
+                        dtype=torch.float64), None)
+    host = take_snapshot(torch.ones(3), batched=False, num_samples=1, max_elements=8)
+    out = materialize([(4, 0, on_device), (5, 1, host), (6, 0, wide)])
+    assert [(series, iteration) for series, iteration, _ in out] == [(4, 0), (5, 1), (6, 0)]
+    first, second, third = (data for _, _, data in out)
+    assert second is host  # host snapshots pass through untouched
+    assert isinstance(first.values, np.ndarray) and first.values.dtype == np.float32
+    assert first.values.tolist() == [1.5, -2.0, 3.0] and first.value_index.tolist() == [0, 2, 4]
+    np.testing.assert_array_equal(first.sample_stats, stats.numpy())
+    assert third.values.dtype == np.float64 and third.values.tolist() == [1e300, 2.0]
+    assert materialize([(1, 0, host)])[0][2] is host

@@ -1,7 +1,7 @@
 """``comgra_ndbg.stats`` is the bottom layer: its modules import numpy, torch, numba (with llvmlite, numba's
-code generator), the standard library and each other, never the recorder, store, analysis or anything else
-of ``comgra_ndbg``. The import graph is read from the source with ``ast``, imports inside functions and
-``if`` blocks included."""
+code generator), Triton (only ``fused_kernels``, only where it is installed), the standard library and each
+other, never the recorder, store, analysis or anything else of ``comgra_ndbg``. The import graph is read from
+the source with ``ast``, imports inside functions and ``if`` blocks included."""
 from __future__ import annotations
 
 import ast
@@ -14,7 +14,7 @@ from comgra_ndbg.store import schema
 
 STATS = Path(comgra_ndbg.stats.__file__).parent
 PACKAGE = "comgra_ndbg.stats"
-THIRD_PARTY = {"numpy", "torch", "numba", "llvmlite"}
+THIRD_PARTY = {"numpy", "torch", "numba", "llvmlite", "triton"}
 
 
 def imported_modules(source: str, module: str) -> list[str]:

@@ -14,6 +14,7 @@ that, or for a ``torch.compile`` region's gradient, a later pass replaces the ea
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from itertools import repeat
 from operator import attrgetter
@@ -24,8 +25,8 @@ import torch
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
-from comgra_ndbg.recorder.step_record import SummaryRows, rows_at, zeros
-from comgra_ndbg.stats.reducer import Reducer
+from comgra_ndbg.recorder.step_record import LateRows, resolved, rows_at, zeros
+from comgra_ndbg.stats.reducer import Collected, Reducer
 from comgra_ndbg.store import schema
 
 __all__ = ["GradientRecording", "SET_MEMORY"]
@@ -262,20 +263,21 @@ class GradientRecording:
             parameter_rows = self._grads.add_many([grad for _, grad in gradients])
         if self._snapshot:
             self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in gradients)
-        rows = self._grads.collect()
-        if self._grads.failed:
-            self._report_failed(self._grads, kind, {index: tid for (tid, _), index in self._grad_keys.items()}
-                                | {index: tid for (tid, _), index in zip(gradients, parameter_rows)})
+        collected = self._grads.collect_later()
+        tensor_of_row = ({index: tid for (tid, _), index in self._grad_keys.items()}
+                         | {index: tid for (tid, _), index in zip(gradients, parameter_rows)})
+        blocks = []
         if self._grad_keys:
             series, iterations = self._gradient_layout(kind)
             indices = np.fromiter(self._grad_keys.values(), dtype=np.int64, count=len(self._grad_keys))
-            self._rows.append(SummaryRows(series, iterations, rows[indices]))
+            blocks.append((series, iterations, indices))
         if parameter_rows:
             if len(gradients) == len(self._parameters.tracked):  # every parameter got one: the cached series
                 series = self._parameter_series(kind)
             else:
                 series = np.array([self.catalog.series_id(tid, kind) for tid, _ in gradients], dtype=np.int64)
-            self._rows.append(SummaryRows(series, np.zeros(len(series), np.int64), rows[parameter_rows]))
+            blocks.append((series, np.zeros(len(series), np.int64), parameter_rows))
+        self._add_rows(collected, blocks, partial(self._report_failed, kind=kind, tensor_of_row=tensor_of_row))
         if not self._deferring:
             for (tid, iteration), data in self._grad_snaps.items():
                 self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
@@ -305,21 +307,33 @@ class GradientRecording:
         return layout
 
     def _collect_values(self) -> None:
-        rows = self._values.collect()
-        if self._values.failed:
-            by_row = {row: self.catalog.series[sid][0] for sid, _, row in self._value_keys}
-            by_row.update((row, self.catalog.series[sid][0]) for series, indices in self._value_blocks
-                          for sid, row in zip(series.tolist(), indices))
-            self._report_failed(self._values, schema.KIND_VALUE, by_row)
-        if self._value_keys:
-            series, iterations, at = self._value_layout()
-            self._rows.append(SummaryRows(series, iterations, rows[at]))
-        for series, indices in self._value_blocks:
-            self._rows.append(SummaryRows(series, zeros(len(series)), rows[rows_at(indices)]))
-        if self._tier_rows is not None:
-            self._observe_tier_values(rows[self._tier_rows])
-            self._tier_rows = None
+        collected = self._values.collect_later()
+        by_row = {row: self.catalog.series[sid][0] for sid, _, row in self._value_keys}
+        by_row.update((row, self.catalog.series[sid][0]) for series, indices in self._value_blocks
+                      for sid, row in zip(series.tolist(), indices))
+        blocks = [self._value_layout()] if self._value_keys else []
+        blocks += [(series, zeros(len(series)), rows_at(indices)) for series, indices in self._value_blocks]
+        tier_rows, self._tier_rows = self._tier_rows, None
+        self._add_rows(collected, blocks, partial(self._report_failed, kind=schema.KIND_VALUE, tensor_of_row=by_row),
+                       wait=tier_rows is not None)
+        if tier_rows is not None:
+            self._observe_tier_values(collected.rows()[tier_rows])
         self._value_keys, self._value_blocks = [], []
+
+    def _add_rows(self, collected: Collected, blocks: list[tuple[np.ndarray, np.ndarray, object]],
+                  report: Callable[[Collected], None], *, wait: bool = False) -> None:
+        """The step's summary rows of ``blocks`` (series, iterations, rows of ``collected``): read now when
+        they are on the host already (or ``wait``), else when the step's record is built, so that the end of a
+        backward pass never waits for the device."""
+        late = [LateRows(series, iterations, collected, at, report) for series, iterations, at in blocks]
+        if collected.travelling and not wait:
+            self._rows.extend(late)
+            return
+        collected.rows()
+        self._rows.extend(resolved(late))
+        if collected.failed and not collected.reported:
+            collected.reported = True
+            report(collected)
 
     def _value_layout(self) -> tuple[np.ndarray, np.ndarray, slice | np.ndarray]:
         """Series ids, iterations and rows in the collected block of the registrations in ``_value_keys``: a
@@ -337,7 +351,7 @@ class GradientRecording:
         self._value_layouts = (list(self._value_keys), layout)
         return layout
 
-    def _report_failed(self, reducer: Reducer, kind: str, tensor_of_row: dict[int, int]) -> None:
+    def _report_failed(self, reducer: Reducer | Collected, kind: str, tensor_of_row: dict[int, int]) -> None:
         """Log each row ``reducer.collect()`` could not compute as a skipped tensor (it stays absent)."""
         for row, reason in reducer.failed.items():
             tid = tensor_of_row.get(row)

@@ -214,4 +214,4 @@ class ParameterSteps:
             if kept:
                 self._snaps.append((self.catalog.series_id(tid, schema.KIND_UPDATE), 0,
                                     take_update_snapshot(value, start, max_elements=elements,
-                                                         start_snapshot=starts.get(tid))))
+                                                         start_snapshot=starts.get(tid), on_device=True)))

@@ -67,7 +67,8 @@ class RetroactiveDecision:
         positions = self._sample_positions
         data = take_snapshot(tensor, batched=batched, num_samples=num_samples, max_elements=max_elements,
                              bounds=bounds, saturation_margin=self._saturation_margin,
-                             sample_positions=positions[:num_samples] if batched and positions is not None else None)
+                             sample_positions=positions[:num_samples] if batched and positions is not None else None,
+                             on_device=True)
         if batched and self._sample_categories is not None and len(data.sample_index):
             labels = np.array([str(c) for c in self._sample_categories[data.sample_index]], dtype=object)
             data = type(data)(data.shape, data.sample_index, data.sample_stats, data.values, data.value_index, labels)

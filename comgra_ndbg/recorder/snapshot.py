@@ -14,7 +14,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from comgra_ndbg.stats import kernels
+from comgra_ndbg.recorder.device_snapshots import device_index, fused_per_sample_stats, materialize, on_host
+from comgra_ndbg.stats import fused, kernels
 from comgra_ndbg.stats.host import difference
 from comgra_ndbg.store.schema import FIELD, NUM_FIELDS
 from comgra_ndbg.store.segment import SnapshotData
@@ -103,8 +104,11 @@ def take_snapshot(
     bounds: tuple[float, float] | None = None,
     saturation_margin: float = 0.005,
     sample_positions: np.ndarray | None = None,
+    on_device: bool = False,
 ) -> SnapshotData:
     """Per-sample statistics of the first ``num_samples`` samples and at most ``max_elements`` values.
+    ``on_device``: the arrays of a device tensor's snapshot stay on its device (as tensors) for
+    :func:`materialize` to copy together with the step's other snapshots.
 
     Value indices of a batched tensor are flat positions within the recorded samples (row i is the sample
     at batch position ``sample_index[i]``). ``sample_positions`` picks other samples than the first ones
@@ -130,7 +134,7 @@ def take_snapshot(
             chosen = x[: len(positions)]
         else:
             positions = np.asarray(sample_positions, dtype=np.int64)
-            chosen = x.index_select(0, torch.as_tensor(positions, device=x.device))
+            chosen = x.index_select(0, device_index(positions, x.device))
         n = len(positions)
         per_sample = chosen.reshape(n, math.prod(shape[1:]))  # not -1: n may be 0
         stats = _per_sample_stats(per_sample, bounds, saturation_margin)
@@ -147,7 +151,8 @@ def take_snapshot(
         flat = x.reshape(-1)
         index = _kept(flat.numel(), max_elements)
         values = _values(flat, index, 0)
-    return SnapshotData(shape, sample_index, stats, values, index)
+    data = SnapshotData(shape, sample_index, stats, values, index)
+    return data if on_device else materialize([(0, 0, data)])[0][2]
 
 
 def _host_view(tensor: torch.Tensor) -> np.ndarray | None:
@@ -227,11 +232,12 @@ def _host_sample_stats(rows: np.ndarray, bounds: tuple[float, float] | None, mar
 
 
 def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elements: int,
-                         start_snapshot: SnapshotData | None = None) -> SnapshotData:
+                         start_snapshot: SnapshotData | None = None, on_device: bool = False) -> SnapshotData:
     """The snapshot of the batch-less difference ``value - start`` (a parameter update), computed only at the
     at most ``max_elements`` evenly spaced elements it keeps; the same as ``take_snapshot(value - start)``.
     ``start_snapshot``, ``take_snapshot(start, batched=False, ...)`` taken while ``start`` held its values (the
     parameter's value snapshot at the step's start), saves reading ``start`` again where it kept the same elements.
+    ``on_device`` as for ``take_snapshot``.
 
     >>> s = take_update_snapshot(torch.arange(6.0), torch.ones(6), max_elements=3)
     >>> s.values.tolist(), s.value_index.tolist()
@@ -261,11 +267,12 @@ def take_update_snapshot(value: torch.Tensor, start: torch.Tensor, *, max_elemen
         values = np.subtract(a, b).astype(_value_dtype(value.dtype), copy=False)
     else:
         if index is not None:
-            positions = torch.from_numpy(index.copy()).to(value.device)
+            positions = device_index(index, value.device)
             flat_value, flat_start = flat_value.index_select(0, positions), flat_start.index_select(0, positions)
         delta = difference(flat_value, flat_start)
-        values = (delta.abs() if delta.is_complex() else delta).to(_torch_value_dtype(value.dtype)).cpu().numpy()
-    return SnapshotData(tuple(int(d) for d in value.shape), _NO_SAMPLES, _NO_STATS, values, index)
+        values = on_host((delta.abs() if delta.is_complex() else delta).to(_torch_value_dtype(value.dtype)))
+    data = SnapshotData(tuple(int(d) for d in value.shape), _NO_SAMPLES, _NO_STATS, values, index)
+    return data if on_device else materialize([(0, 0, data)])[0][2]
 
 
 _HOST_VIEWABLE = frozenset((torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16,
@@ -302,8 +309,8 @@ def _values(x: torch.Tensor, keep: np.ndarray | None, axis: int) -> np.ndarray:
             return np.array(a.reshape(-1), dtype=target)
         return np.take(a, keep, axis=axis).reshape(-1).astype(target, copy=False)
     if keep is not None:
-        x = x.index_select(axis, torch.from_numpy(keep.copy()).to(x.device))
-    return x.reshape(-1).to(_torch_value_dtype(x.dtype)).cpu().numpy().copy()
+        x = x.index_select(axis, device_index(keep, x.device))
+    return on_host(x.reshape(-1).to(_torch_value_dtype(x.dtype), copy=keep is None))
 
 
 def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float) -> np.ndarray:
@@ -312,7 +319,7 @@ def _per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margi
     if x.is_cpu:
         return _host_sample_stats(x.numpy() if x.dtype in _HOST_VIEWABLE else x.double().numpy(), bounds,
                                   margin_fraction)
-    return _exact_per_sample_stats(x, bounds, margin_fraction)
+    return _device_per_sample_stats(x, bounds, margin_fraction)
 
 
 @lru_cache(maxsize=256)
@@ -326,6 +333,16 @@ def _float64_thresholds(bounds: tuple[float, float], margin_fraction: float) -> 
 
 def _exact_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float
                             ) -> np.ndarray:
+    return _device_per_sample_stats(x, bounds, margin_fraction).cpu().numpy()
+
+
+def _device_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float
+                             ) -> torch.Tensor:
+    """The per-sample rows of ``x``, left on ``x``'s device: every sample's row at once by ``fused`` where
+    Triton runs, else in float64 torch operations."""
+    if x.shape[0] and x.shape[1] and fused.usable(x):
+        thresholds = None if bounds is None else tuple(_float64_thresholds(bounds, margin_fraction).tolist())
+        return fused_per_sample_stats(x, thresholds)
     x = x.double() if not x.dtype == torch.float64 else x
     finite = torch.isfinite(x)
     zeroed = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -351,4 +368,4 @@ def _exact_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None,
     out = torch.zeros((x.shape[0], NUM_FIELDS), dtype=torch.float64, device=x.device)
     for name, column in columns.items():
         out[:, FIELD[name]] = column.to(torch.float64)
-    return out.cpu().numpy()
+    return out

@@ -19,8 +19,9 @@ import torch
 from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
 from comgra_ndbg.recorder.policy import Decision
 from comgra_ndbg.recorder.sentinel_steps import Sentinel
+from comgra_ndbg.recorder.device_snapshots import materialize
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot, SnapshotData
-from comgra_ndbg.recorder.step_record import StepRecord, SummaryRows
+from comgra_ndbg.recorder.step_record import LateRows, StepRecord, SummaryRows, resolved
 from comgra_ndbg.recorder.validation import check_name, check_step
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
@@ -81,7 +82,7 @@ class StepCycle:
         self._parameter_grad_snaps: dict[int, Any] = {}
         self._deferred_values: list[DeferredSnapshot] = []
         self._deferred_grads: list[DeferredSnapshot] = []
-        self._rows: list[SummaryRows] = []
+        self._rows: list[SummaryRows | LateRows] = []  # late: read when the record is built
         self._snaps: list[tuple[int, int, Any]] = []
         self._kpis: list[tuple[Any, ...]] = []  # (kpi id, value) or (kpi id, value, step type id)
         self._grad_kinds: list[str] = []
@@ -314,7 +315,7 @@ class StepCycle:
         self._finish_parameters()
         if len(self._values) or self._value_keys or self._value_blocks or self._tier_rows is not None:
             self._collect_values()
-        rows = SummaryRows.join(self._rows)
+        rows = SummaryRows.join(resolved(self._rows))
         if self._tiered and self._sentinels_on:
             self._observe_tier_gradients(rows)
         reasons = [d.reason for d in (self._summary_decision, self._snapshot_decision) if d.record]
@@ -324,7 +325,7 @@ class StepCycle:
             reasons.insert(0, self._dispatcher.forced_reason(self._step))
         self._check_overflow(rows)
         return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
-                          rows, self._snaps)
+                          rows, materialize(self._snaps))
 
     def _flush_due(self) -> bool:
         if self.flush_every_steps is not None and self._steps_since_flush >= self.flush_every_steps:

@@ -1,17 +1,18 @@
 """One step's recorded data on the host, before it goes to the writer (or to the flight recorder's ring)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from comgra_ndbg.stats.collected import Collected
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import SnapshotData
 from comgra_ndbg.store.writer import RecordingWriter
 
-__all__ = ["StepRecord", "SummaryRows", "rows_at", "shared", "zeros"]
+__all__ = ["LateRows", "StepRecord", "SummaryRows", "resolved", "rows_at", "shared", "zeros"]
 
 
 class SummaryRows(NamedTuple):
@@ -38,6 +39,30 @@ class SummaryRows(NamedTuple):
             return blocks[0]
         return SummaryRows(np.concatenate([b.series for b in blocks]), np.concatenate([b.iterations for b in blocks]),
                            np.concatenate([b.data for b in blocks]))
+
+
+class LateRows(NamedTuple):
+    """Summary rows whose values are still travelling from a device (``Reducer.collect_later``): read when the
+    step's record is built, so the backward pass's end does not wait for the device. ``at`` selects the rows
+    of the collected block; ``report`` logs the rows that could not be computed (called once per block)."""
+
+    series: np.ndarray
+    iterations: np.ndarray
+    collected: Collected
+    at: slice | range | list[int] | np.ndarray
+    report: Callable[[Collected], None]
+
+    def resolve(self) -> SummaryRows:
+        rows = self.collected.rows()
+        if self.collected.failed and not self.collected.reported:
+            self.collected.reported = True
+            self.report(self.collected)
+        return SummaryRows(self.series, self.iterations, rows[self.at])
+
+
+def resolved(blocks: list[SummaryRows | LateRows]) -> list[SummaryRows]:
+    """``blocks`` with every :class:`LateRows` read."""
+    return [block.resolve() if isinstance(block, LateRows) else block for block in blocks]
 
 
 def rows_at(indices: range | list[int] | np.ndarray) -> slice | range | list[int] | np.ndarray:

@@ -1,14 +1,13 @@
 """Summaries of tensors as sufficient-statistic rows, computed on the tensor's device.
 
-Each ``add`` issues a handful of fused full reductions (``sum``, ``dot``, ``aminmax``, ``count_nonzero``)
-that stay on the device as 0-d tensors; ``collect`` stacks every pending scalar into one buffer and moves
-it to the host in a single copy, so a step costs one synchronisation, not one ``.item()`` per tensor.
-
-Small tensors off the host that ``add_many`` receives together (parameters, their gradients and updates)
-are reduced together by ``segmented``, in a dozen launches instead of eight per tensor. CPU tensors are
-summarised at once, straight into their row, by ``host`` (the single-pass kernels, or numpy when numba is
-missing); ``add`` can copy a tensor (``copy_to``) or summarise its difference to another (``start``) in
-that same pass.
+Device tensors that ``add_many`` receives together (parameters, their gradients and updates) are reduced
+together: by ``fused`` in three Triton launches where Triton runs (which also takes a large tensor ``add``
+gets), else the small ones by ``segmented`` in a dozen launches, and the rest one by one with a handful of
+full reductions (``sum``, ``dot``, ``aminmax``, ``count_nonzero``) that stay on the device as 0-d tensors.
+``collect`` moves every result to the host in one copy per device, so a step costs one synchronisation, not
+one ``.item()`` per tensor. CPU tensors are summarised at once, straight into their row, by ``host`` (the
+single-pass kernels, or numpy when numba is missing); ``add`` can copy a tensor (``copy_to``) or summarise
+its difference to another (``start``) in that same pass.
 
 NaN and ±Inf are rare, so the fast path does not look for them: any row whose moments come out non-finite
 (which NaN, Inf and float32 overflow all cause) is recomputed exactly, in float64, on its tensor.
@@ -16,21 +15,19 @@ NaN and ±Inf are rare, so the fast path does not look for them: any row whose m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import lru_cache
 from itertools import compress
 from operator import attrgetter, not_
 
 import numpy as np
 import torch
 
-from comgra_ndbg.stats import kernels, segmented
+from comgra_ndbg.stats import fused, kernels, segmented
 from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
-from comgra_ndbg.stats.exact import cancels as _cancels
-from comgra_ndbg.stats.exact import exact_moments as _exact_moments
-from comgra_ndbg.stats.exact import work_view as _work_view
+from comgra_ndbg.stats.collected import Collected, Pending as _Pending
+from comgra_ndbg.stats.exact import exact_moments as _exact_moments, work_view as _work_view
 from comgra_ndbg.stats.fields import FIELD, identity_row
 from comgra_ndbg.stats.fields import identity_rows as _identity_rows
-from comgra_ndbg.stats.host import CHECKED_COLUMNS as _CHECKED_COLUMNS
 from comgra_ndbg.stats.host import MOMENT_COLUMNS as _MOMENT_COLUMNS
 from comgra_ndbg.stats.host import NUMPY_DTYPE as _NUMPY_DTYPE
 from comgra_ndbg.stats.host import batchable as _batchable
@@ -42,11 +39,9 @@ from comgra_ndbg.stats.host import reduce_cpu as _reduce_cpu
 from comgra_ndbg.stats.host import reduce_cpu_fused as _reduce_cpu_fused
 from comgra_ndbg.stats.host import summarize_addressed as _summarize_addressed
 from comgra_ndbg.stats.transfer import Block as _Block
-from comgra_ndbg.stats.transfer import complement as _complement
 from comgra_ndbg.stats.transfer import segmentable as _segmentable
-from comgra_ndbg.stats.transfer import to_host as _to_host
 
-__all__ = ["Reducer", "summarize"]
+__all__ = ["Collected", "Reducer", "summarize"]
 
 _COUNT = FIELD["count"]
 _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
@@ -55,12 +50,18 @@ _IDENTITY = identity_row()
 _DATA_PTR, _NUMEL, _DTYPE = torch.Tensor.data_ptr, torch.Tensor.numel, attrgetter("dtype")
 
 
-@dataclass
-class _Pending:
-    tensor: torch.Tensor
-    row: int
-    batched: bool
-    bounds: tuple[float, float] | None
+_ONE_ROW = [np.array([row]) for row in range(4096)]  # read-only: a block's single row index
+_FLAGS = {(a, b, c): tuple(np.array([flag]) for flag in (a, b, c)) for a in (False, True) for b in (False, True)
+          for c in (False, True)}
+for _arrays in (*_ONE_ROW, *(a for flags in _FLAGS.values() for a in flags)):
+    _arrays.flags.writeable = False
+
+
+@lru_cache(maxsize=256)
+def _thresholds(bounds: tuple[float, float], margin: float) -> tuple[float, float]:
+    """Saturation ``bounds`` with the margin applied: the thresholds ``segmented`` and ``fused`` compare with."""
+    width = margin * (bounds[1] - bounds[0])
+    return bounds[0] + width, bounds[1] - width
 
 
 class Reducer:
@@ -107,14 +108,18 @@ class Reducer:
                 row[_MOMENT_COLUMNS] = np.nan
                 _exact_moments(tensor.detach(), row, batch=batch)
             return row_index
+        batch = tensor.shape[0] if batched and tensor.dim() else 0
         if start is None and copy_to is None and segmented.segmentable(tensor):
             # a copy now (in stream order, before any later in-place change); reduced with the rest in collect()
-            batch = tensor.shape[0] if batched and tensor.dim() else 0
             self._deferred.append((row_index, tensor.detach().clone(), batch, bounds))
-            return row_index
-        self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
+        elif fused.usable(tensor) and start is None and copy_to is None:  # a large device tensor: one launch now
+            self._add_fused(row_index, tensor, batch, bounds)
+        elif fused.usable(tensor) and _segmentable(tensor, start, copy_to):
+            self._add_segmented([row_index], [tensor], None if start is None else [start],
+                                None if copy_to is None else [copy_to], [batch], [bounds])
+        else:
+            self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
         return row_index
-
     def add_planned(self, tensor: torch.Tensor, batch: int, thresholds: np.ndarray | None, kernel: object,
                     dtype: np.dtype) -> int:
         """``add`` of a tensor the caller knows to be a non-empty contiguous host tensor of ``dtype`` (float32
@@ -266,9 +271,10 @@ class Reducer:
         kept = group if copies is None else copies  # what the exact recompute reads: the values as of now
         bounds = bounds or [None] * len(group)
         margin = self.saturation_margin
-        thresholds = [None if b is None else (b[0] + margin * (b[1] - b[0]), b[1] - margin * (b[1] - b[0]))
-                      for b in bounds]
-        for part in segmented.chunks([t.numel() for t in group]):
+        thresholds = [None if b is None else _thresholds(b, margin) for b in bounds]
+        reduce = fused.fused_moments if fused.usable(group[0]) else segmented.segment_moments
+        limit = None if reduce is segmented.segment_moments else sum(t.numel() for t in group)  # fused: no copies
+        for part in segmented.chunks([t.numel() for t in group], limit):
             targets = np.array([rows[i] for i in part], dtype=np.int64)
             sizes = np.array([group[i].numel() for i in part], dtype=np.int64)
             part_batches = np.array([batches[i] for i in part], dtype=np.int64)
@@ -277,10 +283,26 @@ class Reducer:
             self._buffer[targets[part_batches > 0], FIELD["units"]] = (sizes // np.maximum(part_batches, 1))[
                 part_batches > 0]
             self._buffer[targets[bounded], FIELD["bounded"]] = sizes[bounded]
-            moments = segmented.segment_moments([group[i] for i in part], part_batches.tolist(),
-                                                [thresholds[i] for i in part])
-            self._blocks.append(_Block(targets, moments, part_batches > 0, bounded, part_batches > 1))
-            self._pending.extend(_Pending(kept[i], rows[i], batches[i] > 0, bounds[i]) for i in part)
+            moments = reduce([group[i] for i in part], part_batches.tolist(), [thresholds[i] for i in part])
+            complete = reduce is fused.fused_moments  # its rows need no recompute: no tensor is kept for one
+            self._blocks.append(_Block(targets, moments, part_batches > 0, bounded, part_batches > 1, complete))
+            if not complete:
+                self._pending.extend(_Pending(kept[i], rows[i], batches[i] > 0, bounds[i]) for i in part)
+
+    def _add_fused(self, row: int, tensor: torch.Tensor, batch: int, bounds: tuple[float, float] | None) -> None:
+        """``add`` of one large device tensor: its complete row, computed now by one ``fused`` launch (nothing
+        kept for a recompute)."""
+        numel = tensor.numel()
+        thresholds = None if bounds is None else _thresholds(bounds, self.saturation_margin)
+        moments = fused.fused_moments([tensor], [batch], [thresholds])
+        target = self._buffer[row]
+        target[_COUNT] = numel
+        if batch:
+            target[FIELD["units"]] = numel // batch
+        if bounds is not None:
+            target[FIELD["bounded"]] = numel
+        self._blocks.append(_Block(_ONE_ROW[row] if row < len(_ONE_ROW) else np.array([row]), moments,
+                                   *_FLAGS[(batch > 0, bounds is not None, batch > 1)], True))
 
     def _reduce_deferred(self) -> None:
         """Reduce the copies ``add`` kept of small device tensors, one segmented call per device and dtype."""
@@ -317,9 +339,27 @@ class Reducer:
         merge identity (absent) and listed in :attr:`failed` (row -> reason), so one bad tensor costs its own
         row and never the others, or the next step's.
         """
-        self.failed: dict[int, str] = {}
+        collected = self.collect_later()
         try:
-            return self._collect()
+            return collected.rows()
+        finally:
+            self.failed = collected.failed
+
+    def collect_later(self) -> Collected:
+        """``collect`` without waiting for a device: every result starts on its way to the host (one
+        non-blocking copy per device) and the reducer is empty at once; ``rows()`` of the returned
+        :class:`Collected` waits for the copies and returns what ``collect`` would have."""
+        failed: dict[int, str] = {}
+        self.failed = failed
+        try:
+            if self._deferred:
+                try:
+                    self._reduce_deferred()
+                except Exception as error:  # noqa: BLE001 - the rows are reported as failed
+                    self._fail([row for row, *_ in self._deferred], error)
+                    self._deferred = []
+            return Collected(self._buffer[:self._size].copy(), dict(self._scalars), dict(self._slots),
+                             list(self._blocks), list(self._pending), failed)
         finally:
             self._buffer[:self._size] = _IDENTITY
             self._size = 0
@@ -328,58 +368,6 @@ class Reducer:
             self._scalars.clear()
             self._slots.clear()
             self._blocks.clear()
-
-    def _collect(self) -> np.ndarray:
-        if self._deferred:
-            try:
-                self._reduce_deferred()
-            except Exception as error:  # noqa: BLE001 - the rows are reported as failed
-                self._fail([row for row, *_ in self._deferred], error)
-                self._deferred = []
-        rows = self._buffer[:self._size].copy()
-        if self._scalars or self._blocks:
-            keys = list(self._scalars)
-            parts = [torch.stack(self._scalars[k]).to(torch.float64) for k in keys] + [b.moments for b in self._blocks]
-            try:
-                host = _to_host(parts)
-            except Exception:  # noqa: BLE001 - one part at a time, to find the ones that fail
-                host = [self._part_to_host(part, [s[0] for s in self._slots[keys[i]]] if i < len(keys) else
-                                           self._blocks[i - len(keys)].rows.tolist()) for i, part in enumerate(parts)]
-            good = [i for i, k in enumerate(keys) if host[i] is not None]
-            if good:
-                packed = np.concatenate([host[i] for i in good])
-                slots = np.array([slot for i in good for slot in self._slots[keys[i]]], dtype=np.int64)
-                rows[slots[:, 0], slots[:, 1]] = packed
-                for f in ("zeros", "dead_units"):
-                    # count_nonzero counted the non-zero elements / units; store the zero ones.
-                    _complement(rows, slots, packed, FIELD[f], FIELD["count"] if f == "zeros" else FIELD["units"])
-            wide = np.zeros(len(rows), dtype=np.bool_)  # rows summed in float64: they cancel much later
-            for block, values in zip(self._blocks, host[len(keys):]):
-                if values is not None:
-                    block.write(rows, values.reshape(len(block.rows), -1))
-                    wide[block.rows] = True
-            cancels = _cancels(rows)
-            cancels[wide] = _cancels(rows[wide], tolerance=1e-8)
-            suspicious = ~np.isfinite(rows[:, _CHECKED_COLUMNS]).all(axis=1) | cancels
-            if suspicious.any():
-                for pending in self._pending:
-                    if suspicious[pending.row] and pending.row not in self.failed:
-                        rows[pending.row, _MOMENT_COLUMNS] = np.nan
-                        try:
-                            _exact_moments(pending.tensor, rows[pending.row],
-                                           batch=pending.tensor.shape[0] if pending.batched else 0)
-                        except Exception as error:  # noqa: BLE001 - reported as failed
-                            self._fail([pending.row], error)
-        if self.failed:
-            rows[list(self.failed)] = _IDENTITY
-        return rows
-
-    def _part_to_host(self, part: torch.Tensor, rows: list[int]) -> np.ndarray | None:
-        try:
-            return part.reshape(-1).cpu().numpy()
-        except Exception as error:  # noqa: BLE001 - reported as failed
-            self._fail(rows, error)
-            return None
 
     def _fail(self, rows: list[int], error: BaseException) -> None:
         for row in rows:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from comgra_ndbg.stats import segmented
+from comgra_ndbg.stats import fused, segmented
 from comgra_ndbg.stats.fields import FIELD
 
-__all__ = ["Block", "to_host", "segmentable", "complement"]
+__all__ = ["Block", "complement", "segmentable", "to_host", "write_complete"]
 
 _SEGMENT_COLUMNS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")]  # segment_moments' order
 _COUNT = FIELD["count"]
@@ -28,9 +28,14 @@ class Block:
     batched: np.ndarray  # per row: has units
     bounded: np.ndarray  # per row: has saturation bounds
     spread: np.ndarray  # per row: has a sample spread (2 samples or more)
+    complete: bool = False  # fused's rows: finite moments, NaN and Inf counts; nothing to recompute
 
     def write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Put the block's host ``values`` (``[k, 10]``) into the reducer's ``rows``."""
+        """Put the block's host ``values`` (``[k, 10]``, or ``[k, fused.COLUMNS]`` when complete) into the
+        reducer's ``rows``."""
+        if self.complete:
+            write_complete(rows, [self], values)
+            return
         rows[self.rows[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
         rows[self.rows, FIELD["zeros"]] = rows[self.rows, _COUNT] - values[:, segmented.NONZERO]
         rows[self.rows[self.batched], FIELD["dead_units"]] = values[self.batched, segmented.DEAD]
@@ -41,6 +46,27 @@ class Block:
         rows[spread, _SPREAD_COUNT] = rows[spread, _COUNT]
         rows[spread, _SPREAD_SUM_SQ] = values[self.spread, segmented.SUM_SQ]
         rows[spread, _SPREAD_DEV] = values[self.spread, segmented.SPREAD]
+
+
+def write_complete(rows: np.ndarray, blocks: list[Block], values: np.ndarray) -> None:
+    """Put the host ``values`` of complete ``blocks`` (their ``[k, fused.COLUMNS]`` rows one after the other)
+    into the reducer's ``rows``, all blocks at once (a step has a block per large tensor it registered)."""
+    at = np.concatenate([b.rows for b in blocks]) if len(blocks) > 1 else blocks[0].rows
+    batched, bounded, spread_rows = (np.concatenate([getattr(b, name) for b in blocks]) if len(blocks) > 1
+                                     else getattr(blocks[0], name) for name in ("batched", "bounded", "spread"))
+    rows[at[:, None], _SEGMENT_COLUMNS] = values[:, :segmented.NONZERO]
+    rows[at, FIELD["nan"]] = values[:, fused.NAN]
+    rows[at, FIELD["inf"]] = values[:, fused.INF]
+    rows[at, FIELD["zeros"]] = rows[at, _COUNT] - values[:, segmented.NONZERO]
+    rows[at[batched], FIELD["dead_units"]] = values[batched, segmented.DEAD]
+    rows[at[bounded], FIELD["saturated"]] = values[bounded, segmented.SATURATED]
+    both = batched & bounded
+    rows[at[both], FIELD["saturated_units"]] = values[both, segmented.SATURATED_UNITS]
+    spread = at[spread_rows]  # the units finite in every sample, each counted with all its samples
+    samples = rows[spread, _COUNT] / rows[spread, FIELD["units"]]
+    rows[spread, _SPREAD_COUNT] = values[spread_rows, fused.FINITE_UNITS] * samples
+    rows[spread, _SPREAD_SUM_SQ] = values[spread_rows, fused.FINITE_SUM_SQ]
+    rows[spread, _SPREAD_DEV] = values[spread_rows, segmented.SPREAD]
 
 
 def to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
@@ -57,8 +83,9 @@ def to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
 
 
 def segmentable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
-    """Whether ``add_many`` reduces ``tensor`` (and its start and copy) with ``segmented``."""
-    if not segmented.segmentable(tensor):
+    """Whether ``add_many`` reduces ``tensor`` (and its start and copy) with the other tensors of its device
+    and dtype (``segmented``, or ``fused`` where Triton runs, which takes tensors of any size)."""
+    if not (segmented.segmentable(tensor) or fused.usable(tensor)):
         return False
     for other in (start, copy_to):
         if other is not None and not (other.dtype == tensor.dtype and other.device == tensor.device
