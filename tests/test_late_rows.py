@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from comgra_ndbg import Recorder, open_recording
+from comgra_ndbg.recorder import step_record
 from comgra_ndbg.stats import collected
 from comgra_ndbg.store import schema
 
@@ -52,18 +53,18 @@ def contents(folder: Path, trial: str) -> tuple[dict, list]:
 def test_rows_read_when_the_record_is_built_equal_rows_read_at_once(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     train(tmp_path, "at_once")
-    reads: list[bool] = []
-    original = collected.Collected.rows
+    late_reads: list[int] = []
+    original = step_record.LateRows.resolve
 
-    def counting(self: collected.Collected) -> np.ndarray:
-        reads.append(self._result is None)
+    def counting(self: step_record.LateRows) -> step_record.SummaryRows:
+        late_reads.append(len(self.series))
         return original(self)
 
     with monkeypatch.context() as patch:
-        patch.setattr(collected.Collected, "travelling", property(lambda self: self._result is None))
-        patch.setattr(collected.Collected, "rows", counting)
+        patch.setattr(collected.Collected, "travelling", property(lambda self: True))
+        patch.setattr(step_record.LateRows, "resolve", counting)
         train(tmp_path, "late")
-    assert reads.count(True) >= 8  # the gradients' and values' blocks of every step were read late
+    assert len(late_reads) >= 12  # the gradients' and values' blocks of every step were read late
     at_once, late = contents(tmp_path, "at_once"), contents(tmp_path, "late")
     assert at_once[0].keys() == late[0].keys() and len(late[0]) >= 12
     for key, (steps, rows) in at_once[0].items():

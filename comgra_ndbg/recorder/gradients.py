@@ -25,7 +25,7 @@ import torch
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
-from comgra_ndbg.recorder.step_record import LateRows, resolved, rows_at, zeros
+from comgra_ndbg.recorder.step_record import LateRows, SummaryRows, rows_at, zeros
 from comgra_ndbg.stats.reducer import Collected, Reducer
 from comgra_ndbg.store import schema
 
@@ -264,8 +264,12 @@ class GradientRecording:
         if self._snapshot:
             self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in gradients)
         collected = self._grads.collect_later()
-        tensor_of_row = ({index: tid for (tid, _), index in self._grad_keys.items()}
-                         | {index: tid for (tid, _), index in zip(gradients, parameter_rows)})
+        keys = self._grad_keys  # replaced by a new dict below: the rows' tensors stay readable for a late report
+
+        def report(done: Collected) -> None:
+            self._report_failed(done, kind, {index: tid for (tid, _), index in keys.items()}
+                                | {index: tid for (tid, _), index in zip(gradients, parameter_rows)})
+
         blocks = []
         if self._grad_keys:
             series, iterations = self._gradient_layout(kind)
@@ -277,7 +281,7 @@ class GradientRecording:
             else:
                 series = np.array([self.catalog.series_id(tid, kind) for tid, _ in gradients], dtype=np.int64)
             blocks.append((series, np.zeros(len(series), np.int64), parameter_rows))
-        self._add_rows(collected, blocks, partial(self._report_failed, kind=kind, tensor_of_row=tensor_of_row))
+        self._add_rows(collected, blocks, report)
         if not self._deferring:
             for (tid, iteration), data in self._grad_snaps.items():
                 self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
@@ -308,14 +312,18 @@ class GradientRecording:
 
     def _collect_values(self) -> None:
         collected = self._values.collect_later()
-        by_row = {row: self.catalog.series[sid][0] for sid, _, row in self._value_keys}
-        by_row.update((row, self.catalog.series[sid][0]) for series, indices in self._value_blocks
-                      for sid, row in zip(series.tolist(), indices))
-        blocks = [self._value_layout()] if self._value_keys else []
-        blocks += [(series, zeros(len(series)), rows_at(indices)) for series, indices in self._value_blocks]
+        keys, value_blocks = self._value_keys, self._value_blocks  # replaced below, kept for a late report
+
+        def report(done: Collected) -> None:
+            by_row = {row: self.catalog.series[sid][0] for sid, _, row in keys}
+            by_row.update((row, self.catalog.series[sid][0]) for series, indices in value_blocks
+                          for sid, row in zip(series.tolist(), indices))
+            self._report_failed(done, schema.KIND_VALUE, by_row)
+
+        blocks = [self._value_layout()] if keys else []
+        blocks += [(series, zeros(len(series)), rows_at(indices)) for series, indices in value_blocks]
         tier_rows, self._tier_rows = self._tier_rows, None
-        self._add_rows(collected, blocks, partial(self._report_failed, kind=schema.KIND_VALUE, tensor_of_row=by_row),
-                       wait=tier_rows is not None)
+        self._add_rows(collected, blocks, report, wait=tier_rows is not None)
         if tier_rows is not None:
             self._observe_tier_values(collected.rows()[tier_rows])
         self._value_keys, self._value_blocks = [], []
@@ -325,12 +333,11 @@ class GradientRecording:
         """The step's summary rows of ``blocks`` (series, iterations, rows of ``collected``): read now when
         they are on the host already (or ``wait``), else when the step's record is built, so that the end of a
         backward pass never waits for the device."""
-        late = [LateRows(series, iterations, collected, at, report) for series, iterations, at in blocks]
         if collected.travelling and not wait:
-            self._rows.extend(late)
+            self._rows.extend(LateRows(series, iterations, collected, at, report) for series, iterations, at in blocks)
             return
-        collected.rows()
-        self._rows.extend(resolved(late))
+        rows = collected.rows()
+        self._rows.extend(SummaryRows(series, iterations, rows[at]) for series, iterations, at in blocks)
         if collected.failed and not collected.reported:
             collected.reported = True
             report(collected)

@@ -99,6 +99,14 @@ class Collected:
             except Exception:  # noqa: BLE001 - rows() copies one part at a time, to find the ones that fail
                 self._transfer = None
 
+    @classmethod
+    def ready(cls, rows: np.ndarray, failed: dict[int, str]) -> Collected:
+        """Rows computed on the host already: nothing travels, nothing is recomputed."""
+        done = cls.__new__(cls)
+        done.failed, done.reported, done._result, done._transfer = failed, False, rows, None
+        done._rows, done._slots, done._blocks, done._pending, done._parts = rows, [], [], [], []
+        return done
+
     @property
     def travelling(self) -> bool:
         """Whether some result is still on its way from a device (``rows()`` would wait for it)."""

@@ -15,7 +15,6 @@ NaN and ±Inf are rare, so the fast path does not look for them: any row whose m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from itertools import compress
 from operator import attrgetter, not_
 
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.stats import fused, kernels, segmented
-from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN
+from comgra_ndbg.stats.bounds import DEFAULT_SATURATION_MARGIN, saturation_thresholds
 from comgra_ndbg.stats.collected import Collected, Pending as _Pending
 from comgra_ndbg.stats.exact import exact_moments as _exact_moments, work_view as _work_view
 from comgra_ndbg.stats.fields import FIELD, identity_row
@@ -38,7 +37,7 @@ from comgra_ndbg.stats.host import lean_flags as _lean_flags
 from comgra_ndbg.stats.host import reduce_cpu as _reduce_cpu
 from comgra_ndbg.stats.host import reduce_cpu_fused as _reduce_cpu_fused
 from comgra_ndbg.stats.host import summarize_addressed as _summarize_addressed
-from comgra_ndbg.stats.transfer import Block as _Block
+from comgra_ndbg.stats.transfer import Block as _Block, single_block as _single_block
 from comgra_ndbg.stats.transfer import segmentable as _segmentable
 
 __all__ = ["Collected", "Reducer", "summarize"]
@@ -47,21 +46,8 @@ _COUNT = FIELD["count"]
 _SPREAD_COUNT, _SPREAD_SUM_SQ, _SPREAD_DEV = FIELD["spread_count"], FIELD["spread_sum_sq"], FIELD["spread_dev_sq"]
 _HOST_DEVICE = "cpu"  # summarised on the host; tests name another to run the device reductions on CPU tensors
 _IDENTITY = identity_row()
+_F64 = np.dtype(np.float64)
 _DATA_PTR, _NUMEL, _DTYPE = torch.Tensor.data_ptr, torch.Tensor.numel, attrgetter("dtype")
-
-
-_ONE_ROW = [np.array([row]) for row in range(4096)]  # read-only: a block's single row index
-_FLAGS = {(a, b, c): tuple(np.array([flag]) for flag in (a, b, c)) for a in (False, True) for b in (False, True)
-          for c in (False, True)}
-for _arrays in (*_ONE_ROW, *(a for flags in _FLAGS.values() for a in flags)):
-    _arrays.flags.writeable = False
-
-
-@lru_cache(maxsize=256)
-def _thresholds(bounds: tuple[float, float], margin: float) -> tuple[float, float]:
-    """Saturation ``bounds`` with the margin applied: the thresholds ``segmented`` and ``fused`` compare with."""
-    width = margin * (bounds[1] - bounds[0])
-    return bounds[0] + width, bounds[1] - width
 
 
 class Reducer:
@@ -271,7 +257,7 @@ class Reducer:
         kept = group if copies is None else copies  # what the exact recompute reads: the values as of now
         bounds = bounds or [None] * len(group)
         margin = self.saturation_margin
-        thresholds = [None if b is None else _thresholds(b, margin) for b in bounds]
+        thresholds = [None if b is None else tuple(saturation_thresholds(b, margin, _F64).tolist()) for b in bounds]
         reduce = fused.fused_moments if fused.usable(group[0]) else segmented.segment_moments
         limit = None if reduce is segmented.segment_moments else sum(t.numel() for t in group)  # fused: no copies
         for part in segmented.chunks([t.numel() for t in group], limit):
@@ -293,7 +279,8 @@ class Reducer:
         """``add`` of one large device tensor: its complete row, computed now by one ``fused`` launch (nothing
         kept for a recompute)."""
         numel = tensor.numel()
-        thresholds = None if bounds is None else _thresholds(bounds, self.saturation_margin)
+        thresholds = (None if bounds is None
+                      else tuple(saturation_thresholds(bounds, self.saturation_margin, _F64).tolist()))
         moments = fused.fused_moments([tensor], [batch], [thresholds])
         target = self._buffer[row]
         target[_COUNT] = numel
@@ -301,8 +288,7 @@ class Reducer:
             target[FIELD["units"]] = numel // batch
         if bounds is not None:
             target[FIELD["bounded"]] = numel
-        self._blocks.append(_Block(_ONE_ROW[row] if row < len(_ONE_ROW) else np.array([row]), moments,
-                                   *_FLAGS[(batch > 0, bounds is not None, batch > 1)], True))
+        self._blocks.append(_single_block(row, moments, batch, bounds is not None))
 
     def _reduce_deferred(self) -> None:
         """Reduce the copies ``add`` kept of small device tensors, one segmented call per device and dtype."""
@@ -339,6 +325,10 @@ class Reducer:
         merge identity (absent) and listed in :attr:`failed` (row -> reason), so one bad tensor costs its own
         row and never the others, or the next step's.
         """
+        rows = self._ready_rows()
+        if rows is not None:
+            self.failed = {}
+            return rows
         collected = self.collect_later()
         try:
             return collected.rows()
@@ -351,6 +341,9 @@ class Reducer:
         :class:`Collected` waits for the copies and returns what ``collect`` would have."""
         failed: dict[int, str] = {}
         self.failed = failed
+        rows = self._ready_rows()
+        if rows is not None:
+            return Collected.ready(rows, failed)
         try:
             if self._deferred:
                 try:
@@ -368,6 +361,16 @@ class Reducer:
             self._scalars.clear()
             self._slots.clear()
             self._blocks.clear()
+
+    def _ready_rows(self) -> np.ndarray | None:
+        """The queued rows when every one is computed already (the host path), the reducer emptied; else None."""
+        if self._scalars or self._blocks or self._deferred:
+            return None
+        rows = self._buffer[:self._size].copy()
+        self._buffer[:self._size] = _IDENTITY
+        self._size = 0
+        self._pending.clear()
+        return rows
 
     def _fail(self, rows: list[int], error: BaseException) -> None:
         for row in rows:

@@ -12,7 +12,7 @@ import torch
 from comgra_ndbg.stats import fused, segmented
 from comgra_ndbg.stats.fields import FIELD
 
-__all__ = ["Block", "complement", "segmentable", "to_host", "write_complete"]
+__all__ = ["Block", "complement", "segmentable", "single_block", "to_host", "write_complete"]
 
 _SEGMENT_COLUMNS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")]  # segment_moments' order
 _COUNT = FIELD["count"]
@@ -46,6 +46,20 @@ class Block:
         rows[spread, _SPREAD_COUNT] = rows[spread, _COUNT]
         rows[spread, _SPREAD_SUM_SQ] = values[self.spread, segmented.SUM_SQ]
         rows[spread, _SPREAD_DEV] = values[self.spread, segmented.SPREAD]
+
+
+def single_block(row: int, moments: torch.Tensor, batch: int, bounded: bool) -> Block:
+    """The complete block of one tensor's row (a large device tensor ``fused`` reduced at its registration),
+    from shared read-only index and flag arrays."""
+    return Block(_ONE_ROW[row] if row < len(_ONE_ROW) else np.array([row]), moments,
+                 *_FLAGS[(batch > 0, bounded, batch > 1)], True)
+
+
+_ONE_ROW = [np.array([row]) for row in range(4096)]
+_FLAGS = {(a, b, c): tuple(np.array([flag]) for flag in (a, b, c)) for a in (False, True) for b in (False, True)
+          for c in (False, True)}
+for _arrays in (*_ONE_ROW, *(array for flags in _FLAGS.values() for array in flags)):
+    _arrays.flags.writeable = False
 
 
 def write_complete(rows: np.ndarray, blocks: list[Block], values: np.ndarray) -> None:
