@@ -3,8 +3,11 @@ requires_grad_(False) (no gradient), frozen on purpose from the start, and the w
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 
 from comgra_ndbg.analysis.hypotheses import rank_hypotheses
 from comgra_ndbg.analysis.causal import link_events
@@ -136,3 +139,48 @@ def test_a_run_non_finite_from_its_first_step_reads_no_gradient_from_an_empty_ra
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert stagnation_events(series, stop=0) == []
+
+
+@pytest.mark.parametrize("with_criterion", [False, True])
+def test_a_loss_multiplied_by_zero_from_a_step_on_is_named_at_the_loss(tmp_path: Path, with_criterion: bool) -> None:
+    """``loss * max(0, 1 - step // 40)`` (an integer division meant as a slow decay): from step 40 nothing
+    trains; the loss, not the optimizer, is where it happens. Without ``loss=`` the loss recorded is the
+    product, 0; with ``loss=criterion`` it is the criterion's output, whose gradient is 0."""
+    from comgra_ndbg import NeuralDbg
+    from comgra_ndbg.analysis import analyze
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(4)
+    teacher = torch.randn(10, 3, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
+    with NeuralDbg(model, tmp_path, trial="zeroed", optimizer=optimizer, snapshots=None,
+                   loss=criterion if with_criterion else None):
+        for step in range(160):
+            x = torch.randn(32, 10, generator=g)
+            optimizer.zero_grad()
+            loss = criterion(model(x), (x @ teacher).argmax(1))
+            (loss * max(0, 1 - step // 40)).backward()
+            optimizer.step()
+    top = analyze(tmp_path / "zeroed", store=False).hypotheses[0]
+    assert (top.type, top.origin) == ("update_stagnation", "loss") and abs(top.onset - 40) <= 1
+    assert "exactly 0" in top.sentence
+
+
+@pytest.mark.parametrize("loss, found", [
+    ([1.0] * 20 + [0.0] * 12, True),  # multiplied by 0 at step 20
+    ([1.0 / 2 ** i for i in range(20)] + [0.0] * 12, False),  # converged to 0: a margin loss satisfied
+    ([1.0] * 20 + [0.0] * 5, False),  # too short a tail to tell
+    ([1.0] * 19 + [float("nan")] + [0.0] * 12, False),  # non-finite first: another failure
+])
+def test_only_a_loss_that_drops_to_zero_at_once_counts(loss: list[float], found: bool) -> None:
+    from types import SimpleNamespace
+
+    from comgra_ndbg.analysis.invariants import _zeroed_loss_findings
+
+    series = SimpleNamespace(loss=np.array(loss), steps=np.arange(len(loss)), nodes=())
+    findings = _zeroed_loss_findings(series)
+    assert bool(findings) == found
+    if found:
+        assert findings[0].invariant == "loss_zeroed" and findings[0].onset == 20

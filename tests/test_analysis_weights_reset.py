@@ -40,3 +40,49 @@ def test_weights_reinitialised_inside_the_loop_are_a_reset_of_training(tmp_path:
     top = analyze(tmp_path / "reset", store=False).hypotheses[0]
     assert (top.type, top.origin, top.node, top.onset) == ("weights_reset", "loop", "", 60)
     assert "the training loop" in top.sentence and "initialise once" in top.remedy
+
+
+def _reload_run(folder: Path, trial: str, edit) -> list:
+    """An MLP initialised small (its trained activations are far larger than its untrained ones) trained 150
+    steps; at step 90 ``edit(model, initial_state)`` runs inside the loop."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    teacher = torch.randn(16, 4, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.Tanh(), torch.nn.Linear(48, 48), torch.nn.Tanh(),
+                                torch.nn.Linear(48, 4))
+    with torch.no_grad():
+        for layer in model[::2]:
+            layer.weight.normal_(0, 0.01, generator=g)
+            layer.bias.zero_()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    criterion = torch.nn.CrossEntropyLoss()
+    with NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer, snapshots=None):
+        for step in range(150):
+            if step == 90:
+                edit(model, initial)
+            x = torch.randn(64, 16, generator=g)
+            optimizer.zero_grad()
+            criterion(model(x), (x @ teacher).argmax(1)).backward()
+            optimizer.step()
+    return analyze(folder / trial, store=False).hypotheses
+
+
+def test_a_checkpoint_of_the_untrained_model_reloaded_mid_run_is_a_reset(tmp_path: Path) -> None:
+    """"Restore the best checkpoint", saved before training and never updated: the weights return to their
+    starting values (their norms with them) and the loss to the untrained model's. Read as a reset, not as
+    the vanishing signal the small initial weights cause downstream (the reading before)."""
+    top = _reload_run(tmp_path, "reload", lambda model, initial: model.load_state_dict(initial))[0]
+    assert (top.type, top.origin, top.onset) == ("weights_reset", "loop", 90)
+
+
+def test_weights_scaled_down_mid_run_are_not_a_reset(tmp_path: Path) -> None:
+    """Scaling the weights by 1/100 also takes the loss back towards the untrained model's, but the weights
+    do not return to where they started: not a reset."""
+    def shrink(model: torch.nn.Module, initial: dict) -> None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.01)
+
+    hypotheses = _reload_run(tmp_path, "shrink", shrink)
+    assert hypotheses and hypotheses[0].onset == 90 and hypotheses[0].type != "weights_reset"

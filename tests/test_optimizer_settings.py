@@ -34,12 +34,17 @@ STEPS = 70
     ({"betas": (0.9, 0.95), "eps": 1e-8}, None),  # a short second moment, as large models use
     ({"betas": (0.9, 0.999), "eps": 1.0}, ("eps_too_large", "eps", 1.0)),
     ({"betas": (0.9, 0.999), "eps": 1e-3}, None),
+    ({"alpha": 0.0, "momentum": 0.0}, ("average_without_memory", "alpha (RMSprop's smoothing)", 0.0)),
+    ({"rho": 0.0}, ("average_without_memory", "rho", 0.0)),
+    ({"betas": (0.9, 0.0), "eps": 1e-8}, ("average_without_memory", "betas[1]", 0.0)),
+    ({"alpha": 0.9}, None),
 ])
 def test_settings_are_judged_by_their_meaning(group: dict, expected) -> None:
     assert optimizer_setting(group) == expected
 
 
-def _run(folder: Path, trial: str, make_optimizer: Callable, edit: Callable | None = None, scheduler=None):
+def _run(folder: Path, trial: str, make_optimizer: Callable, edit: Callable | None = None, scheduler=None,
+         steps: int = STEPS):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(2)
     teacher = torch.randn(16, 4, generator=g)
@@ -48,7 +53,7 @@ def _run(folder: Path, trial: str, make_optimizer: Callable, edit: Callable | No
     schedule = scheduler(optimizer) if scheduler else None
     criterion = nn.CrossEntropyLoss()
     with NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer, snapshots=None):
-        for step in range(STEPS):
+        for step in range(steps):
             if edit is not None:
                 edit(step, optimizer)
             x = torch.randn(64, 16, generator=g)
@@ -114,3 +119,31 @@ def test_swapped_betas_and_an_eps_of_one_are_named(tmp_path: Path) -> None:
 def test_usual_settings_raise_nothing(tmp_path: Path, make: Callable) -> None:
     hypotheses = _run(tmp_path, "ok", make)
     assert all(h.type not in ("optimizer_divergence", "optimizer_instability") for h in hypotheses)
+
+
+def test_rmsprop_without_a_memory_for_its_squared_gradients_is_named(tmp_path: Path) -> None:
+    top = _run(tmp_path, "alpha", lambda p: torch.optim.RMSprop(p, lr=1e-2, alpha=0.0))[0]
+    assert (top.type, top.origin, top.onset) == ("optimizer_instability", "optimizer", 0)
+    assert "alpha (RMSprop's smoothing)=0" in top.sentence and "0.99" in top.remedy
+
+
+def _warm_up(steps: int) -> Callable:
+    return lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / steps))
+
+
+def test_a_warm_up_that_never_lets_the_rate_up_is_named_and_usual_schedules_are_not(tmp_path: Path) -> None:
+    """A warm-up of 10^6 steps (typed for 10^2) keeps the rate below 1/1000 of its base for the whole run;
+    a 50-step warm-up, a LinearLR from 1e-4 and a small constant rate without a scheduler are fine."""
+    def adam(p):
+        return torch.optim.Adam(p, lr=1e-2)
+
+    stuck = _run(tmp_path, "never", adam, scheduler=_warm_up(10 ** 6), steps=230)
+    top = stuck[0]
+    assert (top.type, top.origin, top.onset) == ("update_stagnation", "optimizer", 0)
+    assert "base rate 0.01" in top.sentence and "warm-up" in top.remedy
+    for trial, make, scheduler in (
+            ("short", adam, _warm_up(50)),
+            ("linear", adam, lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1e-4, total_iters=150)),
+            ("small", lambda p: torch.optim.Adam(p, lr=1e-5), None)):
+        hypotheses = _run(tmp_path, trial, make, scheduler=scheduler, steps=230)
+        assert all("base rate" not in h.sentence for h in hypotheses), trial

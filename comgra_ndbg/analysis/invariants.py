@@ -69,6 +69,7 @@ CONFIDENCE = {
     "outlier_batch": 0.85,
     "target_shape": 0.9, "lr_growth": 0.9, "activation_before_loss": 0.9, "negative_lr": 0.9,
     "decay_not_below_one": 0.9, "negative_weight_decay": 0.9,
+    "average_without_memory": 0.85, "lr_below_base": 0.85, "batchnorm_frozen_statistics": 0.85, "loss_zeroed": 0.9,
 }
 """Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
 
@@ -135,6 +136,19 @@ _READING = {
                        "two were not swapped"),
     "eps_too_large": ("update_stagnation", "optimizer",
                       "set eps to a small number (the default 1e-8; 1e-6 or 1e-4 for half precision)"),
+    "average_without_memory": ("optimizer_instability", "optimizer",
+                               "give the squared-gradient average a factor between 0 and 1 (RMSprop alpha=0.99, Adam "
+                               "betas=(0.9, 0.999)), and check the code that builds or edits the param groups"),
+    "lr_below_base": ("update_stagnation", "optimizer",
+                      "check the schedule's length and unit: a warm-up counts optimizer steps when the scheduler is "
+                      "stepped per batch (10^6 typed for 10^2? epochs given where steps are counted?), and its factor "
+                      "must reach 1"),
+    "batchnorm_frozen_statistics": ("batch_statistics", "node",
+                                    "build BatchNorm with momentum=0.1 (the default) or momentum=None (a cumulative "
+                                    "average); momentum=0 is for freezing statistics a pre-trained model already has"),
+    "loss_zeroed": ("update_stagnation", "loss",
+                    "check the factor the loss is multiplied by: an integer division (step // n) or a weight that "
+                    "decays to exactly 0 switches training off from step {onset}"),
     "negative_weight_decay": ("optimizer_divergence", "optimizer",
                               "give weight_decay a value of 0 or more (1e-4 to 1e-1 is usual), and check the code "
                               "that edits the param groups"),
@@ -183,8 +197,7 @@ _READING = {
                         "index that never changes)"),
 }
 _POINTS_AT_NODE = ("not_in_optimizer", "unused_parameters", "batchnorm_batch_one", "nonfinite_evaluation",
-                   "nonfinite_evaluation_data",
-                   "activation_before_loss")
+                   "nonfinite_evaluation_data", "activation_before_loss", "batchnorm_frozen_statistics")
 _BEHIND = ("lr_group_stopped",)
 """Invariants that explain how, not where: one param group stopped while the others train is a failure of
 the nodes that group holds, which the statistical stagnation hypothesis names; the loop hypothesis follows it."""
@@ -299,6 +312,7 @@ def loop_diagnosis(series: RunSeries, facts: LoopFacts | None = None) -> LoopDia
     findings += _batch_findings(series, facts)
     findings += _target_findings(facts)
     findings += _precision_findings(series)
+    findings += _zeroed_loss_findings(series)
     findings.sort(key=lambda f: f.onset)
     hypotheses, events, seen = [], [], set()
     last = int(series.steps[-1]) if len(series.steps) else 0
@@ -670,6 +684,55 @@ def _precision_findings(series: RunSeries) -> list[_Finding]:
         f"{found.share:.0%} of their elements with a gradient do not move at a step (median): updates smaller than "
         f"half a unit in the last place of a weight round away, so training crawls while the gradients are there",
         (Evidence(f"{found.node}/update/zero_fraction", (found.onset,), (found.share,)),))]
+
+
+def _zeroed_loss_findings(series: RunSeries) -> list[_Finding]:
+    """A loss that fell to exactly 0 in one step from at least ``ZEROED_FROM`` of its first steps' level and
+    stayed exactly 0 to the end (``ZEROED_STEPS`` steps or more): a factor of 0 switched training off (a loss
+    that converges to 0, a hinge or a margin loss, approaches it gradually). The same for the gradient that
+    reaches the loss node (1 when ``backward()`` is called on the loss itself): a criterion's output
+    multiplied by 0 before ``backward()`` keeps its value and loses its gradient."""
+    loss = np.asarray(series.loss, dtype=np.float64)
+    found = _zero_tail(series.steps, loss, ZEROED_STEPS)
+    what = "the loss"
+    if found is None:
+        node = next((n for n in series.nodes if n.role == "loss" and n.has("grad")), None)
+        if node is None:
+            return []
+        grad = np.asarray(node.stats["grad"]["abs_max"], dtype=np.float64)
+        present = np.isfinite(grad)
+        found = _zero_tail(series.steps[present], grad[present], ZEROED_RECORDED)
+        if found is None or int(series.steps[present][-1]) - found[1] < ZEROED_STEPS:
+            return []
+        what = f"the gradient reaching '{node.name}' (the loss multiplied by it before backward())"
+    before_step, onset, before, left = found
+    return [_Finding(
+        "loss_zeroed", onset, "",
+        f"{what} fell from {before:.3g} to exactly 0 at step {onset} and stayed 0 for the remaining {left} recorded "
+        f"step(s): every gradient is 0 from then on, nothing trains",
+        (Evidence("kpi/loss" if what == "the loss" else "loss/grad", (before_step, onset), (before, 0.0)),))]
+
+
+def _zero_tail(steps: np.ndarray, values: np.ndarray, least: int) -> tuple[int, int, float, int] | None:
+    """``(step before, first step, value before, length)`` of a tail of ``values`` exactly 0 to the end, at
+    least ``least`` long, entered in one step from at least ``ZEROED_FROM`` of the first values' level."""
+    nonzero = np.flatnonzero(values != 0)  # NaN is not 0: a NaN ends the tail
+    if not len(nonzero) or len(values) - (nonzero[-1] + 1) < least:
+        return None
+    i = int(nonzero[-1]) + 1
+    head = values[:min(ZEROED_STEPS, i)]
+    start = float(np.median(np.abs(head))) if np.isfinite(head).all() else 0.0
+    if not start > 0 or not abs(values[i - 1]) >= ZEROED_FROM * start:  # NaN before it: no
+        return None
+    return int(steps[i - 1]), int(steps[i]), float(values[i - 1]), len(values) - i
+
+
+ZEROED_FROM = 0.1
+"""The share of its first steps' level a loss held the step before it fell to exactly 0 (``loss_zeroed``) ..."""
+ZEROED_STEPS = 10
+"""... and the recorded steps it stayed exactly 0 for, at least (the loss node's gradient: the steps it
+spans, over at least ``ZEROED_RECORDED`` recorded ones, since only steps measured in full record it)."""
+ZEROED_RECORDED = 3
 
 
 def _target_findings(facts: LoopFacts) -> list[_Finding]:

@@ -178,6 +178,8 @@ def _edit_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Th
     for consumer in consumers(series.graph, root.node):
         chain |= signal_chain(series.graph, series.info or {}, consumer)
     near = [e for e in events if e.node in chain and e.kind == "value" and 0 <= e.onset - root.onset <= t.same_time]
+    if _back_to_start(series, root) and training_undone(series, root.onset, t):  # a reload of the initial weights
+        return _reset_reading(root, events, series)
     for states, kind in ((("dead", "saturated"), None), (("non-finite",), "exploding"),
                          (("exploding", "vanishing"), None), (("collapsed",), "mode_collapse")):
         found = [e for e in near if e.to_state in states]
@@ -200,10 +202,31 @@ def _edit_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Th
     # weights written back to where an untrained model's are (a re-initialisation inside the loop): the loss
     # returns to the untrained model's; most parameter nodes at once is the whole model, the loop's doing
     if training_undone(series, root.onset, t):
-        edited = {e.node for e in events if e.family == "parameter_edit" and e.onset == root.onset}
-        whole = len(edited) * 2 >= max(len(series.parameters), 1)
-        return Reading("weights_reset", "loop", "" if whole else root.node)
+        return _reset_reading(root, events, series)
     return None
+
+
+def _reset_reading(root: Event, events: Sequence[Event], series: RunSeries) -> Reading:
+    """A re-initialisation: of the whole model (the loop's doing) when most parameter nodes were edited at
+    once, else of the edited node."""
+    edited = {e.node for e in events if e.family == "parameter_edit" and e.onset == root.onset}
+    whole = len(edited) * 2 >= max(len(series.parameters), 1)
+    return Reading("weights_reset", "loop", "" if whole else root.node)
+
+
+def _back_to_start(series: RunSeries, root: Event, tolerance: float = 0.02) -> bool:
+    """Whether the edited parameter node's value rms went back to within ``tolerance`` of its first recorded
+    step's, from a value training had moved further than that: the weights were written back to where they
+    started (a "best" checkpoint saved before training), not scaled or zeroed."""
+    try:
+        rms = series.get(root.node, "value", "rms")
+    except Exception:  # noqa: BLE001 - a node without value statistics: no such reading
+        return False
+    i = int(np.searchsorted(series.steps, root.onset))
+    if i < 2 or i >= len(rms) or not np.isfinite(rms[[0, i - 1, i]]).all() or rms[0] <= 0:
+        return False
+    start, before, after = float(rms[0]), float(rms[i - 1]), float(rms[i])
+    return abs(after / start - 1) <= tolerance < abs(before / start - 1)
 
 
 def _downstream(series: RunSeries, node: str) -> set[str]:

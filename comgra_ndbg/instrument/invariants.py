@@ -89,6 +89,8 @@ class LoopInvariants(StepEndChecks):
         self._inv_watch: dict[int, Any] = {}  # parameter -> post-accumulate-grad hook handle
         self._inv_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> (number, groups key, held)
         self._inv_groups_checked: set[tuple[int, int]] = set()
+        self._inv_low_lr: dict[tuple[int, int], int] = {}  # (optimizer, group) -> steps below its base; -1: done
+        self._inv_low_lr_start: dict[tuple[int, int], int] = {}
         self._inv_unused = [0] * count
         self._inv_unused_counting = False
         self._inv_unused_refs: dict[int, Any] = {}  # parameter -> weak reference to its gradient at the step's start
@@ -100,6 +102,7 @@ class LoopInvariants(StepEndChecks):
         self._inv_outside_held: set[int] = set()  # ... and those the optimizers that stepped hold
         self._inv_outside_steps = 0
         self._inv_bn_two_checked = False  # the first pass with a batch of 2 hooked the BatchNorm1d layers once
+        self._inv_bn_momentum_checked = False
         self._inv_bn_two: list[Any] = []  # those one-shot hooks' handles
         self._inv_outside_from = 0  # the step of that first pass
         self._inv_share: float | None = None
@@ -157,6 +160,9 @@ class LoopInvariants(StepEndChecks):
                     if violation is not None:
                         self._inv_report(violation)
             if self._inv_batchnorms:
+                if not self._inv_bn_momentum_checked and self.recorder.current_step is not None:
+                    self._inv_bn_momentum_checked = True
+                    self._inv_bn_momentum(self.recorder.current_step)
                 self._inv_batch_one(args, kwargs)
             return
         grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -177,6 +183,22 @@ class LoopInvariants(StepEndChecks):
             f"{names_text([node_name(p) for p in modules], 3)} behave as in training (dropout active, BatchNorm "
             f"normalising with the batch's statistics and updating its running statistics)",
             evidence={"modules": [node_name(p) for p in modules[:20]], "num_modules": len(modules)}))
+
+    def _inv_bn_momentum(self, step: int) -> None:
+        """Once, at the first training pass: BatchNorm layers that train with ``momentum=0`` keep their running
+        statistics where they start, so an evaluation normalises with them. Running statistics still at
+        their initial values (mean 0, variance 1: a model trained from scratch) are a failure; others (a
+        pre-trained model whose statistics are frozen on purpose) pass."""
+        frozen = [path for path, m in self._inv_batchnorms if m.training and m.track_running_stats
+                  and m.momentum == 0 and _initial_statistics(m)]
+        if frozen:
+            self._inv_report(Violation(
+                "batchnorm_frozen_statistics", step, node_name(frozen[0]),
+                f"BatchNorm layers ({names_text([node_name(p) for p in frozen], 3)}) train with momentum=0 from "
+                f"running statistics at their initial values (mean 0, variance 1): those never change, so every "
+                f"evaluation pass normalises with them instead of the data's (momentum=0.1 is the default; "
+                f"momentum=None averages over all batches)",
+                evidence={"modules": [node_name(p) for p in frozen[:20]], "num_modules": len(frozen)}))
 
     def _inv_batch_one(self, args: tuple, kwargs: dict) -> None:
         first = next((t for _, t in tensor_leaves((args, kwargs)) if t.dim() > 0), None)
@@ -299,6 +321,9 @@ class LoopInvariants(StepEndChecks):
             setting = rules.optimizer_setting(group)
             if setting is not None:
                 self._inv_optimizer_setting(number, g, group, setting, step)
+            below = self._inv_low_lr.get((number, g), 0)
+            if below >= 0:
+                self._inv_lr_below_base(number, g, group, below, step)
             with_grad = 0
             for i in held:
                 grad = params[i].grad
@@ -418,6 +443,31 @@ class LoopInvariants(StepEndChecks):
             evidence={"parameters": len(missed), "elements": elements,
                       "shapes": [list(p.shape) for p in missed[:20]]}))
 
+    def _inv_lr_below_base(self, number: int, g: int, group: dict, below: int, step: int) -> None:
+        """Count the steps since the first at which the group's rate stayed below ``LR_BELOW`` of its scheduler's
+        base (``initial_lr``); report at ``LR_BELOW_STEPS``. The first step at or above it ends the count."""
+        lr, base = group.get("lr"), group.get("initial_lr")
+        if not (isinstance(lr, (int, float)) and isinstance(base, (int, float)) and base > 0):
+            self._inv_low_lr[(number, g)] = -1  # no scheduler (or a tensor rate): nothing to compare with
+            return
+        if lr >= rules.LR_BELOW * base:
+            self._inv_low_lr[(number, g)] = -1
+            return
+        if below == 0:
+            self._inv_low_lr_start[(number, g)] = step
+        below += 1
+        self._inv_low_lr[(number, g)] = below
+        if below == rules.LR_BELOW_STEPS:
+            start = self._inv_low_lr_start.get((number, g), step)
+            label = f"{_optimizer_label(number)} group {g}"
+            self._inv_report(Violation(
+                "lr_below_base", start, label,
+                f"{label}'s learning rate stayed below {rules.LR_BELOW:g} of its scheduler's base rate {base:g} for "
+                f"the first {below} steps (now {lr:.3g}): the schedule never lets it up (a warm-up far longer than "
+                f"the run, a factor that starts at 0 and grows per epoch while stepped per batch?), and the updates "
+                f"are too small to train",
+                evidence={"lr": float(lr), "initial_lr": float(base), "steps": below, "group": g}))
+
     def _inv_optimizer_setting(self, number: int, g: int, group: dict, setting: tuple[str, str, float],
                                step: int) -> None:
         invariant, name, value = setting
@@ -429,6 +479,10 @@ class LoopInvariants(StepEndChecks):
             effect = ("beta1 squared is not below the square root of beta2, Adam's condition for stable updates "
                       "(swapped betas?): the squared-gradient average forgets faster than the gradient average, and "
                       "the updates swing")
+        elif invariant == "average_without_memory":
+            effect = ("the squared-gradient average keeps no memory: it is the last gradient squared, so every update "
+                      "is about lr times the gradient's sign whatever its size, and it does not shrink near a minimum "
+                      "(RMSprop's alpha is usually 0.99, Adam's beta2 0.999)")
         elif invariant == "eps_too_large":
             effect = ("the denominator sqrt(v) + eps is about eps, so every update is about lr times the gradient's "
                       "average, orders of magnitude smaller than Adam's (a typo for 1e-8?)")
@@ -502,6 +556,13 @@ OUTSIDE_STEPS = 3
 def _shapes_text(tensors: list[torch.Tensor], limit: int = 4) -> str:
     shapes = [str(list(t.shape)) for t in tensors[:limit]]
     return ", ".join(shapes) + (f" and {len(tensors) - limit} more" if len(tensors) > limit else "")
+
+
+def _initial_statistics(module: nn.Module) -> bool:
+    """Whether a BatchNorm layer's running statistics are still their initial values (mean 0, variance 1)."""
+    mean, var = module.running_mean, module.running_var
+    return (mean is not None and var is not None and not bool(mean.any())
+            and bool((var == 1).all()))
 
 
 def _numel(p: torch.Tensor) -> int:

@@ -369,10 +369,14 @@ class LightSteps:
         self._light_kpis += [(kpi, group["lr"]) for kpi, group in cached[1]]
         known = self._inv_optimizers.get(optimizer) if self._inv else None
         if known is not None:  # a param group edited between full steps (momentum set to 1): dated where it is used
+            low = self._inv_low_lr
             for g, group in enumerate(optimizer.param_groups):
                 setting = optimizer_setting(group)
                 if setting is not None:
                     self._inv_optimizer_setting(known[0], g, group, setting, self._light_step)
+                below = low.get((known[0], g), 0)
+                if below >= 0:
+                    self._inv_lr_below_base(known[0], g, group, below, self._light_step)
 
     def _light_sentinels(self, optimizer: torch.optim.Optimizer) -> None:
         """Any optimizer's step pre-hook in a sentinel step: the first that holds the model's parameters

@@ -26,7 +26,7 @@ from comgra_ndbg.store import schema
 
 __all__ = ["CATEGORY", "FAILURE", "INFO", "INVARIANTS", "Violation", "eps_below_resolution", "share_collapse",
            "omission_severity", "omission", "copy_optimizer", "train_not_called", "outermost",
-           "optimizer_setting", "NO_STEP_STEPS", "NO_UPDATE_STEPS", "STUCK_BACKWARDS", "STUCK_PER_STEP", "STUCK_FIRST",
+           "optimizer_setting", "LR_BELOW", "LR_BELOW_STEPS", "NO_STEP_STEPS", "NO_UPDATE_STEPS", "STUCK_BACKWARDS", "STUCK_PER_STEP", "STUCK_FIRST",
            "stuck_limit", "UNUSED_STEPS", "EVAL_PASS_RUN",
            "SHARE_DROP", "SHARE_COLLAPSED", "OMITTED_ON_PURPOSE", "MODE_DEPENDENT", "NORM_LAYERS", "percent",
            "names_text"]
@@ -59,6 +59,9 @@ INVARIANTS = {
     "betas_unstable": "Adam betas outside its convergence condition beta1^2 < sqrt(beta2) (swapped betas)",
     "eps_too_large": "an Adam-family eps of 1 or more",
     "negative_weight_decay": "an optimizer's negative weight decay",
+    "average_without_memory": "a squared-gradient average with a factor of 0 or less (RMSprop alpha, Adam beta2, rho)",
+    "lr_below_base": "a learning rate below 1/1000 of its scheduler's base rate from the first step on, for 200 steps",
+    "batchnorm_frozen_statistics": "BatchNorm training with momentum 0: running statistics never leave their start",
 }
 """Every invariant checked during the loop, by the name its log rows carry in ``detail["invariant"]``."""
 
@@ -139,6 +142,12 @@ def eps_below_resolution(eps: float, dtype: str) -> bool:
 
 
 _AVERAGES = (("momentum", "momentum"), ("alpha", "alpha (RMSprop's smoothing)"), ("rho", "rho"))
+_SQUARED = ("alpha", "rho")  # the averages of squared gradients (with Adam's betas[1]): 0 keeps no memory
+LR_BELOW = 1e-3
+"""A learning rate below this share of its group's ``initial_lr`` (the scheduler's base) ..."""
+LR_BELOW_STEPS = 200
+"""... at every step from the first on, this many optimizer steps: a warm-up or schedule that never lets the
+rate up (a warm-up of 10^6 steps typed for 10^2). Warm-ups of up to 200 000 steps pass."""
 
 
 def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
@@ -149,7 +158,9 @@ def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
     is built, SGD's momentum never above; an edit of ``param_groups`` mid-run is not checked at all. For the
     Adam family also: betas outside Adam's convergence condition β1² < √β2 (``(0.999, 0.9)``: swapped), and an
     ``eps`` of 1 or more (a typo for 1e-8: the denominator √v + eps is then about eps, and the updates lr ×
-    the gradient's average, orders of magnitude too small).
+    the gradient's average, orders of magnitude too small). A squared-gradient average with a factor of 0 or
+    less (RMSprop's ``alpha``, Adadelta's ``rho``, Adam's ``betas[1]``) keeps no memory: it is the last
+    gradient squared, and every update is about lr × the gradient's sign, whatever its size.
 
     >>> optimizer_setting({"momentum": 0.9, "weight_decay": 0.0}), optimizer_setting({"momentum": 1.0})
     (None, ('decay_not_below_one', 'momentum', 1.0))
@@ -159,16 +170,22 @@ def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
     (('betas_unstable', 'betas', 0.999), ('eps_too_large', 'eps', 1.0))
     >>> optimizer_setting({"betas": (0.9, 0.999), "eps": 1e-8}), optimizer_setting({"betas": (0.5, 0.999)})
     (None, None)
+    >>> optimizer_setting({"alpha": 0.0, "momentum": 0}), optimizer_setting({"betas": (0.9, 0.0)})
+    (('average_without_memory', "alpha (RMSprop's smoothing)", 0.0), ('average_without_memory', 'betas[1]', 0.0))
     """
     for key, label in _AVERAGES:
         value = group.get(key)
         if isinstance(value, (int, float)) and value >= 1:
             return "decay_not_below_one", label, float(value)
+        if key in _SQUARED and isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            return "average_without_memory", label, float(value)
     betas = group.get("betas")
     if isinstance(betas, (tuple, list)):
         for i, value in enumerate(betas):
             if isinstance(value, (int, float)) and value >= 1:
                 return "decay_not_below_one", f"betas[{i}]", float(value)
+        if len(betas) == 2 and isinstance(betas[1], (int, float)) and betas[1] <= 0:
+            return "average_without_memory", "betas[1]", float(betas[1])
         if (len(betas) == 2 and all(isinstance(b, (int, float)) for b in betas) and betas[1] > 0
                 and betas[0] ** 2 >= betas[1] ** 0.5):
             return "betas_unstable", "betas", float(betas[0])
