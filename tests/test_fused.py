@@ -248,3 +248,43 @@ def test_a_recorded_run_through_the_device_path_equals_the_host_path(tmp_path: P
         np.testing.assert_array_equal(got[:, EXACT], expected[:, EXACT], err_msg=str(key))
         np.testing.assert_allclose(got[:, MOMENTS], expected[:, MOMENTS], rtol=1e-5, atol=1e-4,  # host: float32 sums
                                    err_msg=str(key))
+
+
+@pytest.mark.parametrize("first", ["a large tensor", "a group"])
+def test_kernels_that_fail_turn_the_path_off_and_every_row_is_still_computed(monkeypatch: pytest.MonkeyPatch,
+                                                                              first: str) -> None:
+    """A first launch that fails (Triton on a device it does not support): a warning, the path off for the
+    rest of the process, and the tensors reduced by the other paths with the same rows (host tensors stand in
+    for device tensors here, with the host kernels off)."""
+    from comgra_ndbg.stats import reducer as reducer_module
+
+    def broken(*args: object) -> torch.Tensor:
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(fused, "_FAILED", None)
+    monkeypatch.setattr(fused, "_launch", broken)
+    monkeypatch.setattr(fused, "_kernels", lambda: object())
+    monkeypatch.setattr(fused, "_interpreting", lambda: True)
+    monkeypatch.setattr(kernels, "AVAILABLE", False)
+    monkeypatch.setattr(reducer_module, "_HOST_DEVICE", "no host")
+    monkeypatch.setattr(segmented, "segmentable", lambda t: t.is_floating_point() and 0 < t.numel() <= 64)
+    g = torch.Generator().manual_seed(9)
+    large, small = torch.randn(4, 300, generator=g), torch.randn(3, 5, generator=g)
+    params = [torch.randn(500, generator=g), torch.randn(8, generator=g)]
+    assert fused.usable(large)
+    reducer = Reducer()
+    with pytest.warns(RuntimeWarning, match="Triton statistics kernels failed"):
+        if first == "a group":  # the large parameter one by one, the small one with segmented
+            group = reducer.add_many(params)
+        one = reducer.add(large, batched=True)
+    assert fused._FAILED is not None and not fused.usable(large)
+    two = reducer.add(small, batched=True)
+    if first != "a group":
+        group = reducer.add_many(params)
+    rows = reducer.collect()
+    assert not reducer.failed
+    for row, values, batched in ((rows[one], large, True), (rows[two], small, True),
+                                 (rows[group[0]], params[0], False), (rows[group[1]], params[1], False)):
+        expected = reference_row(values.numpy(), batched=batched)
+        np.testing.assert_array_equal(row[EXACT], expected[EXACT])
+        np.testing.assert_allclose(row[MOMENTS], expected[MOMENTS], rtol=1e-6, atol=1e-9)

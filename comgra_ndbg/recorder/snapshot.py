@@ -342,7 +342,10 @@ def _device_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None
     Triton runs, else in float64 torch operations."""
     if x.shape[0] and x.shape[1] and fused.usable(x):
         thresholds = None if bounds is None else tuple(_float64_thresholds(bounds, margin_fraction).tolist())
-        return fused_per_sample_stats(x, thresholds)
+        try:
+            return fused_per_sample_stats(x, thresholds)
+        except fused.FusedUnavailable:  # the kernels failed here: torch's reductions below, from now on
+            pass
     x = x.double() if not x.dtype == torch.float64 else x
     finite = torch.isfinite(x)
     zeroed = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))

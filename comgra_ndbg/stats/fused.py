@@ -20,19 +20,20 @@ one copy; a single tensor's passed as arguments), once each, by one launch (``fu
 
 Triton is not a dependency: :func:`usable` says whether it can run here (a CUDA tensor and an importable
 Triton, or Triton's interpreter, which the tests use on host tensors); ``COMGRA_NDBG_FUSED=0`` turns the
-path off.
+path off, and so does a first failure of the kernels (with a warning; the callers fall back).
 """
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
 import torch
 
-__all__ = ["BLOCK", "COLUMNS", "FINITE_SUM_SQ", "FINITE_UNITS", "INF", "NAN", "PARTS", "UNITS", "fused_moments",
-           "usable"]
+__all__ = ["BLOCK", "COLUMNS", "FINITE_SUM_SQ", "FINITE_UNITS", "INF", "NAN", "PARTS", "UNITS", "FusedUnavailable",
+           "fused_moments", "usable"]
 
 BLOCK = 2048
 """Elements per program of the flat pass."""
@@ -69,7 +70,12 @@ def usable(tensor: torch.Tensor) -> bool:
     if tensor.device.type != "cuda" and not (_interpreting() and tensor.device.type == "cpu"):
         return False
     return (tensor.dtype in _FLOATS and tensor.numel() > 0 and tensor.layout is torch.strided
-            and not tensor.is_neg() and _kernels() is not None)
+            and not tensor.is_neg() and _FAILED is None and _kernels() is not None)
+
+
+class FusedUnavailable(RuntimeError):
+    """The Triton kernels failed on this machine (a device or compiler they do not support): the path is off
+    for the rest of the process, and the caller reduces the tensors another way."""
 
 
 def fused_moments(tensors: Sequence[torch.Tensor], batches: Sequence[int] | None = None,
@@ -79,7 +85,26 @@ def fused_moments(tensors: Sequence[torch.Tensor], batches: Sequence[int] | None
     columns come first with the same meaning, except that the moments, min and max cover the finite
     elements only and the spread only the units finite in every sample. Four more columns make the row
     complete without reading the tensor again: the NaN and ±Inf counts (``NAN``, ``INF``), the units finite in
-    every sample (``FINITE_UNITS``) and their Σx² (``FINITE_SUM_SQ``)."""
+    every sample (``FINITE_UNITS``) and their Σx² (``FINITE_SUM_SQ``). A failure of the kernels (their first
+    compilation on an unsupported device, say) turns the path off with a warning and raises
+    :class:`FusedUnavailable`."""
+    try:
+        return _launch(tensors, batches, thresholds)
+    except Exception as error:  # noqa: BLE001 - whatever Triton or the driver raised: the path is off from now on
+        global _FAILED
+        _FAILED = f"{type(error).__name__}: {error}"
+        warnings.warn(f"comgra_ndbg: the Triton statistics kernels failed on this machine ({_FAILED:.300}); device "
+                      f"tensors are summarised with torch's reductions from now on (COMGRA_NDBG_FUSED=0 skips the "
+                      f"attempt)", RuntimeWarning, stacklevel=2)
+        raise FusedUnavailable(_FAILED) from error
+
+
+_FAILED: str | None = None
+"""Why the kernels failed in this process (None: they did not)."""
+
+
+def _launch(tensors: Sequence[torch.Tensor], batches: Sequence[int] | None,
+            thresholds: Sequence[tuple[float, float] | None] | None) -> torch.Tensor:
     k = _kernels()
     assert k is not None, "fused_moments needs Triton: check usable() first"
     views = [t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().reshape(-1) for t in tensors]

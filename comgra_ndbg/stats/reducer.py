@@ -1,16 +1,16 @@
 """Summaries of tensors as sufficient-statistic rows, computed on the tensor's device.
 
 Device tensors that ``add_many`` receives together (parameters, their gradients and updates) are reduced
-together: by ``fused`` in three Triton launches where Triton runs (which also takes a large tensor ``add``
-gets), else the small ones by ``segmented`` in a dozen launches, and the rest one by one with a handful of
-full reductions (``sum``, ``dot``, ``aminmax``, ``count_nonzero``) that stay on the device as 0-d tensors.
-``collect`` moves every result to the host in one copy per device, so a step costs one synchronisation, not
-one ``.item()`` per tensor. CPU tensors are summarised at once, straight into their row, by ``host`` (the
-single-pass kernels, or numpy when numba is missing); ``add`` can copy a tensor (``copy_to``) or summarise
-its difference to another (``start``) in that same pass.
+together: by ``fused`` in one Triton launch where Triton runs (which also takes a large tensor ``add`` gets),
+else the small ones by ``segmented`` in a dozen launches and the rest one by one with a handful of full
+reductions that stay on the device as 0-d tensors. ``collect`` moves every result to the host in one copy per
+device (``collect_later``: without waiting, ``collected``). CPU tensors are summarised at once, straight into
+their row, by ``host`` (the single-pass kernels, or numpy when numba is missing); ``add`` can copy a tensor
+(``copy_to``) or summarise its difference to another (``start``) in that same pass.
 
-NaN and ±Inf are rare, so the fast path does not look for them: any row whose moments come out non-finite
-(which NaN, Inf and float32 overflow all cause) is recomputed exactly, in float64, on its tensor.
+NaN and ±Inf are rare, so the fast paths do not look for them: a row whose moments come out non-finite (which
+NaN, Inf and float32 overflow all cause) is recomputed exactly, in float64, on its tensor (``fused``'s rows
+count them on the device and need no recompute).
 """
 from __future__ import annotations
 
@@ -27,18 +27,11 @@ from comgra_ndbg.stats.collected import Collected, Pending as _Pending
 from comgra_ndbg.stats.exact import exact_moments as _exact_moments, work_view as _work_view
 from comgra_ndbg.stats.fields import FIELD, identity_row
 from comgra_ndbg.stats.fields import identity_rows as _identity_rows
-from comgra_ndbg.stats.host import MOMENT_COLUMNS as _MOMENT_COLUMNS
-from comgra_ndbg.stats.host import NUMPY_DTYPE as _NUMPY_DTYPE
-from comgra_ndbg.stats.host import batchable as _batchable
-from comgra_ndbg.stats.host import difference
-from comgra_ndbg.stats.host import kernel_summary as _kernel_summary
-from comgra_ndbg.stats.host import lean as _lean
-from comgra_ndbg.stats.host import lean_flags as _lean_flags
-from comgra_ndbg.stats.host import reduce_cpu as _reduce_cpu
-from comgra_ndbg.stats.host import reduce_cpu_fused as _reduce_cpu_fused
-from comgra_ndbg.stats.host import summarize_addressed as _summarize_addressed
-from comgra_ndbg.stats.transfer import Block as _Block, single_block as _single_block
-from comgra_ndbg.stats.transfer import segmentable as _segmentable
+from comgra_ndbg.stats.host import MOMENT_COLUMNS as _MOMENT_COLUMNS, NUMPY_DTYPE as _NUMPY_DTYPE, difference
+from comgra_ndbg.stats.host import batchable as _batchable, kernel_summary as _kernel_summary, lean as _lean
+from comgra_ndbg.stats.host import lean_flags as _lean_flags, reduce_cpu as _reduce_cpu
+from comgra_ndbg.stats.host import reduce_cpu_fused as _reduce_cpu_fused, summarize_addressed as _summarize_addressed
+from comgra_ndbg.stats.transfer import Block as _Block, segmentable as _segmentable, single_block as _single_block
 
 __all__ = ["Collected", "Reducer", "summarize"]
 
@@ -242,9 +235,8 @@ class Reducer:
     def _add_segmented(self, rows: list[int], tensors: list[torch.Tensor], starts: list[torch.Tensor] | None,
                        copies: list[torch.Tensor] | None, batches: list[int],
                        bounds: list[tuple[float, float] | None] | None = None) -> None:
-        """Queue the summaries of small tensors of one device and dtype (of their difference to ``starts``;
-        ``copies`` receive a copy) into ``rows``, reduced together by ``segmented.segment_moments``;
-        ``batches`` holds each tensor's batch size (0: batch-less), ``bounds`` its saturation bounds."""
+        """Queue the summaries of device tensors of one dtype (of their difference to ``starts``; ``copies``
+        receive a copy) into ``rows``, reduced together; ``batches``: batch sizes (0: none), ``bounds``: saturation."""
         group = [t.detach() for t in tensors]
         if copies is not None:
             torch._foreach_copy_(copies, group)
@@ -258,9 +250,23 @@ class Reducer:
         bounds = bounds or [None] * len(group)
         margin = self.saturation_margin
         thresholds = [None if b is None else tuple(saturation_thresholds(b, margin, _F64).tolist()) for b in bounds]
-        reduce = fused.fused_moments if fused.usable(group[0]) else segmented.segment_moments
-        limit = None if reduce is segmented.segment_moments else sum(t.numel() for t in group)  # fused: no copies
-        for part in segmented.chunks([t.numel() for t in group], limit):
+        every = range(len(group))
+        if fused.usable(group[0]):
+            try:
+                return self._reduce_parts(rows, group, kept, batches, bounds, thresholds, [every], True)
+            except fused.FusedUnavailable:  # the small ones together, the others one by one
+                for i in [i for i in every if not segmented.segmentable(group[i])]:
+                    self._add_at(rows[i], group[i], batched=batches[i] > 0, bounds=bounds[i])
+                every = [i for i in every if segmented.segmentable(group[i])]
+        parts = [[every[j] for j in part] for part in segmented.chunks([group[i].numel() for i in every])]
+        self._reduce_parts(rows, group, kept, batches, bounds, thresholds, parts, False)
+
+    def _reduce_parts(self, rows: list[int], group: list[torch.Tensor], kept: list[torch.Tensor], batches: list[int],
+                      bounds: list, thresholds: list, parts: Sequence[Sequence[int]], complete: bool) -> None:
+        """``_add_segmented``'s reduction of ``parts`` of ``group``: by ``fused`` when ``complete`` (its rows need
+        no recompute, so no tensor is kept for one), else by ``segmented``."""
+        reduce = fused.fused_moments if complete else segmented.segment_moments
+        for part in parts:
             targets = np.array([rows[i] for i in part], dtype=np.int64)
             sizes = np.array([group[i].numel() for i in part], dtype=np.int64)
             part_batches = np.array([batches[i] for i in part], dtype=np.int64)
@@ -270,7 +276,6 @@ class Reducer:
                 part_batches > 0]
             self._buffer[targets[bounded], FIELD["bounded"]] = sizes[bounded]
             moments = reduce([group[i] for i in part], part_batches.tolist(), [thresholds[i] for i in part])
-            complete = reduce is fused.fused_moments  # its rows need no recompute: no tensor is kept for one
             self._blocks.append(_Block(targets, moments, part_batches > 0, bounded, part_batches > 1, complete))
             if not complete:
                 self._pending.extend(_Pending(kept[i], rows[i], batches[i] > 0, bounds[i]) for i in part)
@@ -281,13 +286,13 @@ class Reducer:
         numel = tensor.numel()
         thresholds = (None if bounds is None
                       else tuple(saturation_thresholds(bounds, self.saturation_margin, _F64).tolist()))
-        moments = fused.fused_moments([tensor], [batch], [thresholds])
-        target = self._buffer[row]
-        target[_COUNT] = numel
-        if batch:
-            target[FIELD["units"]] = numel // batch
-        if bounds is not None:
-            target[FIELD["bounded"]] = numel
+        try:
+            moments = fused.fused_moments([tensor], [batch], [thresholds])
+        except fused.FusedUnavailable:
+            return self._add_at(row, tensor, batched=batch > 0, bounds=bounds)
+        target = self._buffer[row]  # an identity row: units and bounded are 0 until set
+        target[_COUNT], target[FIELD["units"]] = numel, (numel // batch if batch else 0)
+        target[FIELD["bounded"]] = numel if bounds is not None else 0
         self._blocks.append(_single_block(row, moments, batch, bounds is not None))
 
     def _reduce_deferred(self) -> None:
