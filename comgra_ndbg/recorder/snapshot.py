@@ -8,6 +8,7 @@ must not touch any random number generator of the training run.
 from __future__ import annotations
 
 import math
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -333,7 +334,7 @@ def _float64_thresholds(bounds: tuple[float, float], margin_fraction: float) -> 
 
 def _exact_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float
                             ) -> np.ndarray:
-    return _device_per_sample_stats(x, bounds, margin_fraction).cpu().numpy()
+    return _torch_per_sample_stats(x, bounds, margin_fraction).cpu().numpy()
 
 
 def _device_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float
@@ -342,10 +343,14 @@ def _device_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None
     Triton runs, else in float64 torch operations."""
     if x.shape[0] and x.shape[1] and fused.usable(x):
         thresholds = None if bounds is None else tuple(_float64_thresholds(bounds, margin_fraction).tolist())
-        try:
+        with suppress(fused.FusedUnavailable):  # the kernels failed here: torch's reductions below, from now on
             return fused_per_sample_stats(x, thresholds)
-        except fused.FusedUnavailable:  # the kernels failed here: torch's reductions below, from now on
-            pass
+    return _torch_per_sample_stats(x, bounds, margin_fraction)
+
+
+def _torch_per_sample_stats(x: torch.Tensor, bounds: tuple[float, float] | None, margin_fraction: float
+                            ) -> torch.Tensor:
+    """The per-sample rows of ``x`` in float64 torch operations on ``x``'s device (the exact reference)."""
     x = x.double() if not x.dtype == torch.float64 else x
     finite = torch.isfinite(x)
     zeroed = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))

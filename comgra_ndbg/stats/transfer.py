@@ -1,6 +1,7 @@
-"""Device results on their way into host rows: the blocks of rows ``segmented.segment_moments`` computed,
-the one host copy per device that ``Reducer.collect`` makes of every pending result, and the count fields
-that device reductions deliver as their complement (non-zero elements and units, stored as zero ones).
+"""Device results on their way into host rows: the blocks of rows ``segmented.segment_moments`` and
+``fused.fused_moments`` computed (written into the reducer's rows once ``collected`` copied them to the
+host), and the count fields that device reductions deliver as their complement (non-zero elements and
+units, stored as zero ones).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from comgra_ndbg.stats import fused, segmented
 from comgra_ndbg.stats.fields import FIELD
 
-__all__ = ["Block", "complement", "segmentable", "single_block", "to_host", "write_complete"]
+__all__ = ["Block", "complement", "segmentable", "single_block", "write_complete"]
 
 _SEGMENT_COLUMNS = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")]  # segment_moments' order
 _COUNT = FIELD["count"]
@@ -81,19 +82,6 @@ def write_complete(rows: np.ndarray, blocks: list[Block], values: np.ndarray) ->
     rows[spread, _SPREAD_COUNT] = values[spread_rows, fused.FINITE_UNITS] * samples
     rows[spread, _SPREAD_SUM_SQ] = values[spread_rows, fused.FINITE_SUM_SQ]
     rows[spread, _SPREAD_DEV] = values[spread_rows, segmented.SPREAD]
-
-
-def to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
-    """Every tensor of ``parts`` as a flat float64 numpy array, in one copy per device."""
-    out: list[np.ndarray | None] = [None] * len(parts)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, part in enumerate(parts):
-        by_device.setdefault(part.device, []).append(i)
-    for members in by_device.values():
-        host = torch.cat([parts[i].reshape(-1) for i in members]).cpu().numpy()
-        for i, values in zip(members, np.split(host, np.cumsum([parts[i].numel() for i in members])[:-1])):
-            out[i] = values
-    return out
 
 
 def segmentable(tensor: torch.Tensor, start: torch.Tensor | None, copy_to: torch.Tensor | None) -> bool:
