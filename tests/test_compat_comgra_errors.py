@@ -161,6 +161,13 @@ def test_constructor_arguments(tmp_path: Path) -> None:
         ComgraRecorder(tmp_path / "missing", "g", "t", maker)
     with pytest.raises(InvalidArgumentError, match="decision maker"):
         ComgraRecorder(tmp_path, "g", "t", object())
+    for trial_id in ("", None, 3):  # '' would write the trial into the group folder itself
+        with pytest.raises(InvalidArgumentError, match="trial_id must name one folder"):
+            ComgraRecorder(tmp_path, "g", trial_id, maker)  # type: ignore[arg-type]
+    for trial_id in (".", "..", "a/b"):  # the Recorder's own check of a trial name, through the layer
+        with pytest.raises(InvalidArgumentError, match="must name one folder inside the group folder"):
+            ComgraRecorder(tmp_path, "g", trial_id, maker)
+    assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())
     with pytest.raises(InvalidArgumentError, match="more specific prefixes first"):
         ComgraRecorder(tmp_path, "g", "t", maker, prefixes_for_grouping_module_parameters_visually=["a", "a.b"])
     with pytest.raises(InvalidArgumentError, match="extends none of the visual prefixes"):

@@ -92,6 +92,10 @@ class ComgraRecorder(Registrations):
                                        f"(Comgra requires it to exist)")
         if not isinstance(group, str) or not group or "/" in group or "\\" in group or group in (".", ".."):
             raise InvalidArgumentError(f"group must name one folder inside comgra_root_path, got {group!r}")
+        if not isinstance(trial_id, str) or not trial_id:  # '' would make the group folder the trial's
+            raise InvalidArgumentError(f"trial_id must name one folder inside the group folder (Comgra writes the "
+                                       f"trial to comgra_root_path/group/trial_id), got {trial_id!r}; e.g. "
+                                       f"'trial_0' or 'lr3e-4'")
         check_decision_maker(decision_maker_for_recordings)
         if max_num_batch_size_to_record is not None and (isinstance(max_num_batch_size_to_record, bool) or not
                                                          isinstance(max_num_batch_size_to_record, int)
