@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comgra_ndbg import NeuralDbg, RecorderWarning, open_recording
+from comgra_ndbg import NeuralDbg, RecorderWarning, analyze, open_recording
 from comgra_ndbg.graph import GraphEdge
 from zoo.checks import assert_acyclic, edge_lines
 from zoo.models import GRUCellLoop, CheckpointedMLP, Discriminator, FineTune, Generator, HiddenAndLogits, ResNet
@@ -126,6 +126,37 @@ def test_a_frozen_backbone_keeps_its_edges_and_records_no_updates_for_it(tmp_pat
         assert rec.kinds("model.backbone.0.weight") == ["value"]  # neither gradient nor all-zero update
         assert rec.kinds("model.head.0.weight") == ["value", "grad", "update"]
         assert rec.kinds("model.backbone.1") == ["value"]
+
+
+def test_a_backbone_frozen_after_a_backward_pass_records_no_gradient_for_it(tmp_path: Path) -> None:
+    """Parameters frozen after a backward pass keep its ``.grad``; ``zero_grad(set_to_none=False)`` zeroes it in
+    place at every step, and the optimizer still holds them. No backward pass writes that ``.grad``: it is no
+    gradient of any step (recorded as an all-zero gradient, it made a healthy fine-tune "unused parameters",
+    confidence 0.98), neither on the steps recorded in full nor on the sentinel steps of the defaults."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+    g = torch.Generator().manual_seed(1)
+    inputs = torch.randn(256, 8, generator=g)
+    targets = (inputs[:, :2] * 2).tanh()
+    F.mse_loss(model(inputs[:32]), targets[:32]).backward()  # the pre-training's last pass
+    model[:3].requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    with NeuralDbg(model, tmp_path, trial="t", optimizer=optimizer):
+        for step in range(300):
+            batch = slice(step * 32 % 256, step * 32 % 256 + 32)
+            loss = F.mse_loss(model(inputs[batch]), targets[batch])
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    assert losses[-1] < losses[0] / 2  # the head trains
+    with open_recording(tmp_path, "t") as rec:
+        for name in ("model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"):
+            assert "grad" not in rec.kinds(name), name
+        steps, norms = rec.summary("model.4.parameters", "grad", "l2", tensor="model.4.weight")
+        assert len(steps) > 250 and (norms > 0).all()  # the trained layer's gradient at the full and sentinel steps
+    assert analyze(tmp_path, trial="t").hypotheses == ()
 
 
 def train_gan(folder: Path | None, exact: bool, steps: int = 4) -> dict:

@@ -459,10 +459,13 @@ def _on_host(tensors: list[torch.Tensor]) -> bool:
 
 
 def _read_changed(tracked: list[_Tracked], unread: bool, force: bool = False) -> list[tuple[int, torch.Tensor]]:
-    """``changed_gradients`` of a ``polled`` tracker: every read gradient is remembered as read."""
+    """``changed_gradients`` of a ``polled`` tracker: every read gradient is remembered as read. A parameter
+    that does not require grad is passed over: no backward pass writes its ``.grad``, so what it holds is left
+    from before it was frozen (zeroed in place by ``zero_grad(set_to_none=False)`` at every step), not a
+    gradient of the step."""
     changed = []
     for t in tracked:
-        if not t.handed_over or (unread and t.handed is not None):
+        if not t.handed_over or (unread and t.handed is not None) or not t.parameter.requires_grad:
             continue
         grad = t.parameter.grad
         if grad is None:

@@ -29,7 +29,7 @@ from comgra_ndbg.store import schema
 
 __all__ = ["Sentinel", "SentinelSteps", "SENTINEL_REASON"]
 
-_GRAD, _IS_NONE = attrgetter("grad"), partial(is_, None)
+_GRAD, _IS_NONE, _REQUIRES_GRAD = attrgetter("grad"), partial(is_, None), attrgetter("requires_grad")
 
 SENTINEL_REASON = schema.SENTINEL_REASON
 
@@ -102,8 +102,10 @@ class SentinelSteps:
     def _sentinel_rows(self, step: int) -> Sentinel:
         tracker, state = self._parameters, self._tier_state
         inputs, self._sentinel_inputs = self._sentinel_inputs, []
-        tracked = tracker.tracked
-        grads = list(map(_GRAD, tracker.parameters()))
+        tracked, params = tracker.tracked, tracker.parameters()
+        grads = list(map(_GRAD, params))
+        if False in list(map(_REQUIRES_GRAD, params)):  # a frozen parameter's .grad is left from before it froze
+            grads = [grad if p.requires_grad else None for p, grad in zip(params, grads)]
         complete = not any(map(_IS_NONE, grads))  # (``None in grads`` would compare tensors with ==)
         with_grad = grads if complete else [g for g in grads if g is not None]
         both = tracker.summarize_with_gradients(self._values, grads) if complete else None
@@ -117,7 +119,7 @@ class SentinelSteps:
         grad_data = rows[rows_at(grad_rows)] if with_grad else np.zeros((0, schema.NUM_FIELDS))
         missing = not complete and any(g is None and t.parameter.requires_grad for g, t in zip(grads, tracked))
         moved = state.observe_values(step, value_data)
-        moved = state.observe_gradients(step, grad_data if complete else None, missing) or moved
+        moved = state.observe_gradients(step, None if missing else grad_data, missing) or moved
         input_rows = [row for _, row in inputs]
         key = (complete, len(tracked), tuple(sid for sid, _ in inputs))
         if (both is not None and not self._values.failed and both.start == len(input_rows)
