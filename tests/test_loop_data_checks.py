@@ -51,6 +51,39 @@ def test_one_noise_vector_expanded_over_the_batch_is_mode_collapse_from_the_data
     assert all(h.type != "mode_collapse" for h in _regression(tmp_path, "fresh", _fresh))
 
 
+class _WithState(nn.Module):
+    """A regression head that takes an initial state beside its input, as an RNN cell does (zeros at step 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([x, state], 1))
+
+
+def test_an_input_that_is_exactly_zero_is_mode_collapse_from_the_data(tmp_path: Path) -> None:
+    """A generator's noise multiplied by a scale of 0 from a config default: every sample of every batch gets
+    the same output. A zero initial state beside an input that varies is no such thing."""
+    def zeroed(step: int, g: torch.Generator) -> tuple:
+        return torch.randn(32, 8, generator=g) * 0.0, torch.randn(32, 1, generator=g)
+
+    top = _regression(tmp_path, "zeroed", zeroed)[0]
+    assert (top.type, top.origin, top.onset) == ("mode_collapse", "data", 0)
+    assert "exactly 0" in top.sentence and "scale of 0" in top.remedy
+    model = _WithState()
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    with NeuralDbg(model, tmp_path, trial="state", optimizer=optimizer, snapshots=None):
+        for _ in range(STEPS):
+            x = torch.randn(32, 8, generator=g)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x, torch.zeros(32, 8)), x[:, :1] * 0.5).backward()
+            optimizer.step()
+    assert all(h.type != "mode_collapse" for h in analyze(tmp_path / "state", store=False).hypotheses)
+
+
 def test_a_batch_whose_targets_are_in_other_units_is_named_as_that_batch(tmp_path: Path) -> None:
     def corrupt(step: int, g: torch.Generator) -> tuple:
         x, y = _fresh(step, g)

@@ -38,6 +38,17 @@ STEPS = 70
     ({"rho": 0.0}, ("average_without_memory", "rho", 0.0)),
     ({"betas": (0.9, 0.0), "eps": 1e-8}, ("average_without_memory", "betas[1]", 0.0)),
     ({"alpha": 0.9}, None),
+    ({"lr": 0.05, "weight_decay": 0.5, "momentum": 0.9, "dampening": 0, "nesterov": False},  # 0.5 typed for 5e-4
+     ("weight_decay_dominant", "weight_decay", 0.5)),
+    ({"lr": 0.4, "weight_decay": 1e-3, "momentum": 0.9, "dampening": 0, "nesterov": True}, None),  # large-batch SGD
+    ({"lr": 0.1, "weight_decay": 0.3, "momentum": 0, "dampening": 0, "nesterov": False},
+     ("weight_decay_dominant", "weight_decay", 0.3)),
+    ({"lr": 0.1, "weight_decay": 0.1, "momentum": 0, "dampening": 0, "nesterov": False}, None),  # 1 % per step
+    ({"lr": 1e-3, "weight_decay": 1.0, "betas": (0.9, 0.98), "eps": 1e-8, "decoupled_weight_decay": True}, None),
+    ({"lr": 1e-3, "weight_decay": 30.0, "betas": (0.9, 0.999), "eps": 1e-8, "decoupled_weight_decay": True},
+     ("weight_decay_dominant", "weight_decay", 30.0)),
+    ({"lr": 1e-3, "weight_decay": 30.0, "betas": (0.9, 0.999), "eps": 1e-8, "decoupled_weight_decay": False}, None),
+    ({"lr": torch.tensor(0.05), "weight_decay": 0.5, "momentum": 0.9, "dampening": 0, "nesterov": False}, None),
 ])
 def test_settings_are_judged_by_their_meaning(group: dict, expected) -> None:
     assert optimizer_setting(group) == expected
@@ -94,6 +105,18 @@ def test_a_beta_of_one_and_a_negative_weight_decay_are_named(tmp_path: Path) -> 
     assert decay[0].type == "optimizer_divergence" and "weight_decay=-0.05" in decay[0].sentence
 
 
+def test_a_weight_decay_that_halves_the_weights_in_a_few_steps_is_named(tmp_path: Path) -> None:
+    """SGD with weight_decay=0.5 (typed for 5e-4) and momentum 0.9 removes a quarter of every weight per step
+    whatever the gradients do: the weights and what they carry shrink toward 0. Named by the setting, dated at
+    the step that first used it; the usual decays of the same optimizers raise nothing."""
+    top = _run(tmp_path, "wd", lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.5))[0]
+    assert (top.type, top.origin, top.onset) == ("vanishing", "optimizer", 0)
+    assert "weight_decay=0.5" in top.sentence and "25%" in top.sentence and "usual value" in top.remedy
+    edited = _run(tmp_path, "wd_edit", lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.05),
+                  edit=_set_at(45, "weight_decay", 50.0))
+    assert [(h.type, h.onset) for h in edited if "weight_decay=50" in h.sentence] == [("vanishing", 45)]
+
+
 def test_a_linear_decay_past_its_last_step_turns_the_learning_rate_negative(tmp_path: Path) -> None:
     """A LambdaLR told 40 steps in a 70-step run: from step 41 the rate is negative and every update climbs
     the loss. Reported as such, not as a learning rate that collapsed."""
@@ -115,6 +138,7 @@ def test_swapped_betas_and_an_eps_of_one_are_named(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
                                   lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
+                                  lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=5e-4),
                                   lambda p: torch.optim.RMSprop(p, lr=1e-3, alpha=0.99, momentum=0.5)])
 def test_usual_settings_raise_nothing(tmp_path: Path, make: Callable) -> None:
     hypotheses = _run(tmp_path, "ok", make)

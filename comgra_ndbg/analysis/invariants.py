@@ -70,6 +70,7 @@ CONFIDENCE = {
     "target_shape": 0.9, "lr_growth": 0.9, "activation_before_loss": 0.9, "negative_lr": 0.9,
     "decay_not_below_one": 0.9, "negative_weight_decay": 0.9,
     "average_without_memory": 0.85, "lr_below_base": 0.85, "batchnorm_frozen_statistics": 0.85, "loss_zeroed": 0.9,
+    "weight_decay_dominant": 0.85,
 }
 """Confidence of a hypothesis per invariant (see the module docstring for the rule)."""
 
@@ -152,6 +153,9 @@ _READING = {
     "negative_weight_decay": ("optimizer_divergence", "optimizer",
                               "give weight_decay a value of 0 or more (1e-4 to 1e-1 is usual), and check the code "
                               "that edits the param groups"),
+    "weight_decay_dominant": ("vanishing", "optimizer",
+                              "give weight_decay a usual value (5e-4 to 5e-3 with SGD, 0.01 to 0.1 with AdamW): a "
+                              "typo of 0.5 for 5e-4 pulls every weight to 0 faster than the gradients can move it"),
     "lr_collapse": ("update_stagnation", "optimizer",
                     "check the scheduler: step it once per epoch if its step_size / T_max / milestones count "
                     "epochs (or give it the number of batches), and check the steps it was told the run has"),
@@ -178,7 +182,8 @@ _READING = {
                       "(check the targets' and inputs' range before the step, or clip the gradient norm)"),
     "identical_samples": ("mode_collapse", "data",
                           "draw each row of the batch on its own (torch.randn(B, d), not "
-                          "torch.randn(1, d).expand(B, d) or a repeat of one item), and check the collate step"),
+                          "torch.randn(1, d).expand(B, d), a repeat of one item, or noise times a scale of 0), and "
+                          "check the collate step and the configuration that scales the input"),
     "unregistered_parameters": ("update_stagnation", "architecture",
                                 "keep sub-modules in nn.ModuleList / nn.ModuleDict (a plain list or dict hides their "
                                 "parameters from model.parameters(), the optimizer, .to() and the state dict), then "
@@ -611,6 +616,9 @@ def _identical_sample_findings(facts: LoopFacts) -> list[_Finding]:
     batched = [t for t in facts.inputs if len(t.steps) >= MIN_STEPS + 2 and (t.rows[:, _SPREAD_COUNT] > 0).any()]
     if not batched:
         return []
+    zeros = _all_zero_inputs(facts, batched)
+    if zeros:
+        return zeros
     shares, firsts = [], []
     for t in batched:
         known = t.rows[:, _SPREAD_COUNT] > 0
@@ -626,6 +634,28 @@ def _identical_sample_findings(facts: LoopFacts) -> list[_Finding]:
         f"every sample of the batch is the same in {names} at {min(shares):.0%} of the recorded steps (the batch "
         f"changes from step to step, its rows never differ): the model sees one sample per step, copied",
         (Evidence(f"{batched[0].name}/value/sample_spread", (onset,), (0.0,)),))]
+
+
+def _all_zero_inputs(facts: LoopFacts, batched: list) -> list[_Finding]:
+    """Every floating input exactly 0 in every element at ≥ ``REPEAT_SHARE`` of its recorded steps: the model's
+    output then cannot differ from sample to sample or step to step (a generator's noise multiplied by a scale
+    of 0, an input zeroed by a mask). A zero input beside one that varies (an RNN's initial state) is left
+    alone, and so is an input that is a constant other than 0 (a dummy of ones)."""
+    floating = [t for t in facts.inputs if t.dtype.startswith(("float", "bfloat", "half"))]
+    if not floating or any(t not in batched for t in floating):
+        return []
+    firsts = []
+    for t in floating:
+        zero = (t.rows[:, _MIN] == 0) & (t.rows[:, _MAX] == 0)
+        if zero.sum() < REPEAT_SHARE * len(zero):
+            return []
+        firsts.append(int(t.steps[np.flatnonzero(zero)[0]]))
+    onset, names = min(firsts), ", ".join(repr(t.name) for t in floating[:3])
+    return [_Finding(
+        "identical_samples", onset, "",
+        f"every floating input ({names}) is exactly 0 in every element at the recorded steps: the model computes "
+        f"the same output for every sample of every batch (a noise vector multiplied by a scale of 0?)",
+        (Evidence(f"{floating[0].name}/value/max", (onset,), (0.0,)),))]
 
 
 def _scale_findings(series: RunSeries, facts: LoopFacts) -> list[_Finding]:

@@ -474,6 +474,11 @@ class LoopInvariants(StepEndChecks):
         label = f"{_optimizer_label(number)} group {g}"
         if invariant == "negative_weight_decay":
             effect = "every step moves the weights away from 0 by it: they grow until the loss follows"
+        elif invariant == "weight_decay_dominant":
+            shrink = rules.decay_per_step(group) or 0.0
+            effect = (f"at lr {group['lr']:g} the decay alone takes {shrink:.0%} of every weight per step, halving "
+                      f"them every {max(1, round(0.693 / shrink)) if shrink < 1 else 1} steps whatever the gradients "
+                      f"do: the weights, and the signals and gradients they carry, shrink toward 0")
         elif invariant == "betas_unstable":
             value = tuple(float(b) for b in group["betas"])
             effect = ("beta1 squared is not below the square root of beta2, Adam's condition for stable updates "

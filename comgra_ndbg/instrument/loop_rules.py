@@ -62,9 +62,14 @@ INVARIANTS = {
     "average_without_memory": "a squared-gradient average with a factor of 0 or less (RMSprop alpha, Adam beta2, rho)",
     "lr_below_base": "a learning rate below 1/1000 of its scheduler's base rate from the first step on, for 200 steps",
     "batchnorm_frozen_statistics": "BatchNorm training with momentum 0: running statistics never leave their start",
+    "weight_decay_dominant": "a weight decay that alone shrinks the weights by 2 % or more per step",
 }
 """Every invariant checked during the loop, by the name its log rows carry in ``detail["invariant"]``."""
 
+DECAY_SHRINK = 0.02
+"""Share of the weights a weight decay may remove per step by itself before it is a typo (0.5 for 5e-4): 2 %
+halves them within 35 steps whatever the gradients do, ten times what the strongest usual recipes remove
+(SGD at lr 0.4 with weight decay 1e-3 and momentum 0.9: 0.4 %; AdamW at lr 1e-3 with weight decay 1: 0.1 %)."""
 NO_STEP_STEPS = 3
 """Consecutive steps with gradients but no optimizer step (a skipped ``GradScaler`` step is exempt)."""
 STUCK_BACKWARDS = 8
@@ -160,7 +165,8 @@ def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
     ``eps`` of 1 or more (a typo for 1e-8: the denominator √v + eps is then about eps, and the updates lr ×
     the gradient's average, orders of magnitude too small). A squared-gradient average with a factor of 0 or
     less (RMSprop's ``alpha``, Adadelta's ``rho``, Adam's ``betas[1]``) keeps no memory: it is the last
-    gradient squared, and every update is about lr × the gradient's sign, whatever its size.
+    gradient squared, and every update is about lr × the gradient's sign, whatever its size. A weight decay that
+    alone removes ``DECAY_SHRINK`` of the weights or more per step (``decay_per_step``: 0.5 typed for 5e-4).
 
     >>> optimizer_setting({"momentum": 0.9, "weight_decay": 0.0}), optimizer_setting({"momentum": 1.0})
     (None, ('decay_not_below_one', 'momentum', 1.0))
@@ -172,6 +178,8 @@ def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
     (None, None)
     >>> optimizer_setting({"alpha": 0.0, "momentum": 0}), optimizer_setting({"betas": (0.9, 0.0)})
     (('average_without_memory', "alpha (RMSprop's smoothing)", 0.0), ('average_without_memory', 'betas[1]', 0.0))
+    >>> optimizer_setting({"lr": 0.05, "weight_decay": 0.5, "momentum": 0.9, "dampening": 0, "nesterov": False})
+    ('weight_decay_dominant', 'weight_decay', 0.5)
     """
     for key, label in _AVERAGES:
         value = group.get(key)
@@ -195,7 +203,40 @@ def optimizer_setting(group: dict) -> tuple[str, str, float] | None:
     decay = group.get("weight_decay")
     if isinstance(decay, (int, float)) and decay < 0:
         return "negative_weight_decay", "weight_decay", float(decay)
+    shrink = decay_per_step(group)
+    if shrink is not None and shrink >= DECAY_SHRINK:
+        return "weight_decay_dominant", "weight_decay", float(decay)
     return None
+
+
+def decay_per_step(group: dict) -> float | None:
+    """The share of every weight a param group's ``weight_decay`` alone removes per step, where it acts on the
+    weights directly: decoupled (AdamW, ``decoupled_weight_decay=True``) ``lr × weight_decay``; SGD's, added to
+    the gradient that the momentum sums, ``lr × weight_decay × (1 - dampening) / (1 - momentum)`` once the
+    momentum is built up. None for the optimizers that divide the decay by the gradients' scale (Adam's L2,
+    RMSprop, Adagrad), for a setting held in a tensor, and without decay.
+
+    >>> round(decay_per_step({"lr": 0.05, "weight_decay": 0.5, "momentum": 0.9, "dampening": 0, "nesterov": False}), 6)
+    0.25
+    >>> decay_per_step({"lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.999), "decoupled_weight_decay": True})
+    0.0001
+    >>> decay_per_step({"lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.999), "decoupled_weight_decay": False})
+    """
+    decay, lr = group.get("weight_decay"), group.get("lr")
+    if not (_number(decay) and _number(lr)) or decay <= 0 or lr <= 0:
+        return None
+    if group.get("decoupled_weight_decay") is True:
+        return float(lr * decay)
+    if "nesterov" in group and "dampening" in group:  # SGD's param group
+        momentum, dampening = group.get("momentum", 0), group.get("dampening", 0)
+        if not (_number(momentum) and _number(dampening)) or not 0 <= momentum < 1:
+            return None
+        return float(lr * decay * ((1 - dampening) / (1 - momentum) if momentum > 0 else 1))
+    return None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def stuck_limit(longest_step: int) -> int:
