@@ -23,6 +23,8 @@
 | transient loss spike | loss_spike | data |
 | a sudden lasting jump of the loss with the parameters and inputs as the step before had them | target_shift | data (the targets) |
 | loss divergence (or a lasting jump) with no other root | optimizer_divergence (optimizer_instability) | optimizer |
+| any runaway (exploding, divergence) while the loss falls without bound below 0 | exploding | loss |
+| vanishing gradients while the parameters' global gradient norm is the same at every step (clipped) | update_stagnation | loop |
 | the prediction cannot reach its targets, one side squashed on its path | output_range | the squashing node |
 | faults present from the first step | as above | architecture (optimizer for update sizes) |
 
@@ -45,13 +47,20 @@ from comgra_ndbg.analysis.series import RunSeries
 from comgra_ndbg.analysis.shift import log_level
 from comgra_ndbg.analysis.structure import consumers, signal_chain
 
-__all__ = ["Reading", "interpret", "LOSS_NODE"]
+__all__ = ["Reading", "interpret", "loss_unbounded_below", "pinned_gradient_norm", "LOSS_NODE"]
 
 LOSS_NODE = "loss"
 STEP_CHANGE_FACTOR = 10.0
+PINNED_SPREAD, PINNED_SHARE = 1e-3, 0.9
+"""A global gradient norm is pinned when it stays within this relative spread of its median at this share of
+the steps (``pinned_gradient_norm``); a model's own gradients wander by more than a percent per step."""
+UNBOUNDED_FACTOR = 1000.0
+"""How far below the untrained model's loss (in units of its size, 1 at least) a negative loss must fall for the
+objective to be read as unbounded below (``loss_unbounded_below``)."""
 """How many times its usual step-to-step move a parameter node's norm may move into a step whose loss jumped,
 for the jump to be read as the targets' (``_model_as_before``)."""
 _REGIME_TYPE = {"dead": "dead_units", "saturated": "saturation"}
+_RUNAWAY = ("exploding", "optimizer_divergence", "optimizer_instability")
 _START_TYPE = {"activation_regime:dead": "dead_units", "activation_regime:saturated": "saturation",
                "gradient_health:vanishing": "vanishing", "gradient_health:exploding": "exploding",
                "optimizer_stability:unstable": "optimizer_divergence", "nonfinite:non-finite": "exploding"}
@@ -70,8 +79,22 @@ class Reading:
 def interpret(root: Event, events: Sequence[Event], series: RunSeries,
               thresholds: Thresholds = Thresholds()) -> Reading | None:
     """Read a root event as a failure type and an origin (see the module table); None when the root is not
-    a failure in itself (a parameter fixed on purpose from the start, an edit that harmed nothing)."""
-    t = thresholds
+    a failure in itself (a parameter fixed on purpose from the start, an edit that harmed nothing). A
+    runaway (exploding values, a diverging optimizer) while the loss falls without bound below 0 is the
+    loss's: no optimizer or layer makes a loss fall forever, an objective with no minimum does. Vanishing
+    gradients while the parameters' gradient norm is pinned at one value every step are the loop's: the
+    gradients were larger, and were clipped to that norm (``pinned_gradient_norm``)."""
+    reading = _interpret(root, events, series, thresholds)
+    if reading is None or root.family == "parameter_edit":
+        return reading
+    if reading.type in _RUNAWAY and loss_unbounded_below(series.loss, thresholds):
+        return Reading("exploding", "loss", _loss_node(series), reading.refined_by)
+    if reading.type == "vanishing" and pinned_gradient_norm(series, thresholds) is not None:
+        return Reading("update_stagnation", "loop", "", reading.refined_by)
+    return reading
+
+
+def _interpret(root: Event, events: Sequence[Event], series: RunSeries, t: Thresholds) -> Reading | None:
     if root.to_state == "fixed":
         return None
     if root.family == "parameter_edit":
@@ -125,6 +148,49 @@ def interpret(root: Event, events: Sequence[Event], series: RunSeries,
     if root.to_state == "spike":
         return Reading("loss_spike", "data", _input_node(series))
     return Reading("optimizer_instability", "node", root.node)
+
+
+def loss_unbounded_below(loss: np.ndarray, t: Thresholds = Thresholds()) -> bool:
+    """Whether the loss fell without bound: its lowest finite value is negative, at least ``UNBOUNDED_FACTOR``
+    times below the untrained model's level (1 at least), and among the last ``window`` finite values (it was
+    still falling when the run ended or turned non-finite). An optimizer that diverges makes the loss climb;
+    a loss that runs to -inf while the weights explode is an objective with no minimum: a log-likelihood
+    minimised where its negative was meant, a missing term, a scale the loss rewards.
+
+    >>> falling = np.array([-1.6] * 20 + [-1.6 * 2.0 ** k for k in range(1, 30)] + [np.nan] * 5)
+    >>> loss_unbounded_below(falling), loss_unbounded_below(np.abs(falling))
+    (True, False)
+    >>> loss_unbounded_below(np.array([2.0] * 20 + [-3.0] * 30))  # a Gaussian NLL below 0: bounded
+    False
+    """
+    finite = np.asarray(loss, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    if len(finite) < t.min_history:
+        return False
+    start = float(np.median(finite[:t.start_steps]))
+    lowest = int(np.argmin(finite))
+    return bool(finite[lowest] < 0 and finite[lowest] <= -UNBOUNDED_FACTOR * max(1.0, abs(start))
+                and lowest >= len(finite) - t.window)
+
+
+def pinned_gradient_norm(series: RunSeries, t: Thresholds = Thresholds()) -> float | None:
+    """The norm every parameter's gradient together had at almost every step, or None: over the recorded steps
+    where every parameter node has a finite gradient (``min_history`` × 2 of them at least), the global norm
+    within ``PINNED_SPREAD`` of its median at ``PINNED_SHARE`` of them. Only a rescaling after the backward
+    pass does that (``clip_grad_norm_`` active at every step, or gradients normalised by hand): the raw
+    gradients were larger than that norm every time, so they did not vanish on their way through the model."""
+    nodes = [n for n in series.parameters if n.has("grad")]
+    if not nodes or len(nodes) < len(series.parameters):
+        return None
+    norms = np.sqrt(np.sum([n.stats["grad"]["l2"] ** 2 for n in nodes], axis=0))
+    norms = norms[np.isfinite(norms)]
+    if len(norms) < 2 * t.min_history:
+        return None
+    middle = float(np.median(norms))
+    if middle <= 0:
+        return None
+    pinned = np.abs(norms / middle - 1) <= PINNED_SPREAD
+    return middle if pinned.mean() >= PINNED_SHARE else None
 
 
 def _balance_reading(root: Event, events: Sequence[Event], series: RunSeries, t: Thresholds) -> Reading:

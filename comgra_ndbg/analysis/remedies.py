@@ -20,7 +20,7 @@ import numpy as np
 
 from comgra_ndbg.analysis.events import Event
 from comgra_ndbg.analysis.optimizer_stability import OPTIMIZER, update_ratio
-from comgra_ndbg.analysis.reading import Reading
+from comgra_ndbg.analysis.reading import Reading, pinned_gradient_norm
 from comgra_ndbg.analysis.stagnation import stopped_share
 from comgra_ndbg.analysis.series import RunSeries
 
@@ -124,6 +124,12 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
         return (f"the untrained model already amplifies its inputs at '{node}': check its initialisation (the weights' "
                 f"scale; for a recurrent layer, a recurrence gain at or under 1: orthogonal or 1/sqrt(hidden) "
                 f"weights), or add a normalisation before it")
+    if kind == "exploding" and reading.origin == "loss":
+        finite = series.loss[np.isfinite(series.loss)]
+        return (f"the loss fell without bound (to {finite.min():.3g}) while the weights grew: the objective has no "
+                f"minimum. Check its sign (a log-likelihood minimised where its negative was meant: NLL is "
+                f"-log p), a term left out, and any scale the loss rewards; a loss like cross-entropy or MSE never "
+                f"goes below 0")
     if kind == "exploding":
         return _clip(series, onset) + f", and look at what amplifies the signal at '{node}'"
     if kind == "vanishing":
@@ -170,6 +176,10 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
                 f"(a normalisation dropped, pixels in 0-255 instead of 0-1)")
     if kind == "loss_spike":
         return f"look at the batch of step {onset} (outliers, wrong labels) and {_clip(series, onset)}"
+    if kind == "update_stagnation" and reading.origin == "loop" and pinned_gradient_norm(series) is not None:
+        return (f"the parameters' gradients were rescaled to a norm of {pinned_gradient_norm(series):.3g} at every "
+                f"step between loss.backward() and optimizer.step(): check clip_grad_norm_'s max_norm (1.0 is usual; "
+                f"a typo of 1e-4 freezes training) or the code that normalises the gradients")
     if kind == "update_stagnation":
         if reading.origin == "optimizer" and root.node == OPTIMIZER and stopped_share(root) < 1.0:
             return (f"{stopped_share(root):.0%} of the trainable parameter nodes stopped changing at step {onset} "
