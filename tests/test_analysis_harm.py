@@ -99,3 +99,23 @@ def test_without_step_0_recorded_there_is_no_untrained_loss_to_compare_with() ->
     loss = np.r_[2.3, 4e6, np.linspace(1e4, 2.4, STEPS - 2)]
     late = build_series({}, roles={}, kpis={"loss": (np.arange(STEPS) + 5, loss)})
     assert not loss_blew_up_from_start(late, 20)
+
+
+def gradient_jump(onset: int = ONSET) -> Event:
+    """A sudden gradient fall of 1.1 decades in one parameter node: hard by itself, as a changed backward is."""
+    return Event("gradient_health", "emb.parameters", "grad", "stable", "vanishing", onset, onset + 10, 1.1, 0.5,
+                 (Evidence("emb.parameters/grad/rms", (onset,), (1e-5,)),), sudden=True)
+
+
+def test_a_gradient_jump_of_a_learned_task_is_batch_noise_unless_the_loss_follows() -> None:
+    """At a loss of 3e-4 from 0.7 the few samples still wrong set the gradient's scale: a tenfold jump from one
+    batch to the next is no broken backward pass — unless the loss gets worse after it. Before the task is
+    learned the same jump stays harm by itself."""
+    g = np.random.default_rng(0)
+    learned = np.r_[np.linspace(0.7, 3e-4, 100), 3e-4 * (1 + 0.3 * g.random(STEPS - 100))]
+    assert not harmful(gradient_jump(), [], series(learned))
+    relapsed = learned.copy()
+    relapsed[ONSET:] = 0.3
+    assert harmful(gradient_jump(), [], series(relapsed))
+    learning = np.r_[np.linspace(0.7, 0.2, STEPS)]
+    assert harmful(gradient_jump(), [], series(learning))

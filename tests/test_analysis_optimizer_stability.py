@@ -83,8 +83,31 @@ def test_a_loss_that_jumps_from_normal_to_diverging_in_one_step_is_sudden() -> N
     assert event.to_state == "diverging" and not event.sudden
 
 
+def test_a_loss_that_goes_below_zero_has_no_ratio_events() -> None:
+    """A WGAN critic's loss, D(fake) - D(real), hovers around 0 and changes sign: 50× its median is noise."""
+    g = np.random.default_rng(0)
+    critic = 0.01 * g.standard_normal(300)
+    critic[200] = 0.5
+    assert loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(300), critic)})) == []
+    assert len(loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(300), np.abs(critic))}))) == 1
+
+
 def test_a_spike_whose_update_left_damage_to_heal_is_still_one_batch() -> None:
     loss = np.r_[np.linspace(2.3, 0.02, 100), np.full(100, 0.02)]
     loss[150], loss[151:170] = 9.0, np.linspace(0.5, 0.05, 19)  # the bad batch, then a slow recovery
     [spike] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(200), loss)}))
     assert (spike.to_state, spike.onset, spike.end) == ("spike", 150, 150)
+
+
+def test_one_batch_ten_times_off_is_the_noise_of_a_loss_that_swings_twofold_at_every_step() -> None:
+    """Batches of 2: the loss is 2× off its recent median at a typical step and one step in hundreds reaches
+    15×; that step is no corrupt batch. In a loss that moves by a few percent the same step is."""
+    g = np.random.default_rng(1)
+    level = np.linspace(1.4, 0.7, 600)
+    noisy = level * 10 ** (0.5 * g.standard_normal(600))
+    noisy[400] = 15 * np.median(noisy[380:400])
+    smooth = level * (1 + 0.03 * g.standard_normal(600))
+    smooth[400] = 15 * np.median(smooth[380:400])
+    assert [e.to_state for e in loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(600), noisy)}))] == []
+    [spike] = loss_events(build_series({}, roles={}, kpis={"loss": (np.arange(600), smooth)}))
+    assert (spike.to_state, spike.onset) == ("spike", 400)

@@ -7,7 +7,9 @@ pathology in absolute terms — non-finite values, units dead or saturated for e
 stopped while the others train, the loss spiking or diverging, gradients attenuated by orders of magnitude
 from the first step — or a *sudden* scale shift of values or gradients: training moves weights by small
 updates, so a signal that jumps tenfold from one step to the next was changed, not trained (a huge update
-shows as its own event). Every other event (a scale shift of values, gradients or updates) explains a failure
+shows as its own event) — except a gradient's jump once the task is learned (the loss at most ``SOLVED`` of
+the untrained model's and no worse after it), where the few samples still wrong set the gradient's scale from
+batch to batch. Every other event (a scale shift of values, gradients or updates) explains a failure
 only when harm follows it: a hard event among its consequences, or the loss getting worse after it.
 
 The loss is *worse* after step index ``i`` when the median of the next ``window`` losses exceeds the median
@@ -37,7 +39,7 @@ from comgra_ndbg.analysis.series import RunSeries
 
 __all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "loss_blew_up_from_start",
            "ends_worse_than_untrained", "optimizer_blew_up_at_start", "training_undone",
-           "harmful", "HARD_STATES"]
+           "harmful", "solved_gradient_jump", "HARD_STATES", "SOLVED"]
 
 HARD_STATES = frozenset({"non-finite", "dead", "saturated", "frozen", "spike", "diverging", "collapsed",
                          "imbalanced", "out_of_reach"})
@@ -86,11 +88,34 @@ def loss_is_worse(series: RunSeries, onset: int, t: Thresholds = Thresholds()) -
     return bool(np.isnan(decades) or decades >= np.log10(t.harm_factor))
 
 
+SOLVED = 0.01
+"""A loss at or below this share of the untrained model's (the first steps' median) is a task learned: its
+gradients come from the few samples still wrong, and jump tenfold from one batch to the next."""
+
+
+def solved_gradient_jump(event: Event, series: RunSeries, t: Thresholds = Thresholds()) -> bool:
+    """Whether ``event`` is a sudden gradient jump of a model whose loss was at most ``SOLVED`` × the untrained
+    model's over the ``window`` steps before it, and did not get worse after it: the noise of a learned task
+    (the batch of the step had almost nothing left to learn), not a changed backward pass."""
+    if event.family != "gradient_health" or event.at_start or not event.sudden:
+        return False
+    loss = np.asarray(series.loss, dtype=np.float64)
+    finite = loss[np.isfinite(loss)]
+    i = int(np.searchsorted(series.steps, event.onset))
+    before = loss[max(0, i - t.window):i]
+    before = before[np.isfinite(before)]
+    if len(finite) < t.start_steps or not len(before):
+        return False
+    untrained = float(np.median(finite[:t.start_steps]))
+    return bool(untrained > 0 and np.median(before) <= SOLVED * untrained
+                and loss_is_worse(series, event.onset, t) is False)
+
+
 def harmful(root: Event, effects: Iterable[Event], series: RunSeries, t: Thresholds = Thresholds()) -> bool:
     """Whether ``root`` with its consequences ``effects`` describes a failure: a hard event among them, or
     the loss worse after the root's onset. Without any loss recorded, every root counts (nothing to check
     against)."""
-    if is_hard(root) or any(is_hard(e) for e in effects):
+    if any(is_hard(e) and not solved_gradient_jump(e, series, t) for e in (root, *effects)):
         return True
     if root.at_start:
         if root.family == "optimizer_stability" and (loss_blew_up_from_start(series, root.end, t)
