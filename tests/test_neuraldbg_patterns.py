@@ -159,6 +159,39 @@ def test_a_backbone_frozen_after_a_backward_pass_records_no_gradient_for_it(tmp_
     assert analyze(tmp_path, trial="t").hypotheses == ()
 
 
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+        self.cls, self.reg = nn.Linear(32, 4), nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(x)
+        return self.cls(h), self.reg(h)
+
+
+def test_an_auxiliary_loss_with_its_own_backward_call_reaches_its_head(tmp_path: Path) -> None:
+    """``main.backward(retain_graph=True)`` on the first output, then ``aux.backward()`` on the second: the
+    second head gets its gradient from the second call only. It is no unused parameter (it was, at 0.90: the
+    step's gradients were fingerprinted after the first call alone)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    model, teacher = _TwoHeads(), torch.randn(16, 4, generator=g)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    with NeuralDbg(model, tmp_path, trial="t", optimizer=optimizer):
+        for _ in range(60):
+            x = torch.randn(32, 16, generator=g)
+            optimizer.zero_grad()
+            logits, value = model(x)
+            F.cross_entropy(logits, (x @ teacher).argmax(1)).backward(retain_graph=True)
+            (0.1 * value.pow(2).mean()).backward()
+            optimizer.step()
+    assert analyze(tmp_path, trial="t").hypotheses == ()
+    with open_recording(tmp_path, "t") as rec:
+        steps, norms = rec.summary("model.reg.parameters", "grad", "l2", tensor="model.reg.weight")
+        assert len(steps) == 60 and (norms > 0).all()
+
+
 def train_gan(folder: Path | None, exact: bool, steps: int = 4) -> dict:
     """The DCGAN tutorial's loop: the discriminator's update, then the generator's through D(fake)."""
     torch.manual_seed(0)

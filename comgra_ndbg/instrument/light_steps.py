@@ -214,7 +214,8 @@ class LightSteps:
         """``patches``' call after each backward call returned: in a light step, the probe's gradient as the
         backward pass left it (a full step fingerprints every gradient there); in a full step, the parameters'
         gradients of a backward pass that never reached the model's output (no engine callback of ours read
-        them: a penalty on the weights alone)."""
+        them: a penalty on the weights alone, a loss on an output other than the one watched), whose fingerprint
+        is then the step's latest."""
         self.recorder.gradient_scale = None  # (set for the backward call that just returned)
         read, self._gradients_read = self._gradients_read, False
         probe = self._light_probe
@@ -223,6 +224,8 @@ class LightSteps:
         if not self._light:
             if not read and self.recorder.current_step is not None:
                 self.recorder.take_parameter_gradients()
+                if self._backward_seen:  # a later backward call of the step (an auxiliary loss on another output)
+                    self._grad_mark = self._grad_fingerprint()
             self._watch_probe(self.recorder.current_step, mark)
             return
         self._light_backwards = True
