@@ -21,6 +21,14 @@ def test_a_healthy_loop_records_bit_identically_and_raises_nothing(tmp_path: Pat
     assert {trial: a["hypotheses"] for trial, a in recorded["analysis"].items()} == {"t": []}
 
 
+def test_a_loss_that_reaches_exactly_0_leaves_the_analysis_without_a_warning(tmp_path: Path) -> None:
+    """A triplet loss whose margin every triplet of a batch meets is 0, and so is every gradient of that pass:
+    the per-pass gradient ratios have nothing to divide (numpy warned "invalid value encountered in divide")."""
+    recorded = run_case("triplet_loss", "dbg", tmp_path)
+    assert recorded["exception"] is None and 0.0 in recorded["losses"]
+    assert recorded["warnings"] == [] and recorded["analysis"]["t"]["hypotheses"] == []
+
+
 def test_the_state_hash_sees_one_changed_bit() -> None:
     import torch
     from torch import nn

@@ -85,7 +85,8 @@ def pass_push(recording: Recording, steps: np.ndarray, nodes: list[str]) -> dict
         seen = np.zeros(len(steps), np.int64)
         for iteration in range(most):
             at, rows = recording.summary_rows(tensors[0], schema.KIND_GRAD, iteration=iteration)
-            ratio = derive_one(rows, "mean") / derive_one(rows, "rms")
+            with np.errstate(divide="ignore", invalid="ignore"):  # a gradient of exactly 0: no ratio (NaN, dropped)
+                ratio = derive_one(rows, "mean") / derive_one(rows, "rms")
             index = np.searchsorted(steps, at)
             keep = (index < len(steps)) & np.isfinite(ratio)
             index, ratio = index[keep], ratio[keep]
