@@ -35,6 +35,7 @@ import numpy as np
 
 from comgra_ndbg.analysis.config import Thresholds
 from comgra_ndbg.analysis.events import Event
+from comgra_ndbg.analysis.optimizer_stability import initial_loss
 from comgra_ndbg.analysis.series import RunSeries
 
 __all__ = ["is_hard", "loss_worsening", "loss_is_worse", "loss_improved_from_start", "loss_blew_up_from_start",
@@ -100,13 +101,12 @@ def solved_gradient_jump(event: Event, series: RunSeries, t: Thresholds = Thresh
     if event.family != "gradient_health" or event.at_start or not event.sudden:
         return False
     loss = np.asarray(series.loss, dtype=np.float64)
-    finite = loss[np.isfinite(loss)]
     i = int(np.searchsorted(series.steps, event.onset))
     before = loss[max(0, i - t.window):i]
     before = before[np.isfinite(before)]
-    if len(finite) < t.start_steps or not len(before):
+    if np.isfinite(loss).sum() < t.start_steps or not len(before):
         return False
-    untrained = float(np.median(finite[:t.start_steps]))
+    untrained = initial_loss(loss, t)
     return bool(untrained > 0 and np.median(before) <= SOLVED * untrained
                 and loss_is_worse(series, event.onset, t) is False)
 

@@ -167,7 +167,7 @@ def loss_unbounded_below(loss: np.ndarray, t: Thresholds = Thresholds()) -> bool
     finite = finite[np.isfinite(finite)]
     if len(finite) < t.min_history:
         return False
-    start = float(np.median(finite[:t.start_steps]))
+    start = initial_loss(finite, t)
     lowest = int(np.argmin(finite))
     return bool(finite[lowest] < 0 and finite[lowest] <= -UNBOUNDED_FACTOR * max(1.0, abs(start))
                 and lowest >= len(finite) - t.window)

@@ -176,8 +176,9 @@ def remedy(reading: Reading, root: Event, series: RunSeries) -> str:
                 f"(a normalisation dropped, pixels in 0-255 instead of 0-1)")
     if kind == "loss_spike":
         return f"look at the batch of step {onset} (outliers, wrong labels) and {_clip(series, onset)}"
-    if kind == "update_stagnation" and reading.origin == "loop" and pinned_gradient_norm(series) is not None:
-        return (f"the parameters' gradients were rescaled to a norm of {pinned_gradient_norm(series):.3g} at every "
+    pinned = pinned_gradient_norm(series) if kind == "update_stagnation" and reading.origin == "loop" else None
+    if pinned is not None:
+        return (f"the parameters' gradients were rescaled to a norm of {pinned:.3g} at every "
                 f"step between loss.backward() and optimizer.step(): check clip_grad_norm_'s max_norm (1.0 is usual; "
                 f"a typo of 1e-4 freezes training) or the code that normalises the gradients")
     if kind == "update_stagnation":
