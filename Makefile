@@ -14,9 +14,11 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# the statistics kernels, built ahead of time for this machine once (about 30 s) and loaded from then on
+# the statistics kernels and the recorder's C++ gradient taps, built for this machine once (about 30 s and 20 s)
+# and loaded from then on
 kernels: setup
 	$(PY) -c "from comgra_ndbg.stats import parallel; parallel.warm_up()"
+	$(PY) -c "from comgra_ndbg.recorder import native; native.warm_up()"
 
 test: kernels
 	$(PY) -m pytest

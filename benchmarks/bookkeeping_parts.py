@@ -48,6 +48,7 @@ from torch import nn
 from benchmarks.hook_floor import run_hook_floor
 from benchmarks.neuraldbg_overhead import TanhMLP, make_data, run, run_floor
 from comgra_ndbg import Recorder
+from comgra_ndbg.recorder import native
 
 __all__ = ["Chain", "chain_data", "parts", "recorder_seconds", "RECORDERS", "SKIPPED", "VARIANTS"]
 
@@ -154,6 +155,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=BATCH)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    native.warm_up()  # the C++ gradient taps: built once per machine, not in a measured run
     lines = parts(tuple(args.depths), args.steps, args.rounds, args.width, args.batch)
     with tempfile.TemporaryDirectory() as folder:
         mlp_bare = statistics.median(run(TanhMLP, make_data(args.steps // 2), None, folder, "mlp", "sgd")[1]

@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.overhead import BATCH, MLP, ParameterPasses, make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
+from comgra_ndbg.recorder import native  # noqa: E402
 from comgra_ndbg.stats import kernels  # noqa: E402
 from comgra_ndbg.store.schema import NUM_FIELDS  # noqa: E402
 
@@ -342,6 +343,7 @@ def main() -> None:
     parser.add_argument("--calls", action="store_true", help="function calls per recorded step instead of times")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    native.warm_up()  # the C++ gradient taps: built once per machine, not in a measured run
     if args.calls:
         print("NeuralDbg, summaries every step: calls per step made from comgra_ndbg's code")
         with tempfile.TemporaryDirectory() as folder:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg import Recorder
+from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import kernels, parallel
 from comgra_ndbg.store.schema import NUM_FIELDS
 
@@ -180,6 +181,7 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
     data = make_data(args.steps)
     parallel.warm_up()  # a one-time cost per machine (cached on disk), not a per-step one
+    native.warm_up()  # the C++ gradient taps, likewise
     results: dict[str, list[float]] = {"bare": [], "disabled": [], "recorded": [], "skipped": [], "floor": [],
                                        "bare_total": [], "recorded_total": []}
     with tempfile.TemporaryDirectory() as folder:

@@ -55,6 +55,7 @@ import torch
 from benchmarks import peer_table
 from comgra_ndbg.compat.comgra import tutorial
 from comgra_ndbg.compat.comgra.checks import CompatibilityWarning
+from comgra_ndbg.recorder import native
 
 COMGRA_VERSION = "0.11.5"
 WORKLOADS = ("comgra-tutorial", "mlp", "transformer", "all")
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peer-timeout", type=float, default=900,
                         help="with mlp, transformer or all: seconds after which a peer's run is stopped and dropped")
     args = parser.parse_args(argv)
+    native.warm_up()  # the C++ gradient taps: built once per machine, before any measured process
     if args.workload != "comgra-tutorial":
         models = ["mlp", "transformer"] if args.workload == "all" else [args.workload]
         peer_table.compare(models, steps=args.steps or 200, rounds=args.rounds, threads=args.threads,

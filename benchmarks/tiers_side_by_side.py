@@ -35,6 +35,7 @@ from torch import nn
 import benchmarks.overhead as overhead
 from benchmarks.neuraldbg_overhead import OPTIMIZERS, TanhMLP, TinyTransformer, token_data
 from comgra_ndbg import NeuralDbg, open_recording
+from comgra_ndbg.recorder import native
 from comgra_ndbg.recorder.tiers import Tiers
 from comgra_ndbg.stats import kernels
 from comgra_ndbg.store import schema
@@ -64,6 +65,7 @@ def main() -> None:
         parser.error("--kinds splits the default's steps: keep \"tiered (default)\" among --variants")
     torch.set_num_threads(1)
     kernels.warm_up()
+    native.warm_up()
     overhead.WIDTH, overhead.BATCH = args.width, args.batch
     if args.workload == "transformer":
         make, data, optimizer_name = TinyTransformer, token_data(args.steps), "adam"

@@ -15,6 +15,11 @@ settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev")
 
+# The recorder's C++ gradient taps: built before the first recording and used from its first step (by default a
+# missing module is built in the background and taken up when ready), so that every test runs one known path;
+# tests/test_native_taps.py compares it with the Python hooks.
+os.environ.setdefault("COMGRA_NDBG_NATIVE", "wait")
+
 
 @pytest.fixture(params=["kernels", "numpy"])
 def host_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -338,10 +338,10 @@ def test_a_builder_waits_for_the_one_before_and_uses_its_module(monkeypatch, tmp
     order = []
 
     def second() -> None:
-        with backend._exclusive(lock):
+        with backend.exclusive(lock):
             order.append("second")
 
-    with backend._exclusive(lock):
+    with backend.exclusive(lock):
         waiting = threading.Thread(target=second)
         waiting.start()
         time.sleep(0.2)

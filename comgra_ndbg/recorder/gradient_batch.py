@@ -52,6 +52,17 @@ class GradientBatch:
         if queue and not self._queued:
             self._queue()
 
+    def extend_kept(self, gradients: list[tuple[Hashable, torch.Tensor, bool, int]]) -> None:
+        """Take (key, detached gradient, batched, version at its hook) entries kept by the C++ taps at the end
+        of the pass; the owner flushes next."""
+        self._pending += gradients
+
+    def queue_flush(self) -> None:
+        """Have the owner flush when the running backward pass ends (at once outside one), if anything is pending
+        and no flush is queued yet."""
+        if self._pending and not self._queued:
+            self._queue()
+
     def _queue(self) -> None:
         try:
             Variable._execution_engine.queue_callback(self._end_of_backward)

@@ -57,6 +57,8 @@ class GradientRecording:
         if token != self._token or not self._step_open:
             return
         try:
+            if self._tap_keys:  # what the taps kept before this hook fired goes first, as the hooks' order has it
+                self._drain_taps()
             if self.gradient_scale is not None:  # a GradScaler's scaled loss: in the parameters' units
                 grad = grad.detach() / self.gradient_scale
             if self._structure.pending:
@@ -140,6 +142,8 @@ class GradientRecording:
         if not self._step_open or not (self._summarize or self._snapshot):
             return
         try:
+            if self._tap_keys:
+                self._drain_taps()
             if grad.layout is not _STRIDED or grad.is_meta or grad.is_nested or grad.is_quantized:
                 grad = summarizable(grad)  # (its own test, inline: the usual gradient needs nothing)
             if self._summarize:
@@ -176,6 +180,8 @@ class GradientRecording:
         changed = self._parameters.changed_gradients(unread=unread)
         if not changed:
             return
+        if self._tap_keys:
+            self._drain_taps()
         grads = [grad for _, grad in changed]
         if (self._snapshot or not self._summarize or set(map(_LAYOUT, grads)) != {_STRIDED}
                 or any(map(_META, grads))):
@@ -202,8 +208,13 @@ class GradientRecording:
             self._warn("recording a parameter gradient", error)
 
     def _flush_gradients(self) -> None:
-        """Summarise the gradients kept by the hooks of a backward pass (the engine calls this at its end),
-        with those of the parameters when the tracker is ``polled``."""
+        """Summarise the gradients kept by the hooks and taps of a backward pass (the engine calls this at its
+        end), with those of the parameters when the tracker is ``polled``."""
+        if self._tap_keys:
+            try:
+                self._take_taps()
+            except Exception as error:  # a recorder problem must not break the user's backward pass
+                self._warn("recording gradients", error)
         if not self._step_open or not self._summarize:
             self._grad_batch.clear()
             return
@@ -249,7 +260,7 @@ class GradientRecording:
     def _collect_gradients(self, kind: str) -> None:
         if self._parameters.polled:  # gradients that no backward pass's end read (a loss apart from the model)
             self._take_polled(queue=False, unread=True)
-        if len(self._grad_batch):  # the engine's callback did not run (a backward pass that failed midway)
+        if self._unflushed():  # the engine's callback did not run (a backward pass that failed midway)
             self._flush_gradients()
         if self._structure.pending:
             self._guard("discovering the dependency graph", self._discover_graph)
@@ -368,3 +379,4 @@ class GradientRecording:
     def _discover_graph(self) -> None:
         if self._structure.pending:
             self._structure.discover(self._step_type or self._last_step_type, self._parameters.names())
+

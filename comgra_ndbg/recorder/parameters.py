@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from comgra_ndbg.recorder import native
 from comgra_ndbg.recorder.validation import summarizable
 from comgra_ndbg.recorder.step_record import shared
 from comgra_ndbg.stats import kernels
@@ -71,6 +72,8 @@ class ParameterTracker:
     _captured: bool = False
     _versions: list[int] | None = None  # each parameter's version counter at ``capture()``
     _step_hooks: list[Any] = field(default_factory=list)
+    _marks: Any = None  # the C++ marks (``native``) standing in for the Python hooks while watching, if loaded
+    _marks_compiled: bool = False  # compiled autograd ran over the marks (it calls no C++ hook): Python hooks
     _watching: bool = False
     # tracked module -> its path; parameters assigned to one of them since the last ``resync`` (see ``track``)
     _owners: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
@@ -174,17 +177,34 @@ class ParameterTracker:
         if self._watching:
             return
         self._watching = True
+        module = None if self._marks_compiled else native.taps_module()
+        if module is not None:
+            self._marks = module.Marks()
         self._step_hooks = self._hooks_of(self.tracked)
+        if self._marks is not None and not self._marks.watched():  # every gradient is handed over or polled
+            self._marks = None
 
     def _hooks_of(self, entries: list[_Tracked]) -> list[Any]:
-        return [t.parameter.register_post_accumulate_grad_hook(_hand_over(t, t.receiver)) if t.handed_over
-                else t.parameter.register_hook(_mark_fresh(t, self)) for t in entries
-                if t.parameter.requires_grad and not (t.handed_over and self.polled)]
+        """Each entry's hook: the handover, else its mark (C++, in ``_marks``, when the module is loaded), else
+        a Python hook that marks it."""
+        marks, index = self._marks, {id(t): i for i, t in enumerate(self.tracked)} if self._marks else {}
+        hooks = []
+        for t in entries:
+            if not t.parameter.requires_grad or (t.handed_over and self.polled):
+                continue
+            if t.handed_over:
+                hooks.append(t.parameter.register_post_accumulate_grad_hook(_hand_over(t, t.receiver)))
+            elif marks is None or not marks.watch(t.parameter, index[id(t)]):
+                hooks.append(t.parameter.register_hook(_mark_fresh(t, self)))
+        return hooks
 
     def unwatch(self) -> None:
         for handle in self._step_hooks:
             handle.remove()
         self._step_hooks = []
+        if self._marks is not None:
+            self._marks.unwatch()
+            self._marks = None
         self._watching = False
 
     def names(self) -> dict[str, torch.nn.Parameter]:
@@ -329,6 +349,8 @@ class ParameterTracker:
         self._captured = False
 
     def has_fresh_gradients(self) -> bool:
+        if self._marks is not None:
+            return self._marks.has_fresh()
         return self._marked and any(t.fresh for t in self.tracked)
 
     def take_gradients(self) -> list[tuple[int, torch.Tensor]]:
@@ -336,7 +358,15 @@ class ParameterTracker:
         step's first call, the sum of the backward passes since the previous call after it."""
         out = []
         per_pass = self.per_pass
-        if not self._marked:  # no hook marked a parameter since the last take (gradients handed over, read by poll)
+        if self._marks is not None:
+            fresh, incoming = self._marks.take()
+            tracked = self.tracked
+            for i, kept in zip(fresh, incoming):
+                t = tracked[i]
+                grad = kept if per_pass else t.parameter.grad
+                if grad is not None:
+                    out.append((t.tensor_id, grad.detach() if grad.requires_grad else grad))
+        if not self._marked:  # no Python hook marked a parameter since the last take
             self.per_pass = True
             return out
         self._marked = False
@@ -354,6 +384,13 @@ class ParameterTracker:
         """Start a step: earlier gradients are not its own, and its first take reads ``.grad`` (``polled``:
         the gradients there now are the ones ``changed_gradients`` passes over)."""
         polled = self.polled
+        if self._marks is not None:
+            if self._marks.compiled():  # compiled autograd called none of them: Python hooks from now on
+                self._marks_compiled = True
+                self.unwatch()
+                self.watch()
+            else:
+                self._marks.forget()
         for t in self.tracked:
             t.fresh = False
             t.incoming = None

@@ -46,6 +46,7 @@ from comgra_ndbg.recorder.registration import AUTO, TensorRegistration
 from comgra_ndbg.recorder.retroactive import RetroactiveDecision
 from comgra_ndbg.recorder.step_record import StepRecord
 from comgra_ndbg.recorder.structure import StructureTracker
+from comgra_ndbg.recorder.taps import GradientTaps
 from comgra_ndbg.recorder.tiers import Tiers, TierState, as_tiers
 from comgra_ndbg.recorder.step_cycle import StepCycle
 from comgra_ndbg.recorder.validation import (check_group_path, check_hyperparameters, check_parameter_groups,
@@ -62,8 +63,8 @@ __all__ = ["Recorder", "RecorderWarning", "AUTO"]  # RecorderWarning lives in er
 _LOG = logging.getLogger("comgra_ndbg")
 
 
-class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDecision, ParameterSteps, SentinelSteps,
-               KpiRecording, FaultIsolation, ProfileRecording):
+class Recorder(StepCycle, TensorRegistration, GradientRecording, GradientTaps, RetroactiveDecision, ParameterSteps,
+               SentinelSteps, KpiRecording, FaultIsolation, ProfileRecording):
     """Records registered tensors, their gradients, tracked parameters and their updates, per step.
 
     ``path`` is a group folder; the trial's recording goes to ``path/trial``. ``summaries`` and
@@ -223,6 +224,9 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         if budget is not None:  # to the library's logger: a training script's own output stays its own
             _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
+        self._taps: Any = None  # the C++ gradient taps (``native``) once their module is loaded
+        self._tap_keys: list[tuple[int, int, bool]] = []  # per tap armed in the step: (tensor id, iteration, batched)
+        self._taps_compiled = False  # compiled autograd ran over taps: Python hooks from then on (``_end_taps``)
         self._polled_task = -2  # the backward pass whose end last read the parameters' gradients (``polled``)
         self._tier_state = None if tiers is None else TierState(tiers)
         self._tier_hook = None if tiers is None else _optimizer_pre_hook(self)
@@ -267,6 +271,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, RetroactiveDeci
         self._closed = True
         self._guard("closing the recording", lambda: self._writer.close(self.catalog))
         self._parameters.close()
+        self._drop_taps()
         if self._tier_hook is not None:
             self._tier_hook.remove()
             self._tier_hook = None

@@ -13,7 +13,6 @@ import torch
 
 from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.graph import TensorEdge
-from comgra_ndbg.recorder.grad_hook import on_gradient_at
 from comgra_ndbg.recorder.plan import RegistrationPlan, make_plan, work_tensor
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_bounds, check_name, summarizable
@@ -110,8 +109,7 @@ class TensorRegistration:
                 self._skipped(name, "value", error)
         self._structure.add(name, iteration, tensor, plan.structure_key)
         if plan.requires_grad:
-            self._hooks.append(on_gradient_at(tensor, self._on_grad, self._token, plan.tensor_id, iteration,
-                                              plan.batched, plan.deferred))
+            self._hook_gradient(tensor, plan.tensor_id, iteration, plan.batched, plan.deferred)
 
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
                        bounds: Any, module: str = "") -> None:
@@ -146,8 +144,7 @@ class TensorRegistration:
         self._structure.add(name, iteration, tensor)
         deferred = not _compiled_region(tensor)
         if tensor.requires_grad:
-            self._hooks.append(on_gradient_at(tensor, self._on_grad, self._token, tid, iteration, bool(batched),
-                                              deferred))
+            self._hook_gradient(tensor, tid, iteration, bool(batched), deferred)
         plan = None if call is None else make_plan(
             call, tensor, batch_before=batch_before, batched=bool(batched), bounds=bounds,
             saturation_margin=self._saturation_margin, tensor_id=tid, series_id=sid, deferred=deferred)

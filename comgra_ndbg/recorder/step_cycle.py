@@ -43,6 +43,8 @@ class StepCycle:
     # ---- step state ----------------------------------------------------------------------------------
     def _reset_step_state(self) -> None:
         self._grad_batch.clear()
+        if self._tap_keys:
+            self._end_taps()
         for handle in self._hooks:  # a leaf, or a graph node kept across steps, would otherwise keep it for good
             handle.remove()
         self._hooks = []
@@ -303,7 +305,7 @@ class StepCycle:
         self._reset_step_state()
 
     def _build_record(self, type_id: int) -> StepRecord:
-        if len(self._grad_batch):
+        if self._unflushed():
             self._flush_gradients()
         pending = (self._grad_keys or self._grad_snaps or self._deferred_grads or self._parameter_grads
                    or self._parameter_grad_snaps)

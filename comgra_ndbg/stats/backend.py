@@ -49,8 +49,8 @@ from types import ModuleType, SimpleNamespace
 
 import numpy as np
 
-__all__ = ["AHEAD_OF_TIME", "JIT", "BuildError", "available", "entries", "folder", "key", "kind",
-           "load_ahead_of_time", "load_jit", "mode", "prune"]
+__all__ = ["AHEAD_OF_TIME", "JIT", "BuildError", "available", "entries", "exclusive", "folder", "key", "kind",
+           "load_ahead_of_time", "load_jit", "mode", "prune", "remove_folder"]
 
 AHEAD_OF_TIME, JIT = "ahead of time", "jit"
 MODULE_NAME = "comgra_ndbg_kernels"  # the name compiled.build gives the module (kept in step by a test)
@@ -122,7 +122,7 @@ def load_ahead_of_time(build: bool = True) -> ModuleType:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except (ImportError, OSError) as error:  # a damaged file: removed, so that a retry builds it afresh
-        _remove(where)
+        remove_folder(where)
         raise BuildError(f"the kernel module {path} does not load ({error})") from error
     with suppress(OSError):  # marks the folder as used (``prune``); a read-only cache keeps its old time
         os.utime(where)
@@ -233,7 +233,7 @@ def _build(where: Path) -> None:
     except OSError as error:
         raise BuildError(f"cannot create the cache folder {where.parent}: {error}") from error
     failed = _failed_marker(where)
-    with _exclusive(_lock_file(where)):
+    with exclusive(_lock_file(where)):
         if _module_file(where) is not None:  # another process built it while this one waited
             return
         if failed.exists():  # or failed to
@@ -252,7 +252,7 @@ def _build(where: Path) -> None:
             if _module_file(where) is None:
                 raise
         finally:
-            _remove(scratch)  # (gone already when it was renamed into place)
+            remove_folder(scratch)  # (gone already when it was renamed into place)
 
 
 def _run_build(scratch: Path) -> None:
@@ -273,11 +273,12 @@ def _run_build(scratch: Path) -> None:
         raise BuildError(f"the build exited with {done.returncode}: " + " | ".join(tail))
 
 
-def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | None = None) -> list[Path]:
-    """Remove the module folders in ``root`` other than ``keep`` that no process has loaded for ``days`` days
-    (by their modification time), with their lock and failure records; returns the folders removed. A
-    failure record alone ages the same way. Anything else in ``root`` is left alone, and a folder that
-    cannot be removed is left too (a cache shared read-only)."""
+def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | None = None,
+          prefix: str = _PREFIX) -> list[Path]:
+    """Remove the module folders in ``root`` other than ``keep`` (those whose name starts with ``prefix``) that
+    no process has loaded for ``days`` days (by their modification time), with their lock and failure
+    records; returns the folders removed. A failure record alone ages the same way. Anything else in
+    ``root`` is left alone, and a folder that cannot be removed is left too (a cache shared read-only)."""
     cutoff = (time.time() if now is None else now) - days * 86400.0
     removed = []
     try:
@@ -286,7 +287,7 @@ def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | Non
         return removed
     for entry in entries:
         name = entry.name
-        if not name.startswith(_PREFIX) or entry == keep:
+        if not name.startswith(prefix) or entry == keep:
             continue
         base = name.removesuffix(".lock").removesuffix(".failed")
         if base != name and (root / base).is_dir():
@@ -297,7 +298,7 @@ def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | Non
         except OSError:
             continue
         if entry.is_dir():
-            _remove(entry)
+            remove_folder(entry)
             if entry.exists():
                 continue
             removed.append(entry)
@@ -312,14 +313,14 @@ def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | Non
     return removed
 
 
-def _remove(path: Path) -> None:
+def remove_folder(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
+def exclusive(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on the file ``path`` (``fcntl.flock``) while the block runs; no lock where
     there is no ``fcntl``."""
     try:

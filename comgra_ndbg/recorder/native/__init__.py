@@ -1,0 +1,182 @@
+"""The recorder's C++ part (``taps.cpp``): built once per machine, loaded when it is ready.
+
+A Python hook on every registered tensor costs a trip through the interpreter per tensor and backward pass,
+and a removable handle per registration; the gradient taps of ``taps.cpp`` do the same work in C++ and hand
+the pass's gradients over in one call at its end. The module is compiled with ``torch.utils.cpp_extension``
+(a C++ compiler and ``ninja``) for this torch, this Python and this source, into the cache folder of the
+compiled kernels (``stats.backend.folder``'s parent), in a process of its own, one build at a time per
+machine; a build that fails is recorded beside it (delete the ``.failed`` file to try again) and the
+recorder keeps its Python hooks, which record the same rows. A build removes the folders of other keys
+(another torch or Python) that no process loaded for ``backend.UNUSED_DAYS`` days.
+
+Environment, ``COMGRA_NDBG_NATIVE``:
+
+- ``auto`` (the default): a module built already is loaded on first use; a missing one is built on a
+  background thread while the recorder goes on with its Python hooks, and taken up once it is loaded.
+- ``wait``: the first use builds a missing module and waits for it (what the test suite runs with).
+- ``off``: never; the Python hooks only.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from contextlib import suppress
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from comgra_ndbg.stats import backend
+
+__all__ = ["BUILD_TIMEOUT", "build_error", "mode", "taps_module", "warm_up"]
+
+BUILD_TIMEOUT = 600.0
+"""Seconds a build may take before it counts as failed (it takes 15-40 s)."""
+_SOURCE = Path(__file__).resolve().with_name("taps.cpp")
+_PREFIX = "native-"
+_LOCK = threading.Lock()
+_MODULE: list[ModuleType | None] = [None]
+_STARTED: list[bool] = [False]
+_ERROR: list[str | None] = [None]
+
+
+def mode() -> str:
+    """``COMGRA_NDBG_NATIVE``: "auto", "wait" or "off" (anything else is an error)."""
+    value = os.environ.get("COMGRA_NDBG_NATIVE", "auto").strip().lower() or "auto"
+    if value not in ("auto", "wait", "off"):
+        raise ValueError(f"COMGRA_NDBG_NATIVE={value!r} is not a mode: use auto, wait or off")
+    return value
+
+
+def taps_module() -> ModuleType | None:
+    """The loaded module, or None while it is being built in the background, where it cannot be built, or
+    with ``COMGRA_NDBG_NATIVE=off``. Cheap after the first call."""
+    module = _MODULE[0]
+    if module is not None or _STARTED[0]:
+        return module
+    chosen = mode()
+    with _LOCK:
+        if _STARTED[0]:
+            return _MODULE[0]
+        _STARTED[0] = True
+        if chosen == "off":
+            return None
+        where = _folder()
+        if _module_file(where) is not None or chosen == "wait":
+            _load(where)
+        else:
+            threading.Thread(target=_load, args=(where,), name="comgra_ndbg native build", daemon=True).start()
+    return _MODULE[0]
+
+
+def warm_up() -> ModuleType | None:
+    """Build (once per machine) and load the module now, whatever ``COMGRA_NDBG_NATIVE`` says but ``off``;
+    returns it, or None where it cannot be built (``build_error()`` says why)."""
+    if mode() == "off":
+        return None
+    with _LOCK:
+        _STARTED[0] = True
+        if _MODULE[0] is None:
+            _load(_folder())
+    return _MODULE[0]
+
+
+def build_error() -> str | None:
+    """Why the module could not be built or loaded in this process, if it could not."""
+    return _ERROR[0]
+
+
+def _folder() -> Path:
+    digest = hashlib.sha256(_SOURCE.read_bytes())
+    for part in (torch.__version__, sys.version, sys.platform, str(torch._C._GLIBCXX_USE_CXX11_ABI)):
+        digest.update(b"\0" + part.encode())
+    return backend.folder().parent / f"{_PREFIX}{digest.hexdigest()[:24]}"
+
+
+def _name(where: Path) -> str:
+    return "comgra_ndbg_taps_" + where.name.removeprefix(_PREFIX)[:12]
+
+
+def _module_file(where: Path) -> Path | None:
+    if not where.is_dir():
+        return None
+    found = sorted(where.glob(f"{_name(where)}*.so")) + sorted(where.glob(f"{_name(where)}*.pyd"))
+    return found[0] if found else None
+
+
+def _load(where: Path) -> None:
+    """Build the module for ``where`` if it is missing, then import it into ``_MODULE``; a failure leaves
+    ``_MODULE`` None, keeps why in ``_ERROR`` and warns once."""
+    try:
+        if _module_file(where) is None:
+            _build(where)
+        path = _module_file(where)
+        if path is None:
+            raise backend.BuildError(f"the build left no module in {where}")
+        spec = importlib.util.spec_from_file_location(_name(where), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _MODULE[0] = module
+        with suppress(OSError):  # marks the folder as used (``backend.prune``); a read-only cache keeps its time
+            os.utime(where)
+    except Exception as error:  # noqa: BLE001 - any failure means: the Python hooks
+        _ERROR[0] = f"{type(error).__name__}: {error}"
+        warnings.warn(f"the recorder keeps its Python gradient hooks: its C++ taps could not be built or loaded "
+                      f"({_ERROR[0]})", RuntimeWarning, stacklevel=2)
+
+
+def _build(where: Path) -> None:
+    """Compile into ``where`` in a process of its own, one builder at a time; a failure is recorded beside
+    ``where`` before the lock is let go, so the processes waiting for it do not each try again."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    failed = where.with_name(where.name + ".failed")
+    with backend.exclusive(where.with_name(where.name + ".lock")):
+        if _module_file(where) is not None:
+            return
+        if failed.exists():
+            raise backend.BuildError(f"an earlier build failed ({failed}): {failed.read_text().strip()}")
+        for left in where.parent.glob(f".{where.name}-*"):  # a build whose process ended before it did
+            backend.remove_folder(left)
+        scratch = Path(tempfile.mkdtemp(dir=where.parent, prefix=f".{where.name}-"))
+        try:
+            _compile(scratch, _name(where))
+            scratch.chmod(0o755)
+            os.replace(scratch, where)
+            backend.prune(where.parent, keep=where, prefix=_PREFIX)
+        except backend.BuildError as error:
+            with suppress(OSError):
+                failed.write_text(f"{error}\n")
+            raise
+        finally:
+            backend.remove_folder(scratch)
+
+
+def _compile(scratch: Path, name: str) -> None:
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); from torch.utils.cpp_extension import load; "
+            "load(sys.argv[1], [sys.argv[2]], build_directory=sys.argv[3], extra_cflags=['-O2'], verbose=False)")
+    environment = dict(os.environ)
+    places = [str(Path(sys.executable).parent)]  # the virtual environment's ``ninja`` (the package's script)
+    with suppress(ImportError):
+        import ninja
+
+        places.append(ninja.BIN_DIR)
+    environment["PATH"] = os.pathsep.join(places + [environment.get("PATH", "")])
+    try:
+        done = subprocess.run([sys.executable, "-c", code, name, str(_SOURCE), str(scratch)], capture_output=True,
+                              text=True, timeout=BUILD_TIMEOUT, env=environment)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise backend.BuildError(f"the build did not finish: {error}") from error
+    if done.returncode != 0 or _module_file_in(scratch, name) is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise backend.BuildError(f"the build exited with {done.returncode}: " + " | ".join(tail))
+
+
+def _module_file_in(folder: Path, name: str) -> Path | None:
+    found = sorted(folder.glob(f"{name}*.so")) + sorted(folder.glob(f"{name}*.pyd"))
+    return found[0] if found else None

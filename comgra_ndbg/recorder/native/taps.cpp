@@ -1,0 +1,359 @@
+// Gradient taps and parameter marks: the recorder's hooks on registered tensors' gradients and on tracked
+// parameters, in C++.
+//
+// A Python hook costs a call into the interpreter for every registered tensor of every backward pass, plus a
+// removable handle per registration. A tap is a pre-hook on the tensor's grad_fn that keeps the gradient
+// (and its version counter) in a list; the first time in a backward pass it calls `on_start` (the recorder
+// discovers the step's graph while the tensors saved for backward are still there) and asks the autograd
+// engine to call `on_end` once the pass is over, where the recorder takes the whole list in one call. Taps
+// armed in a step are removed from the nodes that outlive it by `reset()`, and a tap of an earlier step (its
+// token) keeps nothing. Marks (below) note which parameters received a gradient.
+#include <torch/extension.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+namespace {
+
+struct State {
+  std::mutex lock;  // backward passes of several threads may fire taps at once
+  int64_t token = 0;
+  bool queued = false;
+  bool compiled = false;  // compiled autograd met a tap: it runs the pass without calling the hooks
+  std::vector<int64_t> index;
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> versions;
+  PyObject* on_start = nullptr;  // strong references, dropped by ~Taps under the GIL
+  PyObject* on_end = nullptr;
+};
+
+void call(PyObject* callback) {
+  if (callback == nullptr) return;
+  Py_INCREF(callback);
+  PyObject* result = PyObject_CallNoArgs(callback);
+  if (result == nullptr) {
+    PyErr_WriteUnraisable(callback);  // the recorder's own guard reports its problems: this never breaks the pass
+  } else {
+    Py_DECREF(result);
+  }
+  Py_DECREF(callback);
+}
+
+void end_of_backward(const std::weak_ptr<State>& weak) {
+  auto state = weak.lock();
+  if (!state) return;
+  {
+    std::lock_guard<std::mutex> guard(state->lock);
+    state->queued = false;
+    if (state->index.empty()) return;  // taken already, by a Python hook of the same pass (it flushes its own)
+  }
+  py::gil_scoped_acquire gil;
+  call(state->on_end);
+}
+
+struct Tap : torch::autograd::FunctionPreHook {
+  Tap(std::shared_ptr<State> state, int64_t token, int64_t index, uint32_t slot)
+      : state_(std::move(state)), token_(token), index_(index), slot_(slot) {}
+
+  variable_list operator()(const variable_list& grads) override {
+    if (slot_ >= grads.size() || !grads[slot_].defined()) return grads;
+    State* state = state_.get();
+    bool queue = false;
+    {
+      std::lock_guard<std::mutex> guard(state->lock);
+      if (token_ != state->token || state->on_end == nullptr) return grads;
+      const at::Tensor& grad = grads[slot_];
+      state->index.push_back(index_);
+      state->grads.push_back(grad.requires_grad() ? grad.detach() : grad);
+      state->versions.push_back(static_cast<int64_t>(grad._version()));
+      if (!state->queued) {
+        state->queued = true;
+        queue = true;
+      }
+    }
+    if (queue) {
+      {
+        py::gil_scoped_acquire gil;
+        call(state->on_start);
+      }
+      std::weak_ptr<State> weak = state_;
+      torch::autograd::Engine::get_default_engine().queue_callback([weak]() { end_of_backward(weak); });
+    }
+    return grads;
+  }
+
+  // Compiled autograd asks every hook to register itself with the graph it compiles; a tap stays out of that
+  // graph (its pass records no gradient, which the recorder notes and answers with Python hooks from the
+  // next step on) instead of failing the user's backward pass.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    state_->compiled = true;
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+  int64_t token_;
+  int64_t index_;
+  uint32_t slot_;
+};
+
+class Taps {
+ public:
+  Taps(py::object on_start, py::object on_end) : state_(std::make_shared<State>()) {
+    state_->on_start = on_start.release().ptr();
+    state_->on_end = on_end.release().ptr();
+  }
+
+  ~Taps() {
+    reset();
+    PyObject *start, *end;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      start = state_->on_start;
+      end = state_->on_end;
+      state_->on_start = state_->on_end = nullptr;
+    }
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+  }
+
+  // Arms a tap on `tensor`'s grad_fn under `index`; false for a tensor autograd did not produce (a leaf).
+  bool tap(const at::Tensor& tensor, int64_t index) {
+    if (!tensor.defined() || !tensor.requires_grad()) return false;
+    auto node = tensor.grad_fn();
+    if (!node) return false;
+    int64_t token;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      token = state_->token;
+    }
+    auto hook = std::make_unique<Tap>(state_, token, index, tensor.output_nr());
+    armed_.emplace_back(c10::weak_intrusive_ptr<Node>(node), hook.get());
+    node->add_pre_hook(std::move(hook));
+    return true;
+  }
+
+  // The gradients kept since the last take, in the order they arrived: (indices, gradients, versions).
+  py::tuple take() {
+    std::vector<int64_t> index, versions;
+    std::vector<at::Tensor> grads;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      index.swap(state_->index);
+      grads.swap(state_->grads);
+      versions.swap(state_->versions);
+    }
+    py::list out_index(index.size()), out_grads(grads.size()), out_versions(versions.size());
+    for (size_t i = 0; i < index.size(); ++i) {
+      out_index[i] = py::int_(index[i]);
+      out_grads[i] = py::cast(grads[i]);
+      out_versions[i] = py::int_(versions[i]);
+    }
+    return py::make_tuple(out_index, out_grads, out_versions);
+  }
+
+  size_t pending() {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    return state_->index.size();
+  }
+
+  size_t armed() const { return armed_.size(); }
+
+  // Whether compiled autograd ran a backward pass over a tap (see Tap::compiled_args).
+  bool compiled() {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    return state_->compiled;
+  }
+
+  // Ends the step: taps armed so far keep nothing more and leave the nodes still alive; kept gradients go.
+  void reset() {
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      state_->token += 1;
+      state_->index.clear();
+      state_->grads.clear();
+      state_->versions.clear();
+    }
+    for (auto& [weak, hook] : armed_) {
+      auto node = weak.lock();
+      if (!node) continue;
+      auto& hooks = node->pre_hooks();
+      for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+        if (it->get() == hook) {
+          hooks.erase(it);
+          break;
+        }
+      }
+    }
+    armed_.clear();
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+  std::vector<std::pair<c10::weak_intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> armed_;
+};
+
+// Which tracked parameters received a gradient since the last take, and after the step's first take what each
+// backward pass adds to them (`incoming`): `ParameterTracker`'s marks. A mark is a pre-hook on the parameter's
+// gradient accumulator, which the marks hold so that every graph reuses it (a tensor hook would be lost when
+// Python adds the first hook of its own to the parameter, which clears the C++ ones).
+struct MarkState {
+  std::mutex lock;
+  std::vector<uint8_t> fresh;
+  std::vector<at::Tensor> incoming;
+  bool per_pass = false;
+  bool marked = false;
+  bool compiled = false;
+};
+
+struct Mark : torch::autograd::FunctionPreHook {
+  Mark(std::weak_ptr<MarkState> state, int64_t index) : state_(std::move(state)), index_(index) {}
+
+  variable_list operator()(const variable_list& grads) override {
+    auto state = state_.lock();
+    if (!state || grads.empty() || !grads[0].defined()) return grads;
+    std::lock_guard<std::mutex> guard(state->lock);
+    state->fresh[index_] = 1;
+    state->marked = true;
+    if (state->per_pass) {  // a later gradient set: keep this pass's own gradient
+      at::Tensor own = grads[0].detach();
+      at::Tensor& kept = state->incoming[index_];
+      kept = kept.defined() ? kept + own : own;
+    }
+    return grads;
+  }
+
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
+    auto state = state_.lock();
+    if (!state) return;
+    std::lock_guard<std::mutex> guard(state->lock);
+    state->compiled = true;
+  }
+
+ private:
+  std::weak_ptr<MarkState> state_;
+  int64_t index_;
+};
+
+class Marks {
+ public:
+  Marks() : state_(std::make_shared<MarkState>()) {}
+  ~Marks() { unwatch(); }
+
+  // Marks `parameter` (a leaf that requires grad) under `index`; false where it has no gradient accumulator.
+  bool watch(const at::Tensor& parameter, int64_t index) {
+    if (!parameter.defined() || !parameter.requires_grad() || parameter.grad_fn()) return false;
+    auto accumulator = torch::autograd::impl::grad_accumulator(parameter);
+    if (!accumulator) return false;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      if (static_cast<size_t>(index) >= state_->fresh.size()) {
+        state_->fresh.resize(index + 1, 0);
+        state_->incoming.resize(index + 1);
+      }
+    }
+    auto hook = std::make_unique<Mark>(state_, index);
+    hooks_.emplace_back(accumulator, hook.get());
+    accumulator->add_pre_hook(std::move(hook));
+    return true;
+  }
+
+  void unwatch() {
+    for (auto& [accumulator, hook] : hooks_) {
+      auto& hooks = accumulator->pre_hooks();
+      for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+        if (it->get() == hook) {
+          hooks.erase(it);
+          break;
+        }
+      }
+    }
+    hooks_.clear();
+  }
+
+  // (indices of the fresh parameters, what later passes added to each or None) since the last take; from now
+  // on the marks keep each pass's own gradient.
+  py::tuple take() {
+    std::vector<int64_t> fresh;
+    std::vector<at::Tensor> incoming;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      state_->marked = false;
+      for (size_t i = 0; i < state_->fresh.size(); ++i) {
+        if (!state_->fresh[i]) continue;
+        state_->fresh[i] = 0;
+        fresh.push_back(static_cast<int64_t>(i));
+        incoming.push_back(std::move(state_->incoming[i]));
+        state_->incoming[i] = at::Tensor();
+      }
+      state_->per_pass = true;
+    }
+    py::list out_fresh(fresh.size()), out_incoming(fresh.size());
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      out_fresh[i] = py::int_(fresh[i]);
+      out_incoming[i] = incoming[i].defined() ? py::cast(incoming[i]) : py::none();
+    }
+    return py::make_tuple(out_fresh, out_incoming);
+  }
+
+  // A new step: nothing is fresh, and its first take reads `.grad`.
+  void forget() {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    std::fill(state_->fresh.begin(), state_->fresh.end(), 0);
+    for (auto& kept : state_->incoming) kept = at::Tensor();
+    state_->per_pass = state_->marked = false;
+  }
+
+  bool has_fresh() {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    if (!state_->marked) return false;
+    for (uint8_t flag : state_->fresh) {
+      if (flag) return true;
+    }
+    return false;
+  }
+
+  // Whether compiled autograd ran a backward pass over a mark (see Tap::compiled_args).
+  bool compiled() {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    return state_->compiled;
+  }
+
+  size_t watched() const { return hooks_.size(); }
+
+ private:
+  std::shared_ptr<MarkState> state_;
+  std::vector<std::pair<c10::intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> hooks_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Taps>(m, "Taps")
+      .def(py::init<py::object, py::object>(), py::arg("on_start"), py::arg("on_end"))
+      .def("tap", &Taps::tap, py::arg("tensor"), py::arg("index"))
+      .def("take", &Taps::take)
+      .def("pending", &Taps::pending)
+      .def("armed", &Taps::armed)
+      .def("compiled", &Taps::compiled)
+      .def("reset", &Taps::reset);
+  py::class_<Marks>(m, "Marks")
+      .def(py::init<>())
+      .def("watch", &Marks::watch, py::arg("parameter"), py::arg("index"))
+      .def("unwatch", &Marks::unwatch)
+      .def("take", &Marks::take)
+      .def("forget", &Marks::forget)
+      .def("has_fresh", &Marks::has_fresh)
+      .def("compiled", &Marks::compiled)
+      .def("watched", &Marks::watched);
+}

@@ -1,0 +1,276 @@
+"""The recorder's C++ gradient taps and parameter marks (``comgra_ndbg.recorder.native``) against its Python
+hooks: the same recording, byte for byte but the wall-clock times, on loops that use what the taps hand over
+to the Python side (snapshots, two gradient sets, a second backward pass into one set, a leaf, an unused
+parameter, a gradient scale); taps of a graph kept across steps removed at each step's end; a failed build
+recorded and the Python hooks kept."""
+from __future__ import annotations
+
+import shutil
+import threading
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from comgra_ndbg import Recorder, open_recording
+from comgra_ndbg.recorder import native
+from comgra_ndbg.stats import backend
+
+COMPILER = shutil.which("c++") or shutil.which("g++")
+
+
+@pytest.fixture
+def taps_module():
+    """The built module: where a C++ compiler exists it must build (a failure fails the test, so the suite
+    never passes on the Python hooks alone by accident)."""
+    if native.mode() == "off":
+        pytest.skip("COMGRA_NDBG_NATIVE=off")
+    module = native.warm_up()
+    if module is None and COMPILER is None:
+        pytest.skip(f"no C++ compiler: {native.build_error()}")
+    assert module is not None, native.build_error()
+    return module
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+        self.aux = nn.Linear(8, 2)
+        self.unused = nn.Linear(8, 8)  # never in the forward pass: its parameters get no gradient
+
+
+def _record(folder: Path, steps: int = 8) -> dict[str, int]:
+    """A loop that needs every hand-over of the taps; returns how many taps and marks the run armed."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    used = {"taps": 0, "marks": 0}
+    with Recorder(folder, trial="t", summaries=1, snapshots=3) as rec:
+        rec.track_module("net", net)
+        for step in range(steps):
+            x = torch.randn(5, 6, generator=g, requires_grad=step % 2 == 0)  # a leaf: a Python hook
+            y = torch.randint(0, 3, (5,), generator=g)
+            with rec.step(step):
+                rec.register_tensor("x", x, role="input")
+                h = torch.tanh(net.a(x))
+                rec.register_tensor("h", h)
+                k = torch.relu(net.b(h))
+                rec.register_tensor("k", k)
+                logits = net.head(k)
+                rec.register_tensor("logits", logits, role="output")
+                loss = nn.functional.cross_entropy(logits, y)
+                aux = net.aux(k).pow(2).mean()
+                rec.register_tensor("loss", loss, role="loss")
+                rec.register_tensor("aux", aux)
+                if rec._taps is not None:
+                    used["taps"] = max(used["taps"], rec._taps.armed())
+                if rec._parameters._marks is not None:
+                    used["marks"] = max(used["marks"], rec._parameters._marks.watched())
+                opt.zero_grad()
+                if step % 4 == 3:  # two gradient sets, the second one of two passes into the same tensor
+                    loss.backward(retain_graph=True)
+                    rec.record_gradients("main")
+                    (0.5 * aux).backward(retain_graph=True)
+                    (0.25 * aux).backward()
+                    rec.record_gradients("aux")
+                else:
+                    (loss + 0.1 * aux).backward()
+                    rec.record_gradients()
+                opt.step()
+                rec.record_kpi("loss", loss)
+    return used
+
+
+def _datasets(path: Path) -> dict[str, object]:
+    out: dict[str, object] = {}
+    with h5py.File(path) as f:
+        def visit(name: str, item: object) -> None:
+            if isinstance(item, h5py.Dataset) and name != "steps/time":
+                out[name] = item[()]
+        f.visititems(visit)
+    return out
+
+
+def _assert_same(a: dict[str, object], b: dict[str, object]) -> None:
+    assert sorted(a) == sorted(b)
+    for name, value in a.items():
+        other = b[name]
+        if isinstance(value, np.ndarray) and value.dtype.names:
+            for field in value.dtype.names:
+                np.testing.assert_array_equal(value[field], other[field], err_msg=f"{name}/{field}")
+        elif isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(value, other, err_msg=name)
+        else:
+            assert value == other, name
+
+
+def test_the_taps_record_what_the_python_hooks_record(tmp_path: Path, taps_module, monkeypatch) -> None:
+    used = _record(tmp_path / "taps")
+    assert used["taps"] >= 5 and used["marks"] == 10  # h, k, logits, loss, aux; 5 modules' weights and biases
+    monkeypatch.setattr(native, "taps_module", lambda: None)
+    assert _record(tmp_path / "hooks") == {"taps": 0, "marks": 0}
+    taps, hooks = (_datasets(tmp_path / kind / "t" / "recording.h5") for kind in ("taps", "hooks"))
+    _assert_same(taps, hooks)
+    with open_recording(tmp_path / "taps", "t") as recording:
+        assert "grad" not in recording.kinds("net.unused.weight")  # no gradient: no gradient row
+        assert {"grad:main", "grad:aux"} <= set(recording.kinds("k"))
+
+
+def test_a_gradient_scale_is_divided_out_of_tapped_gradients(tmp_path: Path, taps_module, monkeypatch) -> None:
+    def run(folder: Path) -> None:
+        torch.manual_seed(0)
+        w = torch.randn(4, 3, requires_grad=True)
+        with Recorder(folder, trial="t", snapshots=None) as rec:
+            for step in range(3):
+                rec.gradient_scale = 1024.0
+                with rec.step(step):
+                    h = torch.tanh(w * 2)
+                    rec.register_tensor("h", h)
+                    (h.sum() * 1024.0).backward()
+                    rec.record_gradients()
+    run(tmp_path / "taps")
+    monkeypatch.setattr(native, "taps_module", lambda: None)
+    run(tmp_path / "hooks")
+    _assert_same(*(_datasets(tmp_path / kind / "t" / "recording.h5") for kind in ("taps", "hooks")))
+
+
+def test_taps_leave_a_graph_kept_across_steps_when_their_step_ends(tmp_path: Path, taps_module) -> None:
+    w = torch.randn(3, 4, requires_grad=True)
+    shared = torch.sin(w)  # computed once: its node outlives every step
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        for step in range(4):
+            with rec.step(step):
+                rec.register_tensor("shared", shared)
+                assert rec._taps.armed() == 1
+                (shared * (step + 1)).sum().backward(retain_graph=True)
+                rec.record_gradients()
+            assert rec._taps.armed() == 0
+    with open_recording(tmp_path, "t") as recording:
+        steps, means = recording.summary("shared", "grad", "mean")
+    # each step's gradient once (step + 1 everywhere), not the earlier steps' taps firing again
+    assert steps.tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(means, [1.0, 2.0, 3.0, 4.0])
+
+
+def test_a_build_that_fails_is_recorded_and_the_python_hooks_stay(tmp_path: Path, monkeypatch) -> None:
+    broken = tmp_path / "taps.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(native, "_SOURCE", broken)
+    monkeypatch.setattr(native, "_MODULE", [None])
+    monkeypatch.setattr(native, "_STARTED", [False])
+    monkeypatch.setattr(native, "_ERROR", [None])
+    monkeypatch.setenv("COMGRA_NDBG_NATIVE", "wait")
+    monkeypatch.setattr(backend, "folder", lambda: tmp_path / "cache" / "kernels-x")
+    with pytest.warns(RuntimeWarning, match="keeps its Python gradient hooks"):
+        assert native.taps_module() is None
+    failed = list((tmp_path / "cache").glob("native-*.failed"))
+    assert len(failed) == 1 and "the build exited with" in failed[0].read_text()
+    assert "the build exited with" in native.build_error()
+    assert native.taps_module() is None  # not tried again in this process
+    monkeypatch.setattr(native, "_STARTED", [False])
+    with pytest.warns(RuntimeWarning, match="an earlier build failed"):  # nor by another: the record stands
+        assert native.taps_module() is None
+    w = torch.randn(3, requires_grad=True)
+    with Recorder(tmp_path / "rec", trial="t", snapshots=None) as rec:
+        with rec.step(0):
+            h = w * 2
+            rec.register_tensor("h", h)
+            h.sum().backward()
+            rec.record_gradients()
+        assert rec._taps is None
+    with open_recording(tmp_path / "rec", "t") as recording:
+        assert recording.summary("h", "grad", "mean")[1].tolist() == [1.0]
+
+
+def test_the_mode_must_be_one_of_three(monkeypatch) -> None:
+    monkeypatch.setenv("COMGRA_NDBG_NATIVE", "sometimes")
+    with pytest.raises(ValueError, match="auto, wait or off"):
+        native.mode()
+
+
+def test_taps_hand_the_gradients_of_one_pass_over_at_its_end(taps_module) -> None:
+    ended, started = [], []
+    taps = taps_module.Taps(lambda: started.append(len(ended)), lambda: ended.append(taps.pending()))
+    x = torch.ones(3, requires_grad=True)
+    y = x * 2
+    z = y.sin()
+    assert taps.tap(y, 0) and taps.tap(z, 1)
+    assert not taps.tap(x, 2)  # a leaf has no node to tap
+    z.sum().backward()
+    assert started == [0] and ended == [2]
+    indices, grads, versions = taps.take()
+    assert indices == [1, 0]  # in the order the pass reached them
+    torch.testing.assert_close(grads[0], torch.ones(3))
+    torch.testing.assert_close(grads[1], torch.cos(torch.full((3,), 2.0)))
+    assert versions == [g._version for g in grads]
+    taps.reset()
+    assert taps.armed() == 0 and taps.pending() == 0
+
+
+@pytest.mark.slow
+def test_compiled_autograd_runs_and_the_recorder_goes_back_to_python_hooks(tmp_path: Path, taps_module) -> None:
+    compiled_autograd = pytest.importorskip("torch._dynamo.compiled_autograd")
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 4)
+    x = torch.randn(2, 3)
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        rec.track_module("lin", lin)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(3):
+                with rec.step(step):
+                    h = torch.tanh(lin(x))
+                    rec.register_tensor("h", h)
+                    with compiled_autograd._enable(torch.compile(backend="eager")):
+                        h.sum().backward()  # C++ hooks without compiled_args would fail this pass
+                    rec.record_gradients()
+                assert rec._taps_compiled  # from the end of the first step on
+        assert rec._parameters._marks is None and rec._parameters._marks_compiled  # from the second step's start
+    messages = [str(w.message) for w in caught]
+    assert sum("ran under compiled autograd" in m for m in messages) == 1, messages
+    torch.testing.assert_close(lin.weight.grad, 3 * (1 - torch.tanh(lin(x)).pow(2)).T @ x, rtol=1e-5, atol=1e-6)
+    with open_recording(tmp_path, "t") as recording:
+        steps, _ = recording.summary("lin.weight", "grad", "count")
+    assert steps.tolist() == [1, 2]  # the marks' step is lost; the Python hooks record the next steps
+
+
+def test_auto_builds_in_the_background_while_the_python_hooks_record(tmp_path: Path, monkeypatch, taps_module) -> None:
+    built = native._module_file(native._folder())
+    monkeypatch.setattr(backend, "folder", lambda: tmp_path / "cache" / "kernels-x")
+    monkeypatch.setattr(native, "_MODULE", [None])
+    monkeypatch.setattr(native, "_STARTED", [False])
+    monkeypatch.setattr(native, "_ERROR", [None])
+    monkeypatch.setenv("COMGRA_NDBG_NATIVE", "auto")
+    release = threading.Event()
+
+    def compile_when_released(scratch: Path, name: str) -> None:  # the build, held until the test lets it finish
+        assert release.wait(60)
+        shutil.copy(built, scratch / built.name)
+
+    monkeypatch.setattr(native, "_compile", compile_when_released)
+    assert native.taps_module() is None  # the build started on a thread of its own
+    (builder,) = [t for t in threading.enumerate() if t.name == "comgra_ndbg native build"]
+    w = torch.randn(3, requires_grad=True)
+    with Recorder(tmp_path / "rec", trial="t", snapshots=None) as rec:
+        for step in range(3):
+            if step == 2:
+                release.set()
+                builder.join(60)
+            with rec.step(step):
+                h = w * 2
+                rec.register_tensor("h", h)
+                assert (rec._taps is not None) == (step == 2)  # taken up at the first registration after the build
+                (h * (step + 1)).sum().backward()
+                rec.record_gradients()
+    assert native.taps_module() is not None and native.build_error() is None
+    assert len(list((tmp_path / "cache").glob("native-*/*.so"))) == 1
+    with open_recording(tmp_path / "rec", "t") as recording:
+        assert recording.summary("h", "grad", "mean")[1].tolist() == [1.0, 2.0, 3.0]
