@@ -248,29 +248,58 @@ def test_auto_builds_in_the_background_while_the_python_hooks_record(tmp_path: P
     monkeypatch.setattr(native, "_MODULE", [None])
     monkeypatch.setattr(native, "_STARTED", [False])
     monkeypatch.setattr(native, "_ERROR", [None])
+    monkeypatch.setattr(native, "_WAITING", [None])
+    monkeypatch.setattr(native, "CHECK_SECONDS", 0.0)
     monkeypatch.setenv("COMGRA_NDBG_NATIVE", "auto")
     release = threading.Event()
+    launched = []
 
     def compile_when_released(scratch: Path, name: str) -> None:  # the build, held until the test lets it finish
         assert release.wait(60)
         shutil.copy(built, scratch / built.name)
 
+    def launch(where: Path) -> None:  # the builder process, as a thread here
+        launched.append(threading.Thread(target=native._build, args=(where,)))
+        launched[-1].start()
+
     monkeypatch.setattr(native, "_compile", compile_when_released)
-    assert native.taps_module() is None  # the build started on a thread of its own
-    (builder,) = [t for t in threading.enumerate() if t.name == "comgra_ndbg native build"]
+    monkeypatch.setattr(native, "_launch", launch)
+    assert native.taps_module() is None  # the build started on its own
     w = torch.randn(3, requires_grad=True)
     with Recorder(tmp_path / "rec", trial="t", snapshots=None) as rec:
         for step in range(3):
             if step == 2:
                 release.set()
-                builder.join(60)
+                launched[0].join(60)
             with rec.step(step):
                 h = w * 2
                 rec.register_tensor("h", h)
                 assert (rec._taps is not None) == (step == 2)  # taken up at the first registration after the build
                 (h * (step + 1)).sum().backward()
                 rec.record_gradients()
-    assert native.taps_module() is not None and native.build_error() is None
+    assert len(launched) == 1 and native.taps_module() is not None and native.build_error() is None
     assert len(list((tmp_path / "cache").glob("native-*/*.so"))) == 1
     with open_recording(tmp_path / "rec", "t") as recording:
         assert recording.summary("h", "grad", "mean")[1].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_the_background_build_is_a_process_that_outlives_its_starter(tmp_path: Path, taps_module) -> None:
+    """``python -m comgra_ndbg.recorder.native.build`` finds the module built (the suite's) and exits 0 at once;
+    a cache where the build failed before exits 1 without building."""
+    import os
+    import subprocess
+    import sys
+
+    root = str(Path(native.__file__).resolve().parents[3])
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-m", "comgra_ndbg.recorder.native.build"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    failed = folder / (native._folder().name + ".failed")
+    failed.write_text("the build exited with 1: no compiler\n")
+    env["COMGRA_NDBG_CACHE_DIR"] = str(folder)
+    done = subprocess.run([sys.executable, "-m", "comgra_ndbg.recorder.native.build"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1 and "an earlier build failed" in done.stderr

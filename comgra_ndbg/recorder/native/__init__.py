@@ -11,8 +11,9 @@ recorder keeps its Python hooks, which record the same rows. A build removes the
 
 Environment, ``COMGRA_NDBG_NATIVE``:
 
-- ``auto`` (the default): a module built already is loaded on first use; a missing one is built on a
-  background thread while the recorder goes on with its Python hooks, and taken up once it is loaded.
+- ``auto`` (the default): a module built already is loaded on first use; a missing one is built by a
+  process of its own, started then, which finishes even if the one that started it ends first, while the
+  recorder goes on with its Python hooks and takes the module up once it is there.
 - ``wait``: the first use builds a missing module and waits for it (what the test suite runs with).
 - ``off``: never; the Python hooks only.
 """
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from contextlib import suppress
 from pathlib import Path
@@ -34,16 +36,19 @@ import torch
 
 from comgra_ndbg.stats import backend
 
-__all__ = ["BUILD_TIMEOUT", "build_error", "mode", "taps_module", "warm_up"]
+__all__ = ["BUILD_TIMEOUT", "CHECK_SECONDS", "build_error", "mode", "taps_module", "warm_up"]
 
 BUILD_TIMEOUT = 600.0
 """Seconds a build may take before it counts as failed (it takes 15-40 s)."""
+CHECK_SECONDS = 2.0
+"""While a background build runs, how often ``taps_module`` looks whether it is done."""
 _SOURCE = Path(__file__).resolve().with_name("taps.cpp")
 _PREFIX = "native-"
 _LOCK = threading.Lock()
 _MODULE: list[ModuleType | None] = [None]
 _STARTED: list[bool] = [False]
 _ERROR: list[str | None] = [None]
+_WAITING: list[float | None] = [None]  # while a background build runs: when to look for its module next
 
 
 def mode() -> str:
@@ -56,22 +61,31 @@ def mode() -> str:
 
 def taps_module() -> ModuleType | None:
     """The loaded module, or None while it is being built in the background, where it cannot be built, or
-    with ``COMGRA_NDBG_NATIVE=off``. Cheap after the first call."""
+    with ``COMGRA_NDBG_NATIVE=off``. Cheap after the first call (the recorder asks at every registration
+    until it has the module)."""
     module = _MODULE[0]
-    if module is not None or _STARTED[0]:
+    if module is not None:
         return module
-    chosen = mode()
+    if _STARTED[0]:
+        waiting = _WAITING[0]
+        if waiting is None or time.monotonic() < waiting:
+            return None
+        return _look()
     with _LOCK:
         if _STARTED[0]:
             return _MODULE[0]
         _STARTED[0] = True
+        chosen = mode()
         if chosen == "off":
             return None
         where = _folder()
         if _module_file(where) is not None or chosen == "wait":
             _load(where)
+        elif not where.with_name(where.name + ".failed").exists():
+            _launch(where)
+            _WAITING[0] = time.monotonic() + CHECK_SECONDS
         else:
-            threading.Thread(target=_load, args=(where,), name="comgra_ndbg native build", daemon=True).start()
+            _load(where)  # (reports the recorded failure)
     return _MODULE[0]
 
 
@@ -82,9 +96,40 @@ def warm_up() -> ModuleType | None:
         return None
     with _LOCK:
         _STARTED[0] = True
+        _WAITING[0] = None
         if _MODULE[0] is None:
             _load(_folder())
     return _MODULE[0]
+
+
+def _look() -> ModuleType | None:
+    """While a background build runs: load its module once it is there, give up once it failed."""
+    with _LOCK:
+        if _MODULE[0] is not None or _WAITING[0] is None:
+            return _MODULE[0]
+        where = _folder()
+        if _module_file(where) is not None or where.with_name(where.name + ".failed").exists():
+            _WAITING[0] = None
+            _load(where)
+        else:
+            _WAITING[0] = time.monotonic() + CHECK_SECONDS
+    return _MODULE[0]
+
+
+def _launch(where: Path) -> None:
+    """Start the build of ``where`` in a process of its own, which finishes it even if this one ends first
+    (``python -m comgra_ndbg.recorder.native.build``; it waits for a build already running)."""
+    environment = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[3])
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, environment.get("PYTHONPATH")) if p)
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.Popen([sys.executable, "-m", "comgra_ndbg.recorder.native.build"], env=environment,
+                         cwd=where.parent, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as error:
+        _ERROR[0] = f"{type(error).__name__}: {error}"
+        _WAITING[0] = None
 
 
 def build_error() -> str | None:
