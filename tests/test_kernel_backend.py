@@ -295,6 +295,16 @@ def test_pruning_keeps_the_folder_named_and_the_records_of_folders_still_there(t
     assert backend.prune(tmp_path, keep=tmp_path / "kernels-a", days=0.0, now=now + 1) == [tmp_path / "kernels-c"]
 
 
+def test_pruning_removes_the_lock_of_a_build_that_never_finished_once_it_is_old(tmp_path) -> None:
+    now = time.time()
+    (tmp_path / "native-a").mkdir()
+    for name, age in (("native-b.lock", 60), ("native-c.lock", 1), ("kernels-d.lock", 60)):
+        (tmp_path / name).write_text("")
+        os.utime(tmp_path / name, (now - age * 86400, now - age * 86400))
+    assert backend.prune(tmp_path, keep=tmp_path / "native-a", now=now, prefix="native-") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels-d.lock", "native-a", "native-c.lock"]
+
+
 def test_loading_a_module_marks_its_folder_as_used(both, monkeypatch) -> None:
     where = backend.folder()
     long_ago = time.time() - 90 * 86400
@@ -348,6 +358,7 @@ def test_a_builder_waits_for_the_one_before_and_uses_its_module(monkeypatch, tmp
         order.append("first")
     waiting.join(5)
     assert order == ["first", "second"]
+
     where = tmp_path / "kernels-x"
     where.mkdir()
     (where / f"{backend.MODULE_NAME}.so").write_bytes(b"")
@@ -357,6 +368,17 @@ def test_a_builder_waits_for_the_one_before_and_uses_its_module(monkeypatch, tmp
 
     monkeypatch.setattr(subprocess, "run", no_run)
     backend._build(where)
+
+
+def test_a_held_lock_looks_fresh_to_pruning(tmp_path) -> None:
+    lock = tmp_path / "native-x.lock"
+    lock.write_text("")
+    long_ago = time.time() - 90 * 86400
+    os.utime(lock, (long_ago, long_ago))
+    with backend.exclusive(lock):
+        assert lock.stat().st_mtime > time.time() - 60
+        assert backend.prune(tmp_path, keep=tmp_path / "native-y", prefix="native-") == []
+    assert lock.exists()
 
 
 @pytest.mark.parametrize("call, message", [

@@ -277,8 +277,9 @@ def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | Non
           prefix: str = _PREFIX) -> list[Path]:
     """Remove the module folders in ``root`` other than ``keep`` (those whose name starts with ``prefix``) that
     no process has loaded for ``days`` days (by their modification time), with their lock and failure
-    records; returns the folders removed. A failure record alone ages the same way. Anything else in
-    ``root`` is left alone, and a folder that cannot be removed is left too (a cache shared read-only)."""
+    records; returns the folders removed. A failure record or a lock alone (a build that never finished) ages
+    the same way. Anything else in ``root`` is left alone, and a folder that cannot be removed is left too (a
+    cache shared read-only)."""
     cutoff = (time.time() if now is None else now) - days * 86400.0
     removed = []
     try:
@@ -305,6 +306,8 @@ def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | Non
             records = (_lock_file(entry), _failed_marker(entry))
         elif name.endswith(".failed"):
             records = (entry, _lock_file(entry.with_name(base)))
+        elif name.endswith(".lock"):
+            records = (entry,)
         else:
             continue
         for record in records:
@@ -322,7 +325,8 @@ def remove_folder(path: Path) -> None:
 @contextmanager
 def exclusive(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on the file ``path`` (``fcntl.flock``) while the block runs; no lock where
-    there is no ``fcntl``."""
+    there is no ``fcntl``. The lock's modification time is renewed once it is held, so that ``prune`` never
+    takes a lock in use for one left by a build that never finished."""
     try:
         import fcntl
     except ImportError:
@@ -330,4 +334,6 @@ def exclusive(path: Path) -> Iterator[None]:
         return
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        with suppress(OSError):
+            os.utime(path)
         yield
