@@ -4,6 +4,8 @@ the collection of a step's gradient rows.
 ``GradientRecording`` is a mixin of ``Recorder`` and works on its step state. Gradients that hooks receive
 during a backward pass are kept (``gradient_batch``) and summarised together when the pass ends, except
 those entering a ``torch.compile`` region, whose backward may reuse the buffer: they are reduced in the hook.
+Where the C++ module is loaded, most of those hooks are taps (``taps``), which hand their gradients over to
+``_on_grad`` and the batch at the pass's end, as the hooks would have.
 ``record_gradients()`` turns what was collected into rows of one gradient set (kind ``grad`` or
 ``grad:<name>``), together with the tracked parameters' fresh ``.grad``.
 
