@@ -49,8 +49,8 @@ from types import ModuleType, SimpleNamespace
 
 import numpy as np
 
-__all__ = ["AHEAD_OF_TIME", "JIT", "BuildError", "available", "entries", "exclusive", "folder", "key", "kind",
-           "load_ahead_of_time", "load_jit", "mode", "prune", "remove_folder"]
+__all__ = ["AHEAD_OF_TIME", "JIT", "BuildError", "available", "entries", "exclusive", "failed_marker", "folder", "key",
+           "kind", "load_ahead_of_time", "load_jit", "lock_file", "mode", "prune", "remove_folder"]
 
 AHEAD_OF_TIME, JIT = "ahead of time", "jit"
 MODULE_NAME = "comgra_ndbg_kernels"  # the name compiled.build gives the module (kept in step by a test)
@@ -200,7 +200,7 @@ def _resolve() -> tuple[ModuleType | SimpleNamespace, str]:
         raise RuntimeError("no compiled kernels here: numba is not installed (or COMGRA_NDBG_KERNELS=numpy); "
                            "check stats.kernels.AVAILABLE before calling them")
     if chosen == "auto":
-        failed = _failed_marker(folder())
+        failed = failed_marker(folder())
         if not failed.exists():
             try:
                 return load_ahead_of_time(), AHEAD_OF_TIME
@@ -212,19 +212,19 @@ def _resolve() -> tuple[ModuleType | SimpleNamespace, str]:
     return load_jit(), JIT
 
 
-def _lock_file(where: Path) -> Path:
+def lock_file(where: Path) -> Path:
     """The file a build of the module for ``where`` holds locked while it runs."""
     return where.with_name(where.name + ".lock")
 
 
-def _failed_marker(where: Path) -> Path:
+def failed_marker(where: Path) -> Path:
     """The file that records a failed build of the module for ``where``: no process tries that build again."""
     return where.with_name(where.name + ".failed")
 
 
 def _build(where: Path) -> None:
     """Build the module into ``where`` in a process of its own, one builder at a time per cache folder. A
-    failure is recorded (``_failed_marker``) before the lock is let go, so the processes waiting for this
+    failure is recorded (``failed_marker``) before the lock is let go, so the processes waiting for this
     build do not each run it again."""
     import tempfile
 
@@ -232,8 +232,8 @@ def _build(where: Path) -> None:
         where.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise BuildError(f"cannot create the cache folder {where.parent}: {error}") from error
-    failed = _failed_marker(where)
-    with exclusive(_lock_file(where)):
+    failed = failed_marker(where)
+    with exclusive(lock_file(where)):
         if _module_file(where) is not None:  # another process built it while this one waited
             return
         if failed.exists():  # or failed to
@@ -303,9 +303,9 @@ def prune(root: Path, *, keep: Path, days: float = UNUSED_DAYS, now: float | Non
             if entry.exists():
                 continue
             removed.append(entry)
-            records = (_lock_file(entry), _failed_marker(entry))
+            records = (lock_file(entry), failed_marker(entry))
         elif name.endswith(".failed"):
-            records = (entry, _lock_file(entry.with_name(base)))
+            records = (entry, lock_file(entry.with_name(base)))
         elif name.endswith(".lock"):
             records = (entry,)
         else:

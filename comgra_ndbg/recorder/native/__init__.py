@@ -81,7 +81,7 @@ def taps_module() -> ModuleType | None:
         where = _folder()
         if _module_file(where) is not None or chosen == "wait":
             _load(where)
-        elif not where.with_name(where.name + ".failed").exists():
+        elif not backend.failed_marker(where).exists():
             _launch(where)
             _WAITING[0] = time.monotonic() + CHECK_SECONDS
         else:
@@ -108,7 +108,7 @@ def _look() -> ModuleType | None:
         if _MODULE[0] is not None or _WAITING[0] is None:
             return _MODULE[0]
         where = _folder()
-        if _module_file(where) is not None or where.with_name(where.name + ".failed").exists():
+        if _module_file(where) is not None or backend.failed_marker(where).exists():
             _WAITING[0] = None
             _load(where)
         else:
@@ -149,10 +149,7 @@ def _name(where: Path) -> str:
 
 
 def _module_file(where: Path) -> Path | None:
-    if not where.is_dir():
-        return None
-    found = sorted(where.glob(f"{_name(where)}*.so")) + sorted(where.glob(f"{_name(where)}*.pyd"))
-    return found[0] if found else None
+    return _module_file_in(where, _name(where)) if where.is_dir() else None
 
 
 def _load(where: Path) -> None:
@@ -180,8 +177,8 @@ def _build(where: Path) -> None:
     """Compile into ``where`` in a process of its own, one builder at a time; a failure is recorded beside
     ``where`` before the lock is let go, so the processes waiting for it do not each try again."""
     where.parent.mkdir(parents=True, exist_ok=True)
-    failed = where.with_name(where.name + ".failed")
-    with backend.exclusive(where.with_name(where.name + ".lock")):
+    failed = backend.failed_marker(where)
+    with backend.exclusive(backend.lock_file(where)):
         if _module_file(where) is not None:
             return
         if failed.exists():
