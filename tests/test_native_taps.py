@@ -215,6 +215,100 @@ def test_taps_hand_the_gradients_of_one_pass_over_at_its_end(taps_module) -> Non
     assert taps.armed() == 0 and taps.pending() == 0
 
 
+def test_pack_gives_the_kernels_addresses_of_lean_host_arrays_of_one_dtype(taps_module) -> None:
+    addresses, sizes = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    a, b = torch.ones(2, 3), torch.zeros(4)
+    assert taps_module.pack([a, b], addresses, sizes) == 0
+    assert addresses[:2].tolist() == [a.data_ptr(), b.data_ptr()] and sizes[:2].tolist() == [6, 4]
+    assert taps_module.pack([a.double()], addresses, sizes) == 1
+    view = torch.arange(10.0)[2:5]  # an offset view: its own first element's address
+    assert taps_module.pack([view], addresses, sizes) == 0 and addresses[0] == view.data_ptr() and sizes[0] == 3
+    refused = {"several dtypes": [a, b.double()], "not contiguous": [a.t()], "empty": [torch.zeros(0)],
+               "a negative view": [torch.ones(3)._neg_view()], "integers": [torch.arange(3)], "none": [],
+               "half precision": [a.half()], "sparse": [torch.eye(3).to_sparse()]}
+    for why, tensors in refused.items():
+        assert taps_module.pack(tensors, addresses, sizes) == -1, why
+    assert taps_module.pack([a] * 4, addresses, sizes) == -2  # more tensors than the arrays hold
+    for wrong in (np.zeros(3, np.int32), np.zeros((3, 1), np.int64), np.zeros(6, np.int64)[::2]):
+        with pytest.raises(TypeError, match="int64 array"):
+            taps_module.pack([a], wrong, sizes)
+
+
+def test_layout_says_whether_tensors_stayed_where_they_were(taps_module) -> None:
+    params = [nn.Parameter(torch.randn(3, 4)), nn.Parameter(torch.randn(4))]
+    layout = taps_module.Layout(params)
+    assert layout.same(params) and layout.same(list(params))
+    assert not layout.same(params[:1])
+    moved = {"new storage": lambda p: setattr(p, "data", p.data.clone()),
+             "reshaped in place": lambda p: setattr(p, "data", p.data.view(4, 3)),
+             "re-strided": lambda p: setattr(p, "data", p.data.t()),
+             "cast": lambda p: setattr(p, "data", p.data.double())}
+    for why, move in moved.items():
+        param = nn.Parameter(torch.randn(3, 4))
+        before = taps_module.Layout([param])
+        move(param)
+        assert not before.same([param]), why
+    with torch.no_grad():
+        params[0].mul_(2)  # an in-place change keeps the layout (the version counter tells updates apart)
+    assert layout.same(params)
+
+
+def test_taps_take_packed_checks_each_gradient_and_fills_the_arrays(taps_module) -> None:
+    taps = taps_module.Taps(lambda: None, lambda: None)
+    arrays = tuple(np.zeros(4, np.int64) for _ in range(3))
+    x = torch.ones(5, 3, requires_grad=True)
+    c = torch.randn(5, 3)  # (a plain sum's gradient would be an expanded view, which no kernel reads in place)
+    y, z = x * 2, x.sin()
+    assert taps.tap(y, 0, True) and taps.tap(z, 1, False)
+    ((y + z) * c).sum().backward()
+    indices, grads, versions, code = taps.take_packed(*arrays)
+    assert code == 0 and len(indices) == 2
+    batched = {0: 5, 1: 0}  # the batched tensor's batch size, nothing for the other
+    assert arrays[0][:2].tolist() == [g.data_ptr() for g in grads]
+    assert arrays[1][:2].tolist() == [15, 15] and arrays[2][:2].tolist() == [batched[i] for i in indices]
+    taps.reset()
+    y, z = x * 2, x.sin()
+    taps.tap(y, 0, True)
+    taps.tap(z, 1, True)
+    ((y + z) * c).sum().backward()
+    assert taps.take_packed(*(array[:1] for array in arrays))[3] == -2  # no room for both
+    y = x * 3
+    taps.tap(y, 0, True)
+    y.sum().backward()
+    assert taps.take_packed(*arrays)[3] == -1  # an expanded gradient
+    y2 = x * 4
+    taps.tap(y2, 1, True)
+    kept: list[torch.Tensor] = []
+    y2.register_hook(lambda grad: kept.append(grad))
+    (y2 * c).sum().backward()
+    kept[0].add_(1)  # changed in place after its tap kept it
+    indices, grads, versions, code = taps.take_packed(*arrays)
+    assert code == -1 and grads[0]._version != versions[0]
+    taps.reset()
+
+
+def test_marks_take_packed_reads_grad_first_and_then_what_each_pass_added(taps_module) -> None:
+    w, b, unused = (nn.Parameter(torch.randn(3)) for _ in range(3))
+    marks = taps_module.Marks()
+    assert all(marks.watch(p, i) for i, p in enumerate((w, b, unused)))
+    arrays = (np.zeros(3, np.int64), np.zeros(3, np.int64))
+    (w * 2 + b).sum().backward()  # (.grad of a leaf is a contiguous copy of an expanded gradient)
+    fresh, grads, code = marks.take_packed(*arrays)
+    assert fresh == [0, 1] and code == 0
+    assert grads[0] is not None and grads[0].data_ptr() == w.grad.data_ptr() and arrays[0][1] == b.grad.data_ptr()
+    (w * 3).sum().backward()  # a later pass of the step: its own gradient, not the accumulated .grad
+    fresh, grads, code = marks.take_packed(*arrays)
+    assert fresh == [0] and code == 0
+    torch.testing.assert_close(grads[0], torch.full((3,), 3.0))
+    torch.testing.assert_close(w.grad, torch.full((3,), 5.0))
+    assert marks.take_packed(*arrays)[:2] == ([], [])
+    marks.forget()  # a new step: the first take reads .grad again
+    (b * 4).sum().backward()
+    fresh, grads, code = marks.take_packed(*arrays)
+    assert fresh == [1] and grads[0].data_ptr() == b.grad.data_ptr()
+    marks.unwatch()
+
+
 @pytest.mark.slow
 def test_compiled_autograd_runs_and_the_recorder_goes_back_to_python_hooks(tmp_path: Path, taps_module) -> None:
     compiled_autograd = pytest.importorskip("torch._dynamo.compiled_autograd")

@@ -3,6 +3,7 @@ training loop, and are logged in the recording and warned about per subject (``p
 disappearing (a mixin of ``Recorder``)."""
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -76,7 +77,7 @@ class FaultIsolation:
         """Log rows whose Σx² overflowed float64 although every element is finite (|x| above ~1e154): their
         std, rms and l2 read as inf or NaN, which must not pass for a recorded value."""
         data = rows.data
-        if not len(data) or data[:, _SUM_SQ].max() < np.inf:  # the common case: one reduction, nothing more
+        if not len(data) or math.inf not in data[:, _SUM_SQ].tolist():  # the common case (a list: no ufunc's overhead)
             return
         overflowed = np.isinf(data[:, _SUM_SQ]) & (data[:, _NAN] + data[:, _INF] == 0)
         for i in np.flatnonzero(overflowed).tolist():

@@ -16,7 +16,7 @@ that, or for a ``torch.compile`` region's gradient, a later pass replaces the ea
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import repeat
 from operator import attrgetter
@@ -214,7 +214,7 @@ class GradientRecording:
         end), with those of the parameters when the tracker is ``polled``."""
         if self._tap_keys:
             try:
-                self._take_taps()
+                self._take_taps(flush=True)
             except Exception as error:  # a recorder problem must not break the user's backward pass
                 self._warn("recording gradients", error)
         if not self._step_open or not self._summarize:
@@ -270,18 +270,21 @@ class GradientRecording:
                                  (self._parameter_grad_snaps, self._grad_snaps)):
             keyed.update(zip(zip(by_tensor, repeat(0)), by_tensor.values()))  # tensor id -> (tensor id, iteration 0)
         self._parameter_grads, self._parameter_grad_snaps = {}, {}
-        gradients = self._parameters.take_gradients()
-        parameter_rows: list[int] = []
-        if self._summarize and gradients:
-            parameter_rows = self._grads.add_many([grad for _, grad in gradients])
+        tids, grads, packed = self._parameters.take_gradients_packed()
+        parameter_rows: Sequence[int] = []
+        if self._summarize and grads:
+            if packed is not None:
+                parameter_rows = self._grads.add_addressed(*packed, grads)
+            else:
+                parameter_rows = self._grads.add_many(grads)
         if self._snapshot:
-            self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in gradients)
+            self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in zip(tids, grads))
         collected = self._grads.collect_later()
         keys = self._grad_keys  # replaced by a new dict below: the rows' tensors stay readable for a late report
 
         def report(done: Collected) -> None:
             self._report_failed(done, kind, {index: tid for (tid, _), index in keys.items()}
-                                | {index: tid for (tid, _), index in zip(gradients, parameter_rows)})
+                                | dict(zip(parameter_rows, tids)))
 
         blocks = []
         if self._grad_keys:
@@ -289,11 +292,11 @@ class GradientRecording:
             indices = np.fromiter(self._grad_keys.values(), dtype=np.int64, count=len(self._grad_keys))
             blocks.append((series, iterations, indices))
         if parameter_rows:
-            if len(gradients) == len(self._parameters.tracked):  # every parameter got one: the cached series
+            if len(grads) == len(self._parameters.tracked):  # every parameter got one: the cached series
                 series = self._parameter_series(kind)
             else:
-                series = np.array([self.catalog.series_id(tid, kind) for tid, _ in gradients], dtype=np.int64)
-            blocks.append((series, np.zeros(len(series), np.int64), parameter_rows))
+                series = np.array([self.catalog.series_id(tid, kind) for tid in tids], dtype=np.int64)
+            blocks.append((series, zeros(len(series)), rows_at(parameter_rows)))
         self._add_rows(collected, blocks, report)
         if not self._deferring:
             for (tid, iteration), data in self._grad_snaps.items():

@@ -43,6 +43,7 @@ _DATA_PTR, _STRIDE, _IS_NEG = torch.Tensor.data_ptr, torch.Tensor.stride, torch.
 _PLACE = attrgetter("shape", "dtype", "is_cpu")
 _VERSION, _REQUIRES_GRAD, _DTYPE = attrgetter("_version"), attrgetter("requires_grad"), attrgetter("dtype")
 _NUMEL = torch.Tensor.numel
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # by the C++ packing's dtype code
 
 
 @dataclass
@@ -69,6 +70,8 @@ class ParameterTracker:
     _scratch: list[torch.Tensor] | None = None
     _layout: _HostLayout | None = None
     _layout_key: tuple[list, ...] | None = None
+    _native_layout: Any = None  # ``_layout_key`` held and compared in C++ (``native.Layout``), when loaded
+    _grad_arrays: tuple[np.ndarray, np.ndarray] | None = None  # addresses and sizes for ``take_gradients_packed``
     _captured: bool = False
     _versions: list[int] | None = None  # each parameter's version counter at ``capture()``
     _step_hooks: list[Any] = field(default_factory=list)
@@ -82,6 +85,7 @@ class ParameterTracker:
     per_pass: bool = False  # the step's first take is done: the hooks keep what later passes add
     _marked: bool = False  # a hook marked a parameter fresh (or kept its pass's gradient) since the last take
     polled: bool = False  # handed-over gradients are read by ``changed_gradients``, with no hook (module doc)
+    _handing_over: bool = False  # a parameter is tracked with ``on_gradient``
     _names: dict[str, torch.nn.Parameter] | None = None
     _params: list[torch.nn.Parameter] | None = None  # ``parameters()``, kept until ``track`` or ``close``
     _ids: list[int] | None = None  # ``tensor_ids()``, likewise
@@ -121,6 +125,7 @@ class ParameterTracker:
                     name=full, node=node + node_suffix, role="parameter", module=owner,
                     dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
             entry = _Tracked(full, parameter, tid, handed_over=on_gradient is not None, receiver=on_gradient)
+            self._handing_over = self._handing_over or on_gradient is not None
             self.tracked.append(entry)
             if self._watching:
                 self._step_hooks += self._hooks_of([entry])
@@ -156,7 +161,7 @@ class ParameterTracker:
             entry.fresh, entry.incoming, entry.handed, entry.seen = False, None, None, None
         if any(old is not None for _, old, _ in changed):
             self._buffers = self._scratch = None
-            self._layout = self._layout_key = None
+            self._layout = self._layout_key = self._native_layout = None
             self._captured = False
             self._names = self._params = self._ids = None
             self._holders = weakref.WeakKeyDictionary()
@@ -252,11 +257,11 @@ class ParameterTracker:
         params = self.parameters()
         if not params:
             return []
-        key = _layout_key(params)
-        if self._buffers is None or key != self._layout_key:
+        if self._buffers is None or not self._same_layout(params):
             self._buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
             self._scratch = None
-            self._layout_key, self._layout = key, _HostLayout.of(params, self._buffers)
+            self._layout_key, self._layout = _layout_key(params), _HostLayout.of(params, self._buffers)
+            self._native_layout = _native_layout(params)
         self._captured = True
         self._versions = list(map(_VERSION, params))
         if reducer is not None:
@@ -279,7 +284,7 @@ class ParameterTracker:
         found them."""
         params = self.parameters()
         layout = self._layout if kernels.AVAILABLE else None
-        if layout is not None and _layout_key(params) == self._layout_key:
+        if layout is not None and self._same_layout(params):
             return reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params)
         return reducer.add_many([p.detach() for p in params])
 
@@ -294,7 +299,7 @@ class ParameterTracker:
         if layout is None or len(grads) != len(layout.size_list):
             return None
         params = self.parameters()
-        if _layout_key(params) != self._layout_key:
+        if not self._same_layout(params):
             return None
         if (set(map(_DTYPE, grads)) != {params[0].dtype} or list(map(_NUMEL, grads)) != layout.size_list
                 or not all(lean_flags(grads))):
@@ -302,6 +307,12 @@ class ParameterTracker:
         addresses = layout.addresses_twice
         addresses[len(grads):] = list(map(_DATA_PTR, grads))
         return reducer.add_addressed(layout.dtype, addresses, layout.sizes_twice, params + grads)
+
+    def _same_layout(self, params: list[torch.nn.Parameter]) -> bool:
+        """Whether ``params`` are where the last layout found them (``_layout_key`` unchanged)."""
+        if self._native_layout is not None:
+            return self._native_layout.same(params)
+        return self._layout_key is not None and _layout_key(params) == self._layout_key
 
     @property
     def captured(self) -> bool:
@@ -315,7 +326,7 @@ class ParameterTracker:
             return []
         params = self.parameters()
         layout = self._layout if kernels.AVAILABLE else None
-        if layout is not None and _layout_key(params) == self._layout_key:  # no parameter moved during the step
+        if layout is not None and self._same_layout(params):  # no parameter moved during the step
             return reducer.add_addressed(layout.dtype, layout.addresses, layout.sizes, params,
                                          starts=self._buffers, start_addresses=layout.copies)
         return reducer.add_many(params, starts=self._buffers)
@@ -380,6 +391,26 @@ class ParameterTracker:
         self.per_pass = True
         return out
 
+    def take_gradients_packed(self) -> tuple[list[int], list[torch.Tensor], tuple[np.ndarray, ...] | None]:
+        """``take_gradients`` as (tensor ids, gradients, packed): ``packed`` is ``(dtype, addresses, sizes)`` for
+        ``Reducer.add_addressed`` when the C++ marks took every gradient and each is a lean host array of one
+        float dtype (checked there, in one pass), else None."""
+        marks = self._marks
+        if marks is None or self._marked:
+            gradients = self.take_gradients()
+            return [tid for tid, _ in gradients], [grad for _, grad in gradients], None
+        arrays = self._grad_arrays
+        if arrays is None or len(arrays[0]) < len(self.tracked):
+            arrays = self._grad_arrays = (np.zeros(len(self.tracked), np.int64), np.zeros(len(self.tracked), np.int64))
+        fresh, grads, code = marks.take_packed(*arrays)
+        self.per_pass = True
+        ids = self.tensor_ids()
+        tids = ids if len(fresh) == len(ids) else [ids[i] for i in fresh]
+        if code < 0 or not grads:
+            return tids, grads, None
+        count = len(grads)
+        return tids, grads, (_KERNEL_DTYPES[code], arrays[0][:count], arrays[1][:count])
+
     def forget_gradients(self) -> None:
         """Start a step: earlier gradients are not its own, and its first take reads ``.grad`` (``polled``:
         the gradients there now are the ones ``changed_gradients`` passes over)."""
@@ -391,6 +422,9 @@ class ParameterTracker:
                 self.watch()
             else:
                 self._marks.forget()
+        if not (polled or self._marked or self._handing_over):  # no Python hook set anything to forget
+            self.per_pass = False
+            return
         for t in self.tracked:
             t.fresh = False
             t.incoming = None
@@ -488,6 +522,18 @@ def _layout_key(params: list[torch.nn.Parameter]) -> tuple[list, ...]:
     twice per recorded step."""
     return (list(map(_DATA_PTR, params)), list(map(_STRIDE, params)), list(map(_IS_NEG, params)),
             list(map(_PLACE, params)))
+
+
+def _native_layout(params: list[torch.nn.Parameter]) -> Any:
+    """``_layout_key`` of ``params`` as the C++ ``Layout`` compares it, or None without the module (or for a
+    tensor without strides)."""
+    module = native.taps_module()
+    if module is None:
+        return None
+    try:
+        return module.Layout(params)
+    except (ValueError, TypeError):
+        return None
 
 
 def _on_host(tensors: list[torch.Tensor]) -> bool:

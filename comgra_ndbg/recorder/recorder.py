@@ -225,7 +225,8 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, GradientTaps, R
             _LOG.info("%s: %s", self.trial, budget.describe())
         self._grad_batch = GradientBatch(self._flush_gradients)
         self._taps: Any = None  # the C++ gradient taps (``native``) once their module is loaded
-        self._tap_keys: list[tuple[int, int, bool]] = []  # per tap armed in the step: (tensor id, iteration, batched)
+        self._tap_keys: list[tuple[tuple[int, int], bool]] = []  # per tap armed: ((tensor id, iteration), batched)
+        self._tap_arrays = tuple(np.zeros(0, np.int64) for _ in range(3))  # addresses, sizes, batches (``taps``)
         self._taps_compiled = False  # compiled autograd ran over taps: Python hooks from then on (``_end_taps``)
         self._polled_task = -2  # the backward pass whose end last read the parameters' gradients (``polled``)
         self._tier_state = None if tiers is None else TierState(tiers)

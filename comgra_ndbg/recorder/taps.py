@@ -11,6 +11,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from comgra_ndbg.recorder import native
@@ -20,6 +21,7 @@ from comgra_ndbg.recorder.gradients import SET_MEMORY
 __all__ = ["GradientTaps"]
 
 _STRIDED = torch.strided
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # by the C++ packing's dtype code
 
 
 class GradientTaps:
@@ -34,8 +36,8 @@ class GradientTaps:
             module = native.taps_module()
             if module is not None:
                 taps = self._taps = module.Taps(*_tap_callbacks(self))
-        if taps is not None and deferred and not self._taps_compiled and taps.tap(tensor, len(self._tap_keys)):
-            self._tap_keys.append((tid, iteration, batched))
+        if taps is not None and deferred and not self._taps_compiled and taps.tap(tensor, len(self._tap_keys), batched):
+            self._tap_keys.append(((tid, iteration), batched))
             return
         self._hooks.append(on_gradient_at(tensor, self._on_grad, self._token, tid, iteration, batched, deferred))
 
@@ -49,24 +51,37 @@ class GradientTaps:
             self._take_taps()
             self._grad_batch.queue_flush()  # the taps' own call at the pass's end finds nothing left to hand over
 
-    def _take_taps(self) -> None:
+    def _take_taps(self, *, flush: bool = False) -> None:
         """Hand the gradients the taps kept over as their Python hooks would have: straight into the batch
         when nothing but summaries is asked of them, through ``_on_grad`` otherwise (snapshots, a gradient
         scale, a second pass of the set, a gradient that is not a dense tensor). A gradient changed in place
-        since its tap is dropped, as the batch drops one."""
-        indices, grads, versions = self._taps.take()
-        if not indices or not self._step_open:
-            return
-        keys, token = self._tap_keys, self._token
+        since its tap is dropped, as the batch drops one. ``flush``: at the pass's end, where the batch is
+        summarised next; when it holds nothing yet, the gradients are summarised at once instead, in one
+        kernel call on the addresses the C++ side packed (``_add_tapped``), which are the same rows."""
         plain = self.gradient_scale is None and self._summarize and not self._snapshot and not self._structure.pending
+        if flush and plain and not self._set_grads and not len(self._grad_batch):
+            arrays = self._tap_arrays
+            if len(arrays[0]) < len(self._tap_keys):
+                arrays = self._tap_arrays = tuple(np.zeros(2 * len(self._tap_keys), np.int64) for _ in range(3))
+            indices, grads, versions, code = self._taps.take_packed(*arrays)
+            if not indices or not self._step_open:
+                return
+            if code >= 0:
+                self._add_tapped(indices, grads, versions, _KERNEL_DTYPES[code], arrays)
+                return
+        else:
+            indices, grads, versions = self._taps.take()
+            if not indices or not self._step_open:
+                return
+        keys, token = self._tap_keys, self._token
         kept, pending, room = self._set_grads, [], SET_MEMORY - self._set_grad_bytes
         for index, grad, version in zip(indices, grads, versions):
-            tid, iteration, batched = keys[index]
+            key, batched = keys[index]
+            tid, iteration = key
             if grad._version != version:
                 self._skipped(self.catalog.tensors[tid].name, "grad", RuntimeError(
                     "it was changed in place before the backward pass ended; that gradient is not recorded"))
                 continue
-            key = (tid, iteration)
             if not plain or key in kept or grad.layout is not _STRIDED or grad.is_meta or grad.is_nested:
                 self._on_grad(None, token, tid, iteration, batched, True, grad)
                 continue
@@ -79,6 +94,32 @@ class GradientTaps:
             pending.append((key, grad, batched, version))
         self._set_grad_bytes = SET_MEMORY - room
         self._grad_batch.extend_kept(pending)
+
+    def _add_tapped(self, indices: list[int], grads: list[torch.Tensor], versions: list[int], dtype: np.dtype,
+                    arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """``_take_taps``'s gradients, each unchanged and a lean host array of ``dtype`` (checked in C++), the
+        first of the set to reach their tensors: summarised now into the gradient rows, kept for later passes
+        of the set as the batch would keep them."""
+        count, keys = len(grads), self._tap_keys
+        pairs = [keys[i][0] for i in indices]
+        sizes = arrays[1][:count]
+        rows = self._grads.add_addressed(dtype, arrays[0][:count], sizes, grads, batches=arrays[2][:count])
+        room = SET_MEMORY - self._set_grad_bytes
+        need = sum(sizes.tolist()) * dtype.itemsize
+        kept = self._set_grads
+        if need <= room:
+            kept.update(zip(pairs, zip(grads, versions)))
+            self._set_grad_bytes += need
+        else:
+            for key, grad, version in zip(pairs, grads, versions):
+                size = grad.numel() * grad.element_size()
+                if size <= room:
+                    room -= size
+                    kept[key] = (grad, version)
+                else:
+                    kept[key] = (None, 0)
+            self._set_grad_bytes = SET_MEMORY - room
+        self._grad_keys.update(zip(pairs, rows))
 
     def _end_taps(self) -> None:
         """The step's end: its taps leave the nodes; after a backward pass that compiled autograd ran over them

@@ -307,15 +307,16 @@ class Reducer:
 
     def add_addressed(self, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, tensors: Sequence[torch.Tensor],
                       *, starts: Sequence[torch.Tensor] | None = None, start_addresses: np.ndarray | None = None,
-                      copies: np.ndarray | None = None) -> range:
+                      copies: np.ndarray | None = None, batches: np.ndarray | None = None) -> range:
         """Summarise contiguous host arrays of ``dtype`` given by address and size in one kernel call, for a
-        caller that knows the addresses are valid (``ParameterTracker``, for parameters that did not move),
-        skipping ``add_many``'s checks. ``tensors`` (and ``starts``, at ``start_addresses``) are the tensors
-        behind the addresses, read again only for the exact recompute; ``copies`` are addresses receiving a
-        copy. Returns the row indices."""
+        caller that knows the addresses are valid (``ParameterTracker``, for parameters that did not move; the
+        C++ packing of ``recorder/native``, which checked each tensor), skipping ``add_many``'s checks.
+        ``tensors`` (and ``starts``, at ``start_addresses``) are the tensors behind the addresses, read again
+        only for the exact recompute; ``copies`` are addresses receiving a copy; ``batches`` the batch size of
+        each batched array (0: none). Returns the row indices."""
         first = self._claim(len(sizes))
         _summarize_addressed(self._buffer[first:first + len(sizes)], dtype, addresses, sizes, tensors, starts,
-                             start_addresses, copies, None)
+                             start_addresses, copies, batches)
         return range(first, first + len(sizes))
 
     def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:

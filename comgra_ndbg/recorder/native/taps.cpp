@@ -7,10 +7,14 @@
 // discovers the step's graph while the tensors saved for backward are still there) and asks the autograd
 // engine to call `on_end` once the pass is over, where the recorder takes the whole list in one call. Taps
 // armed in a step are removed from the nodes that outlive it by `reset()`, and a tap of an earlier step (its
-// token) keeps nothing. Marks (below) note which parameters received a gradient.
+// token) keeps nothing. Marks (below) note which parameters received a gradient. `pack`, the packed takes and
+// `Layout` hand what the statistics kernels read (addresses and sizes of contiguous host arrays of one float
+// dtype) to the recorder in one call, in place of a Python pass over the tensors per property.
 #include <torch/extension.h>
+#include <pybind11/numpy.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -25,6 +29,45 @@ using torch::autograd::variable_list;
 
 namespace {
 
+constexpr int64_t kNotLean = -1;  // a tensor the kernels cannot read in place, or several dtypes
+constexpr int64_t kNoRoom = -2;  // more tensors than the arrays hold
+
+// The kernels' dtype code of a non-empty contiguous host tensor of float32 (0) or float64 (1), else kNotLean:
+// what `stats.host.lean` accepts.
+int64_t lean_code(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.is_nested() || t.is_neg() ||
+      t.is_conj() || t.numel() == 0 || !t.is_contiguous()) {
+    return kNotLean;
+  }
+  if (t.scalar_type() == at::kFloat) return 0;
+  if (t.scalar_type() == at::kDouble) return 1;
+  return kNotLean;
+}
+
+// A writable C-contiguous one-dimensional int64 array's data (pybind11 would otherwise write into a converted copy).
+int64_t* int64_data(py::array& array, const char* name) {
+  if (!array.dtype().is(py::dtype::of<int64_t>()) || array.ndim() != 1 || !array.writeable() ||
+      !(array.flags() & py::array::c_style)) {
+    throw py::type_error(std::string(name) + " must be a writable C-contiguous int64 array");
+  }
+  return static_cast<int64_t*>(array.mutable_data());
+}
+
+// Fills `addresses` and `sizes` with the tensors' data pointers and element counts; returns their common dtype
+// code, kNotLean or kNoRoom (the arrays are then partly written).
+int64_t pack_into(const std::vector<at::Tensor>& tensors, py::array& addresses, py::array& sizes) {
+  int64_t* address = int64_data(addresses, "addresses");
+  int64_t* size = int64_data(sizes, "sizes");
+  if (static_cast<size_t>(std::min(addresses.shape(0), sizes.shape(0))) < tensors.size()) return kNoRoom;
+  int64_t code = tensors.empty() ? kNotLean : lean_code(tensors[0]);
+  for (size_t i = 0; i < tensors.size() && code != kNotLean; ++i) {
+    if (i > 0 && lean_code(tensors[i]) != code) return kNotLean;
+    address[i] = reinterpret_cast<int64_t>(tensors[i].data_ptr());
+    size[i] = tensors[i].numel();
+  }
+  return code;
+}
+
 struct State {
   std::mutex lock;  // backward passes of several threads may fire taps at once
   int64_t token = 0;
@@ -33,6 +76,7 @@ struct State {
   std::vector<int64_t> index;
   std::vector<at::Tensor> grads;
   std::vector<int64_t> versions;
+  std::vector<int64_t> batches;  // the batch size of each kept gradient whose tensor is batched, else 0
   PyObject* on_start = nullptr;  // strong references, dropped by ~Taps under the GIL
   PyObject* on_end = nullptr;
 };
@@ -62,8 +106,8 @@ void end_of_backward(const std::weak_ptr<State>& weak) {
 }
 
 struct Tap : torch::autograd::FunctionPreHook {
-  Tap(std::shared_ptr<State> state, int64_t token, int64_t index, uint32_t slot)
-      : state_(std::move(state)), token_(token), index_(index), slot_(slot) {}
+  Tap(std::shared_ptr<State> state, int64_t token, int64_t index, uint32_t slot, bool batched)
+      : state_(std::move(state)), token_(token), index_(index), slot_(slot), batched_(batched) {}
 
   variable_list operator()(const variable_list& grads) override {
     if (slot_ >= grads.size() || !grads[slot_].defined()) return grads;
@@ -76,6 +120,7 @@ struct Tap : torch::autograd::FunctionPreHook {
       state->index.push_back(index_);
       state->grads.push_back(grad.requires_grad() ? grad.detach() : grad);
       state->versions.push_back(static_cast<int64_t>(grad._version()));
+      state->batches.push_back(batched_ && grad.dim() >= 1 ? grad.size(0) : 0);
       if (!state->queued) {
         state->queued = true;
         queue = true;
@@ -105,6 +150,7 @@ struct Tap : torch::autograd::FunctionPreHook {
   int64_t token_;
   int64_t index_;
   uint32_t slot_;
+  bool batched_;
 };
 
 class Taps {
@@ -127,8 +173,9 @@ class Taps {
     Py_XDECREF(end);
   }
 
-  // Arms a tap on `tensor`'s grad_fn under `index`; false for a tensor autograd did not produce (a leaf).
-  bool tap(const at::Tensor& tensor, int64_t index) {
+  // Arms a tap on `tensor`'s grad_fn under `index` (`batched`: its dim 0 is the batch); false for a tensor
+  // autograd did not produce (a leaf).
+  bool tap(const at::Tensor& tensor, int64_t index, bool batched) {
     if (!tensor.defined() || !tensor.requires_grad()) return false;
     auto node = tensor.grad_fn();
     if (!node) return false;
@@ -137,7 +184,7 @@ class Taps {
       std::lock_guard<std::mutex> guard(state_->lock);
       token = state_->token;
     }
-    auto hook = std::make_unique<Tap>(state_, token, index, tensor.output_nr());
+    auto hook = std::make_unique<Tap>(state_, token, index, tensor.output_nr(), batched);
     armed_.emplace_back(c10::weak_intrusive_ptr<Node>(node), hook.get());
     node->add_pre_hook(std::move(hook));
     return true;
@@ -145,21 +192,28 @@ class Taps {
 
   // The gradients kept since the last take, in the order they arrived: (indices, gradients, versions).
   py::tuple take() {
-    std::vector<int64_t> index, versions;
+    std::vector<int64_t> index, versions, batches;
     std::vector<at::Tensor> grads;
-    {
-      std::lock_guard<std::mutex> guard(state_->lock);
-      index.swap(state_->index);
-      grads.swap(state_->grads);
-      versions.swap(state_->versions);
+    swap_out(index, grads, versions, batches);
+    return lists(index, grads, versions);
+  }
+
+  // `take`, plus the kernels' view of the gradients: when every one is unchanged since its tap (its version
+  // counter) and a lean host array of one dtype (`lean_code`), their addresses, sizes and batch sizes fill the
+  // arrays' first entries and the fourth item is that dtype's code; else kNotLean or kNoRoom.
+  py::tuple take_packed(py::array addresses, py::array sizes, py::array batches) {
+    std::vector<int64_t> index, versions, kept_batches;
+    std::vector<at::Tensor> grads;
+    swap_out(index, grads, versions, kept_batches);
+    int64_t code = pack_into(grads, addresses, sizes);
+    int64_t* batch = int64_data(batches, "batches");
+    if (code >= 0 && static_cast<size_t>(batches.shape(0)) < grads.size()) code = kNoRoom;
+    for (size_t i = 0; i < grads.size() && code >= 0; ++i) {
+      if (static_cast<int64_t>(grads[i]._version()) != versions[i]) code = kNotLean;
+      batch[i] = kept_batches[i];
     }
-    py::list out_index(index.size()), out_grads(grads.size()), out_versions(versions.size());
-    for (size_t i = 0; i < index.size(); ++i) {
-      out_index[i] = py::int_(index[i]);
-      out_grads[i] = py::cast(grads[i]);
-      out_versions[i] = py::int_(versions[i]);
-    }
-    return py::make_tuple(out_index, out_grads, out_versions);
+    py::tuple out = lists(index, grads, versions);
+    return py::make_tuple(out[0], out[1], out[2], code);
   }
 
   size_t pending() {
@@ -183,6 +237,7 @@ class Taps {
       state_->index.clear();
       state_->grads.clear();
       state_->versions.clear();
+      state_->batches.clear();
     }
     for (auto& [weak, hook] : armed_) {
       auto node = weak.lock();
@@ -199,6 +254,26 @@ class Taps {
   }
 
  private:
+  void swap_out(std::vector<int64_t>& index, std::vector<at::Tensor>& grads, std::vector<int64_t>& versions,
+                std::vector<int64_t>& batches) {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    index.swap(state_->index);
+    grads.swap(state_->grads);
+    versions.swap(state_->versions);
+    batches.swap(state_->batches);
+  }
+
+  static py::tuple lists(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads,
+                         const std::vector<int64_t>& versions) {
+    py::list out_index(index.size()), out_grads(grads.size()), out_versions(versions.size());
+    for (size_t i = 0; i < index.size(); ++i) {
+      out_index[i] = py::int_(index[i]);
+      out_grads[i] = py::cast(grads[i]);
+      out_versions[i] = py::int_(versions[i]);
+    }
+    return py::make_tuple(out_index, out_grads, out_versions);
+  }
+
   std::shared_ptr<State> state_;
   std::vector<std::pair<c10::weak_intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> armed_;
 };
@@ -262,6 +337,8 @@ class Marks {
         state_->incoming.resize(index + 1);
       }
     }
+    if (static_cast<size_t>(index) >= parameters_.size()) parameters_.resize(index + 1);
+    parameters_[index] = parameter;
     auto hook = std::make_unique<Mark>(state_, index);
     hooks_.emplace_back(accumulator, hook.get());
     accumulator->add_pre_hook(std::move(hook));
@@ -279,6 +356,7 @@ class Marks {
       }
     }
     hooks_.clear();
+    parameters_.clear();
   }
 
   // (indices of the fresh parameters, what later passes added to each or None) since the last take; from now
@@ -304,6 +382,39 @@ class Marks {
       out_incoming[i] = incoming[i].defined() ? py::cast(incoming[i]) : py::none();
     }
     return py::make_tuple(out_fresh, out_incoming);
+  }
+
+  // The gradients `ParameterTracker.take_gradients` takes from the marks: (indices of the fresh parameters that
+  // have one, those gradients, the kernels' dtype code): each parameter's `.grad` at the step's first take,
+  // what later passes added to it after, detached. Where the code is a dtype's (>= 0) their addresses and sizes
+  // fill the arrays' first entries, as `pack` fills them.
+  py::tuple take_packed(py::array addresses, py::array sizes) {
+    std::vector<int64_t> fresh;
+    std::vector<at::Tensor> grads;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      bool first = !state_->per_pass;
+      state_->marked = false;
+      for (size_t i = 0; i < state_->fresh.size(); ++i) {
+        if (!state_->fresh[i]) continue;
+        state_->fresh[i] = 0;
+        at::Tensor grad = first ? (i < parameters_.size() && parameters_[i].defined() ? parameters_[i].grad()
+                                                                                      : at::Tensor())
+                                : state_->incoming[i];
+        state_->incoming[i] = at::Tensor();
+        if (!grad.defined()) continue;
+        fresh.push_back(static_cast<int64_t>(i));
+        grads.push_back(grad.requires_grad() ? grad.detach() : grad);
+      }
+      state_->per_pass = true;
+    }
+    int64_t code = pack_into(grads, addresses, sizes);
+    py::list out_fresh(fresh.size()), out_grads(grads.size());
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      out_fresh[i] = py::int_(fresh[i]);
+      out_grads[i] = py::cast(grads[i]);
+    }
+    return py::make_tuple(out_fresh, out_grads, code);
   }
 
   // A new step: nothing is fresh, and its first take reads `.grad`.
@@ -334,6 +445,48 @@ class Marks {
  private:
   std::shared_ptr<MarkState> state_;
   std::vector<std::pair<c10::intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> hooks_;
+  std::vector<at::Tensor> parameters_;  // by index: whose `.grad` a step's first take reads
+};
+
+// What must stay the same for addresses taken once to remain valid (`ParameterTracker`'s host layout): each
+// tensor's storage address, shape, strides, dtype, device and negative-view bit, as `_layout_key` reads them.
+class Layout {
+ public:
+  explicit Layout(const std::vector<at::Tensor>& tensors) {
+    entries_.reserve(tensors.size());
+    for (const auto& t : tensors) entries_.push_back(entry(t));
+  }
+
+  bool same(const std::vector<at::Tensor>& tensors) const {
+    if (tensors.size() != entries_.size()) return false;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const Entry& e = entries_[i];
+      const at::Tensor& t = tensors[i];
+      if (!t.defined() || t.layout() != at::kStrided || reinterpret_cast<int64_t>(t.data_ptr()) != e.address ||
+          t.scalar_type() != e.dtype || t.device() != e.device || t.is_neg() != e.negative ||
+          t.sizes() != c10::IntArrayRef(e.shape) || t.strides() != c10::IntArrayRef(e.strides)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  struct Entry {
+    int64_t address;
+    std::vector<int64_t> shape, strides;
+    at::ScalarType dtype;
+    c10::Device device;
+    bool negative;
+  };
+
+  static Entry entry(const at::Tensor& t) {
+    if (!t.defined() || t.layout() != at::kStrided) throw py::value_error("Layout takes defined strided tensors");
+    return Entry{reinterpret_cast<int64_t>(t.data_ptr()), t.sizes().vec(), t.strides().vec(), t.scalar_type(),
+                 t.device(), t.is_neg()};
+  }
+
+  std::vector<Entry> entries_;
 };
 
 }  // namespace
@@ -341,8 +494,9 @@ class Marks {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Taps>(m, "Taps")
       .def(py::init<py::object, py::object>(), py::arg("on_start"), py::arg("on_end"))
-      .def("tap", &Taps::tap, py::arg("tensor"), py::arg("index"))
+      .def("tap", &Taps::tap, py::arg("tensor"), py::arg("index"), py::arg("batched") = false)
       .def("take", &Taps::take)
+      .def("take_packed", &Taps::take_packed, py::arg("addresses"), py::arg("sizes"), py::arg("batches"))
       .def("pending", &Taps::pending)
       .def("armed", &Taps::armed)
       .def("compiled", &Taps::compiled)
@@ -352,8 +506,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("watch", &Marks::watch, py::arg("parameter"), py::arg("index"))
       .def("unwatch", &Marks::unwatch)
       .def("take", &Marks::take)
+      .def("take_packed", &Marks::take_packed, py::arg("addresses"), py::arg("sizes"))
       .def("forget", &Marks::forget)
       .def("has_fresh", &Marks::has_fresh)
       .def("compiled", &Marks::compiled)
       .def("watched", &Marks::watched);
+  py::class_<Layout>(m, "Layout")
+      .def(py::init<const std::vector<at::Tensor>&>(), py::arg("tensors"))
+      .def("same", &Layout::same, py::arg("tensors"));
+  m.def("pack", &pack_into, py::arg("tensors"), py::arg("addresses"), py::arg("sizes"),
+        "Fill `addresses` and `sizes` with the tensors' data pointers and element counts; returns their "
+        "common dtype code (0 float32, 1 float64), -1 when one is no lean host array or the dtypes differ, -2 "
+        "when the arrays are too short.");
 }
