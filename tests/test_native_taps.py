@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from comgra_ndbg import Recorder, open_recording
+from comgra_ndbg import NeuralDbg, Recorder, open_recording
 from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import backend
 
@@ -93,7 +93,7 @@ def _datasets(path: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     with h5py.File(path) as f:
         def visit(name: str, item: object) -> None:
-            if isinstance(item, h5py.Dataset) and name != "steps/time":
+            if isinstance(item, h5py.Dataset) and name not in ("steps/time", "log/time"):
                 out[name] = item[()]
         f.visititems(visit)
     return out
@@ -122,6 +122,39 @@ def test_the_taps_record_what_the_python_hooks_record(tmp_path: Path, taps_modul
     with open_recording(tmp_path / "taps", "t") as recording:
         assert "grad" not in recording.kinds("net.unused.weight")  # no gradient: no gradient row
         assert {"grad:main", "grad:aux"} <= set(recording.kinds("k"))
+
+
+def _neuraldbg_run(folder: Path) -> int:
+    """A NeuralDbg loop whose parameter gradients are polled: two backward passes accumulated per step, clipping
+    (``.grad`` changed in place before the optimizer reads it), a frozen layer, snapshots every third step;
+    returns how many parameters the C++ poller watched."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    net[2].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(net, folder, trial="t", optimizer=opt, snapshots=3, detail="full") as dbg:
+        for step in range(7):
+            opt.zero_grad()
+            for _ in range(2):
+                x, y = torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
+                nn.functional.cross_entropy(net(x), y).backward()
+            if step % 2:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 0.1)
+            opt.step()
+        poller = dbg.recorder._parameters._poller
+        return 0 if poller is None else poller.watched()
+
+
+def test_neuraldbg_polls_with_the_module_what_it_polls_without(tmp_path: Path, taps_module, monkeypatch) -> None:
+    assert _neuraldbg_run(tmp_path / "native") == 6  # three layers' weights and biases, the frozen one included
+    monkeypatch.setattr(native, "taps_module", lambda: None)
+    assert _neuraldbg_run(tmp_path / "python") == 0
+    _assert_same(*(_datasets(tmp_path / kind / "t" / "recording.h5") for kind in ("native", "python")))
+    with open_recording(tmp_path / "native", "t") as recording:
+        assert "grad" not in recording.kinds("model.2.weight")  # frozen: no gradient row
+        steps, norms = recording.summary("model.4.weight", "grad", "l2")
+        assert len(steps) == 7 and np.isfinite(norms).all()
 
 
 def test_a_gradient_scale_is_divided_out_of_tapped_gradients(tmp_path: Path, taps_module, monkeypatch) -> None:

@@ -179,18 +179,19 @@ class GradientRecording:
         if task != -1 and task == self._polled_task:  # read already at the end of this backward pass
             return
         self._polled_task = task
-        changed = self._parameters.changed_gradients(unread=unread)
-        if not changed:
+        tids, grads, packed = self._parameters.changed_gradients_packed(unread=unread)
+        if not grads:
             return
         if self._tap_keys:
             self._drain_taps()
-        grads = [grad for _, grad in changed]
-        if (self._snapshot or not self._summarize or set(map(_LAYOUT, grads)) != {_STRIDED}
-                or any(map(_META, grads))):
-            for tid, grad in changed:
+        if self._snapshot or not self._summarize or (packed is None and (set(map(_LAYOUT, grads)) != {_STRIDED}
+                                                                         or any(map(_META, grads)))):
+            for tid, grad in zip(tids, grads):
                 self._on_parameter_grad(tid, grad)
+        elif packed is not None and not queue and not len(self._grad_batch):  # summarised next: at once
+            self._parameter_grads.update(zip(tids, self._grads.add_addressed(*packed, grads)))
         else:
-            self._grad_batch.extend(changed, queue=queue)
+            self._grad_batch.extend(list(zip(tids, grads)), queue=queue)
 
     def refresh_parameter_gradients(self, *, force: bool = False) -> None:
         """Take again the gradients of parameters tracked with ``gradients_in_hook`` whose ``.grad`` changed

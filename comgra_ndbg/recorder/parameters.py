@@ -71,7 +71,9 @@ class ParameterTracker:
     _layout: _HostLayout | None = None
     _layout_key: tuple[list, ...] | None = None
     _native_layout: Any = None  # ``_layout_key`` held and compared in C++ (``native.Layout``), when loaded
-    _grad_arrays: tuple[np.ndarray, np.ndarray] | None = None  # addresses and sizes for ``take_gradients_packed``
+    _grad_arrays: tuple[np.ndarray, np.ndarray] | None = None  # addresses and sizes for the packed takes
+    _poller: Any = None  # ``changed_gradients`` of a polled tracker in C++ (``native.Polled``), from a step's start
+    _poller_stale = True  # parameters were tracked or replaced since the poller was built
     _captured: bool = False
     _versions: list[int] | None = None  # each parameter's version counter at ``capture()``
     _step_hooks: list[Any] = field(default_factory=list)
@@ -126,6 +128,7 @@ class ParameterTracker:
                     dtype=str(parameter.dtype).replace("torch.", ""), shape=tuple(parameter.shape), batched=False))
             entry = _Tracked(full, parameter, tid, handed_over=on_gradient is not None, receiver=on_gradient)
             self._handing_over = self._handing_over or on_gradient is not None
+            self._poller_stale = True
             self.tracked.append(entry)
             if self._watching:
                 self._step_hooks += self._hooks_of([entry])
@@ -158,6 +161,7 @@ class ParameterTracker:
                 continue  # (moved to the meta device: the old tensor's rows stay the last)
             changed.append((full, entry.parameter, parameter))
             entry.parameter = parameter
+            self._poller_stale = True
             entry.fresh, entry.incoming, entry.handed, entry.seen = False, None, None, None
         if any(old is not None for _, old, _ in changed):
             self._buffers = self._scratch = None
@@ -399,9 +403,7 @@ class ParameterTracker:
         if marks is None or self._marked:
             gradients = self.take_gradients()
             return [tid for tid, _ in gradients], [grad for _, grad in gradients], None
-        arrays = self._grad_arrays
-        if arrays is None or len(arrays[0]) < len(self.tracked):
-            arrays = self._grad_arrays = (np.zeros(len(self.tracked), np.int64), np.zeros(len(self.tracked), np.int64))
+        arrays = self._arrays()
         fresh, grads, code = marks.take_packed(*arrays)
         self.per_pass = True
         ids = self.tensor_ids()
@@ -410,6 +412,13 @@ class ParameterTracker:
             return tids, grads, None
         count = len(grads)
         return tids, grads, (_KERNEL_DTYPES[code], arrays[0][:count], arrays[1][:count])
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Addresses and sizes, room for every tracked parameter, for the C++ side's packed takes."""
+        arrays = self._grad_arrays
+        if arrays is None or len(arrays[0]) < len(self.tracked):
+            arrays = self._grad_arrays = (np.zeros(len(self.tracked), np.int64), np.zeros(len(self.tracked), np.int64))
+        return arrays
 
     def forget_gradients(self) -> None:
         """Start a step: earlier gradients are not its own, and its first take reads ``.grad`` (``polled``:
@@ -422,17 +431,50 @@ class ParameterTracker:
                 self.watch()
             else:
                 self._marks.forget()
-        if not (polled or self._marked or self._handing_over):  # no Python hook set anything to forget
-            self.per_pass = False
+        poller = self._polling() if polled else None
+        if poller is not None:
+            poller.forget()
+        if not ((polled and poller is None) or self._marked or (self._handing_over and poller is None)):
+            self.per_pass = self._marked = False  # no Python hook set anything to forget
             return
         for t in self.tracked:
             t.fresh = False
             t.incoming = None
             t.handed = None
-            if polled:
+            if polled and poller is None:
                 grad = t.parameter.grad
                 t.seen = None if grad is None else (weakref.ref(grad), grad._version)
         self.per_pass = self._marked = False
+
+    def _polling(self) -> Any:
+        """The C++ poller of the handed-over parameters, built again at a step's start after ``track`` or
+        ``resync`` changed them; None without the module."""
+        if self._poller_stale:
+            module = native.taps_module()  # (while a background build runs: asked again at the next step)
+            self._poller = None if module is None else module.Polled()
+            if self._poller is not None:
+                self._poller_stale = False
+                for i, t in enumerate(self.tracked):
+                    if t.handed_over:
+                        self._poller.watch(t.parameter, i)
+        return self._poller
+
+    def changed_gradients_packed(self, *, unread: bool = False
+                                 ) -> tuple[list[int], list[torch.Tensor], tuple[np.ndarray, ...] | None]:
+        """``changed_gradients`` as (tensor ids, gradients, packed), ``packed`` as ``take_gradients_packed``
+        gives it: ``(dtype, addresses, sizes)`` when the C++ poller read them and each is a lean host array of
+        one float dtype, else None."""
+        poller = self._poller if self.polled else None
+        if poller is None:
+            changed = self.changed_gradients(unread=unread)
+            return [tid for tid, _ in changed], [grad for _, grad in changed], None
+        arrays = self._arrays()
+        index, grads, code = poller.changed(unread, False, *arrays)
+        ids = self.tensor_ids()
+        tids = [ids[i] for i in index]
+        if code < 0:
+            return tids, grads, None
+        return tids, grads, (_KERNEL_DTYPES[code], arrays[0][:len(grads)], arrays[1][:len(grads)])
 
     def changed_gradients(self, *, unread: bool = False, force: bool = False) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
@@ -443,6 +485,10 @@ class ParameterTracker:
         it); ``force``: every handed-over ``.grad`` of a ``polled`` tracker, changed or not (a ``GradScaler``
         unscales in place without moving the version counter)."""
         if self.polled:
+            if self._poller is not None:
+                index, grads, _ = self._poller.changed(unread, force, *self._arrays())
+                ids = self.tensor_ids()
+                return [(ids[i], grad) for i, grad in zip(index, grads)]
             return _read_changed(self.tracked, unread, force)
         changed = []
         for t in self.tracked:
@@ -455,6 +501,7 @@ class ParameterTracker:
     def close(self) -> None:
         """Remove every hook this tracker added and drop the parameter references."""
         self.unwatch()
+        self._poller, self._poller_stale = None, True
         if self._registration is not None:
             self._registration.remove()
             self._registration = None

@@ -448,6 +448,81 @@ class Marks {
   std::vector<at::Tensor> parameters_;  // by index: whose `.grad` a step's first take reads
 };
 
+// `ParameterTracker.changed_gradients` of a polled tracker: which handed-over parameters' `.grad` is not the one
+// read last (held weakly, so a freed gradient whose memory a new one reuses is never taken for it) or changed in
+// place since (its version counter), read in one pass. Frozen parameters are passed over (what their `.grad`
+// holds is left from before they were frozen).
+class Polled {
+ public:
+  // Polls `parameter` under `index` (its position among the tracked parameters).
+  void watch(const at::Tensor& parameter, int64_t index) {
+    entries_.push_back(Entry{parameter, index, nothing(), -1, false});
+  }
+
+  size_t watched() const { return entries_.size(); }
+
+  // A new step: nothing is read in it yet, and the gradients there now are not its own.
+  void forget() {
+    for (auto& e : entries_) {
+      e.handed = false;
+      remember(e, e.parameter.grad());
+    }
+  }
+
+  // (indices, gradients detached, dtype code) of the changed ones, each remembered as read; `unread`: only of
+  // those not read in this step yet; `force`: every one, changed or not. Addresses and sizes fill the arrays'
+  // first entries as `pack` fills them.
+  py::tuple changed(bool unread, bool force, py::array addresses, py::array sizes) {
+    std::vector<int64_t> index;
+    std::vector<at::Tensor> grads;
+    for (auto& e : entries_) {
+      if ((unread && e.handed) || !e.parameter.requires_grad()) continue;
+      at::Tensor grad = e.parameter.grad();
+      if (!grad.defined()) continue;
+      if (!force && e.version == static_cast<int64_t>(grad._version()) &&
+          e.seen.lock().get() == grad.unsafeGetTensorImpl()) {
+        continue;
+      }
+      remember(e, grad);
+      e.handed = true;
+      index.push_back(e.index);
+      grads.push_back(grad.requires_grad() ? grad.detach() : grad);
+    }
+    int64_t code = grads.empty() ? kNotLean : pack_into(grads, addresses, sizes);
+    py::list out_index(index.size()), out_grads(grads.size());
+    for (size_t i = 0; i < index.size(); ++i) {
+      out_index[i] = py::int_(index[i]);
+      out_grads[i] = py::cast(grads[i]);
+    }
+    return py::make_tuple(out_index, out_grads, code);
+  }
+
+ private:
+  struct Entry {
+    at::Tensor parameter;
+    int64_t index;
+    c10::weak_intrusive_ptr<c10::TensorImpl> seen;  // the `.grad` read last
+    int64_t version;  // its version counter then
+    bool handed;  // read in this step
+  };
+
+  static c10::weak_intrusive_ptr<c10::TensorImpl> nothing() {
+    return c10::weak_intrusive_ptr<c10::TensorImpl>(c10::intrusive_ptr<c10::TensorImpl>());
+  }
+
+  static void remember(Entry& e, const at::Tensor& grad) {
+    if (grad.defined()) {
+      e.seen = c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr());
+      e.version = static_cast<int64_t>(grad._version());
+    } else {
+      e.seen = nothing();
+      e.version = -1;
+    }
+  }
+
+  std::vector<Entry> entries_;
+};
+
 // What must stay the same for addresses taken once to remain valid (`ParameterTracker`'s host layout): each
 // tensor's storage address, shape, strides, dtype, device and negative-view bit, as `_layout_key` reads them.
 class Layout {
@@ -511,6 +586,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("has_fresh", &Marks::has_fresh)
       .def("compiled", &Marks::compiled)
       .def("watched", &Marks::watched);
+  py::class_<Polled>(m, "Polled")
+      .def(py::init<>())
+      .def("watch", &Polled::watch, py::arg("parameter"), py::arg("index"))
+      .def("watched", &Polled::watched)
+      .def("forget", &Polled::forget)
+      .def("changed", &Polled::changed, py::arg("unread"), py::arg("force"), py::arg("addresses"), py::arg("sizes"));
   py::class_<Layout>(m, "Layout")
       .def(py::init<const std::vector<at::Tensor>&>(), py::arg("tensors"))
       .def("same", &Layout::same, py::arg("tensors"));
