@@ -60,6 +60,8 @@ def _record(folder: Path, steps: int = 8) -> dict[str, int]:
             y = torch.randint(0, 3, (5,), generator=g)
             with rec.step(step):
                 rec.register_tensor("x", x, role="input")
+                rec.register_tensor("y", y, role="target")  # integers: the plan's view reads a float64 copy
+                rec.register_tensor("picked", y == 1)
                 h = torch.tanh(net.a(x))
                 rec.register_tensor("h", h)
                 k = torch.relu(net.b(h))
@@ -265,6 +267,46 @@ def test_pack_gives_the_kernels_addresses_of_lean_host_arrays_of_one_dtype(taps_
     for wrong in (np.zeros(3, np.int32), np.zeros((3, 1), np.int64), np.zeros(6, np.int64)[::2]):
         with pytest.raises(TypeError, match="int64 array"):
             taps_module.pack([a], wrong, sizes)
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205 - torch's signature
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        return grad * 2
+
+
+def test_a_plans_host_view_reads_only_tensors_of_its_signature(taps_module) -> None:
+    lin = nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    view = taps_module.HostView(torch.tanh(lin(x)), 5)
+    h = torch.tanh(lin(x))
+    host = view.view(h)
+    assert host.shape == (5, 3) and host.dtype == np.float32
+    np.testing.assert_array_equal(host, h.detach().numpy())
+    with torch.no_grad():
+        h.zero_()  # the array is the tensor's memory, not a copy
+    assert not host.any()
+    refused = {"another node": torch.sigmoid(lin(x)), "no node": torch.tanh(lin(x)).detach(),
+               "no gradient": torch.tanh(lin(x).detach()), "another shape": torch.tanh(lin(torch.randn(6, 4))),
+               "another dtype": torch.tanh(lin.double()(x.double())), "not a tensor": 5,
+               "strided": torch.tanh(torch.randn(3, 5, requires_grad=True)).t()}
+    lin.float()
+    for why, tensor in refused.items():
+        assert view.view(tensor) is None, why
+    batchless = taps_module.HostView(torch.ones(2, 3), 0)
+    assert batchless.view(torch.ones(2, 3)).shape == (1, 6)
+    targets = taps_module.HostView(torch.tensor([3, 1, 2]), 3)
+    converted = targets.view(torch.tensor([7, 0, 2 ** 40]))
+    assert converted.dtype == np.float64 and converted.tolist() == [[7.0], [0.0], [float(2 ** 40)]]
+    assert taps_module.HostView(torch.tensor([True, False]), 0).view(torch.tensor([False, True])).tolist() == [[0, 1]]
+    for why, example in {"a Python autograd node": _Twice.apply(torch.ones(3, requires_grad=True)),
+                         "half precision": torch.ones(3).half(), "strided": torch.ones(3, 2).t(),
+                         "empty": torch.zeros(0)}.items():
+        assert not taps_module.HostView(example, 0).usable(), why
 
 
 def test_layout_says_whether_tensors_stayed_where_they_were(taps_module) -> None:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import kernels
 from comgra_ndbg.stats.bounds import saturation_thresholds
 from comgra_ndbg.stats.exact import work_view
@@ -65,6 +66,7 @@ class RegistrationPlan(NamedTuple):
     work_dtype: np.dtype  # the dtype of the array the kernel reads (the tensor's, or its work view's)
     kernel: Any  # ``kernels.summary_entry`` of that dtype, with or without thresholds
     structure_key: tuple[Any, ...]  # (ndim, dtype, requires_grad, grad_fn type): ``graph.cache.registration_key``
+    view: Any = None  # the C++ ``HostView`` (``recorder/native``): ``fits`` and the kernels' array in one call
 
 
 def plan_key(tensor: torch.Tensor, batch_size: int | None) -> tuple[Any, ...]:
@@ -94,7 +96,20 @@ def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int 
     return RegistrationPlan(call, plan_key(tensor, batch_before), tensor.requires_grad, batch_before, bool(batched),
                             batch, thresholds, tensor_id, series_id, deferred, convert, bounds, dtype,
                             kernels.summary_entry(dtype, thresholds is not None),
-                            (tensor.ndim, tensor.dtype, tensor.requires_grad, type(tensor.grad_fn)))
+                            (tensor.ndim, tensor.dtype, tensor.requires_grad, type(tensor.grad_fn)),
+                            host_view(tensor, batch))
+
+
+def host_view(tensor: torch.Tensor, batch: int) -> Any:
+    """The C++ ``HostView`` of a plan made from ``tensor`` (its signature, and the ``[batch or 1, units]``
+    array the kernels read: over its memory, or a float64 copy of integers and booleans), or None without the
+    module, for a tensor it does not read (half precision, a strided view) or where it cannot tell tensors
+    apart (a node of a custom autograd Function, told apart by its Python class)."""
+    module = native.taps_module()
+    if module is None:
+        return None
+    view = module.HostView(tensor, batch)
+    return view if view.usable() else None
 
 
 def work_tensor(tensor: torch.Tensor, plan: RegistrationPlan) -> torch.Tensor:

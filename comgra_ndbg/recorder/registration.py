@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
@@ -54,12 +55,18 @@ class TensorRegistration:
             self._check_step_open(f"register_tensor({name!r})")
         plan = self._plans.get(name) if type(name) is str and bounds is AUTO else None
         if (plan is not None and self._summarize and not self._deferring and name not in self._names
-                and plan.call == (role, node, batched, module) and isinstance(tensor, torch.Tensor)
-                and not tensor.is_nested and plan.key == (type(tensor.grad_fn), tensor.requires_grad, tensor.dtype,
-                                                          tensor.shape, self._batch_size, tensor.is_cpu, tensor.layout)
-                and (plan.convert or (tensor.is_contiguous() and not tensor.is_neg()))):  # ``plan.fits``, inline
-            self._register_planned(name, tensor, plan)
-            return tensor
+                and plan.call == (role, node, batched, module)):
+            if plan.view is not None and self._batch_size == plan.batch_before:
+                host = plan.view.view(tensor)  # ``plan.fits`` and the kernels' array, in C++
+                if host is not None:
+                    self._register_planned(name, tensor, plan, host)
+                    return tensor
+            if (isinstance(tensor, torch.Tensor) and not tensor.is_nested
+                    and plan.key == (type(tensor.grad_fn), tensor.requires_grad, tensor.dtype, tensor.shape,
+                                     self._batch_size, tensor.is_cpu, tensor.layout)
+                    and (plan.convert or (tensor.is_contiguous() and not tensor.is_neg()))):  # ``plan.fits``, inline
+                self._register_planned(name, tensor, plan)
+                return tensor
         if not isinstance(tensor, torch.Tensor):
             raise InvalidTensorError(f"register_tensor({name!r}, ...) needs a torch.Tensor, got "
                                      f"{type(tensor).__name__}; convert it with torch.as_tensor(...) first")
@@ -87,17 +94,22 @@ class TensorRegistration:
             self._skipped(name, "value", error)
         return tensor
 
-    def _register_planned(self, name: str, tensor: torch.Tensor, plan: RegistrationPlan) -> None:
+    def _register_planned(self, name: str, tensor: torch.Tensor, plan: RegistrationPlan,
+                          host: np.ndarray | None = None) -> None:
         """``register_tensor`` on a summary step along ``plan``: what ``_record_tensor`` does for a host tensor,
-        without the decisions the plan holds (its snapshot too, on a snapshot step whose type is known)."""
+        without the decisions the plan holds (its snapshot too, on a snapshot step whose type is known).
+        ``host``: the array the kernels read, from the plan's C++ view."""
         self._names.add(name)
         self._step_names.add(name)
         if plan.batch and self._batch_size is None:
             self._batch_size = plan.batch
         iteration = self._iteration
         try:
-            row = self._values.add_planned(work_tensor(tensor, plan) if plan.convert else tensor,
-                                           plan.batch, plan.thresholds, plan.kernel, plan.work_dtype)
+            if host is not None:
+                row = self._values.add_viewed(host, plan.batch, plan.thresholds, plan.kernel)
+            else:
+                row = self._values.add_planned(work_tensor(tensor, plan) if plan.convert else tensor,
+                                               plan.batch, plan.thresholds, plan.kernel, plan.work_dtype)
         except Exception as error:  # a recorder problem must not break the training run
             self._skipped(name, "value", error)
             return

@@ -99,28 +99,36 @@ class Reducer:
         else:
             self._add_at(row_index, tensor, batched=batched, bounds=bounds, start=start, copy_to=copy_to)
         return row_index
+
     def add_planned(self, tensor: torch.Tensor, batch: int, thresholds: np.ndarray | None, kernel: object,
                     dtype: np.dtype) -> int:
-        """``add`` of a tensor the caller knows to be a non-empty contiguous host tensor of ``dtype`` (float32
-        or float64) seen as ``[batch, units]`` (0: batch-less), with its resolved saturation thresholds (None:
-        unbounded) and ``kernels.summary_entry(dtype, thresholds is not None)``, which checks nothing: only
-        the dtype is checked here (else ``kernels.summarize`` checks all); returns its row index."""
+        """``add`` of a non-empty contiguous host tensor of ``dtype`` (float32/64) as ``[batch, units]`` (0: no
+        batch), with its saturation thresholds (None: unbounded) and ``kernels.summary_entry``, which checks
+        nothing: only the dtype is checked here (else ``kernels.summarize`` checks all)."""
+        a = (tensor.detach() if tensor.requires_grad else tensor).numpy().reshape(batch or 1, -1)
+        if a.dtype is dtype:
+            return self.add_viewed(a, batch, thresholds, kernel)
+        row_index = self._claim(1)
+        row = self._buffer[row_index]
+        row[_COUNT] = a.size
+        if kernels.summarize(a, row, thresholds, batch > 0):
+            row[_MOMENT_COLUMNS] = np.nan
+            _exact_moments(tensor.detach(), row, batch=batch)
+        return row_index
+
+    def add_viewed(self, host: np.ndarray, batch: int, thresholds: np.ndarray | None, kernel: object) -> int:
+        """``add_planned`` of the kernel's array ``host`` (``[batch or 1, units]`` of ``kernel``'s dtype, made and
+        checked by the caller: a registration plan's C++ view); the exact recompute reads it too."""
         row_index = self._size
         if row_index < len(self._buffer):  # ``_claim(1)``, inline: this runs for every planned registration
             self._size = row_index + 1
         else:
             row_index = self._claim(1)
         row = self._buffer[row_index]
-        row[_COUNT] = tensor.numel()
-        host = (tensor.detach() if tensor.requires_grad else tensor).numpy()
-        a = host.reshape(batch or 1, -1)
-        if a.dtype is not dtype:
-            exact = kernels.summarize(a, row, thresholds, batch > 0)
-        else:
-            exact = kernel(a, batch > 0, row) if thresholds is None else kernel(a, thresholds, batch > 0, row)
-        if exact:
+        row[_COUNT] = host.size
+        if kernel(host, batch > 0, row) if thresholds is None else kernel(host, thresholds, batch > 0, row):
             row[_MOMENT_COLUMNS] = np.nan
-            _exact_moments(tensor.detach(), row, batch=batch)
+            _exact_moments(torch.from_numpy(host), row, batch=batch)
         return row_index
 
     def _add_at(self, row_index: int, tensor: torch.Tensor, *, batched: bool = False,
@@ -177,9 +185,8 @@ class Reducer:
     def add_many(self, tensors: Sequence[torch.Tensor], *, batched: Sequence[bool] | None = None,
                  starts: Sequence[torch.Tensor] | None = None, copies: Sequence[torch.Tensor] | None = None
                  ) -> list[int]:
-        """``add`` for many tensors (parameters, their gradients and updates, the gradients of one backward
-        pass); returns their row indices. Contiguous float CPU tensors are summarised by one kernel call for
-        all of them, which saves the per-tensor dispatch that dominates on small tensors. ``batched``,
+        """``add`` for many tensors (parameters, gradients, updates); returns their row indices. Contiguous float
+        CPU tensors are summarised by one kernel call for all of them (no per-tensor dispatch). ``batched``,
         ``starts`` and ``copies`` pair up with ``tensors`` as ``add``'s arguments of those names do."""
         if any(other is not None and len(other) != len(tensors) for other in (batched, starts, copies)):
             raise ValueError(f"add_many takes one batched flag, start and copy per tensor ({len(tensors)} tensors)")
@@ -281,8 +288,7 @@ class Reducer:
                 self._pending.extend(_Pending(kept[i], rows[i], batches[i] > 0, bounds[i]) for i in part)
 
     def _add_fused(self, row: int, tensor: torch.Tensor, batch: int, bounds: tuple[float, float] | None) -> None:
-        """``add`` of one large device tensor: its complete row, computed now by one ``fused`` launch (nothing
-        kept for a recompute)."""
+        """``add`` of one large device tensor: its complete row, now, by one ``fused`` launch (no recompute)."""
         numel = tensor.numel()
         thresholds = (None if bounds is None
                       else tuple(saturation_thresholds(bounds, self.saturation_margin, _F64).tolist()))
@@ -298,9 +304,9 @@ class Reducer:
     def _reduce_deferred(self) -> None:
         """Reduce the copies ``add`` kept of small device tensors, one segmented call per device and dtype."""
         groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        for i, (_, tensor, _, _) in enumerate(self._deferred):
-            groups.setdefault((tensor.device, tensor.dtype), []).append(i)
         deferred, self._deferred = self._deferred, []
+        for i, (_, tensor, _, _) in enumerate(deferred):
+            groups.setdefault((tensor.device, tensor.dtype), []).append(i)
         for members in groups.values():
             self._add_segmented([deferred[i][0] for i in members], [deferred[i][1] for i in members], None, None,
                                 [deferred[i][2] for i in members], [deferred[i][3] for i in members])
@@ -308,21 +314,18 @@ class Reducer:
     def add_addressed(self, dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray, tensors: Sequence[torch.Tensor],
                       *, starts: Sequence[torch.Tensor] | None = None, start_addresses: np.ndarray | None = None,
                       copies: np.ndarray | None = None, batches: np.ndarray | None = None) -> range:
-        """Summarise contiguous host arrays of ``dtype`` given by address and size in one kernel call, for a
-        caller that knows the addresses are valid (``ParameterTracker``, for parameters that did not move; the
-        C++ packing of ``recorder/native``, which checked each tensor), skipping ``add_many``'s checks.
-        ``tensors`` (and ``starts``, at ``start_addresses``) are the tensors behind the addresses, read again
-        only for the exact recompute; ``copies`` are addresses receiving a copy; ``batches`` the batch size of
-        each batched array (0: none). Returns the row indices."""
+        """Summarise contiguous host arrays of ``dtype`` by address and size in one kernel call, for a caller
+        that knows the addresses are valid (parameters that did not move; the C++ packing of ``recorder/native``),
+        skipping ``add_many``'s checks. ``tensors`` (and ``starts``, at ``start_addresses``) are read again only
+        for the exact recompute; ``copies``: addresses receiving a copy; ``batches``: batch sizes (0: none)."""
         first = self._claim(len(sizes))
         _summarize_addressed(self._buffer[first:first + len(sizes)], dtype, addresses, sizes, tensors, starts,
                              start_addresses, copies, batches)
         return range(first, first + len(sizes))
 
     def _push(self, row: int, field: int, scalar: torch.Tensor) -> None:
-        key = (scalar.device, scalar.dtype)
-        self._scalars.setdefault(key, []).append(scalar)
-        self._slots.setdefault(key, []).append((row, field))
+        self._scalars.setdefault((scalar.device, scalar.dtype), []).append(scalar)
+        self._slots.setdefault((scalar.device, scalar.dtype), []).append((row, field))
 
     def collect(self) -> np.ndarray:
         """All queued rows, ``[n, NUM_FIELDS]``; the reducer is empty afterwards, whatever happens.

@@ -15,10 +15,13 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <typeindex>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -523,6 +526,75 @@ class Polled {
   std::vector<Entry> entries_;
 };
 
+// A registration plan's host view (`recorder/plan.py`): whether a tensor has the signature of the one the plan
+// was made from (the same kind of autograd node, requires_grad, dtype, shape; a contiguous float32 or float64
+// host tensor, no negative or conjugate view) and, when it has, the numpy array the kernels read, [batch or 1,
+// units] over its memory, in one call in place of the plan's checks, `detach().numpy().reshape(...)`; for a
+// contiguous integer or boolean tensor a float64 copy, the work view `plan.work_tensor` makes (the same values:
+// integers below 2**53 are exact). A node defined in Python (a custom autograd Function) is told apart by its
+// Python class, which this does not read: plans of such tensors get no view.
+class HostView {
+ public:
+  HostView(const at::Tensor& example, int64_t batch)
+      : requires_grad_(example.requires_grad()), dtype_(example.scalar_type()), node_type_(typeid(void)) {
+    convert_ = example.defined() && at::isIntegralType(dtype_, /*includeBool=*/true) && example.device().is_cpu() &&
+               example.layout() == at::kStrided && !example.is_nested() && example.numel() > 0 &&
+               example.is_contiguous() && !example.is_neg();
+    usable_ = convert_ || lean_code(example) >= 0;
+    auto node = example.grad_fn();
+    has_node_ = static_cast<bool>(node);
+    if (node) {
+      // (PyNode's type information is not exported by torch: its name, mangled or not, says which it is)
+      usable_ = usable_ && std::strstr(typeid(*node).name(), "PyNode") == nullptr;
+      node_type_ = std::type_index(typeid(*node));
+    }
+    sizes_ = example.sizes().vec();
+    rows_ = batch > 0 ? batch : 1;
+    units_ = usable_ ? example.numel() / rows_ : 0;
+  }
+
+  bool usable() const { return usable_; }
+
+  py::object view(py::handle object) const {
+    if (!usable_ || !THPVariable_Check(object.ptr())) return py::none();
+    const at::Tensor& t = THPVariable_Unpack(object.ptr());
+    if (!t.defined() || t.is_nested() || t.layout() != at::kStrided || !t.device().is_cpu() ||
+        t.requires_grad() != requires_grad_ || t.scalar_type() != dtype_ || t.sizes() != c10::IntArrayRef(sizes_) ||
+        !t.is_contiguous() || t.is_neg() || t.is_conj()) {
+      return py::none();
+    }
+    auto node = t.grad_fn();
+    if (static_cast<bool>(node) != has_node_ || (node && std::type_index(typeid(*node)) != node_type_)) {
+      return py::none();
+    }
+    if (convert_) {
+      py::array_t<double> out({static_cast<py::ssize_t>(rows_), static_cast<py::ssize_t>(units_)});
+      double* target = out.mutable_data();
+      int64_t count = rows_ * units_;
+      AT_DISPATCH_INTEGRAL_TYPES_AND(at::kBool, dtype_, "host_view", [&] {
+        const scalar_t* source = t.const_data_ptr<scalar_t>();
+        for (int64_t i = 0; i < count; ++i) target[i] = static_cast<double>(source[i]);
+      });
+      return std::move(out);
+    }
+    auto item = static_cast<py::ssize_t>(t.element_size());
+    py::dtype dtype = dtype_ == at::kFloat ? py::dtype::of<float>() : py::dtype::of<double>();
+    return py::array(dtype, {static_cast<py::ssize_t>(rows_), static_cast<py::ssize_t>(units_)},
+                     {static_cast<py::ssize_t>(units_) * item, item}, t.data_ptr(), object);
+  }
+
+ private:
+  bool usable_ = false;
+  bool convert_ = false;  // an integer or boolean tensor, read as a float64 copy
+  bool has_node_ = false;
+  bool requires_grad_;
+  at::ScalarType dtype_;
+  std::type_index node_type_;
+  std::vector<int64_t> sizes_;
+  int64_t rows_ = 1;
+  int64_t units_ = 0;
+};
+
 // What must stay the same for addresses taken once to remain valid (`ParameterTracker`'s host layout): each
 // tensor's storage address, shape, strides, dtype, device and negative-view bit, as `_layout_key` reads them.
 class Layout {
@@ -592,6 +664,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("watched", &Polled::watched)
       .def("forget", &Polled::forget)
       .def("changed", &Polled::changed, py::arg("unread"), py::arg("force"), py::arg("addresses"), py::arg("sizes"));
+  py::class_<HostView>(m, "HostView")
+      .def(py::init<const at::Tensor&, int64_t>(), py::arg("example"), py::arg("batch"))
+      .def("usable", &HostView::usable)
+      .def("view", &HostView::view, py::arg("tensor"));
   py::class_<Layout>(m, "Layout")
       .def(py::init<const std::vector<at::Tensor>&>(), py::arg("tensors"))
       .def("same", &Layout::same, py::arg("tensors"));
