@@ -16,6 +16,11 @@ moved back), a lazily negated view — is planned as converting: it is summarise
 (``stats.exact.work_view``: float64 for integers, float32 for half precision, contiguous), the very array
 the general path hands the kernels, so both record the same row.
 
+Where the recorder's C++ part is loaded (``recorder/native``), a plan also carries a ``HostView`` of its
+tensor: one call checks a later tensor against the signature and returns the array the kernels read (a
+float64 copy for integers and booleans), in place of the checks and conversions above; what it refuses
+takes them.
+
 >>> import torch
 >>> x = torch.tanh(torch.ones(4, 3, requires_grad=True))
 >>> plan = make_plan(("intermediate", None, None, ""), x, batch_before=None, batched=True,
