@@ -56,6 +56,7 @@ from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
 from comgra_ndbg.instrument.steps import StepDetection
 from comgra_ndbg.instrument.stuck_steps import StuckSteps
+from comgra_ndbg.recorder import native
 from comgra_ndbg.recorder.distributed import detect_rank, is_ddp_wrapped, shared_trial_name, unwrap_ddp
 from comgra_ndbg.recorder.recorder import Recorder, RecorderWarning
 from comgra_ndbg.recorder.tiers import FULL_EVERY
@@ -268,6 +269,9 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._gradients_read = False  # the engine's callback read the parameters' gradients (``_after_backward``)
         self._parameter_mark = 0
         self._grad_mark: tuple = ((), ())  # steps.gradient_fingerprint after the last backward pass
+        # the recorder's C++ part, for the fingerprint and version sum of the step detection: chosen once, so
+        # marks compared with each other are of one kind (a module built later is not taken up by this instance)
+        self._native_marks = native.taps_module()
         self._warned: set[str] = set()
         self._init_stuck_steps()
         self._init_invariants(invariants)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from comgra_ndbg import NeuralDbg, Recorder, open_recording
+from comgra_ndbg.instrument import loop_rules
 from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import backend
 
@@ -157,6 +158,48 @@ def test_neuraldbg_polls_with_the_module_what_it_polls_without(tmp_path: Path, t
         assert "grad" not in recording.kinds("model.2.weight")  # frozen: no gradient row
         steps, norms = recording.summary("model.4.weight", "grad", "l2")
         assert len(steps) == 7 and np.isfinite(norms).all()
+
+
+class _Branching(Net):
+    """``Net`` as one model: ``aux`` is reached when ``use_aux`` is set, ``unused`` never."""
+
+    use_aux = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = torch.relu(self.b(torch.tanh(self.a(x))))
+        out = self.head(k)
+        return out + self.aux(k).mean() if self.use_aux else out
+
+
+def _invariants_run(folder: Path) -> list[str]:
+    """A NeuralDbg loop whose optimizer leaves out a layer the forward pass never reaches (no gradient: no
+    omission) and one it reaches at odd steps (an omission); returns the loop-invariant messages."""
+    torch.manual_seed(0)
+    net = _Branching()
+    opt = torch.optim.SGD([*net.a.parameters(), *net.b.parameters(), *net.head.parameters()], lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(net, folder, trial="t", optimizer=opt, snapshots=None, detail="full"):
+        for step in range(6):
+            x, y = torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
+            net.use_aux = step % 2 == 1
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+    with open_recording(folder, "t") as recording:
+        return [row.message for row in recording.log(loop_rules.CATEGORY)]
+
+
+def test_neuraldbg_checks_the_same_invariants_with_the_module_as_without(tmp_path: Path, taps_module,
+                                                                          monkeypatch) -> None:
+    """The step detection's gradient fingerprints come from C++ with the module: the invariants that compare them
+    (which parameters received a gradient in a step) must read the same."""
+    native_messages = _invariants_run(tmp_path / "native")
+    monkeypatch.setattr(native, "taps_module", lambda: None)
+    python_messages = _invariants_run(tmp_path / "python")
+    assert native_messages == python_messages
+    assert any("aux" in m for m in native_messages)  # reached, not in the optimizer: reported
+    assert not any("unused" in m for m in native_messages)  # never reached: no gradient, nothing to report
+    _assert_same(*(_datasets(tmp_path / kind / "t" / "recording.h5") for kind in ("native", "python")))
 
 
 def test_a_gradient_scale_is_divided_out_of_tapped_gradients(tmp_path: Path, taps_module, monkeypatch) -> None:

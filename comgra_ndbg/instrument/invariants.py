@@ -34,7 +34,6 @@ from comgra_ndbg.instrument.hooks import node_name, tensor_leaves
 from comgra_ndbg.instrument.invariant_checks import StepEndChecks
 from comgra_ndbg.instrument.light_steps import CARRIED_FULL
 from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation, names_text
-from comgra_ndbg.instrument.steps import gradient_fingerprint
 from comgra_ndbg.instrument.train_dry_run import pending_train_changes
 
 __all__ = ["LoopInvariants"]
@@ -246,7 +245,8 @@ class LoopInvariants(StepEndChecks):
         """The first backward call of a step: which parameters held which gradient before it."""
         if self._inv_grad_start is None and self.recorder.current_step is not None:
             grads = list(map(_GRAD, self._parameters))
-            self._inv_grad_start = _NO_GRADIENTS if all(map(_IS_NONE, grads)) else gradient_fingerprint(grads)
+            # (``_grad_fingerprint``: of the kind ``_grad_mark`` holds, which ``_inv_end_step`` compares it with)
+            self._inv_grad_start = _NO_GRADIENTS if all(map(_IS_NONE, grads)) else self._grad_fingerprint()
             if self._inv_unused_counting:  # the gradients of parameters counted unused so far, by identity
                 self._inv_unused_refs = {i: weakref.ref(grads[i]) for i, n in enumerate(self._inv_unused)
                                          if n and grads[i] is not None}

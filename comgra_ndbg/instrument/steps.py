@@ -130,9 +130,13 @@ class StepDetection:
                                  or (self._backward_seen and self._grad_fingerprint() != self._grad_mark))
 
     def _parameter_version(self) -> int:
-        return sum(map(_VERSION, self._parameters))
+        native = self._native_marks  # (chosen once per instance: marks of one kind are compared)
+        return native.version_sum(self._parameters) if native is not None else sum(map(_VERSION, self._parameters))
 
     def _grad_fingerprint(self) -> tuple:
+        native = self._native_marks
+        if native is not None:
+            return native.grad_fingerprint(self._parameters)
         return gradient_fingerprint(list(map(_GRAD, self._parameters)))
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:

@@ -636,6 +636,26 @@ class Layout {
   std::vector<Entry> entries_;
 };
 
+// `gradient_fingerprint` of NeuralDbg's step detection, `(ids, versions)`: which gradient tensor each parameter's
+// `.grad` is (its TensorImpl; 0 for none) and its version counter (None for none). Equal fingerprints mean the
+// same gradient tensors, unchanged. One pass instead of four per-parameter Python passes after every backward.
+py::tuple grad_fingerprint(const std::vector<at::Tensor>& parameters) {
+  py::tuple ids(parameters.size()), versions(parameters.size());
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const at::Tensor& grad = parameters[i].grad();
+    ids[i] = py::int_(grad.defined() ? reinterpret_cast<int64_t>(grad.unsafeGetTensorImpl()) : 0);
+    versions[i] = grad.defined() ? py::object(py::int_(static_cast<int64_t>(grad._version()))) : py::none();
+  }
+  return py::make_tuple(ids, versions);
+}
+
+// The sum of the tensors' version counters (what moves when any of them changes in place).
+int64_t version_sum(const std::vector<at::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += static_cast<int64_t>(t._version());
+  return total;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -671,6 +691,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Layout>(m, "Layout")
       .def(py::init<const std::vector<at::Tensor>&>(), py::arg("tensors"))
       .def("same", &Layout::same, py::arg("tensors"));
+  m.def("grad_fingerprint", &grad_fingerprint, py::arg("parameters"));
+  m.def("version_sum", &version_sum, py::arg("tensors"));
   m.def("pack", &pack_into, py::arg("tensors"), py::arg("addresses"), py::arg("sizes"),
         "Fill `addresses` and `sizes` with the tensors' data pointers and element counts; returns their "
         "common dtype code (0 float32, 1 float64), -1 when one is no lean host array or the dtypes differ, -2 "
