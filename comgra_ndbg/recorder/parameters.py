@@ -43,7 +43,6 @@ _DATA_PTR, _STRIDE, _IS_NEG = torch.Tensor.data_ptr, torch.Tensor.stride, torch.
 _PLACE = attrgetter("shape", "dtype", "is_cpu")
 _VERSION, _REQUIRES_GRAD, _DTYPE = attrgetter("_version"), attrgetter("requires_grad"), attrgetter("dtype")
 _NUMEL = torch.Tensor.numel
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # by the C++ packing's dtype code
 
 
 @dataclass
@@ -407,11 +406,7 @@ class ParameterTracker:
         fresh, grads, code = marks.take_packed(*arrays)
         self.per_pass = True
         ids = self.tensor_ids()
-        tids = ids if len(fresh) == len(ids) else [ids[i] for i in fresh]
-        if code < 0 or not grads:
-            return tids, grads, None
-        count = len(grads)
-        return tids, grads, (_KERNEL_DTYPES[code], arrays[0][:count], arrays[1][:count])
+        return ids if len(fresh) == len(ids) else [ids[i] for i in fresh], grads, _packed(code, len(grads), arrays)
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Addresses and sizes, room for every tracked parameter, for the C++ side's packed takes."""
@@ -471,10 +466,7 @@ class ParameterTracker:
         arrays = self._arrays()
         index, grads, code = poller.changed(unread, False, *arrays)
         ids = self.tensor_ids()
-        tids = [ids[i] for i in index]
-        if code < 0:
-            return tids, grads, None
-        return tids, grads, (_KERNEL_DTYPES[code], arrays[0][:len(grads)], arrays[1][:len(grads)])
+        return [ids[i] for i in index], grads, _packed(code, len(grads), arrays)
 
     def changed_gradients(self, *, unread: bool = False, force: bool = False) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
@@ -569,6 +561,14 @@ def _layout_key(params: list[torch.nn.Parameter]) -> tuple[list, ...]:
     twice per recorded step."""
     return (list(map(_DATA_PTR, params)), list(map(_STRIDE, params)), list(map(_IS_NEG, params)),
             list(map(_PLACE, params)))
+
+
+def _packed(code: int, count: int, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...] | None:
+    """``(dtype, addresses, sizes)`` of ``count`` gradients the C++ side packed into ``arrays`` with dtype
+    ``code``, for ``Reducer.add_addressed``; None where it packed none (a refusal, or no gradient)."""
+    if code < 0 or not count:
+        return None
+    return native.KERNEL_DTYPES[code], arrays[0][:count], arrays[1][:count]
 
 
 def _native_layout(params: list[torch.nn.Parameter]) -> Any:

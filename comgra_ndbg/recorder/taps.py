@@ -21,7 +21,6 @@ from comgra_ndbg.recorder.gradients import SET_MEMORY
 __all__ = ["GradientTaps"]
 
 _STRIDED = torch.strided
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # by the C++ packing's dtype code
 
 
 class GradientTaps:
@@ -67,7 +66,7 @@ class GradientTaps:
             if not indices or not self._step_open:
                 return
             if code >= 0:
-                self._add_tapped(indices, grads, versions, _KERNEL_DTYPES[code], arrays)
+                self._add_tapped(indices, grads, versions, native.KERNEL_DTYPES[code], arrays)
                 return
         else:
             indices, grads, versions = self._taps.take()
@@ -85,12 +84,7 @@ class GradientTaps:
             if not plain or key in kept or grad.layout is not _STRIDED or grad.is_meta or grad.is_nested:
                 self._on_grad(None, token, tid, iteration, batched, True, grad)
                 continue
-            size = grad.numel() * grad.element_size()
-            if size <= room:
-                room -= size
-                kept[key] = (grad, version)
-            else:
-                kept[key] = (None, 0)
+            room = self._keep_in_set(key, grad, version, room)
             pending.append((key, grad, batched, version))
         self._set_grad_bytes = SET_MEMORY - room
         self._grad_batch.extend_kept(pending)
@@ -106,20 +100,24 @@ class GradientTaps:
         rows = self._grads.add_addressed(dtype, arrays[0][:count], sizes, grads, batches=arrays[2][:count])
         room = SET_MEMORY - self._set_grad_bytes
         need = sum(sizes.tolist()) * dtype.itemsize
-        kept = self._set_grads
-        if need <= room:
-            kept.update(zip(pairs, zip(grads, versions)))
+        if need <= room:  # the usual case: all of them, in one update
+            self._set_grads.update(zip(pairs, zip(grads, versions)))
             self._set_grad_bytes += need
         else:
             for key, grad, version in zip(pairs, grads, versions):
-                size = grad.numel() * grad.element_size()
-                if size <= room:
-                    room -= size
-                    kept[key] = (grad, version)
-                else:
-                    kept[key] = (None, 0)
+                room = self._keep_in_set(key, grad, version, room)
             self._set_grad_bytes = SET_MEMORY - room
         self._grad_keys.update(zip(pairs, rows))
+
+    def _keep_in_set(self, key: tuple[int, int], grad: torch.Tensor, version: int, room: int) -> int:
+        """Keep ``grad`` for later backward passes of the gradient set when it fits in ``room`` bytes (else
+        note it as not kept: a later pass then replaces it, with a warning); returns the room left."""
+        size = grad.numel() * grad.element_size()
+        if size <= room:
+            self._set_grads[key] = (grad, version)
+            return room - size
+        self._set_grads[key] = (None, 0)
+        return room
 
     def _end_taps(self) -> None:
         """The step's end: its taps leave the nodes; after a backward pass that compiled autograd ran over them

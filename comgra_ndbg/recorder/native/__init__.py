@@ -32,16 +32,19 @@ from contextlib import suppress
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from comgra_ndbg.stats import backend
 
-__all__ = ["BUILD_TIMEOUT", "CHECK_SECONDS", "build_error", "mode", "taps_module", "warm_up"]
+__all__ = ["BUILD_TIMEOUT", "CHECK_SECONDS", "KERNEL_DTYPES", "build_error", "mode", "taps_module", "warm_up"]
 
 BUILD_TIMEOUT = 600.0
 """Seconds a build may take before it counts as failed (it takes 15-40 s)."""
 CHECK_SECONDS = 2.0
 """While a background build runs, how often ``taps_module`` looks whether it is done."""
+KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+"""The kernels' dtype of each dtype code the module's packing returns (``pack``, the packed takes)."""
 _SOURCE = Path(__file__).resolve().with_name("taps.cpp")
 _PREFIX = "native-"
 _LOCK = threading.Lock()
