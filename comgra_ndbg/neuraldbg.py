@@ -54,7 +54,7 @@ from comgra_ndbg.instrument.invariants import LoopInvariants
 from comgra_ndbg.instrument.light_steps import LightSteps
 from comgra_ndbg.instrument.loss import LossCapture
 from comgra_ndbg.instrument.outputs import OutputRegistration
-from comgra_ndbg.instrument.steps import StepDetection
+from comgra_ndbg.instrument.steps import StepDetection, watch_callback
 from comgra_ndbg.instrument.stuck_steps import StuckSteps
 from comgra_ndbg.recorder import native
 from comgra_ndbg.recorder.distributed import detect_rank, is_ddp_wrapped, shared_trial_name, unwrap_ddp
@@ -266,12 +266,16 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
         self._backward_seen = False
         self._scaled_backward = False  # a GradScaler scaled a backward call of the open step
         self._callback_queued = False
+        self._backward_compiled = False  # compiled autograd ran a backward pass our Python hook saw (``_on_backward``)
         self._gradients_read = False  # the engine's callback read the parameters' gradients (``_after_backward``)
         self._parameter_mark = 0
         self._grad_mark: tuple = ((), ())  # steps.gradient_fingerprint after the last backward pass
-        # the recorder's C++ part, for the fingerprint and version sum of the step detection: chosen once, so
-        # marks compared with each other are of one kind (a module built later is not taken up by this instance)
+        # the recorder's C++ part, for the fingerprint and version sum of the step detection (chosen once, so
+        # marks compared with each other are of one kind: a module built later is not taken up by this
+        # instance), the watch on the output's backward passes, the output flags and the consumed gradients
         self._native_marks = native.taps_module()
+        self._backward_watch = None if self._native_marks is None else self._native_marks.BackwardWatch(
+            watch_callback(self))
         self._warned: set[str] = set()
         self._init_stuck_steps()
         self._init_invariants(invariants)
@@ -331,6 +335,8 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
             for handle in self._handles + self._tensor_handles:
                 handle.remove()
             self._handles, self._tensor_handles = [], []
+            if self._backward_watch is not None:
+                self._backward_watch.reset()
             self._taps, self._losses, self._loss_sources, self._pass_args, self._pass_inputs = {}, [], {}, None, []
             self._inv_close()
             self._close_breakpoints()

@@ -30,6 +30,7 @@ from torch import nn
 
 from comgra_ndbg.instrument import loop_rules as rules
 from comgra_ndbg.instrument import patches
+from comgra_ndbg.instrument.consumed import consumed_gradients
 from comgra_ndbg.instrument.hooks import node_name, tensor_leaves
 from comgra_ndbg.instrument.invariant_checks import StepEndChecks
 from comgra_ndbg.instrument.light_steps import CARRIED_FULL
@@ -80,7 +81,7 @@ class LoopInvariants(StepEndChecks):
             m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)]
         count = len(named)
         self._inv_seen: set[tuple[str, str]] = set()
-        self._inv_consumed: list[tuple[Any, int] | None] = [None] * count  # (weakref, version) at the last step
+        self._inv_consumed = consumed_gradients(count, self._native_marks)  # what the last optimizer step consumed
         self._inv_stale = [False] * count
         self._inv_after: list[int | None] = [None] * count  # gradient version after the last accumulation seen
         self._inv_ambiguous: dict[int, int] = {}  # parameter -> step where its gradient was first grown in place
@@ -256,12 +257,12 @@ class LoopInvariants(StepEndChecks):
         the last optimizer step consumed, with nothing (a zero_) between?"""
         try:
             grad = parameter.grad
-            consumed = self._inv_consumed[i]
-            if grad is None or consumed is None or consumed[0]() is not grad:
+            consumed = self._inv_consumed.version_if(i, grad)
+            if consumed is None:
                 self._inv_stale[i] = False
             else:
                 before = grad._version - 1  # an in-place accumulation moves the version by one
-                if before == consumed[1]:
+                if before == consumed:
                     self._inv_stale[i] = True
                 elif before != self._inv_after[i]:
                     self._inv_stale[i] = False  # changed in place between: cleared
@@ -301,7 +302,7 @@ class LoopInvariants(StepEndChecks):
         self._inv_held.append(held_all)
         rec = self.recorder
         open_step = rec.current_step is not None
-        params, consumed, watched, ref = self._parameters, self._inv_consumed, self._inv_watch, weakref.ref
+        params = self._parameters
         stale: list[int] = []
         for entry in groups:
             g, held, foreign, name, kpi = entry
@@ -324,21 +325,14 @@ class LoopInvariants(StepEndChecks):
             below = self._inv_low_lr.get((number, g), 0)
             if below >= 0:
                 self._inv_lr_below_base(number, g, group, below, step)
-            with_grad = 0
-            for i in held:
-                grad = params[i].grad
-                if grad is None:
-                    continue
-                with_grad += 1
-                previous = consumed[i]
-                version = grad._version
-                if previous is not None and previous[1] != version and previous[0]() is grad:
-                    if self._inv_grown_in_place(i, step):
-                        stale.append(i)
-                consumed[i] = (ref(grad), version)
-                if watched and i in watched:
-                    self._inv_stale[i] = False
-                    self._inv_after[i] = None
+            with_grad, grown = self._inv_consumed.consume(params, held)
+            stale += [i for i in grown if self._inv_grown_in_place(i, step)]
+            watched = self._inv_watch
+            if watched:  # (grown ones may have joined it just now)
+                for i in held:
+                    if i in watched and params[i].grad is not None:
+                        self._inv_stale[i] = False
+                        self._inv_after[i] = None
             if not isinstance(lr, torch.Tensor) and lr is not None and float(lr) == 0.0:
                 self._inv_zero_lr += with_grad
             else:

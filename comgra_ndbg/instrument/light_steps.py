@@ -217,6 +217,11 @@ class LightSteps:
         them: a penalty on the weights alone, a loss on an output other than the one watched), whose fingerprint
         is then the step's latest."""
         self.recorder.gradient_scale = None  # (set for the backward call that just returned)
+        watch = self._backward_watch
+        compiled = watch.take_compiled() if watch is not None else self._backward_compiled
+        self._backward_compiled = False
+        if compiled and not self._gradients_read and not self._light and self.recorder.current_step is not None:
+            self._after_backward()  # compiled autograd ran the pass, calling no watch of ours at its end: here
         read, self._gradients_read = self._gradients_read, False
         probe = self._light_probe
         grad = None if probe is None else probe.grad
@@ -341,7 +346,7 @@ class LightSteps:
         gradient each optimizer step consumed, runs of steps counted) describes a step long past, so they
         start again as at the first step."""
         count = len(self._inv_names)
-        self._inv_consumed = [None] * count
+        self._inv_consumed.forget()
         self._inv_stale = [False] * count
         self._inv_after = [None] * count
         self._inv_unused = [0] * count

@@ -24,6 +24,9 @@ from comgra_ndbg.recorder.grad_hook import on_gradient
 
 __all__ = ["OutputRegistration"]
 
+_PYTHON_NODE, _SAVED_HOOKS = 1, 2
+"""The bits of the C++ part's ``output_flags``: a node defined in Python, saved-tensor hooks active."""
+
 
 class OutputRegistration:
     """Output registration of ``NeuralDbg`` (see the module docstring); not used on its own."""
@@ -39,11 +42,13 @@ class OutputRegistration:
         if not isinstance(output, torch.Tensor):
             self._on_outputs(path, output)
             return
-        if type(output.grad_fn).__name__.startswith("CompiledFunction"):  # ``from_compiled_code``, inline
-            self._hooks.stash.append((path, output, ()))
+        native = self._native_marks  # (the C++ part answers both questions below in one call)
+        flags = native.output_flags(output) if native is not None else _PYTHON_NODE
+        if flags & _PYTHON_NODE and type(output.grad_fn).__name__.startswith("CompiledFunction"):
+            self._hooks.stash.append((path, output, ()))  # ``from_compiled_code``, inline
             return
-        if top_saved_tensors_hooks(False) is not None:  # ``saved_tensors_hooked``, inline
-            self._hidden_pass = True
+        if (flags & _SAVED_HOOKS) if native is not None else top_saved_tensors_hooks(False) is not None:
+            self._hidden_pass = True  # ``saved_tensors_hooked``, inline
         try:
             module = self._module_nodes.get(path)
             if module is None:

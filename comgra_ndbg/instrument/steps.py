@@ -15,6 +15,9 @@ discarded, not written, so there is one recorded step per update of the model.
 """
 from __future__ import annotations
 
+import sys
+import weakref
+from collections.abc import Callable
 from functools import partial
 from operator import attrgetter, is_
 from typing import Any
@@ -194,12 +197,24 @@ class StepDetection:
             "; check modules= (patterns and classes of the modules the model calls)"))
 
     def _watch_backward(self, output: Any) -> None:
+        """Have ``_after_backward`` called when a backward pass through the pass's output ends: by the C++
+        part's watch (``native.BackwardWatch``), or by a Python hook where that part is not loaded. Under
+        compiled autograd neither can (``_after_backward_call`` then stands in)."""
+        watch = self._backward_watch
         for _, tensor in tensor_leaves(output):
-            if tensor.requires_grad and tensor.grad_fn is not None:
+            if not tensor.requires_grad:
+                continue
+            if watch is not None:
+                if watch.arm(tensor):
+                    return
+            elif tensor.grad_fn is not None:
                 self._tensor_handles.append(on_gradient(tensor, self._on_backward))
                 return
 
     def _on_backward(self, grad: torch.Tensor) -> None:
+        if _in_compiled_autograd():  # which queues no callback: ``_after_backward_call`` stands in
+            self._backward_compiled = True
+            return
         if not self._callback_queued and not self._closed:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
@@ -306,9 +321,30 @@ class StepDetection:
     def _release_step(self) -> None:
         for handle in self._tensor_handles:
             handle.remove()
+        if self._backward_watch is not None:
+            self._backward_watch.reset()
         self._tensor_handles, self._taps, self._losses, self._loss_sources = [], {}, [], {}
         self._forget_hidden_calls()
         self._backward_seen = False
         self._own_steps = self._foreign_steps = 0
         self._stuck_release()
         self._inv_reset_step()
+
+
+def _in_compiled_autograd() -> bool:
+    """Whether compiled autograd is running the backward pass (its module is imported only where it is used)."""
+    compiled = sys.modules.get("torch._dynamo.compiled_autograd")
+    return compiled is not None and bool(compiled.in_compiled_autograd_region)
+
+
+def watch_callback(owner: Any) -> Callable[[], None]:
+    """What the C++ watch calls at the end of a watched backward pass: ``owner``'s ``_after_backward``, through
+    a weak reference (the watch is the owner's and must not keep it alive)."""
+    ref = weakref.ref(owner)
+
+    def ended() -> None:
+        dbg = ref()
+        if dbg is not None and not dbg._closed:
+            dbg._safely("finishing a backward pass", dbg._after_backward)
+
+    return ended

@@ -287,6 +287,10 @@ class GradientRecording:
             self._report_failed(done, kind, {index: tid for (tid, _), index in keys.items()}
                                 | dict(zip(parameter_rows, tids)))
 
+        for original, alias in self._grad_aliases:  # a tensor registered under two names: one row, twice
+            row = self._grad_keys.get(original)
+            if row is not None:
+                self._grad_keys[alias] = row
         blocks = []
         if self._grad_keys:
             series, iterations = self._gradient_layout(kind)
@@ -328,6 +332,7 @@ class GradientRecording:
         return layout
 
     def _collect_values(self) -> None:
+        self._last_viewed = None  # its row is collected: a later registration of its tensor is summarised anew
         collected = self._values.collect_later()
         keys, value_blocks = self._value_keys, self._value_blocks  # replaced below, kept for a late report
 

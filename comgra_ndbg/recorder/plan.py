@@ -50,7 +50,7 @@ from comgra_ndbg.stats.host import NUMPY_DTYPE, lean
 _WORK_DTYPE = np.dtype(np.float64)  # what ``work_view`` turns integers and booleans into
 _HALF_DTYPE = np.dtype(np.float32)  # ... and half-precision floats
 
-__all__ = ["RegistrationPlan", "make_plan", "fits", "plan_key", "work_tensor"]
+__all__ = ["RegistrationPlan", "make_plan", "fits", "plan_key", "same_summary", "work_tensor"]
 
 
 class RegistrationPlan(NamedTuple):
@@ -72,6 +72,7 @@ class RegistrationPlan(NamedTuple):
     kernel: Any  # ``kernels.summary_entry`` of that dtype, with or without thresholds
     structure_key: tuple[Any, ...]  # (ndim, dtype, requires_grad, grad_fn type): ``graph.cache.registration_key``
     view: Any = None  # the C++ ``HostView`` (``recorder/native``): ``fits`` and the kernels' array in one call
+    summary_key: tuple[Any, ...] = ()  # what the value row and the gradient's route depend on (``same_summary``)
 
 
 def plan_key(tensor: torch.Tensor, batch_size: int | None) -> tuple[Any, ...]:
@@ -102,7 +103,10 @@ def make_plan(call: tuple[Any, ...], tensor: torch.Tensor, *, batch_before: int 
                             batch, thresholds, tensor_id, series_id, deferred, convert, bounds, dtype,
                             kernels.summary_entry(dtype, thresholds is not None),
                             (tensor.ndim, tensor.dtype, tensor.requires_grad, type(tensor.grad_fn)),
-                            host_view(tensor, batch))
+                            host_view(tensor, batch),
+                            (batch, bool(batched), dtype.str,
+                             None if thresholds is None else tuple(thresholds.tolist()), tensor.requires_grad,
+                             deferred))
 
 
 def host_view(tensor: torch.Tensor, batch: int) -> Any:
@@ -137,3 +141,20 @@ def fits(plan: RegistrationPlan, tensor: torch.Tensor, batch_size: int | None) -
     read it in place unless the plan converts it."""
     return (not tensor.is_nested and plan.key == plan_key(tensor, batch_size)
             and (plan.convert or (tensor.is_contiguous() and not tensor.is_neg())))
+
+
+def same_summary(plan: RegistrationPlan, other: RegistrationPlan) -> bool:
+    """Whether ``plan`` and ``other`` summarise one tensor into the same value row and route its gradient
+    alike (the same batch view, kernel dtype, saturation thresholds, gradient and its timing), so a tensor
+    registered under both names needs its statistics computed once: a model's output is also the output of
+    its last module, which NeuralDbg registers under both names at every step.
+
+    >>> x = torch.tanh(torch.ones(4, 3, requires_grad=True))
+    >>> a, b, c = (make_plan((role, None, None, ""), x, batch_before=None, batched=True, bounds=bounds,
+    ...                      saturation_margin=0.005, tensor_id=i, series_id=i, deferred=True)
+    ...            for i, (role, bounds) in enumerate((("intermediate", (-1.0, 1.0)), ("output", (-1.0, 1.0)),
+    ...                                               ("output", None))))
+    >>> same_summary(a, b), same_summary(a, c)
+    (True, False)
+    """
+    return plan.summary_key == other.summary_key and bool(plan.summary_key)

@@ -14,7 +14,7 @@ import torch
 
 from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.graph import TensorEdge
-from comgra_ndbg.recorder.plan import RegistrationPlan, make_plan, work_tensor
+from comgra_ndbg.recorder.plan import RegistrationPlan, make_plan, same_summary, work_tensor
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_bounds, check_name, summarizable
 from comgra_ndbg.stats.bounds import saturation_bounds
@@ -57,6 +57,11 @@ class TensorRegistration:
         if (plan is not None and self._summarize and not self._deferring and name not in self._names
                 and plan.call == (role, node, batched, module)):
             if plan.view is not None and self._batch_size == plan.batch_before:
+                last = self._last_viewed
+                if (last is not None and tensor is last[0] and last[3] == self._iteration and not self._snapshot
+                        and same_summary(plan, last[2]) and tensor._version == last[1]):
+                    self._register_again(name, tensor, plan, last)
+                    return tensor
                 host = plan.view.view(tensor)  # ``plan.fits`` and the kernels' array, in C++
                 if host is not None:
                     self._register_planned(name, tensor, plan, host)
@@ -114,6 +119,8 @@ class TensorRegistration:
             self._skipped(name, "value", error)
             return
         self._value_keys.append((plan.series_id, iteration, row))
+        if host is not None:
+            self._last_viewed = (tensor, tensor._version, plan, iteration, row)
         if self._snapshot:
             try:
                 self._snaps.append((plan.series_id, iteration, self._take(tensor, plan.batched, plan.bounds)))
@@ -122,6 +129,20 @@ class TensorRegistration:
         self._structure.add(name, iteration, tensor, plan.structure_key)
         if plan.requires_grad:
             self._hook_gradient(tensor, plan.tensor_id, iteration, plan.batched, plan.deferred)
+
+    def _register_again(self, name: str, tensor: torch.Tensor, plan: RegistrationPlan,
+                        last: tuple[torch.Tensor, int, RegistrationPlan, int, int]) -> None:
+        """``_register_planned`` of the tensor the last planned registration of this iteration summarised,
+        unchanged since, under a plan that summarises it alike (``same_summary``): its value row is that
+        registration's row, and its gradient's row will be too (``_grad_aliases``), in place of computing
+        both again."""
+        _, _, first, iteration, row = last
+        self._names.add(name)
+        self._step_names.add(name)
+        self._value_keys.append((plan.series_id, iteration, row))
+        self._structure.add(name, iteration, tensor, plan.structure_key)
+        if plan.requires_grad:
+            self._grad_aliases.append(((first.tensor_id, iteration), (plan.tensor_id, iteration)))
 
     def _record_tensor(self, name: str, tensor: torch.Tensor, role: str, node: str | None, batched: bool | None,
                        bounds: Any, module: str = "") -> None:

@@ -76,6 +76,8 @@ class StepCycle:
         self._sample_categories: np.ndarray | None = None
         self._value_keys: list[tuple[int, int, int]] = []  # (series, iteration, row in the reducer)
         self._value_blocks: list[tuple[np.ndarray, list[int]]] = []  # (series, rows in the reducer), iteration 0
+        self._last_viewed: tuple | None = None  # (tensor, version, plan, iteration, row): the last viewed registration
+        self._grad_aliases: list[tuple[tuple[int, int], tuple[int, int]]] = []  # (first key, key of the same tensor)
         self._grad_keys: dict[tuple[int, int], int] = {}  # (tensor, iteration) -> row in the reducer
         self._grad_snaps: dict[tuple[int, int], Any] = {}  # (tensor, iteration) -> snapshot
         self._set_grads: dict[tuple[int, int], tuple[torch.Tensor | None, int]] = {}  # (gradient, version) so far

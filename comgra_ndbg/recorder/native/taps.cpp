@@ -11,6 +11,7 @@
 // `Layout` hand what the statistics kernels read (addresses and sizes of contiguous host arrays of one float
 // dtype) to the recorder in one call, in place of a Python pass over the tensors per property.
 #include <torch/extension.h>
+#include <ATen/SavedTensorHooks.h>
 #include <pybind11/numpy.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -656,6 +657,195 @@ int64_t version_sum(const std::vector<at::Tensor>& tensors) {
   return total;
 }
 
+// The end of the backward passes through a model's output, for NeuralDbg's step detection (`instrument/steps.py`):
+// a pre-hook on the output's grad_fn asks the engine, once per pass, to call `on_end` when the pass is over, in
+// place of a Python hook registered (and removed) at every pass. Compiled autograd calls no C++ hook: it marks
+// the watch as compiled, and NeuralDbg then reads the pass's end where its backward call returns.
+struct WatchState {
+  std::mutex lock;
+  int64_t token = 0;
+  bool queued = false;
+  bool compiled = false;
+  PyObject* on_end = nullptr;  // a strong reference, dropped by ~BackwardWatch under the GIL
+};
+
+void end_of_watched(const std::weak_ptr<WatchState>& weak) {
+  auto state = weak.lock();
+  if (!state) return;
+  {
+    std::lock_guard<std::mutex> guard(state->lock);
+    state->queued = false;
+  }
+  py::gil_scoped_acquire gil;
+  call(state->on_end);
+}
+
+struct WatchHook : torch::autograd::FunctionPreHook {
+  WatchHook(std::shared_ptr<WatchState> state, int64_t token, uint32_t slot)
+      : state_(std::move(state)), token_(token), slot_(slot) {}
+
+  variable_list operator()(const variable_list& grads) override {
+    if (slot_ >= grads.size() || !grads[slot_].defined()) return grads;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      if (token_ != state_->token || state_->on_end == nullptr || state_->queued) return grads;
+      state_->queued = true;
+    }
+    std::weak_ptr<WatchState> weak = state_;
+    torch::autograd::Engine::get_default_engine().queue_callback([weak]() { end_of_watched(weak); });
+    return grads;
+  }
+
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    state_->compiled = true;
+  }
+
+ private:
+  std::shared_ptr<WatchState> state_;
+  int64_t token_;
+  uint32_t slot_;
+};
+
+class BackwardWatch {
+ public:
+  explicit BackwardWatch(py::object on_end) : state_(std::make_shared<WatchState>()) {
+    state_->on_end = on_end.release().ptr();
+  }
+
+  ~BackwardWatch() {
+    reset();
+    PyObject* end;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      end = state_->on_end;
+      state_->on_end = nullptr;
+    }
+    Py_XDECREF(end);
+  }
+
+  // Watches the backward passes through `tensor` (a new forward pass's output: a pass left unfinished by an
+  // error does not hold the next one back); false for a tensor autograd did not produce.
+  bool arm(const at::Tensor& tensor) {
+    if (!tensor.defined() || !tensor.requires_grad()) return false;
+    auto node = tensor.grad_fn();
+    if (!node) return false;
+    int64_t token;
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      token = state_->token;
+      state_->queued = false;
+    }
+    auto hook = std::make_unique<WatchHook>(state_, token, tensor.output_nr());
+    armed_.emplace_back(c10::weak_intrusive_ptr<Node>(node), hook.get());
+    node->add_pre_hook(std::move(hook));
+    return true;
+  }
+
+  // Whether compiled autograd met a hook of the watch since the last call (and so called none of them).
+  bool take_compiled() {
+    std::lock_guard<std::mutex> guard(state_->lock);
+    bool compiled = state_->compiled;
+    state_->compiled = false;
+    return compiled;
+  }
+
+  // Ends the step: the hooks leave the nodes still alive, and those that stay keep quiet.
+  void reset() {
+    {
+      std::lock_guard<std::mutex> guard(state_->lock);
+      state_->token += 1;
+      state_->queued = false;
+    }
+    for (auto& [weak, hook] : armed_) {
+      auto node = weak.lock();
+      if (!node) continue;
+      auto& hooks = node->pre_hooks();
+      for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+        if (it->get() == hook) {
+          hooks.erase(it);
+          break;
+        }
+      }
+    }
+    armed_.clear();
+  }
+
+ private:
+  std::shared_ptr<WatchState> state_;
+  std::vector<std::pair<c10::weak_intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> armed_;
+};
+
+// The gradient each parameter's last optimizer step consumed, weakly, with its version counter then: the loop
+// invariants' stale-gradient check (`instrument/consumed.py`, which holds the same in Python without this part).
+class Consumed {
+ public:
+  explicit Consumed(size_t count) : entries_(count) {}
+
+  // An optimizer step is about to consume the gradients of `parameters[i]` for i in `held`: counts those that
+  // have one and notes each, and returns (that count, the indices whose gradient is the very tensor the last
+  // step consumed, changed in place since).
+  py::tuple consume(const std::vector<at::Tensor>& parameters, const std::vector<int64_t>& held) {
+    int64_t with_grad = 0;
+    std::vector<int64_t> grown;
+    for (int64_t i : held) {
+      if (i < 0 || static_cast<size_t>(i) >= entries_.size() || static_cast<size_t>(i) >= parameters.size()) {
+        throw py::index_error("Consumed.consume: a held index is outside the parameters");
+      }
+      const at::Tensor& grad = parameters[i].grad();
+      if (!grad.defined()) continue;
+      ++with_grad;
+      Entry& e = entries_[i];
+      auto version = static_cast<int64_t>(grad._version());
+      if (e.noted && e.version != version && e.seen.lock().get() == grad.unsafeGetTensorImpl()) grown.push_back(i);
+      e.seen = c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr());
+      e.version = version;
+      e.noted = true;
+    }
+    py::list out(grown.size());
+    for (size_t k = 0; k < grown.size(); ++k) out[k] = py::int_(grown[k]);
+    return py::make_tuple(with_grad, out);
+  }
+
+  // The version the gradient of parameter `i` had when the last step consumed it, if `grad` is that tensor;
+  // else None.
+  py::object version_if(int64_t i, py::handle grad) const {
+    if (i < 0 || static_cast<size_t>(i) >= entries_.size()) throw py::index_error("Consumed.version_if: no such index");
+    const Entry& e = entries_[i];
+    if (!e.noted || !THPVariable_Check(grad.ptr())) return py::none();
+    const at::Tensor& t = THPVariable_Unpack(grad.ptr());
+    if (!t.defined() || e.seen.lock().get() != t.unsafeGetTensorImpl()) return py::none();
+    return py::int_(e.version);
+  }
+
+  void forget() {
+    for (auto& e : entries_) e = Entry();
+  }
+
+ private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> seen{c10::intrusive_ptr<c10::TensorImpl>()};
+    int64_t version = 0;
+    bool noted = false;
+  };
+
+  std::vector<Entry> entries_;
+};
+
+// What the forward hook of every module output asks of it (`instrument/outputs.py`), in one call: bit 1 when
+// its autograd node is defined in Python (a custom autograd Function, of which a `torch.compile` region's is
+// one; its Python class tells which), bit 2 when saved-tensor hooks are active now (a non-reentrant
+// checkpoint, `save_on_cpu`: `torch._C._autograd._top_saved_tensors_default_hooks(False)` is not None).
+int64_t output_flags(const at::Tensor& tensor) {
+  int64_t flags = 0;
+  if (tensor.defined()) {
+    auto node = tensor.grad_fn();
+    if (node && std::strstr(typeid(*node).name(), "PyNode") != nullptr) flags |= 1;
+  }
+  if (at::SavedTensorDefaultHooks::get_hooks(/*ignore_is_tracing=*/false).has_value()) flags |= 2;
+  return flags;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -688,11 +878,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const at::Tensor&, int64_t>(), py::arg("example"), py::arg("batch"))
       .def("usable", &HostView::usable)
       .def("view", &HostView::view, py::arg("tensor"));
+  py::class_<BackwardWatch>(m, "BackwardWatch")
+      .def(py::init<py::object>(), py::arg("on_end"))
+      .def("arm", &BackwardWatch::arm, py::arg("tensor"))
+      .def("take_compiled", &BackwardWatch::take_compiled)
+      .def("reset", &BackwardWatch::reset);
+  py::class_<Consumed>(m, "Consumed")
+      .def(py::init<size_t>(), py::arg("count"))
+      .def("consume", &Consumed::consume, py::arg("parameters"), py::arg("held"))
+      .def("version_if", &Consumed::version_if, py::arg("index"), py::arg("grad"))
+      .def("forget", &Consumed::forget);
   py::class_<Layout>(m, "Layout")
       .def(py::init<const std::vector<at::Tensor>&>(), py::arg("tensors"))
       .def("same", &Layout::same, py::arg("tensors"));
   m.def("grad_fingerprint", &grad_fingerprint, py::arg("parameters"));
   m.def("version_sum", &version_sum, py::arg("tensors"));
+  m.def("output_flags", &output_flags, py::arg("tensor"));
   m.def("pack", &pack_into, py::arg("tensors"), py::arg("addresses"), py::arg("sizes"),
         "Fill `addresses` and `sizes` with the tensors' data pointers and element counts; returns their "
         "common dtype code (0 float32, 1 float64), -1 when one is no lean host array or the dtypes differ, -2 "
