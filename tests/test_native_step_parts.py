@@ -249,3 +249,47 @@ def test_a_tensor_registered_under_two_names_gets_its_own_rows_after_an_in_place
                                           recording.summary("same", kind, "mean")[1])
         before, after = (recording.summary(name, "value", "mean")[1] for name in ("before", "after"))
         np.testing.assert_allclose(after, before + 1.0, rtol=1e-5)
+
+
+def _sets_run(folder: Path) -> int:
+    """An explicit loop registering one tensor under two names, with two gradient sets per step, a second
+    iteration at odd steps and snapshots every third step; returns how many registrations shared rows."""
+    torch.manual_seed(0)
+    lin, aux = nn.Linear(3, 4), nn.Linear(4, 2)
+    g = torch.Generator().manual_seed(1)
+    shared = 0
+    with Recorder(folder, trial="t", snapshots=3) as rec:
+        rec.track_module("lin", lin)
+        for step in range(6):
+            with rec.step(step):
+                x = torch.randn(5, 3, generator=g)
+                for iteration in range(1 + step % 2):
+                    if step % 2:
+                        rec.start_iteration()
+                    h = torch.tanh(lin(x))
+                    rec.register_tensor("h", h)
+                    before = len(rec._value_keys)
+                    rec.register_tensor("same", h)
+                    shared += rec._value_keys[-1][2] == rec._value_keys[before - 1][2]
+                    if iteration == 0:
+                        loss = h.pow(2).mean()
+                        rec.register_tensor("loss", loss, role="loss")
+                        loss.backward(retain_graph=True)
+                        rec.record_gradients("main")
+                        aux(h).sum().backward()
+                        rec.record_gradients("aux")
+                    else:
+                        h.sum().backward()
+                        rec.record_gradients("second")
+                    if step % 2:
+                        rec.finish_iteration()
+    return shared
+
+
+def test_shared_rows_follow_gradient_sets_iterations_and_snapshot_steps(tmp_path: Path, module, monkeypatch) -> None:
+    assert _sets_run(tmp_path / "shared") >= 2  # where both names take their plans (not at snapshot steps)
+    monkeypatch.setattr(registration, "same_summary", lambda plan, other: False)
+    assert _sets_run(tmp_path / "computed") == 0
+    _assert_same(*(_datasets(tmp_path / kind / "t" / "recording.h5") for kind in ("shared", "computed")))
+    with open_recording(tmp_path / "shared", "t") as recording:
+        assert {"grad:main", "grad:aux"} <= set(recording.kinds("same"))
