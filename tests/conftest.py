@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
 
+from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import kernels
 
 # Fuzz tests (tests/test_fuzz_recorder.py): no deadline (a recording's first numba compilation takes seconds);
@@ -19,6 +21,19 @@ settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", 
 # missing module is built in the background and taken up when ready), so that every test runs one known path;
 # tests/test_native_taps.py compares it with the Python hooks.
 os.environ.setdefault("COMGRA_NDBG_NATIVE", "wait")
+
+
+@pytest.fixture
+def taps_module():
+    """The recorder's built C++ part: where a C++ compiler exists it must build (a failure fails the test, so the
+    suite never passes on the Python hooks alone by accident)."""
+    if native.mode() == "off":
+        pytest.skip("COMGRA_NDBG_NATIVE=off")
+    module = native.warm_up()
+    if module is None and (shutil.which("c++") or shutil.which("g++")) is None:
+        pytest.skip(f"no C++ compiler: {native.build_error()}")
+    assert module is not None, native.build_error()
+    return module
 
 
 @pytest.fixture(params=["kernels", "numpy"])

@@ -4,7 +4,6 @@ output, the gradients each optimizer step consumed (the stale-gradient check); a
 two names, summarised once."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,22 +17,9 @@ from comgra_ndbg.instrument.consumed import ConsumedGradients
 from comgra_ndbg.recorder import native, registration
 from tests.test_native_taps import _assert_same, _datasets
 
-COMPILER = shutil.which("c++") or shutil.which("g++")
 
 
-@pytest.fixture
-def module():
-    """The built C++ part (a failure to build fails the test where a compiler exists)."""
-    if native.mode() == "off":
-        pytest.skip("COMGRA_NDBG_NATIVE=off")
-    built = native.warm_up()
-    if built is None and COMPILER is None:
-        pytest.skip(f"no C++ compiler: {native.build_error()}")
-    assert built is not None, native.build_error()
-    return built
-
-
-def test_output_flags_tell_python_nodes_and_saved_tensor_hooks_as_torch_does(module) -> None:
+def test_output_flags_tell_python_nodes_and_saved_tensor_hooks_as_torch_does(taps_module) -> None:
     x = torch.ones(3, requires_grad=True)
     y = x * 2
 
@@ -46,12 +32,12 @@ def test_output_flags_tell_python_nodes_and_saved_tensor_hooks_as_torch_does(mod
         def backward(ctx, grad):
             return grad * 2
 
-    assert module.output_flags(y) == 0 and module.output_flags(x) == 0 and module.output_flags(torch.ones(2)) == 0
-    assert module.output_flags(Double.apply(x)) == 1
+    assert [taps_module.output_flags(t) for t in (y, x, torch.ones(2))] == [0, 0, 0]
+    assert taps_module.output_flags(Double.apply(x)) == 1
     seen = []
 
     def inner(a: torch.Tensor) -> torch.Tensor:
-        seen.append((module.output_flags(a) & 2 == 2,
+        seen.append((taps_module.output_flags(a) & 2 == 2,
                      torch._C._autograd._top_saved_tensors_default_hooks(False) is not None))
         return a.sin()
 
@@ -63,9 +49,9 @@ def test_output_flags_tell_python_nodes_and_saved_tensor_hooks_as_torch_does(mod
     assert seen == [(True, True), (True, True), (False, False), (False, False)]
 
 
-def test_the_consumed_gradients_tables_agree_on_every_kind_of_change(module) -> None:
+def test_the_consumed_gradients_tables_agree_on_every_kind_of_change(taps_module) -> None:
     params = [nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(1))]
-    tables = [module.Consumed(3), ConsumedGradients(3)]
+    tables = [taps_module.Consumed(3), ConsumedGradients(3)]
     answers: list[list] = [[], []]
 
     def step(held: list[int]) -> None:
@@ -92,9 +78,9 @@ def test_the_consumed_gradients_tables_agree_on_every_kind_of_change(module) -> 
         tables[0].consume(params, [3])
 
 
-def test_the_backward_watch_calls_once_per_pass_until_reset(module) -> None:
+def test_the_backward_watch_calls_once_per_pass_until_reset(taps_module) -> None:
     calls = []
-    watch = module.BackwardWatch(lambda: calls.append(torch._C._current_graph_task_id()))
+    watch = taps_module.BackwardWatch(lambda: calls.append(torch._C._current_graph_task_id()))
     x = torch.ones(2, requires_grad=True)
     assert not watch.arm(x)  # a leaf: nothing produced it
     y = (x * 3).tanh()
@@ -132,7 +118,7 @@ def _stale_run(folder: Path) -> list[str]:
         return [row.message for row in recording.log(loop_rules.CATEGORY)]
 
 
-def test_stale_gradients_are_found_alike_with_and_without_the_module(tmp_path: Path, module, monkeypatch) -> None:
+def test_stale_gradients_are_found_alike_with_and_without_the_module(tmp_path: Path, taps_module, monkeypatch) -> None:
     with_module = _stale_run(tmp_path / "native")
     monkeypatch.setattr(native, "taps_module", lambda: None)
     without = _stale_run(tmp_path / "python")
@@ -164,8 +150,8 @@ def _loss_steps(folder: Path, compiled: bool) -> tuple[list[int], np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("with_module", [True, False])
-def test_neuraldbg_finds_the_steps_under_compiled_autograd_which_calls_no_watch(tmp_path: Path, module, monkeypatch,
-                                                                                with_module) -> None:
+def test_neuraldbg_finds_the_steps_under_compiled_autograd_which_calls_no_watch(tmp_path: Path, taps_module,
+                                                                                monkeypatch, with_module) -> None:
     """Compiled autograd calls no C++ hook and refuses the Python hook's engine callback (unless the whole
     backward is one graph): the end of its passes is read where the backward call returns."""
     pytest.importorskip("torch._dynamo.compiled_autograd")
@@ -205,8 +191,8 @@ def _twice_run(folder: Path, scale: float | None) -> None:
 
 
 @pytest.mark.parametrize("scale", [None, 2.0])
-def test_a_model_output_that_is_its_heads_is_summarised_once_and_recorded_twice(tmp_path: Path, module, monkeypatch,
-                                                                                scale) -> None:
+def test_a_model_output_that_is_its_heads_is_summarised_once_and_recorded_twice(tmp_path: Path, taps_module,
+                                                                                monkeypatch, scale) -> None:
     again = []
     original = registration.TensorRegistration._register_again
     monkeypatch.setattr(registration.TensorRegistration, "_register_again",
@@ -286,7 +272,8 @@ def _sets_run(folder: Path) -> int:
     return shared
 
 
-def test_shared_rows_follow_gradient_sets_iterations_and_snapshot_steps(tmp_path: Path, module, monkeypatch) -> None:
+def test_shared_rows_follow_gradient_sets_iterations_and_snapshot_steps(tmp_path: Path, taps_module,
+                                                                         monkeypatch) -> None:
     assert _sets_run(tmp_path / "shared") >= 2  # where both names take their plans (not at snapshot steps)
     monkeypatch.setattr(registration, "same_summary", lambda plan, other: False)
     assert _sets_run(tmp_path / "computed") == 0

@@ -21,22 +21,6 @@ from comgra_ndbg.instrument import loop_rules
 from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import backend
 
-COMPILER = shutil.which("c++") or shutil.which("g++")
-
-
-@pytest.fixture
-def taps_module():
-    """The built module: where a C++ compiler exists it must build (a failure fails the test, so the suite
-    never passes on the Python hooks alone by accident)."""
-    if native.mode() == "off":
-        pytest.skip("COMGRA_NDBG_NATIVE=off")
-    module = native.warm_up()
-    if module is None and COMPILER is None:
-        pytest.skip(f"no C++ compiler: {native.build_error()}")
-    assert module is not None, native.build_error()
-    return module
-
-
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()

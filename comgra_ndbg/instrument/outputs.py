@@ -28,6 +28,11 @@ _PYTHON_NODE, _SAVED_HOOKS = 1, 2
 """The bits of the C++ part's ``output_flags``: a node defined in Python, saved-tensor hooks active."""
 
 
+def _python_flags() -> int:
+    """``output_flags`` without the C++ part: any node may be defined in Python (its class name then tells)."""
+    return _PYTHON_NODE | (_SAVED_HOOKS if top_saved_tensors_hooks(False) is not None else 0)
+
+
 class OutputRegistration:
     """Output registration of ``NeuralDbg`` (see the module docstring); not used on its own."""
 
@@ -43,12 +48,12 @@ class OutputRegistration:
             self._on_outputs(path, output)
             return
         native = self._native_marks  # (the C++ part answers both questions below in one call)
-        flags = native.output_flags(output) if native is not None else _PYTHON_NODE
+        flags = native.output_flags(output) if native is not None else _python_flags()
         if flags & _PYTHON_NODE and type(output.grad_fn).__name__.startswith("CompiledFunction"):
             self._hooks.stash.append((path, output, ()))  # ``from_compiled_code``, inline
             return
-        if (flags & _SAVED_HOOKS) if native is not None else top_saved_tensors_hooks(False) is not None:
-            self._hidden_pass = True  # ``saved_tensors_hooked``, inline
+        if flags & _SAVED_HOOKS:  # ``saved_tensors_hooked``
+            self._hidden_pass = True
         try:
             module = self._module_nodes.get(path)
             if module is None:

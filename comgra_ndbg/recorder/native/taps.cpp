@@ -157,6 +157,42 @@ struct Tap : torch::autograd::FunctionPreHook {
   bool batched_;
 };
 
+// Takes `hook` off `node`'s pre-hooks (where it still is).
+void remove_pre_hook(Node& node, torch::autograd::FunctionPreHook* hook) {
+  auto& hooks = node.pre_hooks();
+  for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+    if (it->get() == hook) {
+      hooks.erase(it);
+      return;
+    }
+  }
+}
+
+// Pre-hooks armed on autograd nodes in a step, and taken off the nodes still alive when it ends (a graph the
+// user keeps across steps outlives them): the taps' and the backward watch's.
+class ArmedHooks {
+ public:
+  template <typename NodePointer>
+  void arm(const NodePointer& node, std::unique_ptr<torch::autograd::FunctionPreHook> hook) {
+    armed_.emplace_back(c10::weak_intrusive_ptr<Node>(node), hook.get());
+    node->add_pre_hook(std::move(hook));
+  }
+
+  size_t size() const { return armed_.size(); }
+
+  void remove_all() {
+    for (auto& [weak, hook] : armed_) {
+      auto node = weak.lock();
+      if (!node) continue;
+      remove_pre_hook(*node, hook);
+    }
+    armed_.clear();
+  }
+
+ private:
+  std::vector<std::pair<c10::weak_intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> armed_;
+};
+
 class Taps {
  public:
   Taps(py::object on_start, py::object on_end) : state_(std::make_shared<State>()) {
@@ -189,8 +225,7 @@ class Taps {
       token = state_->token;
     }
     auto hook = std::make_unique<Tap>(state_, token, index, tensor.output_nr(), batched);
-    armed_.emplace_back(c10::weak_intrusive_ptr<Node>(node), hook.get());
-    node->add_pre_hook(std::move(hook));
+    armed_.arm(node, std::move(hook));
     return true;
   }
 
@@ -243,18 +278,7 @@ class Taps {
       state_->versions.clear();
       state_->batches.clear();
     }
-    for (auto& [weak, hook] : armed_) {
-      auto node = weak.lock();
-      if (!node) continue;
-      auto& hooks = node->pre_hooks();
-      for (auto it = hooks.begin(); it != hooks.end(); ++it) {
-        if (it->get() == hook) {
-          hooks.erase(it);
-          break;
-        }
-      }
-    }
-    armed_.clear();
+    armed_.remove_all();
   }
 
  private:
@@ -279,7 +303,7 @@ class Taps {
   }
 
   std::shared_ptr<State> state_;
-  std::vector<std::pair<c10::weak_intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> armed_;
+  ArmedHooks armed_;
 };
 
 // Which tracked parameters received a gradient since the last take, and after the step's first take what each
@@ -351,13 +375,7 @@ class Marks {
 
   void unwatch() {
     for (auto& [accumulator, hook] : hooks_) {
-      auto& hooks = accumulator->pre_hooks();
-      for (auto it = hooks.begin(); it != hooks.end(); ++it) {
-        if (it->get() == hook) {
-          hooks.erase(it);
-          break;
-        }
-      }
+      remove_pre_hook(*accumulator, hook);
     }
     hooks_.clear();
     parameters_.clear();
@@ -737,8 +755,7 @@ class BackwardWatch {
       state_->queued = false;
     }
     auto hook = std::make_unique<WatchHook>(state_, token, tensor.output_nr());
-    armed_.emplace_back(c10::weak_intrusive_ptr<Node>(node), hook.get());
-    node->add_pre_hook(std::move(hook));
+    armed_.arm(node, std::move(hook));
     return true;
   }
 
@@ -757,23 +774,12 @@ class BackwardWatch {
       state_->token += 1;
       state_->queued = false;
     }
-    for (auto& [weak, hook] : armed_) {
-      auto node = weak.lock();
-      if (!node) continue;
-      auto& hooks = node->pre_hooks();
-      for (auto it = hooks.begin(); it != hooks.end(); ++it) {
-        if (it->get() == hook) {
-          hooks.erase(it);
-          break;
-        }
-      }
-    }
-    armed_.clear();
+    armed_.remove_all();
   }
 
  private:
   std::shared_ptr<WatchState> state_;
-  std::vector<std::pair<c10::weak_intrusive_ptr<Node>, torch::autograd::FunctionPreHook*>> armed_;
+  ArmedHooks armed_;
 };
 
 // The gradient each parameter's last optimizer step consumed, weakly, with its version counter then: the loop
