@@ -15,7 +15,6 @@ discarded, not written, so there is one recorded step per update of the model.
 """
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -27,7 +26,7 @@ from torch import nn
 
 from comgra_ndbg.instrument.compile_cache import evict_compiled_code
 from comgra_ndbg.instrument.hooks import INPUT, from_compiled_code, input_names, tensor_leaves
-from comgra_ndbg.recorder.grad_hook import on_gradient
+from comgra_ndbg.recorder.grad_hook import in_compiled_autograd, on_gradient
 from comgra_ndbg.recorder.parameters import optimizer_holds
 
 __all__ = ["StepDetection", "LOSS", "gradient_fingerprint"]
@@ -212,7 +211,7 @@ class StepDetection:
                 return
 
     def _on_backward(self, grad: torch.Tensor) -> None:
-        if _in_compiled_autograd():  # which queues no callback: ``_after_backward_call`` stands in
+        if in_compiled_autograd():  # which queues no callback: ``_after_backward_call`` stands in
             self._backward_compiled = True
             return
         if not self._callback_queued and not self._closed:
@@ -329,12 +328,6 @@ class StepDetection:
         self._own_steps = self._foreign_steps = 0
         self._stuck_release()
         self._inv_reset_step()
-
-
-def _in_compiled_autograd() -> bool:
-    """Whether compiled autograd is running the backward pass (its module is imported only where it is used)."""
-    compiled = sys.modules.get("torch._dynamo.compiled_autograd")
-    return compiled is not None and bool(compiled.in_compiled_autograd_region)
 
 
 def watch_callback(owner: Any) -> Callable[[], None]:

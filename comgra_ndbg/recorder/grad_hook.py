@@ -18,13 +18,16 @@ gradient of the value before it). Leaves have no ``grad_fn`` and keep the tensor
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["on_gradient", "on_gradient_at"]
+__all__ = ["dynamo_loaded", "in_compiled_autograd", "on_gradient", "on_gradient_at", "untraced"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def on_gradient(tensor: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> Any:
@@ -63,3 +66,24 @@ def on_gradient_at(tensor: torch.Tensor, fn: Callable[..., None], *args: Any) ->
     if node is None:
         return tensor.register_hook(partial(fn, None, *args))
     return node.register_prehook(partial(fn, tensor.output_nr, *args))
+
+
+def in_compiled_autograd() -> bool:
+    """Whether compiled autograd is running the backward pass (its module is imported only where it is used).
+    Its engine takes no callback for the pass's end, and its compiled code may write a later result into the
+    buffer of a gradient a hook received: a hook that runs under it keeps nothing for later."""
+    compiled = sys.modules.get("torch._dynamo.compiled_autograd")
+    return compiled is not None and bool(compiled.in_compiled_autograd_region)
+
+
+def untraced(fn: _F) -> _F:
+    """``fn`` as a hook that compiled autograd may call: compiled autograd traces a backward pass's hooks with
+    dynamo, which cannot trace the recorder's (side effects on its state, the host kernels); this one dynamo
+    runs as it is, with what it calls, between the parts of the compiled graph, with the real gradients. The
+    wrapper costs about a call per gradient: for processes where dynamo is loaded (``dynamo_loaded``)."""
+    return torch.compiler.disable(fn)
+
+
+def dynamo_loaded() -> bool:
+    """Whether dynamo (``torch.compile``, compiled autograd) is imported in this process."""
+    return "torch._dynamo" in sys.modules

@@ -17,6 +17,7 @@ from operator import attrgetter
 import torch
 from torch.autograd import Variable
 
+from comgra_ndbg.recorder.grad_hook import in_compiled_autograd
 from comgra_ndbg.stats.reducer import Reducer
 
 __all__ = ["GradientBatch"]
@@ -64,6 +65,9 @@ class GradientBatch:
             self._queue()
 
     def _queue(self) -> None:
+        if in_compiled_autograd():  # which takes no callback (and may reuse the buffers): summarised now
+            self._on_end()
+            return
         try:
             Variable._execution_engine.queue_callback(self._end_of_backward)
         except RuntimeError:  # not inside a backward pass

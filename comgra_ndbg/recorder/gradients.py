@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
+from comgra_ndbg.recorder.grad_hook import in_compiled_autograd
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
 from comgra_ndbg.recorder.step_record import LateRows, SummaryRows, rows_at, zeros
@@ -58,6 +59,8 @@ class GradientRecording:
                 return
         if token != self._token or not self._step_open:
             return
+        if deferred and in_compiled_autograd():  # no engine callback, and its buffers may be reused: now
+            deferred = False
         try:
             if self._tap_keys:  # what the taps kept before this hook fired goes first, as the hooks' order has it
                 self._drain_taps()
@@ -89,7 +92,8 @@ class GradientRecording:
                     if earlier is not None:
                         self._deferred_grads = [d for d in self._deferred_grads
                                                 if d.kind is not None or (d.key, d.iteration) != key]
-                    self._deferred_grads.append(DeferredSnapshot(tid, iteration, grad.detach(), True, None))
+                    kept = grad.detach() if deferred else grad.detach().clone()  # (a buffer reused later)
+                    self._deferred_grads.append(DeferredSnapshot(tid, iteration, kept, True, None))
                 else:
                     self._grad_snaps[key] = self._take(grad, batched)
         except Exception as error:  # a recorder problem must not break the user's backward pass

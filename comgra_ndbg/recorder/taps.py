@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.recorder import native
-from comgra_ndbg.recorder.grad_hook import on_gradient_at
+from comgra_ndbg.recorder.grad_hook import dynamo_loaded, on_gradient_at, untraced
 from comgra_ndbg.recorder.gradients import SET_MEMORY
 
 __all__ = ["GradientTaps"]
@@ -38,7 +38,19 @@ class GradientTaps:
         if taps is not None and deferred and not self._taps_compiled and taps.tap(tensor, len(self._tap_keys), batched):
             self._tap_keys.append(((tid, iteration), batched))
             return
-        self._hooks.append(on_gradient_at(tensor, self._on_grad, self._token, tid, iteration, batched, deferred))
+        self._hooks.append(on_gradient_at(tensor, self._grad_hook(), self._token, tid, iteration, batched, deferred))
+
+    _untraced_on_grad: Callable[..., None] | None = None
+
+    def _grad_hook(self) -> Callable[..., None]:
+        """``_on_grad`` as the Python hooks call it: ``untraced`` where dynamo is loaded (compiled autograd, which
+        may run the backward pass, would trace it otherwise)."""
+        hook = self._untraced_on_grad
+        if hook is None:
+            if not dynamo_loaded():
+                return self._on_grad
+            hook = self._untraced_on_grad = untraced(self._on_grad)
+        return hook
 
     def _unflushed(self) -> bool:
         """Whether hooks or taps hold gradients that no end of a backward pass summarised yet."""
