@@ -165,16 +165,17 @@ def test_neuraldbg_finds_the_steps_under_compiled_autograd_which_calls_no_watch(
 
 
 
-def _recorder_gradients(folder: Path, compiled_from: int | None) -> tuple[list[str], dict[str, tuple]]:
-    """An explicit Recorder's gradient means of the registered tensors over 4 steps, the backward passes from
-    step ``compiled_from`` on under compiled autograd (None: all eager); and its skipped-tensor problems."""
+def _recorder_gradients(folder: Path, compiled_from: int | None, in_hook: bool) -> tuple[list[str], dict[str, tuple]]:
+    """An explicit Recorder's gradient means of the registered tensors and a parameter over 4 steps, the backward
+    passes from step ``compiled_from`` on under compiled autograd (None: all eager), the parameters' gradients
+    handed over by hooks when ``in_hook``; and the recording's problems."""
     import warnings
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(3)
     rec = Recorder(folder, "t", summaries=1, snapshots=None)
-    rec.track_module("net", net)
+    rec.track_module("net", net, gradients_in_hook=in_hook)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(4):
@@ -203,21 +204,24 @@ def _recorder_gradients(folder: Path, compiled_from: int | None) -> tuple[list[s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("with_module", [True, False])
+@pytest.mark.parametrize("with_module, in_hook", [(True, False), (False, False), (True, True)])
 def test_recorder_gradients_under_compiled_autograd_are_recorded_as_in_eager_passes(tmp_path: Path, taps_module,
-                                                                                      monkeypatch, with_module) -> None:
+                                                                                      monkeypatch, with_module,
+                                                                                      in_hook) -> None:
     """Compiled autograd takes no engine callback for the pass's end and would trace the recorder's Python
     hooks with dynamo: they run untraced and summarise their gradient at once. With the C++ part, whose taps
     and parameter marks compiled autograd does not call, the first compiled pass's gradients are missing
-    (warned), the next ones are recorded through Python hooks."""
+    (warned), the next ones are recorded through Python hooks; parameters' gradients handed over by hooks
+    (``gradients_in_hook``) are recorded from the first."""
     pytest.importorskip("torch._dynamo.compiled_autograd")
     if not with_module:
         monkeypatch.setattr(native, "taps_module", lambda: None)
-    _, eager = _recorder_gradients(tmp_path / "eager", None)
-    problems, compiled = _recorder_gradients(tmp_path / "compiled", 1)
+    _, eager = _recorder_gradients(tmp_path / "eager", None, in_hook)
+    problems, compiled = _recorder_gradients(tmp_path / "compiled", 1, in_hook)
     assert not [p for p in problems if "skipped" in p or "queue_callback" in p], problems
-    recorded = [0, 2, 3] if with_module else [0, 1, 2, 3]  # the taps and marks of step 1 were never called
     for name in ("h", "out", "loss", "net.0.weight"):
+        handed = name == "net.0.weight" and in_hook  # a Python hook from the start
+        recorded = [0, 2, 3] if with_module and not handed else [0, 1, 2, 3]  # step 1's taps and marks: not called
         steps, means = compiled[name]
         assert steps == recorded, (name, steps)
         expected = dict(zip(*eager[name]))

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.recorder import native
+from comgra_ndbg.recorder.grad_hook import dynamo_loaded, untraced
 from comgra_ndbg.recorder.validation import summarizable
 from comgra_ndbg.recorder.step_record import shared
 from comgra_ndbg.stats import kernels
@@ -201,7 +202,9 @@ class ParameterTracker:
             if not t.parameter.requires_grad or (t.handed_over and self.polled):
                 continue
             if t.handed_over:
-                hooks.append(t.parameter.register_post_accumulate_grad_hook(_hand_over(t, t.receiver)))
+                hand_over = _hand_over(t, t.receiver)  # (compiled autograd would trace it where dynamo is loaded)
+                hooks.append(t.parameter.register_post_accumulate_grad_hook(untraced(hand_over) if dynamo_loaded()
+                                                                            else hand_over))
             elif marks is None or not marks.watch(t.parameter, index[id(t)]):
                 hooks.append(t.parameter.register_hook(_mark_fresh(t, self)))
         return hooks
