@@ -26,6 +26,8 @@ _STRIDED = torch.strided
 class GradientTaps:
     """Gradient taps of ``Recorder`` (see the module docstring); not used on its own."""
 
+    _untraced_on_grad: Callable[..., None] | None = None  # ``_grad_hook``'s, made once dynamo is loaded
+
     def _hook_gradient(self, tensor: torch.Tensor, tid: int, iteration: int, batched: bool, deferred: bool) -> None:
         """Have the gradient of a registered tensor reach ``_on_grad``: through a C++ tap (``native``) that keeps
         it until the backward pass ends, or through a Python hook where no tap can stand in for one (a leaf, a
@@ -39,8 +41,6 @@ class GradientTaps:
             self._tap_keys.append(((tid, iteration), batched))
             return
         self._hooks.append(on_gradient_at(tensor, self._grad_hook(), self._token, tid, iteration, batched, deferred))
-
-    _untraced_on_grad: Callable[..., None] | None = None
 
     def _grad_hook(self) -> Callable[..., None]:
         """``_on_grad`` as the Python hooks call it: ``untraced`` where dynamo is loaded (compiled autograd, which
