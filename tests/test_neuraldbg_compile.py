@@ -171,8 +171,10 @@ def fresh_dynamo():
 
 
 def record(folder: Path, kind: str, pattern: str, backend: str = "aot_eager", steps: int = 8,
-           accumulate: int = 1) -> tuple[dict, list[str]]:
-    """Train with the plain training loop under one compile pattern; returns Dynamo's counters and the warnings."""
+           accumulate: int = 1, compiled_backward: bool = False, every: list[str] | None = None
+           ) -> tuple[dict, list[str]]:
+    """Train with the plain training loop under one compile pattern (``compiled_backward``: the backward passes
+    under compiled autograd); returns Dynamo's counters and the recorder's warnings (``every`` receives all)."""
     model, criterion = make(kind), nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     counters.clear()
@@ -199,8 +201,15 @@ def record(folder: Path, kind: str, pattern: str, backend: str = "aot_eager", st
                 optimizer.zero_grad()
                 for inputs, targets in batches[step * accumulate:(step + 1) * accumulate]:
                     loss = criterion(net(inputs), targets)
-                    loss.backward()
+                    if compiled_backward:
+                        from torch._dynamo import compiled_autograd
+                        with compiled_autograd._enable(torch.compile(backend="eager")):
+                            loss.backward()
+                    else:
+                        loss.backward()
                 optimizer.step()
+    if every is not None:
+        every += [str(w.message) for w in caught]
     seen = {key: dict(value) for key, value in counters.items()}
     return seen, [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
 
@@ -243,6 +252,24 @@ def test_compiled_model_records_what_eager_records_without_graph_breaks_or_recom
     assert breaks == (1 if (kind, pattern) == ("seq", "compiled inside") else 0)
     assert_same_recording(tmp_path / "eager", tmp_path / "compiled")
 
+
+@pytest.mark.slow
+def test_a_compiled_model_under_compiled_autograd_records_the_gradients_of_eager_passes(tmp_path: Path) -> None:
+    """Compiled autograd traces a backward pass's hooks with dynamo: NeuralDbg's hooks on the compiled region's
+    outputs and on the loss run untraced (nothing of the recorder is traced, no dynamo warning), and every
+    gradient is the eager run's."""
+    record(tmp_path / "eager", "net", "eager", steps=4)
+    every: list[str] = []
+    _, warned = record(tmp_path / "compiled", "net", "compiled outside", steps=4, compiled_backward=True, every=every)
+    assert warned == [] and not [m for m in every if "Dynamo" in m or "dynamo" in m], every
+    with open_recording(tmp_path / "eager") as eager, open_recording(tmp_path / "compiled") as compiled:
+        graded = [t.name for t in eager.tensors if "grad" in eager.kinds(t.name)]
+        assert len(graded) > 5 and "loss" in graded
+        for name in graded:
+            steps, means = compiled.summary(name, "grad", "mean")
+            assert steps.tolist() == [0, 1, 2, 3], name
+            np.testing.assert_allclose(means, eager.summary(name, "grad", "mean")[1], rtol=2e-4, atol=1e-7,
+                                       err_msg=name)
 
 def test_compiled_gradient_accumulation_attributes_each_pass_to_its_iteration(tmp_path: Path) -> None:
     record(tmp_path / "eager", "net", "eager", steps=4, accumulate=3)

@@ -186,7 +186,7 @@ class LossCapture:
             return
         self.recorder.register_tensor(name, loss.detach(), role="loss", node=LOSS)
         if loss.requires_grad:
-            self._tensor_handles.append(on_gradient(loss, partial(self._on_grad, name, self._iteration, False)))
+            self._tensor_handles.append(on_gradient(loss, partial(self._untraced_grad(), name, self._iteration, False)))
 
     def _record_loss_kpi(self, rec: Any) -> None:
         """The step's loss KPI: the mean of its passes' losses (one pass: its loss as it is), checked by
