@@ -31,7 +31,7 @@ from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
 from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation
 from comgra_ndbg.instrument.loss_graph import INFORMATION, gradient_leaves, loss_mistakes
 from comgra_ndbg.instrument.steps import LOSS
-from comgra_ndbg.recorder.grad_hook import on_gradient
+from comgra_ndbg.recorder.grad_hook import hook_method, on_gradient
 
 __all__ = ["LossCapture", "TARGET", "loss_value", "reached_outputs"]
 
@@ -186,7 +186,8 @@ class LossCapture:
             return
         self.recorder.register_tensor(name, loss.detach(), role="loss", node=LOSS)
         if loss.requires_grad:
-            self._tensor_handles.append(on_gradient(loss, partial(self._untraced_grad(), name, self._iteration, False)))
+            hook = partial(hook_method(self, self._on_grad), name, self._iteration, False)
+            self._tensor_handles.append(on_gradient(loss, hook))
 
     def _record_loss_kpi(self, rec: Any) -> None:
         """The step's loss KPI: the mean of its passes' losses (one pass: its loss as it is), checked by

@@ -20,7 +20,7 @@ import torch
 from comgra_ndbg.instrument.hooks import call_node, from_compiled_code, node_name, output_names, tensor_leaves
 from comgra_ndbg.instrument.structure import (ModelStructure, autocast_active, discover_structure, hidden_from_autograd,
                                               saved_tensors_hooked, top_saved_tensors_hooks)
-from comgra_ndbg.recorder.grad_hook import dynamo_loaded, on_gradient, untraced
+from comgra_ndbg.recorder.grad_hook import hook_method, on_gradient
 
 __all__ = ["OutputRegistration"]
 
@@ -129,8 +129,8 @@ class OutputRegistration:
                 if leaf in tapped:
                     self._taps.setdefault((path, leaf), []).append((name, iteration))
                 else:
-                    self._tensor_handles.append(on_gradient(tensor, partial(self._untraced_grad(), name, iteration,
-                                                                            not self._compiled_pass)))
+                    hook = partial(hook_method(self, self._on_grad), name, iteration, not self._compiled_pass)
+                    self._tensor_handles.append(on_gradient(tensor, hook))
         self._declare_edges(structure, known)
 
     def _needs_structure_pass(self) -> bool:
@@ -177,16 +177,6 @@ class OutputRegistration:
         if pending:
             name, iteration = pending.pop()  # backward meets a module's calls in reverse order
             self._on_grad(name, iteration, False, grad)
-
-    def _untraced_grad(self) -> Any:
-        """``_on_grad`` as the Python hooks of outputs and the loss call it: ``untraced`` (made once) where dynamo
-        is loaded, as compiled autograd would trace it otherwise."""
-        hook = self.__dict__.get("_untraced_on_grad")
-        if hook is None:
-            if not dynamo_loaded():
-                return self._on_grad
-            hook = self._untraced_on_grad = untraced(self._on_grad)
-        return hook
 
     def _on_grad(self, name: str, iteration: int, deferred: bool, grad: torch.Tensor) -> None:
         """``deferred`` for eager passes: summarised with the other gradients when the backward pass ends."""

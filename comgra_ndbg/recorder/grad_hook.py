@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["dynamo_loaded", "in_compiled_autograd", "on_gradient", "on_gradient_at", "untraced"]
+__all__ = ["dynamo_loaded", "hook_method", "in_compiled_autograd", "on_gradient", "on_gradient_at", "untraced"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -87,3 +87,15 @@ def untraced(fn: _F) -> _F:
 def dynamo_loaded() -> bool:
     """Whether dynamo (``torch.compile``, compiled autograd) is imported in this process."""
     return "torch._dynamo" in sys.modules
+
+
+def hook_method(owner: Any, method: Callable[..., None]) -> Callable[..., None]:
+    """``method``, a bound method of ``owner``, as its gradient hooks call it: ``untraced`` where dynamo is loaded
+    (the wrapper made once per method and kept on ``owner``), the method itself elsewhere."""
+    if not dynamo_loaded():
+        return method
+    kept = owner.__dict__.setdefault("_untraced_hooks", {})
+    hook = kept.get(method.__name__)
+    if hook is None:
+        hook = kept[method.__name__] = untraced(method)
+    return hook

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.recorder import native
-from comgra_ndbg.recorder.grad_hook import dynamo_loaded, on_gradient_at, untraced
+from comgra_ndbg.recorder.grad_hook import hook_method, on_gradient_at
 from comgra_ndbg.recorder.gradients import SET_MEMORY
 
 __all__ = ["GradientTaps"]
@@ -25,8 +25,6 @@ _STRIDED = torch.strided
 
 class GradientTaps:
     """Gradient taps of ``Recorder`` (see the module docstring); not used on its own."""
-
-    _untraced_on_grad: Callable[..., None] | None = None  # ``_grad_hook``'s, made once dynamo is loaded
 
     def _hook_gradient(self, tensor: torch.Tensor, tid: int, iteration: int, batched: bool, deferred: bool) -> None:
         """Have the gradient of a registered tensor reach ``_on_grad``: through a C++ tap (``native``) that keeps
@@ -40,17 +38,8 @@ class GradientTaps:
         if taps is not None and deferred and not self._taps_compiled and taps.tap(tensor, len(self._tap_keys), batched):
             self._tap_keys.append(((tid, iteration), batched))
             return
-        self._hooks.append(on_gradient_at(tensor, self._grad_hook(), self._token, tid, iteration, batched, deferred))
-
-    def _grad_hook(self) -> Callable[..., None]:
-        """``_on_grad`` as the Python hooks call it: ``untraced`` where dynamo is loaded (compiled autograd, which
-        may run the backward pass, would trace it otherwise)."""
-        hook = self._untraced_on_grad
-        if hook is None:
-            if not dynamo_loaded():
-                return self._on_grad
-            hook = self._untraced_on_grad = untraced(self._on_grad)
-        return hook
+        hook = hook_method(self, self._on_grad)  # (untraced where dynamo is loaded: compiled autograd may run it)
+        self._hooks.append(on_gradient_at(tensor, hook, self._token, tid, iteration, batched, deferred))
 
     def _unflushed(self) -> bool:
         """Whether hooks or taps hold gradients that no end of a backward pass summarised yet."""
