@@ -328,8 +328,10 @@ def test_a_parameter_left_without_gradient_keeps_the_steps_full(tmp_path):
         reasons = recording.step_reasons()
         assert any(reasons[s].startswith(SENTINEL_REASON) for s in range(LIGHT_AFTER, 44))
         assert set(range(45, STEPS)) <= set(measured)
-        # the missing gradient, or (kernel sums rounded otherwise on some CPUs) the values' drift, ends it at 44
-        assert "got no gradient" in reasons[44] or "stopped changing" in reasons[44], reasons[44]
+        # the missing gradient ends it, not the values' drift: the auxiliary layer's updates are at float32's
+        # resolution, which is no stop
+        assert "got no gradient" in reasons[44], reasons[44]
+        assert not any("stopped changing" in reason for reason in reasons.values())
         assert not any(reasons[s].startswith(SENTINEL_REASON) for s in range(45, STEPS))
 
 

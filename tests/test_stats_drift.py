@@ -48,11 +48,64 @@ def test_the_compiled_pass_finds_what_the_numpy_pass_finds():
                 rows[:, FIELD["max"]] = w.max(1)
                 if rng.random() < 0.05:
                     rows[0, FIELD["nan"]] = 1
+                if rng.random() < 0.1:  # facts that moved by a few ulps: within STILL of their magnitude or not
+                    k = FIELD[str(rng.choice(["sum", "sum_sq", "sum_abs", "min", "max"]))]
+                    rows[:, k] = state_facts_moved(rng, states[0], k, rows[:, k])
+                if rng.random() < 0.03:
+                    rows[int(rng.integers(n)), FIELD[str(rng.choice(["sum", "sum_abs", "max"]))]] = \
+                        rng.choice([np.nan, np.inf, -np.inf])
             compare = step > 0 and rng.random() < 0.9
             found = [_observe(rows, s, compare, allowed, compiled) for s, compiled in zip(states, (True, False))]
             assert found[0] == found[1], (trial, step)
             np.testing.assert_array_equal(states[0].facts, states[1].facts)
             np.testing.assert_array_equal(states[0].moving, states[1].moving)
+
+
+def state_facts_moved(rng, state, field, now):
+    """``now``'s facts ``field`` replaced by the state's previous ones moved by 0 to 12 ulps of float32."""
+    k = [FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")].index(field)
+    before = state.facts[:, k]
+    return before + rng.integers(0, 13, size=len(before)) * np.spacing(np.abs(before).astype(np.float32)) \
+        * rng.choice([-1.0, 1.0], size=len(before))
+
+
+def _float32_rows(w):
+    """Value rows of float32 parameters ``w`` ``[n, size]``, with float32 sums as the kernels take them."""
+    w = w.astype(np.float32)
+    rows = np.zeros((len(w), NUM_FIELDS))
+    rows[:, FIELD["count"]] = w.shape[1]
+    rows[:, FIELD["sum"]], rows[:, FIELD["sum_sq"]] = w.sum(1, dtype=np.float32), (w * w).sum(1, dtype=np.float32)
+    rows[:, FIELD["sum_abs"]] = np.abs(w).sum(1, dtype=np.float32)
+    rows[:, FIELD["min"]], rows[:, FIELD["max"]] = w.min(1), w.max(1)
+    return rows
+
+
+@pytest.mark.parametrize("compiled", [True, False] if drift.AVAILABLE else [False])
+def test_a_parameter_moving_at_the_resolution_of_its_values_is_not_seen_to_stop(monkeypatch, compiled):
+    """Updates at the float32 resolution of a parameter's values move an extreme or a sum by an ulp at some
+    steps and by none at others: that is neither a parameter that stops nor one that starts again; one that
+    moved by a real update and then stays where it is has stopped."""
+    monkeypatch.setattr(drift, "AVAILABLE", compiled)
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(3, 200)).astype(np.float32)
+    w[2] -= w[2].mean()  # a parameter whose sum nearly cancels: its rounding is that of the sum of magnitudes
+    state = DriftState(3)
+    assert state.observe(_float32_rows(w), compare=False, allowed=None, fraction=0.01) == 0
+    found = []
+    for step in range(16):
+        if step % 2 == 0:  # an ulp up of each parameter's largest element and of two more, at every other step
+            for i in range(3):
+                for j in (int(w[i].argmax()), 5, 77):
+                    w[i, j] = np.nextafter(w[i, j], np.float32(np.inf))
+        found.append(state.observe(_float32_rows(w), compare=True, allowed=None, fraction=0.01))
+    assert found == [0] * 16
+    assert not state.moving.any()
+    w = w + np.float32(1e-3)
+    assert state.observe(_float32_rows(w), compare=True, allowed=None, fraction=0.01) == 0
+    assert state.moving.all()
+    w[1] = w[1] + np.float32(1e-3)  # the others stay exactly where they were
+    assert state.observe(_float32_rows(w), compare=True, allowed=None, fraction=0.01) == STOPPED
+    assert state.moving.tolist() == [False, True, False]
 
 
 @pytest.mark.parametrize("compiled", [True, False] if drift.AVAILABLE else [False])

@@ -20,7 +20,8 @@ recorded step, as ``"full"`` does, and its update only
 - at the ``hold`` steps after a step whose parameter values *moved*: a value holds NaN or ±Inf, a parameter's
   norm or extremes changed since the previous step by more than ``edit_fraction`` of its scale beyond
   ``update_factor`` times its last measured update (an edit the version counter did not see, an update
-  that grew), or a parameter that was moving is suddenly exactly where it was (it stopped being updated);
+  that grew), or a parameter that was moving is suddenly where it was, within a few float32 ulps of its
+  summary (it stopped being updated; updates at the resolution of its values are neither moving nor a stop);
   once sentinel steps ran, also after one whose parameter *gradients* moved: a non-finite gradient, or a
   gradient norm that changed by more than ``gradient_factor`` either way since the step before.
 

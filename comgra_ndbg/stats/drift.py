@@ -4,8 +4,11 @@ updates allow?
 The statistic tiers (``recorder/tiers.py``) measure parameter updates at some steps only and watch the
 value rows of every step in between. Per parameter, from its value row now and at the step before:
 
-- *moving*: any of Σx, Σx², Σ|x|, min, max differs (a parameter whose summary is exactly the same did not
-  change; one that was moving and now is not has stopped);
+- *moving*: any of Σx, Σx², Σ|x|, min, max differs by more than :data:`STILL` of its magnitude (of Σ|x|
+  for Σx, whose own magnitude cancels), a few float32 ulps: a parameter whose summary is the same within
+  them did not change; one that was moving and now is not has stopped. A parameter whose updates are at the
+  resolution of its values moves an extreme or a sum by an ulp at some steps and by none at others;
+  counted as moving, it would seem to stop and start again with the rounding;
 - *beyond*: its norm moved further than ``allowed[:, 0]`` plus ``fraction`` of the larger norm, or its
   minimum or maximum further than ``allowed[:, 1]`` plus ``fraction`` of its largest magnitude (the norm
   moves at most by the update's norm, the extremes at most by its largest element).
@@ -35,7 +38,7 @@ from comgra_ndbg.stats.backend import entries
 from comgra_ndbg.stats.kernels import AVAILABLE
 from comgra_ndbg.stats.fields import FIELD, NUM_FIELDS
 
-__all__ = ["DriftState", "NONFINITE", "STOPPED", "BEYOND", "JUMPED", "gradients_moved"]
+__all__ = ["DriftState", "NONFINITE", "STOPPED", "BEYOND", "JUMPED", "STILL", "gradients_moved"]
 
 NONFINITE, STOPPED, BEYOND, JUMPED = 1, 2, 3, 4
 """What :meth:`DriftState.observe` (the first three) and :func:`gradients_moved` (``NONFINITE``, ``JUMPED``)
@@ -44,7 +47,12 @@ found (0: nothing), in the order they look."""
 _NAN, _INF = FIELD["nan"], FIELD["inf"]
 _FACTS = np.array([FIELD[f] for f in ("sum", "sum_sq", "sum_abs", "min", "max")], dtype=np.int64)
 _SQ, _LOW, _HIGH = 1, 3, 4  # positions of Σx², min and max among the facts
+_SCALE = np.array([2, 1, 2, 3, 4], dtype=np.int64)  # per fact, the fact whose magnitude its resolution follows
 _SUM_SQ = FIELD["sum_sq"]
+
+STILL = 2.0 ** -21
+"""How far, relative to its magnitude, a fact may change and still count as unchanged: 4 ulps of a float32
+near the bottom of its binade, 2 near the top."""
 
 
 class DriftState:
@@ -124,8 +132,11 @@ def _observe_numpy(rows, facts, moving, limits, fraction, compare, stopped, chec
     if not compare:
         return NONFINITE if nonfinite else 0
     delta = np.abs(now - old)
+    scale = np.maximum(np.abs(now[:, _SCALE]), np.abs(old[:, _SCALE]))  # (a NaN stays: counts as changed)
     was = moving.copy()
-    moving[:] = delta.any(axis=1)
+    with np.errstate(invalid="ignore"):
+        still = (delta <= STILL * scale) & (scale < np.inf)
+    moving[:] = ((now != old) & ~still).any(axis=1)
     if nonfinite:
         return NONFINITE
     if stopped and (was > moving).any():

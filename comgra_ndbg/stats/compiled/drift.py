@@ -5,7 +5,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from comgra_ndbg.stats.drift import _FACTS, _HIGH, _INF, _LOW, _NAN, _SQ, _SUM_SQ, BEYOND, JUMPED, NONFINITE, STOPPED
+from comgra_ndbg.stats.drift import (_FACTS, _HIGH, _INF, _LOW, _NAN, _SCALE, _SQ, _SUM_SQ, BEYOND, JUMPED, NONFINITE,
+                                    STILL, STOPPED)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -23,8 +24,12 @@ def observe(rows, facts, moving, limits, fraction, compare, stopped, check):  # 
         d_high = 0.0
         for k in range(_FACTS.shape[0]):
             value = rows[i, _FACTS[k]]
-            if value != facts[i, k]:
-                changed = True
+            old = facts[i, k]
+            if value != old:
+                a, b = abs(rows[i, _FACTS[_SCALE[k]]]), abs(facts[i, _SCALE[k]])
+                scale = a if a > b or a != a else b  # (a NaN stays, as numpy's maximum keeps it)
+                if not (abs(value - old) <= STILL * scale and scale < np.inf):  # NaN and ±Inf: changed
+                    changed = True
             if k == _LOW:
                 d_low = abs(value - facts[i, k])
             elif k == _HIGH:
