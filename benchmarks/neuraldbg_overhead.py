@@ -50,7 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +106,10 @@ def token_data(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
+WORKLOADS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], list]]] = {
+    "mlp": (TanhMLP, make_data), "transformer": (TinyTransformer, token_data)}
+"""The two workloads by a short name: the model's constructor and the maker of its batches."""
+
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": lambda parameters: torch.optim.Adam(parameters, lr=1e-3),
     "sgd": lambda parameters: torch.optim.SGD(parameters, lr=1e-2),
@@ -149,6 +153,21 @@ def run_floor(make_model: Callable[[], nn.Module], data: list, optimizer_name: s
     returns the median wall-clock and CPU seconds per step after 10 warm-up steps. ``parameters=False``
     leaves out the parameters' values and updates (their start-of-step copy included): the statistics of
     activations and of every gradient alone, what a tiering that keeps those complete at every step pays."""
+    steps = floor_loop(make_model, data, optimizer_name, parameters=parameters)
+    wall, cpu = [], []
+    for _ in data:
+        t0, c0 = time.perf_counter(), time.process_time()
+        next(steps)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    for _ in steps:  # the hooks removed
+        pass
+    return statistics.median(wall[10:]), statistics.median(cpu[10:])
+
+
+def floor_loop(make_model: Callable[[], nn.Module], data: list, optimizer_name: str = "adam", *,
+               parameters: bool = True) -> Iterator[None]:
+    """The floor's training loop of :func:`run_floor`, one step per ``next()``."""
     torch.manual_seed(0)
     model, criterion = make_model(), nn.CrossEntropyLoss()
     optimizer = OPTIMIZERS[optimizer_name](model.parameters())
@@ -167,9 +186,7 @@ def run_floor(make_model: Callable[[], nn.Module], data: list, optimizer_name: s
             summarize(output)
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
-    wall, cpu = [], []
     for inputs, targets in data:
-        t0, c0 = time.perf_counter(), time.process_time()
         outputs.clear()
         if parameters:
             passes.values()
@@ -186,11 +203,34 @@ def run_floor(make_model: Callable[[], nn.Module], data: list, optimizer_name: s
         optimizer.step()
         if parameters:
             passes.updates()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        yield
     for handle in handles:
         handle.remove()
-    return statistics.median(wall[10:]), statistics.median(cpu[10:])
+
+
+def ring_steps(workload: str, steps: int, variant: str, folder: str = "", trial: str = "") -> Iterator[None]:
+    """The steps of one variant of a workload (``"mlp"`` or ``"transformer"``) for ``lockstep.run_ring``:
+    ``"floor"``, or a key of ``VARIANTS`` (``"bare"``: the plain loop; the others under ``NeuralDbg``
+    writing trial ``trial`` into ``folder``); Adam, the data of ``steps`` batches made here."""
+    make_model, make = WORKLOADS[workload]
+    data = make(steps)
+    if variant == "floor":
+        yield from floor_loop(make_model, data)
+        return
+    torch.manual_seed(0)
+    model, criterion = make_model(), nn.CrossEntropyLoss()
+    optimizer = OPTIMIZERS["adam"](model.parameters())
+    options = VARIANTS[variant]
+    dbg = None if options is None else NeuralDbg(model, folder, trial=trial, loss=criterion, optimizer=optimizer,
+                                                 **options)
+    for inputs, targets in data:
+        optimizer.zero_grad()
+        loss = criterion(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        yield
+    if dbg is not None:
+        dbg.close()
 
 
 VARIANTS = {

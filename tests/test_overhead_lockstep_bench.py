@@ -1,0 +1,78 @@
+"""Benchmarks in lockstep: ``benchmarks/overhead.py``'s (the variants run one step each in turn, the order
+rotated at every step, each step timed on its own, and every variant's loop run to its end, where a recorder
+is closed; the recorded loop in it trains exactly as the bare one does) and ``benchmarks/lockstep.py``'s ring
+of processes (each variant in its own, all run to their end, a failure reported with the variant's name)."""
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+
+from benchmarks import lockstep, overhead
+from comgra_ndbg import Recorder, open_recording
+
+
+def test_lockstep_rotates_the_order_and_runs_every_loop_to_its_end() -> None:
+    order, ended = [], []
+
+    def loop(name: str, steps: int):
+        def steps_of():
+            for i in range(steps):
+                order.append((name, i))
+                yield
+            ended.append(name)
+        return steps_of
+
+    times = overhead.lockstep(list(range(4)), {"a": loop("a", 4), "b": loop("b", 4), "c": loop("c", 4)})
+    assert [name for name, _ in order] == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert [i for _, i in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert sorted(ended) == ["a", "b", "c"]
+    assert {name: len(t) for name, t in times.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(wall >= 0 and cpu >= 0 for t in times.values() for wall, cpu in t)
+
+
+def test_the_loops_in_lockstep_train_alike_and_the_recording_is_closed(tmp_path, monkeypatch) -> None:
+    data = overhead.make_data(12)
+    models = []
+    real_mlp = overhead.MLP
+
+    def mlp() -> torch.nn.Module:
+        models.append(real_mlp())
+        return models[-1]
+
+    monkeypatch.setattr(overhead, "MLP", mlp)
+    overhead.lockstep(data, {
+        "bare": lambda: overhead.training_steps(data, None),
+        "recorded": lambda: overhead.training_steps(data, Recorder(tmp_path, "t", summaries=1, snapshots=10)),
+        "floor": lambda: overhead.floor_steps(data)})
+    assert len(models) == 3
+    for other in models[1:]:  # same seed, same data, same updates: recording and the floor change nothing
+        for p, q in zip(models[0].parameters(), other.parameters()):
+            assert torch.equal(p, q)
+    with open_recording(tmp_path / "t") as recording:
+        assert recording.steps.tolist() == list(range(12))
+
+
+def test_the_ring_runs_each_variant_in_its_own_process_to_its_end(tmp_path) -> None:
+    source = "benchmarks.neuraldbg_overhead"
+    times = lockstep.run_ring({
+        "bare": (source, "ring_steps", ("mlp", 12, "bare")),
+        "on": (source, "ring_steps", ("mlp", 12, "summaries", str(tmp_path), "t")),
+        "floor": (source, "ring_steps", ("mlp", 12, "floor"))}, 12, 1)
+    assert {name: len(t) for name, t in times.items()} == {"bare": 12, "on": 12, "floor": 12}
+    rows = lockstep.per_step(times, skip=4)
+    assert len(rows) == 8 and all(set(row) == {"bare", "on", "floor"} for row in rows)
+    assert all(wall > 0 and cpu > 0 for t in times.values() for wall, cpu in t)
+    with open_recording(tmp_path / "t") as recording:  # NeuralDbg was closed in its process
+        assert recording.steps.tolist() == list(range(12))
+    assert not any(p.name.startswith("lockstep-") for p in multiprocessing.active_children())
+
+
+def test_a_variant_that_fails_stops_the_ring_with_its_name_and_error() -> None:
+    source = "benchmarks.neuraldbg_overhead"
+    with pytest.raises(RuntimeError, match="'broken' failed: KeyError: 'no-such-workload'"):
+        lockstep.run_ring({"bare": (source, "ring_steps", ("mlp", 6, "bare")),
+                           "broken": (source, "ring_steps", ("no-such-workload", 6, "bare"))}, 6, 1)
+    with pytest.raises(RuntimeError, match="'missing' failed to start: ModuleNotFoundError"):
+        lockstep.run_ring({"missing": ("benchmarks.no_such_module", "f", ())}, 3, 1)
