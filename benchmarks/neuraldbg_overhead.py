@@ -28,7 +28,11 @@ subtracted) and the report states their CPU time per step against the bare step'
 "statistics alone" is a floor for any instrumentation of these loops on this machine: the statistics that
 NeuralDbg's summaries hold (every leaf module's output and its gradient, every parameter's value,
 gradient and update, the input, target and loss) from the same compiled kernels, called directly from
-bare forward hooks with ``retain_grad`` for the gradients, and nothing else: no bookkeeping, no storage.
+bare forward hooks, and nothing else: no bookkeeping, no storage. The outputs' gradients are taken as
+NeuralDbg takes them: kept by a bare gradient hook to the pass's end, then their moments per sample in one
+kernel call. (Until 2026-12-02 the floor took them with ``retain_grad``, which copies every gradient, and
+summarised each in full, a heavier statistic than NeuralDbg's: it read above NeuralDbg itself on the
+transformer.)
 
 "bookkeeping" is what NeuralDbg adds above that floor: the median over rounds of (summaries every step −
 floor) / bare, each round's three runs side by side; "invariants" is the median over rounds of (summaries
@@ -62,9 +66,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.overhead import BATCH, MLP, ParameterPasses, make_data  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
 from comgra_ndbg.recorder import native  # noqa: E402
-from comgra_ndbg.stats import kernels  # noqa: E402
+from comgra_ndbg.stats import kernels, parallel  # noqa: E402
 from comgra_ndbg.store.schema import NUM_FIELDS  # noqa: E402
 
+FLOAT32 = np.dtype(np.float32)
 VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, LAYERS, TOKENS_BATCH = 256, 32, 128, 4, 256, 2, 16
 
 
@@ -173,21 +178,29 @@ def floor_loop(make_model: Callable[[], nn.Module], data: list, optimizer_name: 
     optimizer = OPTIMIZERS[optimizer_name](model.parameters())
     passes = ParameterPasses(model)
     row = np.zeros(NUM_FIELDS)
-    outputs: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []  # the outputs' gradients of the step
 
     def summarize(t: torch.Tensor) -> None:
         host = t.detach().to(torch.float32).contiguous().numpy()
         kernels.summarize(host.reshape(host.shape[0] if host.ndim else 1, -1), row, None, host.ndim > 0)
 
+    def gradients(taken: list[torch.Tensor]) -> None:
+        """The moments of the outputs' gradients, per sample, in one kernel call, as NeuralDbg takes them."""
+        host = [g.detach().to(torch.float32).contiguous() for g in taken]
+        if host:
+            parallel.moments_many(FLOAT32, np.array([g.data_ptr() for g in host], dtype=np.int64),
+                                  np.array([g.numel() for g in host], dtype=np.int64),
+                                  np.zeros((len(host), NUM_FIELDS)),
+                                  batches=np.array([g.shape[0] if g.dim() else 1 for g in host], dtype=np.int64))
+
     def hook(module: nn.Module, args: tuple, output: object) -> None:
         if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.retain_grad()
-            outputs.append(output)
+            output.register_hook(grads.append)  # the gradient itself, kept to the pass's end: no copy
             summarize(output)
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     for inputs, targets in data:
-        outputs.clear()
+        grads.clear()
         if parameters:
             passes.values()
         summarize(inputs)
@@ -196,9 +209,7 @@ def floor_loop(make_model: Callable[[], nn.Module], data: list, optimizer_name: 
         loss = criterion(model(inputs), targets)
         summarize(loss)
         loss.backward()
-        for output in outputs:
-            if output.grad is not None:
-                summarize(output.grad)
+        gradients(grads)
         passes.gradients()
         optimizer.step()
         if parameters:
