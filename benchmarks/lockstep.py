@@ -43,13 +43,13 @@ def run_ring(variants: dict[str, Variant], steps: int, threads: int) -> dict[str
     finished = False
     try:
         for k in range(len(names)):  # every process has imported its loop's module
-            answer = results[k][0].recv()
+            answer = _answer(results[k][0], processes[k])
             if answer != "ready":
                 raise RuntimeError(f"lockstep variant {names[k]!r} failed to start: {answer}")
         pipes[0][1].send(None)
         times = {}
         for k, name in enumerate(names):
-            answer = results[k][0].recv()
+            answer = _answer(results[k][0], processes[k])
             if isinstance(answer, str):
                 raise RuntimeError(f"lockstep variant {name!r} failed: {answer}")
             times[name] = answer
@@ -62,6 +62,14 @@ def run_ring(variants: dict[str, Variant], steps: int, threads: int) -> dict[str
                 process.kill()
                 process.join()
     return times
+
+
+def _answer(connection: Connection, process: multiprocessing.process.BaseProcess) -> object:
+    """What ``process`` sends on ``connection``, or a failure when it died without a word (a crash, a kill)."""
+    while not connection.poll(1.0):
+        if not process.is_alive() and not connection.poll():
+            return f"the process ended with exit code {process.exitcode} before it answered"
+    return connection.recv()
 
 
 def _worker(variant: Variant, steps: int, threads: int, inbox: Connection, outbox: Connection,

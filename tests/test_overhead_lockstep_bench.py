@@ -76,3 +76,5 @@ def test_a_variant_that_fails_stops_the_ring_with_its_name_and_error() -> None:
                            "broken": (source, "ring_steps", ("no-such-workload", 6, "bare"))}, 6, 1)
     with pytest.raises(RuntimeError, match="'missing' failed to start: ModuleNotFoundError"):
         lockstep.run_ring({"missing": ("benchmarks.no_such_module", "f", ())}, 3, 1)
+    with pytest.raises(RuntimeError, match="'dies' failed to start: the process ended with exit code 3"):
+        lockstep.run_ring({"dies": ("os", "_exit", (3,))}, 3, 1)  # a process that ends without a word
