@@ -19,6 +19,7 @@ import comgra_ndbg.recorder.gradients as gradients_module
 import comgra_ndbg.stats.host as host_module
 import comgra_ndbg.stats.reducer as reduce_module
 from comgra_ndbg import Recorder, RecorderWarning, open_recording
+from comgra_ndbg.errors import InvalidTensorError, RecorderStateError
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
 from comgra_ndbg.store import writer as writer_module
@@ -364,6 +365,32 @@ def test_a_kpi_tensor_is_read_as_it_was_recorded_even_when_its_data_is_replaced_
             accuracy.data = torch.tensor(5.0)
     with open_recording(tmp_path, "t") as recording:
         assert recording.kpi("accuracy")[1].tolist() == [1.0]
+
+def test_a_host_kpi_tensor_is_read_when_recorded_at_every_step_and_checked_as_the_first_time(tmp_path: Path) -> None:
+    """From the second step on, a KPI name seen before takes a short path for a host 0-d tensor; it records
+    what the tensor held at the call, like the first, and what the first call refuses it refuses too."""
+    accuracy, values = torch.tensor(0.0), []
+    with Recorder(tmp_path, trial="t", snapshots=None) as rec:
+        for step in range(4):
+            with rec.step(step):
+                accuracy.fill_(step * 0.25)
+                values.append(accuracy.item())
+                rec.record_kpi("accuracy", accuracy)
+                rec.record_kpi("count", torch.tensor(step + 1))  # an integer tensor
+                rec.record_kpi("ok", torch.tensor(step % 2 == 0))  # a bool tensor
+                accuracy.fill_(9.0)  # in place, after the call: not what was recorded
+        with rec.step(4):
+            with pytest.raises(InvalidTensorError, match="must be a scalar"):
+                rec.record_kpi("accuracy", torch.ones(2, 3))
+            with pytest.raises(InvalidTensorError, match="must be a real number"):
+                rec.record_kpi("accuracy", torch.tensor(1 + 2j))
+    with pytest.raises(RecorderStateError, match="closed recorder"):
+        rec.record_kpi("accuracy", accuracy)
+    with open_recording(tmp_path, "t") as recording:
+        assert recording.kpi("accuracy")[1].tolist() == values == [0.0, 0.25, 0.5, 0.75]
+        assert recording.kpi("count")[1].tolist() == [1.0, 2.0, 3.0, 4.0]
+        assert recording.kpi("ok")[1].tolist() == [1.0, 0.0, 1.0, 0.0]
+
 
 def test_multi_iteration_step_records_each_iteration(tmp_path: Path) -> None:
     torch.manual_seed(5)

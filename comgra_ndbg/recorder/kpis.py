@@ -17,14 +17,22 @@ class KpiRecording:
     def record_kpi(self, name: str, value: float | torch.Tensor, *, step_type: str | None = None) -> None:
         """Record a scalar KPI (e.g. the loss) for the current step — or, between steps, the last one.
 
-        KPIs are kept for every step, recorded or skipped by the policies. Tensors are read at the end of
-        the step, in one copy with everything else, not with ``.item()``. ``step_type`` files the value
-        under another step type than the step's own: a validation pass run after a training step records
-        its metrics with ``step_type="validation"`` at that step, so ``Recording.kpi(name, "validation")``
-        and the GUI's KPI plot show them as a curve of their own.
+        KPIs are kept for every step, recorded or skipped by the policies. A host tensor is read at once;
+        device tensors are read at the end of the step, in one copy with everything else, not with
+        ``.item()`` (which would wait for the device at every KPI). ``step_type`` files the value under
+        another step type than the step's own: a validation pass run after a training step records its
+        metrics with ``step_type="validation"`` at that step, so ``Recording.kpi(name, "validation")`` and
+        the GUI's KPI plot show them as a curve of their own.
         """
         if not self.enabled:
             return
+        if (type(value) is torch.Tensor and step_type is None and self._step_open and not self._replayed
+                and not self._closed):
+            kpi = self._known_kpis.get(name)  # (a name checked before, recorder open: the checks below hold)
+            if (kpi is not None and value.is_cpu and value.dim() == 0 and value.layout is torch.strided
+                    and not value.dtype.is_complex):  # the usual loss tensor, at every step: read as below
+                self._kpis.append((kpi, float(value.item())))
+                return
         self._check_open_recorder("record_kpi")
         check_name(name, "KPI names")
         if step_type is not None:
@@ -42,6 +50,8 @@ class KpiRecording:
                 raise InvalidTensorError(f"KPI {name!r} must be a real number, got a {value.dtype} tensor on "
                                          f"{value.device} ({value.layout}); pass e.g. its .abs() or .real")
             value = value.detach().reshape(())
+            if value.is_cpu:  # no device to wait for: the value it holds now, whatever the loop does to it later
+                value = float(value.item())
         elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise InvalidTensorError(f"KPI {name!r} must be a number or a one-element tensor, got "
                                      f"{type(value).__name__}")
@@ -56,6 +66,7 @@ class KpiRecording:
         if self._replayed:  # already in the recording, from before the trial was continued
             return
         kpi = self.catalog.kpi_id(name)
+        self._known_kpis[name] = kpi
         own_type = None if step_type is None else self.catalog.step_type_id(step_type)
         if self._step_open:
             self._kpis.append((kpi, value) if own_type is None else (kpi, value, own_type))

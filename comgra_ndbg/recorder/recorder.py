@@ -210,6 +210,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, GradientTaps, R
         self._structure = StructureTracker(self.catalog)
         self._seen_steps: set[int] = set()
         self._replayed = False  # the open step was recorded before the trial was continued (mode="a")
+        self._known_kpis: dict[str, int] = {}  # KPI name -> id, for names record_kpi checked before
         self._last_step: int | None = None
         self._last_step_type = "default"
         self._last_flush = time.monotonic()
