@@ -219,8 +219,8 @@ def floor_loop(make_model: Callable[[], nn.Module], data: list, optimizer_name: 
         handle.remove()
 
 
-def ring_steps(workload: str, steps: int, variant: str, folder: str = "", trial: str = "") -> Iterator[None]:
-    """The steps of one variant of a workload (``"mlp"`` or ``"transformer"``) for ``lockstep.run_ring``:
+def lockstep_steps(workload: str, steps: int, variant: str, folder: str = "", trial: str = "") -> Iterator[None]:
+    """The steps of one variant of a workload (``"mlp"`` or ``"transformer"``) for ``lockstep.run_processes``:
     ``"floor"``, or a key of ``VARIANTS`` (``"bare"``: the plain loop; the others under ``NeuralDbg``
     writing trial ``trial`` into ``folder``); Adam, the data of ``steps`` batches made here."""
     make_model, make = WORKLOADS[workload]

@@ -17,20 +17,21 @@ copies each).
 per round of whole runs, the median over rounds, in wall-clock time and in this process's CPU time, with the
 quartiles of the rounds' figures. On a shared machine that reading swings by ±0.1× between rounds: the
 machine's speed drifts by tens of per cent over fractions of a second, within one run as between runs. So,
-second, in *lockstep*: bare, recorded and floor loops live side by side and run one step each in turn, the
-order rotated every step, so the three steps of a triple meet the same load; the figure is the median over
-a round's steps of the per-step ratio, then over rounds, and its rounds agree within about ±0.005×.
+second, in *lockstep*: bare, recorded and floor loops live side by side and run one step each in turn, every
+order of the three in rotation, so the steps of a turn meet the same load and each follows each other as
+often; the figure is the median over a round's steps of the per-step ratio, then over rounds.
 Snapshot steps (every 10th) do work the floor does not: the lockstep figure counts summary steps and prints
 a snapshot step's cost apart. The second table gives the same whole-run figures for ``NeuralDbg`` (summaries
 every step) on this MLP and on the small transformer of ``benchmarks/neuraldbg_overhead.py``, and the cost
-of the loop-invariant checks (invariants on − off) as a share of a bare step; ``--no-neuraldbg`` leaves it
-out.
+of the loop-invariant checks (invariants on − off) as a share of a bare step, then the same in lockstep with
+each variant in a process of its own (``benchmarks/lockstep.py``); ``--no-neuraldbg`` leaves it out.
 
 Run: ``python benchmarks/overhead.py [--steps 300] [--rounds 5] [--lockstep-rounds 3] [--no-neuraldbg]``.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 import time
@@ -136,15 +137,17 @@ def run(data: list, rec: Recorder | None, *, with_close: bool = False, cpu: bool
 
 def lockstep(data: list, variants: dict[str, Callable[[], Iterator[None]]]) -> dict[str, list[tuple[float, float]]]:
     """Wall-clock and process CPU seconds of every step of each variant (a maker of its steps), the variants
-    run one step each in turn, the order rotated at every step: the load of a shared machine swings over
-    fractions of a second, far slower than one step, so each step of a variant meets the load its partners'
-    steps met. Each step starts with the caches another variant left (turns of 5 or 20 steps, whose later
-    steps run as in a loop of their own, read the same within their larger spread)."""
+    run one step each in turn: the load of a shared machine swings over fractions of a second, far slower
+    than one step, so each step of a variant meets the load its partners' steps met. A step starts with the
+    caches the step before it left, and that shows: two identical variants read 0.015× apart when each
+    always followed the same partner. So the turns take every order of the variants in rotation, and each
+    variant follows each other as often."""
     running = {name: make() for name, make in variants.items()}
     names = list(running)
+    orders = list(itertools.permutations(names))
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for i in range(len(data)):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in orders[i % len(orders)]:
             t0, c0 = time.perf_counter(), time.process_time()
             next(running[name])
             times[name].append((time.perf_counter() - t0, time.process_time() - c0))
@@ -306,7 +309,8 @@ def lockstep_bookkeeping(data: list, rounds: int) -> None:
             figures["floor"].append([[low[k] / bare[k] for _, bare, _, low in summary] for k in (0, 1)])
             for key, chosen in (("bookkeeping", summary), ("snapshot steps", snapshot)):
                 figures[key].append([[(rec[k] - low[k]) / bare[k] for _, bare, rec, low in chosen] for k in (0, 1)])
-    print(f"Recorder in lockstep (bare, recorded and floor one step each in turn), {len(data)} steps x {rounds} "
+    print(f"Recorder in lockstep (bare, recorded and floor one step each in turn, every order in rotation), "
+          f"{len(data)} steps x {rounds} "
           f"rounds; summary steps (snapshot steps apart): medians over steps of per-step ratios, then over rounds")
     for k, clock in enumerate(("wall", "CPU")):
         medians = {key: [statistics.median(r[k]) for r in values] for key, values in figures.items()}
@@ -338,22 +342,24 @@ def neuraldbg_lockstep(steps: int, rounds: int) -> None:
     """NeuralDbg's bookkeeping and invariants' cost in lockstep: bare, summaries every step, the same with
     ``invariants=False``, and the floor, each in a process of its own (NeuralDbg's process-wide hooks stay in
     its own), one step each in turn (``benchmarks/lockstep.py``); medians over steps, then over rounds."""
-    from benchmarks.lockstep import per_step, run_ring
+    from benchmarks.lockstep import per_step, run_processes
 
     if not rounds:
         return
     print(f"NeuralDbg in lockstep (bare, summaries every step, invariants off, floor: a process each, one step "
-          f"each in turn), {steps} steps x {rounds} rounds, medians over steps of per-step ratios, then over rounds")
+          f"each in turn, every order in rotation), {steps} steps x {rounds} rounds, medians over steps of per-step "
+          f"ratios, then over rounds")
     source = "benchmarks.neuraldbg_overhead"
     for workload, label in (("mlp", "8-block 256-wide tanh MLP"), ("transformer", "small transformer")):
         figures: dict[str, list[list[float]]] = {"recorded": [], "floor": [], "bookkeeping": [], "invariants": []}
         with tempfile.TemporaryDirectory() as folder:
             for r in range(rounds):
-                times = run_ring({
-                    "bare": (source, "ring_steps", (workload, steps, "bare")),
-                    "on": (source, "ring_steps", (workload, steps, "summaries", folder, f"on{r}")),
-                    "off": (source, "ring_steps", (workload, steps, "summaries, invariants off", folder, f"off{r}")),
-                    "floor": (source, "ring_steps", (workload, steps, "floor"))}, steps, torch.get_num_threads())
+                off = "summaries, invariants off"
+                times = run_processes({
+                    "bare": (source, "lockstep_steps", (workload, steps, "bare")),
+                    "on": (source, "lockstep_steps", (workload, steps, "summaries", folder, f"on{r}")),
+                    "off": (source, "lockstep_steps", (workload, steps, off, folder, f"off{r}")),
+                    "floor": (source, "lockstep_steps", (workload, steps, "floor"))}, steps, torch.get_num_threads())
                 rows = per_step(times)
                 for key, of in (("recorded", lambda t, k: t["on"][k]), ("floor", lambda t, k: t["floor"][k]),
                                 ("bookkeeping", lambda t, k: t["on"][k] - t["floor"][k]),
