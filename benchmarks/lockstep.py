@@ -84,6 +84,8 @@ def _answer(connection: Connection, process: multiprocessing.process.BaseProcess
 def _worker(variant: Variant, threads: int, link: Connection) -> None:
     import torch
 
+    from benchmarks.overhead import finish
+
     torch.set_num_threads(threads)
     try:
         module, function, args = variant
@@ -99,8 +101,7 @@ def _worker(variant: Variant, threads: int, link: Connection) -> None:
             next(loop)
             times.append((time.perf_counter() - t0, time.process_time() - c0))
             link.send(None)
-        for _ in loop:  # the loop's own cleanup (a recorder's close)
-            pass
+        finish(loop)  # the loop's own cleanup (a recorder's close)
     except BaseException as error:  # reported to the parent, which stops the others
         link.send(f"{type(error).__name__}: {error}")
         return

@@ -63,7 +63,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.overhead import BATCH, MLP, ParameterPasses, make_data  # noqa: E402
+from benchmarks.overhead import BATCH, MLP, ParameterPasses, make_data, median_step  # noqa: E402
 from comgra_ndbg import NeuralDbg  # noqa: E402
 from comgra_ndbg.recorder import native  # noqa: E402
 from comgra_ndbg.stats import kernels, parallel  # noqa: E402
@@ -158,16 +158,7 @@ def run_floor(make_model: Callable[[], nn.Module], data: list, optimizer_name: s
     returns the median wall-clock and CPU seconds per step after 10 warm-up steps. ``parameters=False``
     leaves out the parameters' values and updates (their start-of-step copy included): the statistics of
     activations and of every gradient alone, what a tiering that keeps those complete at every step pays."""
-    steps = floor_loop(make_model, data, optimizer_name, parameters=parameters)
-    wall, cpu = [], []
-    for _ in data:
-        t0, c0 = time.perf_counter(), time.process_time()
-        next(steps)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    for _ in steps:  # the hooks removed
-        pass
-    return statistics.median(wall[10:]), statistics.median(cpu[10:])
+    return median_step(floor_loop(make_model, data, optimizer_name, parameters=parameters), len(data))
 
 
 def floor_loop(make_model: Callable[[], nn.Module], data: list, optimizer_name: str = "adam", *,

@@ -31,6 +31,7 @@ Run: ``python benchmarks/overhead.py [--steps 300] [--rounds 5] [--lockstep-roun
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import statistics
 import tempfile
@@ -126,8 +127,7 @@ def run(data: list, rec: Recorder | None, *, with_close: bool = False, cpu: bool
         times.append(time.perf_counter() - t0)
         if cpu:
             cpu_times.append(time.process_time() - c0)
-    for _ in steps:  # the recorder's close()
-        pass
+    finish(steps)
     if with_close:
         return (time.perf_counter() - started) / (len(data) - 10)
     if cpu:
@@ -152,9 +152,25 @@ def lockstep(data: list, variants: dict[str, Callable[[], Iterator[None]]]) -> d
             next(running[name])
             times[name].append((time.perf_counter() - t0, time.process_time() - c0))
     for steps in running.values():
-        for _ in steps:  # a recorder's close()
-            pass
+        finish(steps)
     return times
+
+
+def finish(steps: Iterator[None]) -> None:
+    """Run a step iterator past its last step, where it cleans up (a recorder's ``close()``, hooks removed)."""
+    collections.deque(steps, maxlen=0)
+
+
+def median_step(steps: Iterator[None], count: int) -> tuple[float, float]:
+    """Run ``count`` steps of ``steps``, then :func:`finish` it; the median wall-clock and process CPU seconds
+    per step after 10 warm-up steps."""
+    times = []
+    for _ in range(count):
+        t0, c0 = time.perf_counter(), time.process_time()
+        next(steps)
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
+    finish(steps)
+    return statistics.median(t[0] for t in times[10:]), statistics.median(t[1] for t in times[10:])
 
 
 class ParameterPasses:
@@ -221,13 +237,7 @@ def floor_steps(data: list) -> Iterator[None]:
 
 def run_floor(data: list) -> tuple[float, float]:
     """:func:`floor_steps` over ``data``; returns the median wall-clock and process CPU seconds per step."""
-    steps = floor_steps(data)
-    times = []
-    for _ in range(len(data)):
-        t0, c0 = time.perf_counter(), time.process_time()
-        next(steps)
-        times.append((time.perf_counter() - t0, time.process_time() - c0))
-    return tuple(statistics.median(t[k] for t in times[10:]) for k in (0, 1))
+    return median_step(floor_steps(data), len(data))
 
 
 def main() -> None:
