@@ -271,10 +271,11 @@ class GradientRecording:
             self._flush_gradients()
         if self._structure.pending:
             self._guard("discovering the dependency graph", self._discover_graph)
-        for by_tensor, keyed in ((self._parameter_grads, self._grad_keys),
-                                 (self._parameter_grad_snaps, self._grad_snaps)):
-            keyed.update(zip(zip(by_tensor, repeat(0)), by_tensor.values()))  # tensor id -> (tensor id, iteration 0)
-        self._parameter_grads, self._parameter_grad_snaps = {}, {}
+        if self._parameter_grads or self._parameter_grad_snaps:  # summarised in their hooks (gradients_in_hook)
+            for by_tensor, keyed in ((self._parameter_grads, self._grad_keys),
+                                     (self._parameter_grad_snaps, self._grad_snaps)):
+                keyed.update(zip(zip(by_tensor, repeat(0)), by_tensor.values()))  # tensor id -> (id, iteration 0)
+            self._parameter_grads, self._parameter_grad_snaps = {}, {}
         tids, grads, packed = self._parameters.take_gradients_packed()
         parameter_rows: Sequence[int] = []
         if self._summarize and grads:
@@ -284,7 +285,6 @@ class GradientRecording:
                 parameter_rows = self._grads.add_many(grads)
         if self._snapshot:
             self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in zip(tids, grads))
-        collected = self._grads.collect_later()
         keys = self._grad_keys  # replaced by a new dict below: the rows' tensors stay readable for a late report
 
         def report(done: Collected) -> None:
@@ -297,16 +297,17 @@ class GradientRecording:
                 self._grad_keys[alias] = row
         blocks = []
         if self._grad_keys:
-            series, iterations = self._gradient_layout(kind)
-            indices = np.fromiter(self._grad_keys.values(), dtype=np.int64, count=len(self._grad_keys))
-            blocks.append((series, iterations, indices))
+            series, iterations, rows, at = self._gradient_layout(kind)
+            if rows != list(self._grad_keys.values()):  # (the same rows as when the layout was made, usually)
+                at = np.fromiter(self._grad_keys.values(), dtype=np.int64, count=len(self._grad_keys))
+            blocks.append((series, iterations, at))
         if parameter_rows:
             if len(grads) == len(self._parameters.tracked):  # every parameter got one: the cached series
                 series = self._parameter_series(kind)
             else:
                 series = np.array([self.catalog.series_id(tid, kind) for tid in tids], dtype=np.int64)
             blocks.append((series, zeros(len(series)), rows_at(parameter_rows)))
-        self._add_rows(collected, blocks, report)
+        self._add_rows(self._grads, blocks, report)
         if not self._deferring:
             for (tid, iteration), data in self._grad_snaps.items():
                 self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
@@ -319,17 +320,22 @@ class GradientRecording:
         self._set_grads, self._set_grad_bytes = {}, 0
         self._collect_values()
 
-    def _gradient_layout(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    def _gradient_layout(self, kind: str) -> tuple[np.ndarray, np.ndarray, list[int], slice | np.ndarray]:
         """Series ids and iterations of the gradient rows of ``kind`` for the keys in ``_grad_keys``, in their
-        order: the same keys come back at every step, so the arrays are built once per key set (read-only,
-        shared by the steps' records)."""
+        order, with the reducer's rows the keys held when the layout was made and those rows as an index (a
+        slice when consecutive): the same keys come back at every step, usually at the same rows, so they are
+        built once per key set (read-only, shared by the steps' records)."""
         key = (kind, tuple(self._grad_keys))
         layout = self._gradient_layouts.get(key)
         if layout is None:
             series = np.array([self.catalog.series_id(tid, kind) for tid, _ in key[1]], dtype=np.int64)
             iterations = np.array([iteration for _, iteration in key[1]], dtype=np.int64)
             series.flags.writeable = iterations.flags.writeable = False
-            layout = (series, iterations)
+            rows = list(self._grad_keys.values())
+            first = rows[0]
+            at = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else np.array(
+                rows, dtype=np.int64)
+            layout = (series, iterations, rows, at)
             if len(self._gradient_layouts) >= LAYOUTS_KEPT:  # a loop whose key sets never repeat
                 self._gradient_layouts.clear()
             self._gradient_layouts[key] = layout
@@ -337,7 +343,6 @@ class GradientRecording:
 
     def _collect_values(self) -> None:
         self._last_viewed = None  # its row is collected: a later registration of its tensor is summarised anew
-        collected = self._values.collect_later()
         keys, value_blocks = self._value_keys, self._value_blocks  # replaced below, kept for a late report
 
         def report(done: Collected) -> None:
@@ -349,24 +354,30 @@ class GradientRecording:
         blocks = [self._value_layout()] if keys else []
         blocks += [(series, zeros(len(series)), rows_at(indices)) for series, indices in value_blocks]
         tier_rows, self._tier_rows = self._tier_rows, None
-        self._add_rows(collected, blocks, report, wait=tier_rows is not None)
+        rows = self._add_rows(self._values, blocks, report, wait=tier_rows is not None)
         if tier_rows is not None:
-            self._observe_tier_values(collected.rows()[tier_rows])
+            self._observe_tier_values(rows[tier_rows])
         self._value_keys, self._value_blocks = [], []
 
-    def _add_rows(self, collected: Collected, blocks: list[tuple[np.ndarray, np.ndarray, object]],
-                  report: Callable[[Collected], None], *, wait: bool = False) -> None:
-        """The step's summary rows of ``blocks`` (series, iterations, rows of ``collected``): read now when
-        they are on the host already (or ``wait``), else when the step's record is built, so that the end of a
-        backward pass never waits for the device."""
+    def _add_rows(self, reducer: Reducer, blocks: list[tuple[np.ndarray, np.ndarray, object]],
+                  report: Callable[[Collected], None], *, wait: bool = False) -> np.ndarray | None:
+        """The step's summary rows of ``blocks`` (series, iterations, rows of what ``reducer`` collects): read
+        now when they are on the host already (or ``wait``), else when the step's record is built, so that the
+        end of a backward pass never waits for the device. Returns the collected rows once they are read."""
+        rows = reducer.take_ready()
+        if rows is not None:  # the host path: every row computed already
+            self._rows += [SummaryRows(series, iterations, rows[at]) for series, iterations, at in blocks]
+            return rows
+        collected = reducer.collect_later()
         if collected.travelling and not wait:
             self._rows.extend(LateRows(series, iterations, collected, at, report) for series, iterations, at in blocks)
-            return
+            return None
         rows = collected.rows()
-        self._rows.extend(SummaryRows(series, iterations, rows[at]) for series, iterations, at in blocks)
+        self._rows += [SummaryRows(series, iterations, rows[at]) for series, iterations, at in blocks]
         if collected.failed and not collected.reported:
             collected.reported = True
             report(collected)
+        return rows
 
     def _value_layout(self) -> tuple[np.ndarray, np.ndarray, slice | np.ndarray]:
         """Series ids, iterations and rows in the collected block of the registrations in ``_value_keys``: a

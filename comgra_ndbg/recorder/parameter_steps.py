@@ -177,6 +177,7 @@ class ParameterSteps:
         if cached is None:
             cached = self._series_of_parameters[key] = np.array([self.catalog.series_id(tid, kind) for tid in tids],
                                                                 dtype=np.int64)
+            cached.flags.writeable = False  # shared by the steps' records
         return cached
 
     def _finish_parameters(self) -> None:
@@ -197,7 +198,8 @@ class ParameterSteps:
             if self._updates.failed:
                 self._report_failed(self._updates, schema.KIND_UPDATE,
                                     dict(zip(indices, self._parameters.tensor_ids())))
-            rows = rows[rows_at(indices)]
+            if len(indices) != len(rows):  # (the reducer holds these rows alone: they are all of them)
+                rows = rows[rows_at(indices)]
             if self._tiered:
                 self._tier_state.observe_updates(rows[keep], keep)
             self._rows.append(SummaryRows(series, zeros(len(series)), rows if everything else rows[keep]))

@@ -322,14 +322,19 @@ class StepCycle:
         rows = SummaryRows.join(resolved(self._rows))
         if self._tiered and self._sentinels_on:
             self._observe_tier_gradients(rows)
-        reasons = [d.reason for d in (self._summary_decision, self._snapshot_decision) if d.record]
-        if self._tier_reason:
-            reasons.append(self._tier_reason)
-        if self._forced:
-            reasons.insert(0, self._dispatcher.forced_reason(self._step))
+        summary, snapshot = self._summary_decision, self._snapshot_decision
+        if snapshot.record or self._tier_reason or self._forced:
+            reasons = [d.reason for d in (summary, snapshot) if d.record]
+            if self._tier_reason:
+                reasons.append(self._tier_reason)
+            if self._forced:
+                reasons.insert(0, self._dispatcher.forced_reason(self._step))
+            reason = "; ".join(dict.fromkeys(reasons))
+        else:  # the common case: a summary step
+            reason = summary.reason if summary.record else ""
         self._check_overflow(rows)
-        return StepRecord(self._step, type_id, self._iteration + 1, "; ".join(dict.fromkeys(reasons)), time.time(),
-                          rows, materialize(self._snaps))
+        return StepRecord(self._step, type_id, self._iteration + 1, reason, time.time(), rows,
+                          materialize(self._snaps) if self._snaps else [])
 
     def _flush_due(self) -> bool:
         if self.flush_every_steps is not None and self._steps_since_flush >= self.flush_every_steps:

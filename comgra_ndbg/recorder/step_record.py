@@ -12,7 +12,7 @@ from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import SnapshotData
 from comgra_ndbg.store.writer import RecordingWriter
 
-__all__ = ["LateRows", "StepRecord", "SummaryRows", "resolved", "rows_at", "shared", "zeros"]
+__all__ = ["LateRows", "StepRecord", "SummaryRows", "resolved", "rows_at", "shared", "single_iteration", "zeros"]
 
 
 class SummaryRows(NamedTuple):
@@ -32,13 +32,15 @@ class SummaryRows(NamedTuple):
 
     @staticmethod
     def join(blocks: Sequence[SummaryRows]) -> SummaryRows:
-        """The rows of ``blocks`` one after the other."""
+        """The rows of ``blocks`` one after the other. A step's blocks carry the same read-only series and
+        iteration arrays at every step of a loop (cached layouts): their concatenation is kept and only the
+        data are joined anew."""
         if not blocks:
             return SummaryRows.empty()
         if len(blocks) == 1:
             return blocks[0]
-        return SummaryRows(np.concatenate([b.series for b in blocks]), np.concatenate([b.iterations for b in blocks]),
-                           np.concatenate([b.data for b in blocks]))
+        layout = _joined_layout(blocks)
+        return SummaryRows(*layout, np.concatenate([b.data for b in blocks]))
 
 
 class LateRows(NamedTuple):
@@ -63,6 +65,41 @@ class LateRows(NamedTuple):
 def resolved(blocks: list[SummaryRows | LateRows]) -> list[SummaryRows]:
     """``blocks`` with every :class:`LateRows` read."""
     return [block.resolve() if isinstance(block, LateRows) else block for block in blocks]
+
+
+_LAYOUTS_KEPT = 64
+
+
+def _joined_layout(blocks: Sequence[SummaryRows]) -> tuple[np.ndarray, np.ndarray]:
+    """The series and iterations of ``blocks`` joined: cached, keyed by the identity of the blocks' arrays,
+    for read-only ones (the cache holds them, so an id is never reused while its entry lives); iterations all
+    0 give the shared :func:`zeros`, which :meth:`StepRecord.write` knows without counting."""
+    key = tuple(id(a) for b in blocks for a in (b.series, b.iterations))
+    found = _JOINED.get(key)
+    if found is not None:
+        return found[1]
+    series = np.concatenate([b.series for b in blocks])
+    iterations = np.concatenate([b.iterations for b in blocks])
+    if not np.count_nonzero(iterations):
+        iterations = zeros(len(iterations))
+    if all(not a.flags.writeable for b in blocks for a in (b.series, b.iterations)):
+        series.flags.writeable = False
+        if len(_JOINED) >= _LAYOUTS_KEPT:  # a loop whose layouts never repeat
+            _JOINED.clear()
+        _JOINED[key] = ([a for b in blocks for a in (b.series, b.iterations)], (series, iterations))
+    return series, iterations
+
+
+_JOINED: dict[tuple[int, ...], tuple[list[np.ndarray], tuple[np.ndarray, np.ndarray]]] = {}
+
+
+def single_iteration(iterations: np.ndarray) -> bool:
+    """Whether every row belongs to iteration 0 (the shared zeros of a joined layout are known at once).
+
+    >>> single_iteration(zeros(3)), single_iteration(np.array([0, 1]))
+    (True, False)
+    """
+    return iterations is _SHARED.get((len(iterations), int, 0)) or not np.count_nonzero(iterations)
 
 
 def rows_at(indices: range | list[int] | np.ndarray) -> slice | range | list[int] | np.ndarray:
@@ -130,7 +167,7 @@ class StepRecord:
             writer.add_step(self.step, self.step_type, self.iterations, flags, reason or self.reason, when=self.time)
         rows = self.rows
         if summaries and len(rows):
-            if not np.count_nonzero(rows.iterations):  # the common case: one iteration
+            if single_iteration(rows.iterations):  # the common case
                 writer.add_summaries(self.step, 0, rows.series, rows.data)
             else:
                 for iteration in np.unique(rows.iterations).tolist():

@@ -74,7 +74,6 @@ def moments_many_built(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray
     results without those checks, which cost several times the kernel on a step's few small arrays (the
     recorder's packed passes over parameters and gradients). The compiled pass still checks sizes and
     batches."""
-    suffix = kernels._SUFFIX[dtype]
     none = kernels.nones(len(sizes))
     arrays = (addresses, none if starts is None else starts, none if copies is None else copies, sizes,
               none if batches is None else batches)
@@ -87,8 +86,17 @@ def moments_many_built(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray
             if total >= MIN_ELEMENTS and _team_ready():
                 kernels.misfit(_TEAM[0](entry, _part(total, threads), dtype.itemsize, *arrays, rows, exact), arrays)
                 return exact
-    kernels.misfit(kernels._entry("moments_many", suffix)(kernels._LIKE[suffix], *arrays, rows, exact), arrays)
+    single = _SINGLE.get(dtype)
+    if single is None:
+        suffix = kernels._SUFFIX[dtype]
+        single = _SINGLE[dtype] = (kernels._entry("moments_many", suffix), kernels._LIKE[suffix])
+    bad = single[0](single[1], *arrays, rows, exact)
+    if bad >= 0:
+        kernels.misfit(bad, arrays)
     return exact
+
+
+_SINGLE: dict[np.dtype, tuple[object, np.ndarray]] = {}  # dtype -> (the one-thread compiled entry, its dtype's like)
 
 
 def plan(sizes: np.ndarray, batches: np.ndarray, part: int) -> np.ndarray:

@@ -332,9 +332,8 @@ class Reducer:
 
         A row that cannot be computed (a tensor whose device cannot hand its values over) is left as the
         merge identity (absent) and listed in :attr:`failed` (row -> reason), so one bad tensor costs its own
-        row and never the others, or the next step's.
-        """
-        rows = self._ready_rows()
+        row and never the others, or the next step's."""
+        rows = self.take_ready()
         if rows is not None:
             self.failed = {}
             return rows
@@ -350,7 +349,7 @@ class Reducer:
         :class:`Collected` waits for the copies and returns what ``collect`` would have."""
         failed: dict[int, str] = {}
         self.failed = failed
-        rows = self._ready_rows()
+        rows = self.take_ready()
         if rows is not None:
             return Collected.ready(rows, failed)
         try:
@@ -371,8 +370,9 @@ class Reducer:
             self._slots.clear()
             self._blocks.clear()
 
-    def _ready_rows(self) -> np.ndarray | None:
-        """The queued rows when every one is computed already (the host path), the reducer emptied; else None."""
+    def take_ready(self) -> np.ndarray | None:
+        """The queued rows when every one is computed already (the host path), the reducer emptied; else None,
+        the rows left queued for ``collect`` or ``collect_later``."""
         if self._scalars or self._blocks or self._deferred:
             return None
         rows = self._buffer[:self._size].copy()
