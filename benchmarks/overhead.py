@@ -72,9 +72,16 @@ def make_data(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(BATCH, IN, generator=g), torch.randint(0, OUT, (BATCH,), generator=g)) for _ in range(steps)]
 
 
-def training_steps(data: list, rec: Recorder | None) -> Iterator[None]:
+PHASES = ("start", "forward", "backward", "gradients", "optimizer", "end")
+"""The parts of a step that ``mark`` separates: the step's start (the recorder's ``start_step`` and the
+input's and target's summaries), the forward pass with its outputs' summaries, the backward pass (with what
+runs at its end), the gradients' summaries, the optimizer's step, and the step's end (the updates)."""
+
+
+def training_steps(data: list, rec: Recorder | None, mark: Callable[[str], None] | None = None
+                   ) -> Iterator[None]:
     """The training loop over ``data``, recorded by ``rec`` (None: bare), one step per ``next()``; the
-    recorder is closed once the steps are exhausted."""
+    recorder is closed once the steps are exhausted. ``mark`` is called with each of ``PHASES`` as it ends."""
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -85,6 +92,8 @@ def training_steps(data: list, rec: Recorder | None) -> Iterator[None]:
             rec.start_step(step)
             rec.register_tensor("input", x, role="input")
             rec.register_tensor("target", y, role="target")
+        if mark is not None:
+            mark("start")
         h = model.stem(x)
         for i, block in enumerate(model.blocks):
             h = block(h)
@@ -95,14 +104,24 @@ def training_steps(data: list, rec: Recorder | None) -> Iterator[None]:
         if rec is not None:
             rec.register_tensor("logits", out, role="output")
             rec.register_tensor("loss", loss, role="loss")
+        if mark is not None:
+            mark("forward")
         opt.zero_grad()
         loss.backward()
+        if mark is not None:
+            mark("backward")
         if rec is not None:
             rec.record_gradients()
+        if mark is not None:
+            mark("gradients")
         opt.step()
+        if mark is not None:
+            mark("optimizer")
         if rec is not None:
             rec.record_kpi("loss", loss)
             rec.finish_step()
+        if mark is not None:
+            mark("end")
         yield
     if rec is not None:
         rec.close()
@@ -198,10 +217,11 @@ class ParameterPasses:
         parallel.moments_many(self.dtype, self._addresses, self._sizes, self._rows, starts=self._copy_addresses)
 
 
-def floor_steps(data: list) -> Iterator[None]:
+def floor_steps(data: list, mark: Callable[[str], None] | None = None) -> Iterator[None]:
     """Train over ``data`` computing what the recorder summarizes every step (parameter values with the
     start-of-step copy, their gradients and updates; every registered tensor's value and gradient, dead
-    units and tanh saturation) by calling the kernels directly, one step per ``next()``."""
+    units and tanh saturation) by calling the kernels directly, one step per ``next()``; ``mark`` as in
+    :func:`training_steps`."""
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -213,6 +233,8 @@ def floor_steps(data: list) -> Iterator[None]:
         passes.values()
         kernels.summarize(x.numpy(), row, None, True)
         kernels.summarize(y.numpy().astype(np.float64)[None], row, None, False)
+        if mark is not None:
+            mark("start")
         grads: list[torch.Tensor] = []  # kept by a bare gradient hook to the pass's end, as the recorder's taps do
         h = model.stem(x)
         for block in model.blocks:
@@ -224,14 +246,24 @@ def floor_steps(data: list) -> Iterator[None]:
         out.register_hook(grads.append)
         kernels.summarize(out.detach().numpy(), row, None, True)
         kernels.summarize(loss.detach().numpy().reshape(1, 1), row, None, False)
+        if mark is not None:
+            mark("forward")
         opt.zero_grad()
         loss.backward()
+        if mark is not None:
+            mark("backward")
         parallel.moments_many(dtype, np.array([g.data_ptr() for g in grads], dtype=np.int64),
                               np.array([g.numel() for g in grads], dtype=np.int64), np.zeros((len(grads), NUM_FIELDS)),
                               batches=np.full(len(grads), BATCH, dtype=np.int64))
         passes.gradients()
+        if mark is not None:
+            mark("gradients")
         opt.step()
+        if mark is not None:
+            mark("optimizer")
         passes.updates()
+        if mark is not None:
+            mark("end")
         yield
 
 

@@ -56,6 +56,22 @@ def _missing(name: str):
     return kernel
 
 
+@pytest.fixture
+def overhead_models(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The MLPs that ``benchmarks/overhead.py``'s loops build from now on, in order (each loop builds one)."""
+    from benchmarks import overhead
+
+    models: list = []
+    real_mlp = overhead.MLP
+
+    def mlp():
+        models.append(real_mlp())
+        return models[-1]
+
+    monkeypatch.setattr(overhead, "MLP", mlp)
+    return models
+
+
 @pytest.fixture(autouse=True)
 def empty_comgra_slot() -> Iterator[None]:
     """Every test leaves ``comgra_ndbg.compat.comgra.my_recorder`` empty, as a fresh process has it: a Comgra

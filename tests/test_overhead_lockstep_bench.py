@@ -36,16 +36,9 @@ def test_lockstep_takes_every_order_and_runs_every_loop_to_its_end() -> None:
     assert all(wall >= 0 and cpu >= 0 for t in times.values() for wall, cpu in t)
 
 
-def test_the_loops_in_lockstep_train_alike_and_the_recording_is_closed(tmp_path, monkeypatch) -> None:
+def test_the_loops_in_lockstep_train_alike_and_the_recording_is_closed(tmp_path, overhead_models) -> None:
     data = overhead.make_data(12)
-    models = []
-    real_mlp = overhead.MLP
-
-    def mlp() -> torch.nn.Module:
-        models.append(real_mlp())
-        return models[-1]
-
-    monkeypatch.setattr(overhead, "MLP", mlp)
+    models = overhead_models
     overhead.lockstep(data, {
         "bare": lambda: overhead.training_steps(data, None),
         "recorded": lambda: overhead.training_steps(data, Recorder(tmp_path, "t", summaries=1, snapshots=10)),
