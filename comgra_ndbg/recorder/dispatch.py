@@ -61,8 +61,7 @@ class StepDispatcher:
         written = write_summary or write_snapshot
         snapshots_written = write_snapshot
         if written:
-            fitted = record if not write_snapshot or self.budget is None else self._fit(
-                record, write_snapshot, preferred=self.is_forced(record.step))
+            fitted = self._fit(record, write_snapshot, preferred=self.is_forced(record.step))
             snapshots_written = write_snapshot and bool(fitted.snapshots)
             fitted.write(self.writer, summaries=write_summary, snapshots=write_snapshot)
         flight = self.flight

@@ -364,19 +364,18 @@ class GradientRecording:
         """The step's summary rows of ``blocks`` (series, iterations, rows of what ``reducer`` collects): read
         now when they are on the host already (or ``wait``), else when the step's record is built, so that the
         end of a backward pass never waits for the device. Returns the collected rows once they are read."""
-        rows = reducer.take_ready()
-        if rows is not None:  # the host path: every row computed already
-            self._rows += [SummaryRows(series, iterations, rows[at]) for series, iterations, at in blocks]
-            return rows
-        collected = reducer.collect_later()
-        if collected.travelling and not wait:
-            self._rows.extend(LateRows(series, iterations, collected, at, report) for series, iterations, at in blocks)
-            return None
-        rows = collected.rows()
+        rows = reducer.take_ready()  # the host path: every row computed already
+        if rows is None:
+            collected = reducer.collect_later()
+            if collected.travelling and not wait:
+                self._rows.extend(LateRows(series, iterations, collected, at, report)
+                                  for series, iterations, at in blocks)
+                return None
+            rows = collected.rows()
+            if collected.failed and not collected.reported:
+                collected.reported = True
+                report(collected)
         self._rows += [SummaryRows(series, iterations, rows[at]) for series, iterations, at in blocks]
-        if collected.failed and not collected.reported:
-            collected.reported = True
-            report(collected)
         return rows
 
     def _value_layout(self) -> tuple[np.ndarray, np.ndarray, slice | np.ndarray]:

@@ -334,7 +334,7 @@ class StepCycle:
             reason = summary.reason if summary.record else ""
         self._check_overflow(rows)
         return StepRecord(self._step, type_id, self._iteration + 1, reason, time.time(), rows,
-                          materialize(self._snaps) if self._snaps else [])
+                          materialize(self._snaps))
 
     def _flush_due(self) -> bool:
         if self.flush_every_steps is not None and self._steps_since_flush >= self.flush_every_steps:

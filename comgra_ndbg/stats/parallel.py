@@ -86,17 +86,9 @@ def moments_many_built(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray
             if total >= MIN_ELEMENTS and _team_ready():
                 kernels.misfit(_TEAM[0](entry, _part(total, threads), dtype.itemsize, *arrays, rows, exact), arrays)
                 return exact
-    single = _SINGLE.get(dtype)
-    if single is None:
-        suffix = kernels._SUFFIX[dtype]
-        single = _SINGLE[dtype] = (kernels._entry("moments_many", suffix), kernels._LIKE[suffix])
-    bad = single[0](single[1], *arrays, rows, exact)
-    if bad >= 0:
-        kernels.misfit(bad, arrays)
+    suffix = kernels._SUFFIX[dtype]
+    kernels.misfit(kernels._entry("moments_many", suffix)(kernels._LIKE[suffix], *arrays, rows, exact), arrays)
     return exact
-
-
-_SINGLE: dict[np.dtype, tuple[object, np.ndarray]] = {}  # dtype -> (the one-thread compiled entry, its dtype's like)
 
 
 def plan(sizes: np.ndarray, batches: np.ndarray, part: int) -> np.ndarray:
