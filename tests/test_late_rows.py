@@ -1,6 +1,6 @@
-"""Summary rows read when the step's record is built (``LateRows``), as a device's rows are, equal the rows
-read at once, failures included. On the host every result is there at once, so the tests make the
-reducers hand nothing over ready and the collected results say they are still travelling."""
+"""Summary rows read when the step's record is built (``StepRows.finish``), as a device's rows are, equal the
+rows read at once, failures included. On the host every result is there at once, so the tests make the
+reducer hand nothing over ready and the collected results say they are still travelling."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from comgra_ndbg import Recorder, open_recording
-from comgra_ndbg.recorder import step_record
+from comgra_ndbg.recorder import step_rows
 from comgra_ndbg.stats import collected, reducer
 from comgra_ndbg.store import schema
 
@@ -54,18 +54,31 @@ def test_rows_read_when_the_record_is_built_equal_rows_read_at_once(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     train(tmp_path, "at_once")
     late_reads: list[int] = []
-    original = step_record.LateRows.resolve
+    finishing = []
+    original_rows, original_finish = collected.Collected.rows, step_rows.StepRows.finish
 
-    def counting(self: step_record.LateRows) -> step_record.SummaryRows:
-        late_reads.append(len(self.series))
-        return original(self)
+    def counting(self: collected.Collected) -> np.ndarray:
+        if finishing and self._result is None:
+            late_reads.append(len(self))
+        return original_rows(self)
+
+    def finish(self: step_rows.StepRows, *args: object) -> object:
+        finishing.append(True)
+        try:
+            return original_finish(self, *args)
+        finally:
+            finishing.pop()
 
     with monkeypatch.context() as patch:
         patch.setattr(reducer.Reducer, "take_ready", lambda self: None)
+        patch.setattr(reducer.Reducer, "ready", property(lambda self: False))
         patch.setattr(collected.Collected, "travelling", property(lambda self: True))
-        patch.setattr(step_record.LateRows, "resolve", counting)
+        patch.setattr(collected.Collected, "rows", counting)
+        patch.setattr(step_rows.StepRows, "finish", finish)
         train(tmp_path, "late")
-    assert len(late_reads) >= 12  # the gradients' and values' blocks of every step were read late
+    # the values' and gradients' rows of every step were taken at the end of its gradient set and read as its
+    # record was built, with its updates
+    assert len(late_reads) >= 8 and min(late_reads) >= 1
     at_once, late = contents(tmp_path, "at_once"), contents(tmp_path, "late")
     assert at_once[0].keys() == late[0].keys() and len(late[0]) >= 12
     for key, (steps, rows) in at_once[0].items():

@@ -16,7 +16,7 @@ that, or for a ``torch.compile`` region's gradient, a later pass replaces the ea
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from itertools import repeat
 from operator import attrgetter
@@ -28,8 +28,8 @@ from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, Inval
 from comgra_ndbg.recorder.grad_hook import in_compiled_autograd
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
-from comgra_ndbg.recorder.step_record import LateRows, SummaryRows, rows_at, zeros
-from comgra_ndbg.stats.reducer import Collected, Reducer
+from comgra_ndbg.recorder.step_record import zeros
+from comgra_ndbg.recorder.step_rows import Failure
 from comgra_ndbg.store import schema
 
 __all__ = ["GradientRecording", "SET_MEMORY"]
@@ -86,7 +86,7 @@ class GradientRecording:
                 if deferred:
                     self._grad_batch.add(key, grad, batched)
                 else:
-                    self._grad_keys[key] = self._grads.add(grad, batched=batched)
+                    self._grad_keys[key] = self._reducer.add(grad, batched=batched)
             if self._snapshot:
                 if self._deferring and batched:
                     if earlier is not None:
@@ -193,7 +193,7 @@ class GradientRecording:
             for tid, grad in zip(tids, grads):
                 self._on_parameter_grad(tid, grad)
         elif packed is not None and not queue and not len(self._grad_batch):  # summarised next: at once
-            self._parameter_grads.update(zip(tids, self._grads.add_addressed(*packed, grads)))
+            self._parameter_grads.update(zip(tids, self._reducer.add_addressed(*packed, grads)))
         else:
             self._grad_batch.extend(list(zip(tids, grads)), queue=queue)
 
@@ -228,7 +228,7 @@ class GradientRecording:
         try:
             if self._parameters.polled and _graph_task() != -1:  # (outside a backward pass its callers read them)
                 self._take_polled(queue=False)
-            keyed, dropped = self._grad_batch.flush(self._grads)
+            keyed, dropped = self._grad_batch.flush(self._reducer)
         except Exception as error:  # a recorder problem must not break the user's backward pass
             self._grad_batch.clear()
             self._warn("recording gradients", error)
@@ -280,34 +280,26 @@ class GradientRecording:
         parameter_rows: Sequence[int] = []
         if self._summarize and grads:
             if packed is not None:
-                parameter_rows = self._grads.add_addressed(*packed, grads)
+                parameter_rows = self._reducer.add_addressed(*packed, grads)
             else:
-                parameter_rows = self._grads.add_many(grads)
+                parameter_rows = self._reducer.add_many(grads)
         if self._snapshot:
             self._grad_snaps.update(((tid, 0), self._take(grad, False)) for tid, grad in zip(tids, grads))
-        keys = self._grad_keys  # replaced by a new dict below: the rows' tensors stay readable for a late report
-
-        def report(done: Collected) -> None:
-            self._report_failed(done, kind, {index: tid for (tid, _), index in keys.items()}
-                                | dict(zip(parameter_rows, tids)))
-
         for original, alias in self._grad_aliases:  # a tensor registered under two names: one row, twice
             row = self._grad_keys.get(original)
             if row is not None:
                 self._grad_keys[alias] = row
-        blocks = []
         if self._grad_keys:
             series, iterations, rows, at = self._gradient_layout(kind)
             if rows != list(self._grad_keys.values()):  # (the same rows as when the layout was made, usually)
                 at = np.fromiter(self._grad_keys.values(), dtype=np.int64, count=len(self._grad_keys))
-            blocks.append((series, iterations, at))
+            self._step_rows.add(series, iterations, at)
         if parameter_rows:
             if len(grads) == len(self._parameters.tracked):  # every parameter got one: the cached series
                 series = self._parameter_series(kind)
             else:
                 series = np.array([self.catalog.series_id(tid, kind) for tid in tids], dtype=np.int64)
-            blocks.append((series, zeros(len(series)), rows_at(parameter_rows)))
-        self._add_rows(self._grads, blocks, report)
+            self._step_rows.add(series, zeros(len(series)), parameter_rows)
         if not self._deferring:
             for (tid, iteration), data in self._grad_snaps.items():
                 self._snaps.append((self.catalog.series_id(tid, kind), iteration, data))
@@ -341,42 +333,24 @@ class GradientRecording:
             self._gradient_layouts[key] = layout
         return layout
 
-    def _collect_values(self) -> None:
+    def _collect_values(self, *, take: bool = True) -> None:
+        """The step's value rows registered so far join its rows; ``take`` starts them on their way to the host
+        (the end of a gradient set), the tiers' parameter values read at once."""
         self._last_viewed = None  # its row is collected: a later registration of its tensor is summarised anew
-        keys, value_blocks = self._value_keys, self._value_blocks  # replaced below, kept for a late report
-
-        def report(done: Collected) -> None:
-            by_row = {row: self.catalog.series[sid][0] for sid, _, row in keys}
-            by_row.update((row, self.catalog.series[sid][0]) for series, indices in value_blocks
-                          for sid, row in zip(series.tolist(), indices))
-            self._report_failed(done, schema.KIND_VALUE, by_row)
-
-        blocks = [self._value_layout()] if keys else []
-        blocks += [(series, zeros(len(series)), rows_at(indices)) for series, indices in value_blocks]
+        add = self._step_rows.add
+        if self._value_keys:
+            add(*self._value_layout())
         tier_rows, self._tier_rows = self._tier_rows, None
-        rows = self._add_rows(self._values, blocks, report, wait=tier_rows is not None)
-        if tier_rows is not None:
-            self._observe_tier_values(rows[tier_rows])
+        tier_at = None
+        for series, indices in self._value_blocks:
+            at = add(series, zeros(len(series)), indices)
+            if indices is tier_rows:
+                tier_at = at
         self._value_keys, self._value_blocks = [], []
-
-    def _add_rows(self, reducer: Reducer, blocks: list[tuple[np.ndarray, np.ndarray, object]],
-                  report: Callable[[Collected], None], *, wait: bool = False) -> np.ndarray | None:
-        """The step's summary rows of ``blocks`` (series, iterations, rows of what ``reducer`` collects): read
-        now when they are on the host already (or ``wait``), else when the step's record is built, so that the
-        end of a backward pass never waits for the device. Returns the collected rows once they are read."""
-        rows = reducer.take_ready()  # the host path: every row computed already
-        if rows is None:
-            collected = reducer.collect_later()
-            if collected.travelling and not wait:
-                self._rows.extend(LateRows(series, iterations, collected, at, report)
-                                  for series, iterations, at in blocks)
-                return None
-            rows = collected.rows()
-            if collected.failed and not collected.reported:
-                collected.reported = True
-                report(collected)
-        self._rows += [SummaryRows(series, iterations, rows[at]) for series, iterations, at in blocks]
-        return rows
+        if take or tier_at is not None:
+            self._step_rows.take(self._reducer, wait=tier_at is not None)
+        if tier_at is not None:
+            self._observe_tier_values(self._step_rows.read(tier_at, self._report_failed))
 
     def _value_layout(self) -> tuple[np.ndarray, np.ndarray, slice | np.ndarray]:
         """Series ids, iterations and rows in the collected block of the registrations in ``_value_keys``: a
@@ -394,11 +368,14 @@ class GradientRecording:
         self._value_layouts = (list(self._value_keys), layout)
         return layout
 
-    def _report_failed(self, reducer: Reducer | Collected, kind: str, tensor_of_row: dict[int, int]) -> None:
-        """Log each row ``reducer.collect()`` could not compute as a skipped tensor (it stays absent)."""
-        for row, reason in reducer.failed.items():
-            tid = tensor_of_row.get(row)
-            name = self.catalog.tensors[tid].name if tid is not None else f"row {row}"
+    def _report_failed(self, failures: list[Failure]) -> None:
+        """Log each row of the step that could not be computed as a skipped tensor (it stays absent)."""
+        for sid, row, reason in failures:
+            if sid is None:
+                name, kind = f"row {row}", "summary"
+            else:
+                tid, kind = self.catalog.series[sid]
+                name = self.catalog.tensors[tid].name
             self._skipped(name, kind, RuntimeError(f"its summary could not be computed ({reason})"))
 
     def _discover_graph(self) -> None:

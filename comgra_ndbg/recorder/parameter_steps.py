@@ -11,7 +11,7 @@ import torch
 
 from comgra_ndbg.errors import InvalidArgumentError, InvalidTensorError, RecorderStateError
 from comgra_ndbg.recorder.snapshot import take_update_snapshot
-from comgra_ndbg.recorder.step_record import SummaryRows, rows_at, zeros
+from comgra_ndbg.recorder.step_record import SummaryRows, zeros
 from comgra_ndbg.recorder.tiers import optimizer_settings
 from comgra_ndbg.recorder.validation import check_name, check_text
 from comgra_ndbg.store import schema
@@ -103,9 +103,9 @@ class ParameterSteps:
             measure = due or self._snapshot  # an update snapshot needs the start-of-step copy
         if self._summarize:
             if measure:
-                indices = tracker.capture(self._values)
+                indices = tracker.capture(self._reducer)
             else:
-                indices = self._values.add_many([value for _, value in tracker.values()])
+                indices = self._reducer.add_many([value for _, value in tracker.values()])
             self._value_blocks.append((series, indices))
             if self._tiered:
                 self._tier_rows = indices
@@ -193,16 +193,12 @@ class ParameterSteps:
             series = np.array([self.catalog.series_id(tid, schema.KIND_UPDATE) for tid, kept
                                in zip(self._parameters.tensor_ids(), keep.tolist()) if kept], dtype=np.int64)
         if self._summarize:
-            indices = self._parameters.summarize_updates(self._updates)
-            rows = self._updates.collect()
-            if self._updates.failed:
-                self._report_failed(self._updates, schema.KIND_UPDATE,
-                                    dict(zip(indices, self._parameters.tensor_ids())))
-            if len(indices) != len(rows):  # (the reducer holds these rows alone: they are all of them)
-                rows = rows[rows_at(indices)]
+            indices = self._parameters.summarize_updates(self._reducer)
+            at = self._step_rows.add(series, zeros(len(series)), indices if everything else
+                                     np.asarray(indices, dtype=np.int64)[keep])
             if self._tiered:
-                self._tier_state.observe_updates(rows[keep], keep)
-            self._rows.append(SummaryRows(series, zeros(len(series)), rows if everything else rows[keep]))
+                self._step_rows.take(self._reducer, wait=True)
+                self._tier_state.observe_updates(self._step_rows.read(at, self._report_failed), keep)
         if self._snapshot:
             self._take_updates(self._parameters.update_pairs(), keep)
         self._parameters.release()

@@ -197,9 +197,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, GradientTaps, R
                                  f"continued by a new writer after step {existing.last_step} "
                                  f"({'killed' if existing.killed else 'closed'} before)", {"mode": mode})
         self._saturation_margin = saturation_margin
-        self._values = Reducer(saturation_margin)
-        self._grads = Reducer(saturation_margin)
-        self._updates = Reducer(saturation_margin)
+        self._reducer = Reducer(saturation_margin)  # a step's values, gradients and updates (``step_rows``)
         self._parameters = ParameterTracker(self.catalog)
         self.gradient_scale: torch.Tensor | None = None
         """The scale the running backward pass's gradients carry (a ``GradScaler``'s, set by ``NeuralDbg``):

@@ -111,9 +111,9 @@ class TensorRegistration:
         iteration = self._iteration
         try:
             if host is not None:
-                row = self._values.add_viewed(host, plan.batch, plan.thresholds, plan.kernel)
+                row = self._reducer.add_viewed(host, plan.batch, plan.thresholds, plan.kernel)
             else:
-                row = self._values.add_planned(work_tensor(tensor, plan) if plan.convert else tensor,
+                row = self._reducer.add_planned(work_tensor(tensor, plan) if plan.convert else tensor,
                                                plan.batch, plan.thresholds, plan.kernel, plan.work_dtype)
         except Exception as error:  # a recorder problem must not break the training run
             self._skipped(name, "value", error)
@@ -168,7 +168,7 @@ class TensorRegistration:
         tid, sid = known[2], known[3]
         iteration = self._iteration
         if self._summarize:
-            self._value_keys.append((sid, iteration, self._values.add(tensor, batched=bool(batched), bounds=bounds)))
+            self._value_keys.append((sid, iteration, self._reducer.add(tensor, batched=bool(batched), bounds=bounds)))
         if self._snapshot:
             if self._deferring and batched:
                 self._deferred_values.append(DeferredSnapshot(sid, iteration, tensor.detach().clone(), True, bounds))

@@ -84,7 +84,7 @@ class SentinelSteps:
             if plan is None or not fits(plan, tensor, plan.batch_before):
                 continue
             host = work_tensor(tensor, plan) if plan.convert else tensor
-            pending.append((plan.series_id, self._values.add_planned(host, plan.batch, plan.thresholds, plan.kernel,
+            pending.append((plan.series_id, self._reducer.add_planned(host, plan.batch, plan.thresholds, plan.kernel,
                                                                      plan.work_dtype)))
 
     @property
@@ -108,13 +108,13 @@ class SentinelSteps:
             grads = [grad if p.requires_grad else None for p, grad in zip(params, grads)]
         complete = not any(map(_IS_NONE, grads))  # (``None in grads`` would compare tensors with ==)
         with_grad = grads if complete else [g for g in grads if g is not None]
-        both = tracker.summarize_with_gradients(self._values, grads) if complete else None
+        both = tracker.summarize_with_gradients(self._reducer, grads) if complete else None
         if both is not None:  # one kernel call over the values and the gradients
             value_rows, grad_rows = both[:len(grads)], both[len(grads):]
         else:
-            value_rows = tracker.summarize_values(self._values)
-            grad_rows = self._values.add_many(with_grad) if with_grad else []
-        rows = self._values.collect()
+            value_rows = tracker.summarize_values(self._reducer)
+            grad_rows = self._reducer.add_many(with_grad) if with_grad else []
+        rows = self._reducer.collect()
         value_data = rows[rows_at(value_rows)]
         grad_data = rows[rows_at(grad_rows)] if with_grad else np.zeros((0, schema.NUM_FIELDS))
         missing = not complete and any(g is None and t.parameter.requires_grad for g, t in zip(grads, tracked))
@@ -122,7 +122,7 @@ class SentinelSteps:
         moved = state.observe_gradients(step, None if missing else grad_data, missing) or moved
         input_rows = [row for _, row in inputs]
         key = (complete, len(tracked), tuple(sid for sid, _ in inputs))
-        if (both is not None and not self._values.failed and both.start == len(input_rows)
+        if (both is not None and not self._reducer.failed and both.start == len(input_rows)
                 and both.stop == len(rows) and input_rows == list(range(len(input_rows)))):
             # the usual step: the collected rows are the inputs', the values' and the gradients', in that order
             cached = self._sentinel_series.get(key)
@@ -147,7 +147,7 @@ class SentinelSteps:
                 self._sentinel_series[apart] = cached
         series = cached[0]
         data = np.concatenate([value_data, grad_data, rows[input_rows]])
-        failed = self._values.failed
+        failed = self._reducer.failed
         if failed:  # a row that could not be computed stays absent
             keep = ~np.isin(np.concatenate([np.asarray(value_rows), np.asarray(grad_rows, dtype=np.int64),
                                             np.asarray(input_rows, dtype=np.int64)]), list(failed))
@@ -178,9 +178,9 @@ class SentinelSteps:
         tracker = self._parameters
         try:
             keep = tracker.update_mask()
-            indices = tracker.summarize_updates(self._updates)
-            rows = self._updates.collect()
-            failed = set(self._updates.failed)
+            indices = tracker.summarize_updates(self._reducer)
+            rows = self._reducer.collect()
+            failed = set(self._reducer.failed)
             keep = keep & np.array([row not in failed for row in indices], dtype=bool)
             rows = rows[indices][keep]
             self._tier_state.observe_updates(rows, keep)

@@ -21,7 +21,8 @@ from comgra_ndbg.recorder.policy import Decision
 from comgra_ndbg.recorder.sentinel_steps import Sentinel
 from comgra_ndbg.recorder.device_snapshots import materialize
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot, SnapshotData
-from comgra_ndbg.recorder.step_record import LateRows, StepRecord, SummaryRows, resolved
+from comgra_ndbg.recorder.step_record import StepRecord
+from comgra_ndbg.recorder.step_rows import StepRows
 from comgra_ndbg.recorder.validation import check_name, check_step
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
@@ -48,10 +49,8 @@ class StepCycle:
         for handle in self._hooks:  # a leaf, or a graph node kept across steps, would otherwise keep it for good
             handle.remove()
         self._hooks = []
-        if len(self._values) or len(self._grads) or len(self._updates):  # left by a step that failed midway
-            self._values = Reducer(self._saturation_margin)
-            self._grads = Reducer(self._saturation_margin)
-            self._updates = Reducer(self._saturation_margin)
+        if len(self._reducer):  # left by a step that failed midway
+            self._reducer = Reducer(self._saturation_margin)
         self._structure.clear()
         self._step_open = False
         self._step = -1
@@ -86,7 +85,7 @@ class StepCycle:
         self._parameter_grad_snaps: dict[int, Any] = {}
         self._deferred_values: list[DeferredSnapshot] = []
         self._deferred_grads: list[DeferredSnapshot] = []
-        self._rows: list[SummaryRows | LateRows] = []  # late: read when the record is built
+        self._step_rows = StepRows()  # the blocks of the step's rows in ``_reducer``, and what was taken
         self._snaps: list[tuple[int, int, Any]] = []
         self._kpis: list[tuple[Any, ...]] = []  # (kpi id, value) or (kpi id, value, step type id)
         self._grad_kinds: list[str] = []
@@ -316,10 +315,10 @@ class StepCycle:
             self._collect_gradients(kind)
         if self._structure.pending:
             self._guard("discovering the dependency graph", self._discover_graph)
+        if self._value_keys or self._value_blocks or self._tier_rows is not None:
+            self._collect_values(take=False)  # (before the updates: the tiers take the rows they measure)
         self._finish_parameters()
-        if len(self._values) or self._value_keys or self._value_blocks or self._tier_rows is not None:
-            self._collect_values()
-        rows = SummaryRows.join(resolved(self._rows))
+        rows = self._step_rows.finish(self._reducer, self._report_failed)
         if self._tiered and self._sentinels_on:
             self._observe_tier_gradients(rows)
         summary, snapshot = self._summary_decision, self._snapshot_decision

@@ -1,18 +1,17 @@
 """One step's recorded data on the host, before it goes to the writer (or to the flight recorder's ring)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from comgra_ndbg.stats.collected import Collected
 from comgra_ndbg.store import schema
 from comgra_ndbg.store.segment import SnapshotData
 from comgra_ndbg.store.writer import RecordingWriter
 
-__all__ = ["LateRows", "StepRecord", "SummaryRows", "resolved", "rows_at", "shared", "single_iteration", "zeros"]
+__all__ = ["StepRecord", "SummaryRows", "rows_at", "shared", "single_iteration", "zeros"]
 
 
 class SummaryRows(NamedTuple):
@@ -41,30 +40,6 @@ class SummaryRows(NamedTuple):
             return blocks[0]
         layout = _joined_layout(blocks)
         return SummaryRows(*layout, np.concatenate([b.data for b in blocks]))
-
-
-class LateRows(NamedTuple):
-    """Summary rows whose values are still travelling from a device (``Reducer.collect_later``): read when the
-    step's record is built, so the backward pass's end does not wait for the device. ``at`` selects the rows
-    of the collected block; ``report`` logs the rows that could not be computed (called once per block)."""
-
-    series: np.ndarray
-    iterations: np.ndarray
-    collected: Collected
-    at: slice | range | list[int] | np.ndarray
-    report: Callable[[Collected], None]
-
-    def resolve(self) -> SummaryRows:
-        rows = self.collected.rows()
-        if self.collected.failed and not self.collected.reported:
-            self.collected.reported = True
-            self.report(self.collected)
-        return SummaryRows(self.series, self.iterations, rows[self.at])
-
-
-def resolved(blocks: list[SummaryRows | LateRows]) -> list[SummaryRows]:
-    """``blocks`` with every :class:`LateRows` read."""
-    return [block.resolve() if isinstance(block, LateRows) else block for block in blocks]
 
 
 _LAYOUTS_KEPT = 64

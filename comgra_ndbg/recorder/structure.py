@@ -34,6 +34,7 @@ class StructureTracker:
         self.autograd = True  # False: this step's edges are all declared (an eager pass of a compiled model)
         self._last: tuple | None = None  # (signature, step type, structure hash) of the last discovery
         self._before: tuple | None = None  # (_last, graph of each step type) when the step began
+        self._graphs: tuple | None = None  # (the catalog's graph of each step type, its version, a copy of it)
 
     def add(self, name: str, iteration: int, tensor: torch.Tensor, shape_key: tuple | None = None) -> None:
         """Register ``tensor`` as ``name`` in ``iteration``. ``shape_key`` is the rank, dtype, requires_grad
@@ -57,7 +58,10 @@ class StructureTracker:
         self._registered, self._keys, self._manual, self._found = [], [], [], []
         self.pending = False
         self.autograd = True
-        self._before = (self._last, dict(self.catalog.graph_of_type))
+        graphs, version = self.catalog.graph_of_type, self.catalog.version
+        if self._graphs is None or self._graphs[0] is not graphs or self._graphs[1] != version:
+            self._graphs = (graphs, version, dict(graphs))  # copied again only after the catalog changed
+        self._before = (self._last, self._graphs[2])
 
     def rollback(self) -> None:
         """Forget what the discoveries of the step being discarded changed: each step type points at the

@@ -98,7 +98,7 @@ class GradientTaps:
         count, keys = len(grads), self._tap_keys
         pairs = [keys[i][0] for i in indices]
         sizes = arrays[1][:count]
-        rows = self._grads.add_addressed(dtype, arrays[0][:count], sizes, grads, batches=arrays[2][:count])
+        rows = self._reducer.add_addressed(dtype, arrays[0][:count], sizes, grads, batches=arrays[2][:count])
         room = SET_MEMORY - self._set_grad_bytes
         need = sum(sizes.tolist()) * dtype.itemsize
         if need <= room:  # the usual case: all of them, in one update

@@ -107,6 +107,10 @@ class Collected:
         done._rows, done._slots, done._blocks, done._pending, done._parts = rows, [], [], [], []
         return done
 
+    def __len__(self) -> int:
+        """How many rows the reducer handed over (computed or not)."""
+        return len(self._rows)
+
     @property
     def travelling(self) -> bool:
         """Whether some result is still on its way from a device (``rows()`` would wait for it)."""

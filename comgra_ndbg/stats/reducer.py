@@ -60,9 +60,13 @@ class Reducer:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def ready(self) -> bool:
+        """Whether every queued row is computed already (the host path): ``take_ready`` would return them."""
+        return not (self._scalars or self._blocks or self._deferred)
+
     def _claim(self, count: int) -> int:
-        """Reserve ``count`` identity rows; returns the index of the first. Rows live in one buffer that
-        ``collect`` copies out in one piece (no per-row array to allocate and stack)."""
+        """Reserve ``count`` identity rows; returns the index of the first (rows live in one buffer)."""
         first = self._size
         end = first + count
         if end > len(self._buffer):
@@ -333,10 +337,6 @@ class Reducer:
         A row that cannot be computed (a tensor whose device cannot hand its values over) is left as the
         merge identity (absent) and listed in :attr:`failed` (row -> reason), so one bad tensor costs its own
         row and never the others, or the next step's."""
-        rows = self.take_ready()
-        if rows is not None:
-            self.failed = {}
-            return rows
         collected = self.collect_later()
         try:
             return collected.rows()
@@ -373,7 +373,7 @@ class Reducer:
     def take_ready(self) -> np.ndarray | None:
         """The queued rows when every one is computed already (the host path), the reducer emptied; else None,
         the rows left queued for ``collect`` or ``collect_later``."""
-        if self._scalars or self._blocks or self._deferred:
+        if not self.ready:
             return None
         rows = self._buffer[:self._size].copy()
         self._buffer[:self._size] = _IDENTITY
