@@ -7,10 +7,14 @@ side by side in lockstep as in ``benchmarks/overhead.py``: bare, the earlier rev
 checkout's ``Recorder`` (summaries every step, no snapshots) and the floor, one step each in turn, every order
 of the four in rotation. Each step of the two recorded loops meets the same load, so their per-step
 difference is read paired: the median over a round's steps of (this checkout − the revision), then over
-rounds, next to each one's bookkeeping (recorded − floor) / bare.
+rounds, next to each one's bookkeeping (recorded − floor) / bare. With ``--neuraldbg`` the two recorded
+loops are the plain loop under each revision's ``NeuralDbg`` (summaries every step, no snapshots, every
+statistic every step): their global hooks see the other loops' optimizers and backward passes too, alike for
+both, so the paired difference holds while the bookkeeping figures read a little high.
 
-Run: ``python -m benchmarks.paired_revisions REVISION [--steps 300] [--rounds 4]`` (``OMP_NUM_THREADS=1``
-for the figures of ``docs/recording.md``), e.g. ``python -m benchmarks.paired_revisions HEAD~1``.
+Run: ``python -m benchmarks.paired_revisions REVISION [--steps 300] [--rounds 4] [--neuraldbg]``
+(``OMP_NUM_THREADS=1`` for the figures of ``docs/recording.md``), e.g. ``python -m benchmarks.paired_revisions
+HEAD~1``.
 """
 from __future__ import annotations
 
@@ -30,12 +34,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.neuraldbg_overhead import TanhMLP
 from benchmarks.overhead import finish, floor_steps, make_data, training_steps
-from comgra_ndbg import Recorder
+from comgra_ndbg import NeuralDbg, Recorder
 from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import parallel
 
-__all__ = ["export_revision", "paired_round", "renamed"]
+__all__ = ["export_revision", "neuraldbg_steps", "paired_round", "renamed"]
 
 PACKAGE = "comgra_ndbg"
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,13 +73,33 @@ def export_revision(revision: str, folder: Path, name: str) -> Path:
     return folder
 
 
+def neuraldbg_steps(data: list, debugger: type, folder: str, trial: str) -> Iterator[None]:
+    """The plain training loop of ``benchmarks/overhead.py``'s MLP under ``debugger`` (a ``NeuralDbg`` class),
+    summaries every step, no snapshots, every statistic every step; one step per ``next()``."""
+    torch.manual_seed(0)
+    model = TanhMLP()
+    criterion = torch.nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    dbg = debugger(model, folder, trial=trial, loss=criterion, optimizer=optimizer, summaries=1, snapshots=None,
+                   detail="full")
+    for x, y in data:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+        yield
+    dbg.close()
+
+
 def paired_round(data: list, folder: str, earlier: type, tag: str) -> dict[str, list[float]]:
-    """One round: the four loops over ``data`` in lockstep; per loop, the seconds of each of its steps."""
-    running: dict[str, Iterator[None]] = {
-        "bare": training_steps(data, None),
-        "earlier": training_steps(data, earlier(folder, f"earlier{tag}", summaries=1, snapshots=None)),
-        "this": training_steps(data, Recorder(folder, f"this{tag}", summaries=1, snapshots=None)),
-        "floor": floor_steps(data)}
+    """One round: the four loops over ``data`` in lockstep; per loop, the seconds of each of its steps.
+    ``earlier`` is the other revision's ``Recorder``, or its ``NeuralDbg``."""
+    if earlier.__name__ == "NeuralDbg":
+        recorded = {"earlier": neuraldbg_steps(data, earlier, folder, f"earlier{tag}"),
+                    "this": neuraldbg_steps(data, NeuralDbg, folder, f"this{tag}")}
+    else:
+        recorded = {"earlier": training_steps(data, earlier(folder, f"earlier{tag}", summaries=1, snapshots=None)),
+                    "this": training_steps(data, Recorder(folder, f"this{tag}", summaries=1, snapshots=None))}
+    running: dict[str, Iterator[None]] = {"bare": training_steps(data, None), **recorded, "floor": floor_steps(data)}
     orders = list(itertools.permutations(running))
     times: dict[str, list[float]] = {name: [] for name in running}
     for i in range(len(data)):
@@ -92,11 +117,12 @@ def main() -> None:
     parser.add_argument("revision", help="the git revision to compare this checkout with (e.g. HEAD~1)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--neuraldbg", action="store_true", help="NeuralDbg's loops instead of the Recorder's")
     args = parser.parse_args()
     name = f"{PACKAGE}_earlier"
     with tempfile.TemporaryDirectory() as copy, tempfile.TemporaryDirectory() as folder:
         sys.path.insert(0, str(export_revision(args.revision, Path(copy), name)))
-        earlier = importlib.import_module(name).Recorder
+        earlier = getattr(importlib.import_module(name), "NeuralDbg" if args.neuraldbg else "Recorder")
         for package in (PACKAGE, name):  # one-time costs per machine (cached on disk), not per-step ones
             importlib.import_module(f"{package}.stats.parallel").warm_up()
             importlib.import_module(f"{package}.recorder.native").warm_up()
@@ -104,7 +130,8 @@ def main() -> None:
         native.warm_up()
         data = make_data(args.steps)
         print(f"8-block 256-wide tanh MLP, Adam, {torch.get_num_threads()} torch thread(s), {args.steps} steps x "
-              f"{args.rounds} rounds in lockstep; this checkout against {args.revision}")
+              f"{args.rounds} rounds in lockstep; {'NeuralDbg' if args.neuraldbg else 'Recorder'} of this checkout "
+              f"against {args.revision}")
         paired = []
         for r in range(args.rounds):
             times = paired_round(data, folder, earlier, str(r))

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import overhead, paired_revisions
-from comgra_ndbg import Recorder, open_recording
+from comgra_ndbg import NeuralDbg, Recorder, open_recording
 
 
 def test_renamed_touches_the_package_as_a_module_and_nothing_else() -> None:
@@ -57,3 +57,16 @@ def test_a_round_runs_the_four_loops_in_turn_and_both_recorders_record_every_ste
     assert len(overhead_models) == 4  # bare, the two recorded loops, the floor: each its own model
     for p, q in zip(overhead_models[1].parameters(), overhead_models[2].parameters()):
         assert torch.equal(p, q)  # both recorders leave the training untouched, step for step
+
+
+def test_a_neuraldbg_round_records_every_step_of_both_loops(tmp_path: Path) -> None:
+    data = overhead.make_data(5)
+    times = paired_revisions.paired_round(data, str(tmp_path), NeuralDbg, "0")
+    assert list(times) == ["bare", "earlier", "this", "floor"] and all(len(t) == 5 for t in times.values())
+    losses = []
+    for trial in ("earlier0", "this0"):
+        with open_recording(tmp_path, trial) as recording:
+            assert recording.steps.tolist() == list(range(5))
+            assert "update" in recording.kinds("model.stem.weight")  # every statistic every step
+            losses.append(recording.summary("loss", "value", "mean")[1].tolist())
+    assert losses[0] == losses[1] and len(set(losses[0])) == 5  # the same training, step for step

@@ -290,10 +290,7 @@ class GradientRecording:
             if row is not None:
                 self._grad_keys[alias] = row
         if self._grad_keys:
-            series, iterations, rows, at = self._gradient_layout(kind)
-            if rows != list(self._grad_keys.values()):  # (the same rows as when the layout was made, usually)
-                at = np.fromiter(self._grad_keys.values(), dtype=np.int64, count=len(self._grad_keys))
-            self._step_rows.add(series, iterations, at)
+            self._step_rows.add(*self._gradient_layout(kind))
         if parameter_rows:
             if len(grads) == len(self._parameters.tracked):  # every parameter got one: the cached series
                 series = self._parameter_series(kind)
@@ -312,26 +309,28 @@ class GradientRecording:
         self._set_grads, self._set_grad_bytes = {}, 0
         self._collect_values()
 
-    def _gradient_layout(self, kind: str) -> tuple[np.ndarray, np.ndarray, list[int], slice | np.ndarray]:
+    def _gradient_layout(self, kind: str) -> tuple[np.ndarray, np.ndarray, slice | np.ndarray]:
         """Series ids and iterations of the gradient rows of ``kind`` for the keys in ``_grad_keys``, in their
-        order, with the reducer's rows the keys held when the layout was made and those rows as an index (a
-        slice when consecutive): the same keys come back at every step, usually at the same rows, so they are
-        built once per key set (read-only, shared by the steps' records)."""
+        order, and their rows in the reducer as an index (a slice when consecutive): the same keys come back at
+        every step, usually at the same rows, so they are built once per key set and rows (read-only, shared
+        by the steps' records)."""
         key = (kind, tuple(self._grad_keys))
+        rows = list(self._grad_keys.values())
         layout = self._gradient_layouts.get(key)
-        if layout is None:
+        if layout is None or layout[0] != rows:  # (a key set's rows may settle after its first step)
             series = np.array([self.catalog.series_id(tid, kind) for tid, _ in key[1]], dtype=np.int64)
             iterations = np.array([iteration for _, iteration in key[1]], dtype=np.int64)
-            series.flags.writeable = iterations.flags.writeable = False
-            rows = list(self._grad_keys.values())
             first = rows[0]
             at = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else np.array(
                 rows, dtype=np.int64)
-            layout = (series, iterations, rows, at)
+            for array in (series, iterations, at):
+                if type(array) is np.ndarray:
+                    array.flags.writeable = False
+            layout = (rows, (series, iterations, at))
             if len(self._gradient_layouts) >= LAYOUTS_KEPT:  # a loop whose key sets never repeat
                 self._gradient_layouts.clear()
             self._gradient_layouts[key] = layout
-        return layout
+        return layout[1]
 
     def _collect_values(self, *, take: bool = True) -> None:
         """The step's value rows registered so far join its rows; ``take`` starts them on their way to the host

@@ -240,7 +240,7 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, GradientTaps, R
             _LOG.info("%s: %s", self.trial, tiers.describe())
         self._series_of_parameters: dict[tuple[str, int], np.ndarray] = {}
         self._known_tensors: dict[str, tuple[str, str, int, int]] = {}  # name -> (role, node, tensor, value series)
-        self._gradient_layouts: dict[tuple, tuple] = {}  # (kind, keys) -> (series, iterations, rows, index)
+        self._gradient_layouts: dict[tuple, tuple] = {}  # (kind, keys) -> (rows, (series, iterations, index))
         self._value_layouts: tuple[list, tuple] | None = None  # the last value keys and their layout (``gradients``)
         self._plans: dict[str, RegistrationPlan] = {}  # name -> how its last registration was recorded (``plan``)
         self._reset_step_state()
