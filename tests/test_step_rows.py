@@ -80,3 +80,10 @@ def test_a_row_that_failed_in_a_later_chunk_is_reported_with_the_series_of_its_b
     assert done.series.tolist() == [1, 2, 3, 4, 9]  # blocks by their first row, each in its own order
     assert rows.read(slice(0, 2), reports.extend).shape == (2, schema.NUM_FIELDS)
     assert len(reports) == 2  # reported once
+
+
+def test_consecutive_rows_given_as_a_list_become_a_slice_and_others_stay_an_index() -> None:
+    rows = StepRows()
+    assert rows.add(frozen(1, 2), zeros(2), [4, 5]) == slice(4, 6)
+    assert rows.add(frozen(3, 4, 5, 6), zeros(4), [0, 2, 1, 3]).tolist() == [0, 2, 1, 3]
+    assert rows.add(frozen(7), zeros(1), []).tolist() == []

@@ -35,10 +35,10 @@ class StepRows:
     >>> import torch
     >>> reducer, rows = Reducer(), StepRows()
     >>> rows.add(np.array([7]), zeros(1), [reducer.add(torch.ones(3))])
-    array([0])
-    >>> rows.take(reducer, wait=False)
+    slice(0, 1, None)
+    >>> rows.take(reducer, wait=True)
     >>> rows.add(np.array([9]), zeros(1), [reducer.add(torch.zeros(2))])  # the reducer's row 0: the step's row 1
-    array([1])
+    slice(1, 2, None)
     >>> done = rows.finish(reducer, lambda failures: None)
     >>> done.series.tolist(), done.data[:, schema.FIELD["sum"]].tolist()
     ([7, 9], [3.0, 0.0])
@@ -57,6 +57,8 @@ class StepRows:
         arrays kept from step to step make the record's layout known at once (see the module docstring).
         Returns where those rows are among the step's (for ``read``)."""
         offset = self._taken
+        if type(at) is list and at and at[-1] - at[0] == len(at) - 1 and at == list(range(at[0], at[-1] + 1)):
+            at = range(at[0], at[-1] + 1)  # consecutive rows (``Reducer.add_many``'s): a slice, kept per layout
         if type(at) is range and at.step == 1 or type(at) is slice:
             at = slice(at.start + offset, at.stop + offset)
         elif offset or not isinstance(at, np.ndarray):
