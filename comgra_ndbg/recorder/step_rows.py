@@ -124,6 +124,7 @@ class StepRows:
         return joined
 
     def _series_of(self, row: int) -> int | None:
+        """The series the block holding step row ``row`` gives it (None: no block holds it)."""
         for series, _, at in self._blocks:
             if type(at) is slice:
                 if at.start <= row < at.stop:
@@ -162,6 +163,7 @@ def _layout(blocks: list[tuple[np.ndarray, np.ndarray, slice | np.ndarray]]
 
 
 def _first(at: slice | np.ndarray) -> int:
+    """The first of a block's rows among the step's (blocks are laid out in that order)."""
     if type(at) is slice:
         return at.start
     return int(at.min()) if len(at) else -1
