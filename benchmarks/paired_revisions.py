@@ -1,13 +1,16 @@
 """The Recorder's bookkeeping of two revisions of the package, side by side in one process.
 
 A change to the step's bookkeeping moves it by a few hundredths of a bare step, less than this machine's
-speed drifts between two runs of ``benchmarks/bookkeeping_phases.py``. Here the revision asked for is copied
-out of git under another package name (``comgra_ndbg_<tag>``, its imports rewritten), and four loops live
-side by side in lockstep as in ``benchmarks/overhead.py``: bare, the earlier revision's ``Recorder``, this
-checkout's ``Recorder`` (summaries every step, no snapshots) and the floor, one step each in turn, every order
-of the four in rotation. Each step of the two recorded loops meets the same load, so their per-step
-difference is read paired: the median over a round's steps of (this checkout − the revision), then over
-rounds, next to each one's bookkeeping (recorded − floor) / bare. With ``--neuraldbg`` the two recorded
+speed drifts between two runs of ``benchmarks/bookkeeping_phases.py``. Here the revision asked for and this
+checkout's working tree are each copied under a package name of their own (``comgra_ndbg_earlier``,
+``comgra_ndbg_this``, imports rewritten), and four loops live side by side in lockstep as in
+``benchmarks/overhead.py``: bare, the revision's ``Recorder``, this checkout's ``Recorder`` (summaries every
+step, no snapshots) and the floor, one step each in turn, every order of the four in rotation. Both sides are
+copies, built and imported alike: the package the process imported itself ran about 0.01× of a bare step
+faster than a copy of the same code (an A/A run), a bias no difference between two copies carries. Each step
+of the two recorded loops meets the same load, so their per-step difference is read paired: the median over a
+round's steps of (this checkout − the revision), then over rounds, next to each one's bookkeeping
+(recorded − floor) / bare. With ``--neuraldbg`` the two recorded
 loops are the plain loop under each revision's ``NeuralDbg`` (summaries every step, no snapshots, every
 statistic every step): their global hooks see the other loops' optimizers and backward passes too, alike for
 both, so the paired difference holds while the bookkeeping figures read a little high.
@@ -36,7 +39,6 @@ import torch
 
 from benchmarks.neuraldbg_overhead import TanhMLP
 from benchmarks.overhead import finish, floor_steps, make_data, training_steps
-from comgra_ndbg import NeuralDbg, Recorder
 from comgra_ndbg.recorder import native
 from comgra_ndbg.stats import parallel
 
@@ -55,21 +57,22 @@ def renamed(source: str, name: str) -> str:
     return re.sub(rf"\b{PACKAGE}\b", name, source)
 
 
-def export_revision(revision: str, folder: Path, name: str) -> Path:
-    """The package as it is at git ``revision``, written under ``folder`` as package ``name`` (returns the
-    folder to put on ``sys.path``)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision, PACKAGE],
-                             capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        for member in tar.getmembers():
-            if not member.isfile():
-                continue
-            target = folder / name / Path(member.name).relative_to(PACKAGE)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data = tar.extractfile(member).read()
-            if target.suffix == ".py":
-                data = renamed(data.decode(), name).encode()
-            target.write_bytes(data)
+def export_revision(revision: str | None, folder: Path, name: str) -> Path:
+    """The package as it is at git ``revision`` (None: this checkout's working tree, tracked files as they are
+    now), written under ``folder`` as package ``name``; returns the folder to put on ``sys.path``."""
+    if revision is None:
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", PACKAGE], capture_output=True,
+                                check=True).stdout.decode().split("\0")
+        files = [(path, (ROOT / path).read_bytes()) for path in listed if path and (ROOT / path).is_file()]
+    else:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision, PACKAGE],
+                                 capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            files = [(member.name, tar.extractfile(member).read()) for member in tar.getmembers() if member.isfile()]
+    for path, data in files:
+        target = folder / name / Path(path).relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(renamed(data.decode(), name).encode() if target.suffix == ".py" else data)
     return folder
 
 
@@ -90,15 +93,15 @@ def neuraldbg_steps(data: list, debugger: type, folder: str, trial: str) -> Iter
     dbg.close()
 
 
-def paired_round(data: list, folder: str, earlier: type, tag: str) -> dict[str, list[float]]:
+def paired_round(data: list, folder: str, earlier: type, this: type, tag: str) -> dict[str, list[float]]:
     """One round: the four loops over ``data`` in lockstep; per loop, the seconds of each of its steps.
-    ``earlier`` is the other revision's ``Recorder``, or its ``NeuralDbg``."""
+    ``earlier`` and ``this`` are the two sides' ``Recorder`` classes, or their ``NeuralDbg`` classes."""
     if earlier.__name__ == "NeuralDbg":
         recorded = {"earlier": neuraldbg_steps(data, earlier, folder, f"earlier{tag}"),
-                    "this": neuraldbg_steps(data, NeuralDbg, folder, f"this{tag}")}
+                    "this": neuraldbg_steps(data, this, folder, f"this{tag}")}
     else:
         recorded = {"earlier": training_steps(data, earlier(folder, f"earlier{tag}", summaries=1, snapshots=None)),
-                    "this": training_steps(data, Recorder(folder, f"this{tag}", summaries=1, snapshots=None))}
+                    "this": training_steps(data, this(folder, f"this{tag}", summaries=1, snapshots=None))}
     running: dict[str, Iterator[None]] = {"bare": training_steps(data, None), **recorded, "floor": floor_steps(data)}
     orders = list(itertools.permutations(running))
     times: dict[str, list[float]] = {name: [] for name in running}
@@ -119,22 +122,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--neuraldbg", action="store_true", help="NeuralDbg's loops instead of the Recorder's")
     args = parser.parse_args()
-    name = f"{PACKAGE}_earlier"
+    sides = {f"{PACKAGE}_earlier": args.revision, f"{PACKAGE}_this": None}
+    kind = "NeuralDbg" if args.neuraldbg else "Recorder"
     with tempfile.TemporaryDirectory() as copy, tempfile.TemporaryDirectory() as folder:
-        sys.path.insert(0, str(export_revision(args.revision, Path(copy), name)))
-        earlier = getattr(importlib.import_module(name), "NeuralDbg" if args.neuraldbg else "Recorder")
-        for package in (PACKAGE, name):  # one-time costs per machine (cached on disk), not per-step ones
+        for name, revision in sides.items():
+            export_revision(revision, Path(copy), name)
+        sys.path.insert(0, copy)
+        earlier, this = (getattr(importlib.import_module(name), kind) for name in sides)
+        for package in sides:  # one-time costs per machine (cached on disk), not per-step ones
             importlib.import_module(f"{package}.stats.parallel").warm_up()
             importlib.import_module(f"{package}.recorder.native").warm_up()
         parallel.warm_up()
         native.warm_up()
         data = make_data(args.steps)
         print(f"8-block 256-wide tanh MLP, Adam, {torch.get_num_threads()} torch thread(s), {args.steps} steps x "
-              f"{args.rounds} rounds in lockstep; {'NeuralDbg' if args.neuraldbg else 'Recorder'} of this checkout "
-              f"against {args.revision}")
+              f"{args.rounds} rounds in lockstep; {kind} of this checkout against {args.revision}")
         paired = []
         for r in range(args.rounds):
-            times = paired_round(data, folder, earlier, str(r))
+            times = paired_round(data, folder, earlier, this, str(r))
             median = {loop: statistics.median(t[10:]) for loop, t in times.items()}
             bare = median["bare"]
             difference = statistics.median(a - b for a, b in zip(times["this"][10:], times["earlier"][10:]))

@@ -45,10 +45,23 @@ def test_a_revision_is_exported_as_a_package_of_its_own_that_imports_beside_this
             del sys.modules[name]
 
 
+def test_the_working_tree_is_exported_as_it_is_now_uncommitted_changes_included(tmp_path: Path) -> None:
+    root = paired_revisions.ROOT
+    folder = paired_revisions.export_revision(None, tmp_path, "comgra_ndbg_now")
+    for relative in ("__init__.py", "recorder/step_rows.py", "stats/reducer.py"):
+        now = (root / "comgra_ndbg" / relative).read_text()
+        assert (folder / "comgra_ndbg_now" / relative).read_text() == paired_revisions.renamed(now, "comgra_ndbg_now")
+    tracked = subprocess.run(["git", "-C", str(root), "ls-files", "comgra_ndbg"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    written = {str(p.relative_to(folder / "comgra_ndbg_now")) for p in (folder / "comgra_ndbg_now").rglob("*")
+               if p.is_file()}
+    assert written == {str(Path(name).relative_to("comgra_ndbg")) for name in tracked if (root / name).is_file()}
+
+
 def test_a_round_runs_the_four_loops_in_turn_and_both_recorders_record_every_step(
         tmp_path: Path, overhead_models: list) -> None:
     data = overhead.make_data(6)
-    times = paired_revisions.paired_round(data, str(tmp_path), Recorder, "0")
+    times = paired_revisions.paired_round(data, str(tmp_path), Recorder, Recorder, "0")
     assert list(times) == ["bare", "earlier", "this", "floor"]
     assert all(len(t) == 6 and min(t) > 0 for t in times.values())
     for trial in ("earlier0", "this0"):
@@ -61,7 +74,7 @@ def test_a_round_runs_the_four_loops_in_turn_and_both_recorders_record_every_ste
 
 def test_a_neuraldbg_round_records_every_step_of_both_loops(tmp_path: Path) -> None:
     data = overhead.make_data(5)
-    times = paired_revisions.paired_round(data, str(tmp_path), NeuralDbg, "0")
+    times = paired_revisions.paired_round(data, str(tmp_path), NeuralDbg, NeuralDbg, "0")
     assert list(times) == ["bare", "earlier", "this", "floor"] and all(len(t) == 5 for t in times.values())
     losses = []
     for trial in ("earlier0", "this0"):
