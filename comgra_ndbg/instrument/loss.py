@@ -31,6 +31,7 @@ from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
 from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation
 from comgra_ndbg.instrument.loss_graph import INFORMATION, gradient_leaves, loss_mistakes
 from comgra_ndbg.instrument.steps import LOSS
+from comgra_ndbg.recorder import native
 from comgra_ndbg.recorder.grad_hook import hook_method, on_gradient
 
 __all__ = ["LossCapture", "TARGET", "loss_value", "reached_outputs"]
@@ -54,7 +55,9 @@ def loss_value(loss: torch.Tensor) -> float | torch.Tensor:
     tensor(1.5000)
     """
     if loss.dim() == 0 and loss.is_cpu and loss.is_floating_point():
-        return loss.detach().to(torch.float32).item() if loss.dtype is torch.float64 else loss.item()
+        if loss.dtype is torch.float64:
+            return loss.detach().to(torch.float32).item()
+        return native.scalar(loss)  # (read from memory: no tensor operation at every step)
     return loss.detach().float().mean()
 
 

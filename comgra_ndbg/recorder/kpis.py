@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from comgra_ndbg.errors import InvalidArgumentError, InvalidTensorError, RecorderStateError
+from comgra_ndbg.recorder import native
 from comgra_ndbg.recorder.validation import check_name, check_text
 
 __all__ = ["KpiRecording"]
@@ -31,7 +32,7 @@ class KpiRecording:
             kpi = self._known_kpis.get(name)  # (a name checked before, recorder open: the checks below hold)
             if (kpi is not None and value.is_cpu and value.dim() == 0 and value.layout is torch.strided
                     and not value.dtype.is_complex):  # the usual loss tensor, at every step: read as below
-                self._kpis.append((kpi, float(value.item())))
+                self._kpis.append((kpi, float(native.scalar(value))))  # (read from memory: no tensor op)
                 return
         self._check_open_recorder("record_kpi")
         check_name(name, "KPI names")
@@ -51,7 +52,7 @@ class KpiRecording:
                                          f"{value.device} ({value.layout}); pass e.g. its .abs() or .real")
             value = value.detach().reshape(())
             if value.is_cpu:  # no device to wait for: the value it holds now, whatever the loop does to it later
-                value = float(value.item())
+                value = float(native.scalar(value))
         elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise InvalidTensorError(f"KPI {name!r} must be a number or a one-element tensor, got "
                                      f"{type(value).__name__}")
@@ -103,7 +104,7 @@ class KpiRecording:
         values = {}
         for kpi, value, *own_type in self._kpis:  # own_type: (type id,) of a KPI filed under another step type
             if isinstance(value, torch.Tensor):
-                number = float(value.item()) if value.is_cpu else next(host)
+                number = float(native.scalar(value)) if value.is_cpu else next(host)
             else:
                 number = float(value)
             self._writer.add_kpi(self._step, kpi, number, own_type[0] if own_type else type_id)

@@ -37,7 +37,7 @@ import torch
 
 from comgra_ndbg.stats import backend
 
-__all__ = ["BUILD_TIMEOUT", "CHECK_SECONDS", "KERNEL_DTYPES", "build_error", "mode", "taps_module", "warm_up"]
+__all__ = ["BUILD_TIMEOUT", "CHECK_SECONDS", "KERNEL_DTYPES", "build_error", "mode", "scalar", "taps_module", "warm_up"]
 
 BUILD_TIMEOUT = 600.0
 """Seconds a build may take before it counts as failed (it takes 15-40 s)."""
@@ -90,6 +90,20 @@ def taps_module() -> ModuleType | None:
         else:
             _load(where)  # (reports the recorded failure)
     return _MODULE[0]
+
+
+def scalar(tensor: torch.Tensor) -> float | int | bool:
+    """``tensor.item()``; a one-element host tensor of a floating dtype is read from its memory by the C++
+    part, with no dispatched op (``item`` costs tens of µs when the dispatcher's tables are out of the
+    caches, as they are between a model's passes: the recorder reads the loss at every step). ``item()``
+    where the part is not loaded yet or cannot read the tensor.
+
+    >>> scalar(torch.tensor([2.5])), scalar(torch.tensor(3))
+    (2.5, 3)
+    """
+    module = _MODULE[0]
+    read = None if module is None else module.scalar(tensor)
+    return tensor.item() if read is None else read
 
 
 def warm_up() -> ModuleType | None:

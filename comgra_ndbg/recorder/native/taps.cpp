@@ -852,6 +852,29 @@ int64_t output_flags(const at::Tensor& tensor) {
   return flags;
 }
 
+// The value of a one-element host tensor of a floating dtype, read from its memory: `Tensor.item` goes
+// through the dispatcher, whose tables are out of the caches between a model's passes (tens of µs then).
+// None for any other tensor (the caller falls back to `item`).
+py::object scalar(const at::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.device().is_cpu() || tensor.layout() != at::kStrided || tensor.numel() != 1 ||
+      tensor.is_neg() || tensor.is_conj()) {
+    return py::none();
+  }
+  const void* data = tensor.const_data_ptr();
+  switch (tensor.scalar_type()) {
+    case at::kFloat:
+      return py::float_(static_cast<double>(*static_cast<const float*>(data)));
+    case at::kDouble:
+      return py::float_(*static_cast<const double*>(data));
+    case at::kHalf:
+      return py::float_(static_cast<double>(static_cast<float>(*static_cast<const at::Half*>(data))));
+    case at::kBFloat16:
+      return py::float_(static_cast<double>(static_cast<float>(*static_cast<const at::BFloat16*>(data))));
+    default:
+      return py::none();
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -900,6 +923,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("grad_fingerprint", &grad_fingerprint, py::arg("parameters"));
   m.def("version_sum", &version_sum, py::arg("tensors"));
   m.def("output_flags", &output_flags, py::arg("tensor"));
+  m.def("scalar", &scalar, py::arg("tensor"));
   m.def("pack", &pack_into, py::arg("tensors"), py::arg("addresses"), py::arg("sizes"),
         "Fill `addresses` and `sizes` with the tensors' data pointers and element counts; returns their "
         "common dtype code (0 float32, 1 float64), -1 when one is no lean host array or the dtypes differ, -2 "
