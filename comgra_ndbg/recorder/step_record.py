@@ -31,45 +31,16 @@ class SummaryRows(NamedTuple):
 
     @staticmethod
     def join(blocks: Sequence[SummaryRows]) -> SummaryRows:
-        """The rows of ``blocks`` one after the other. A step's blocks carry the same read-only series and
-        iteration arrays at every step of a loop (cached layouts): their concatenation is kept and only the
-        data are joined anew."""
-        if not blocks:
-            return SummaryRows.empty()
+        """The rows of ``blocks`` one after the other (a step's own rows are laid out by ``step_rows``)."""
         if len(blocks) == 1:
             return blocks[0]
-        layout = _joined_layout(blocks)
-        return SummaryRows(*layout, np.concatenate([b.data for b in blocks]))
-
-
-_LAYOUTS_KEPT = 64
-
-
-def _joined_layout(blocks: Sequence[SummaryRows]) -> tuple[np.ndarray, np.ndarray]:
-    """The series and iterations of ``blocks`` joined: cached, keyed by the identity of the blocks' arrays,
-    for read-only ones (the cache holds them, so an id is never reused while its entry lives); iterations all
-    0 give the shared :func:`zeros`, which :meth:`StepRecord.write` knows without counting."""
-    key = tuple(id(a) for b in blocks for a in (b.series, b.iterations))
-    found = _JOINED.get(key)
-    if found is not None:
-        return found[1]
-    series = np.concatenate([b.series for b in blocks])
-    iterations = np.concatenate([b.iterations for b in blocks])
-    if not np.count_nonzero(iterations):
-        iterations = zeros(len(iterations))
-    if all(not a.flags.writeable for b in blocks for a in (b.series, b.iterations)):
-        series.flags.writeable = False
-        if len(_JOINED) >= _LAYOUTS_KEPT:  # a loop whose layouts never repeat
-            _JOINED.clear()
-        _JOINED[key] = ([a for b in blocks for a in (b.series, b.iterations)], (series, iterations))
-    return series, iterations
-
-
-_JOINED: dict[tuple[int, ...], tuple[list[np.ndarray], tuple[np.ndarray, np.ndarray]]] = {}
+        if not blocks:
+            return SummaryRows.empty()
+        return SummaryRows(*(np.concatenate(parts) for parts in zip(*blocks)))
 
 
 def single_iteration(iterations: np.ndarray) -> bool:
-    """Whether every row belongs to iteration 0 (the shared zeros of a joined layout are known at once).
+    """Whether every row belongs to iteration 0 (the shared zeros of a step's layout are known at once).
 
     >>> single_iteration(zeros(3)), single_iteration(np.array([0, 1]))
     (True, False)
