@@ -142,6 +142,9 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, GradientTaps, R
     ) -> None:
         self.enabled = bool(enabled)
         self._closed = False
+        self.current_step: int | None = None
+        """The open step, or None between steps (an attribute, not a property: hooks read it several times a
+        step)."""
         if not self.enabled:
             return
         path = check_group_path(path)
@@ -291,11 +294,6 @@ class Recorder(StepCycle, TensorRegistration, GradientRecording, GradientTaps, R
         self._steps_since_flush = 0
 
     # ---- state -----------------------------------------------------------------------------------------
-    @property
-    def current_step(self) -> int | None:
-        """The open step, or None between steps."""
-        return self._step if self.enabled and self._step_open else None
-
     @property
     def is_recording(self) -> bool:
         """Whether the open step computes summaries or snapshots (False on skipped steps)."""

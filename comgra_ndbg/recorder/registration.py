@@ -126,9 +126,18 @@ class TensorRegistration:
                 self._snaps.append((plan.series_id, iteration, self._take(tensor, plan.batched, plan.bounds)))
             except Exception as error:  # a recorder problem must not break the training run
                 self._skipped(name, "value", error)
-        self._structure.add(name, iteration, tensor, plan.structure_key)
+        structure = self._structure  # ``structure.add`` with the plan's key, inline: this runs for every tensor
+        output_nr = tensor.output_nr
+        structure.registered.append((name, iteration, tensor, (tensor.grad_fn, output_nr)))
+        structure.keys.append((name, iteration, plan.structure_key, output_nr))
+        structure.pending = True
         if plan.requires_grad:
-            self._hook_gradient(tensor, plan.tensor_id, iteration, plan.batched, plan.deferred)
+            taps = self._taps  # ``_hook_gradient``'s C++ tap, inline; anything else goes through it
+            if (taps is not None and plan.deferred and not self._taps_compiled
+                    and taps.tap(tensor, len(self._tap_keys), plan.batched)):
+                self._tap_keys.append(((plan.tensor_id, iteration), plan.batched))
+            else:
+                self._hook_gradient(tensor, plan.tensor_id, iteration, plan.batched, plan.deferred)
 
     def _register_again(self, name: str, tensor: torch.Tensor, plan: RegistrationPlan,
                         last: tuple[torch.Tensor, int, RegistrationPlan, int, int]) -> None:

@@ -54,6 +54,7 @@ class StepCycle:
         self._structure.clear()
         self._step_open = False
         self._step = -1
+        self.current_step = None
         self._step_type: str | None = None
         self._iteration = 0
         self._iterations_started = 0
@@ -132,7 +133,7 @@ class StepCycle:
         self._replayed = self.resume_after is not None and step <= self.resume_after
         self._step_open = True
         self._before_step = (self._last_step, self._last_step_type)  # what discard_step() puts back
-        self._step = self._last_step = step
+        self._step = self._last_step = self.current_step = step
         self._step_type = step_type
         if step_type is not None:
             self._last_step_type = step_type

@@ -62,7 +62,8 @@ def rows_at(indices: range | list[int] | np.ndarray) -> slice | range | list[int
 
 def zeros(count: int) -> np.ndarray:
     """``count`` int64 zeros, read-only and shared: the iterations of rows that all belong to iteration 0."""
-    return shared(count, 0)
+    found = _SHARED.get((count, int, 0))  # ``shared(count, 0)``'s lookup, inline: several times every step
+    return shared(count, 0) if found is None else found
 
 
 def shared(count: int, value: int | bool) -> np.ndarray:

@@ -140,7 +140,7 @@ def _layout(blocks: list[tuple[np.ndarray, np.ndarray, slice | np.ndarray]]
     """The series and iterations of ``blocks`` in the order of their rows, and the index that takes those rows
     out of the step's rows (None: they are the step's first rows, in order). Kept per layout when every array is
     read-only (the cache holds them, so an id is never reused while its entry lives)."""
-    key = tuple((id(s), id(i), (a.start, a.stop) if type(a) is slice else id(a)) for s, i, a in blocks)
+    key = tuple([(id(s), id(i), (a.start, a.stop) if type(a) is slice else id(a)) for s, i, a in blocks])
     found = _LAYOUTS.get(key)
     if found is not None:
         return found[1]

@@ -26,8 +26,10 @@ class StructureTracker:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self.cache = GraphCache()
-        self._registered: list[Registration] = []  # (name, iteration, tensor, its (grad_fn, output_nr) then)
-        self._keys: list[tuple] = []  # their ``graph.cache.registration_key``, in the same order
+        # (name, iteration, tensor, its (grad_fn, output_nr) then) and their ``graph.cache.registration_key``, in the
+        # same order: ``add`` appends to both, and so does a planned registration (``registration.py``) inline
+        self.registered: list[Registration] = []
+        self.keys: list[tuple] = []
         self._manual: list[TensorEdge] = []
         self._found: list[TensorEdge] = []  # edges autograd showed elsewhere (an eager pass of a compiled model)
         self.pending = False  # something was registered or declared since the last discovery (it would do work)
@@ -41,21 +43,21 @@ class StructureTracker:
         and producing function's type of its ``registration_key`` when the caller knows them already (a
         registration plan: the tensor matched them)."""
         origin = (tensor.grad_fn, tensor.output_nr)  # as now: a later in-place op must not move it in the graph
-        self._registered.append((name, iteration, tensor, origin))
-        self._keys.append((name, iteration, (tensor.ndim, tensor.dtype, tensor.requires_grad, type(origin[0]))
+        self.registered.append((name, iteration, tensor, origin))
+        self.keys.append((name, iteration, (tensor.ndim, tensor.dtype, tensor.requires_grad, type(origin[0]))
                            if shape_key is None else shape_key, origin[1]))  # ``registration_key``, inline
         self.pending = True
 
     def name_of(self, grad_fn: object) -> str | None:
         """The name of the tensor registered since the last discovery that ``grad_fn`` produced, or None."""
-        return next((name for name, _, _, origin in self._registered if origin[0] is grad_fn), None)
+        return next((name for name, _, _, origin in self.registered if origin[0] is grad_fn), None)
 
     def add_edge(self, edge: TensorEdge, *, discovered: bool = False) -> None:
         (self._found if discovered else self._manual).append(edge)
-        self.pending = bool(self._registered)
+        self.pending = bool(self.registered)
 
     def clear(self) -> None:
-        self._registered, self._keys, self._manual, self._found = [], [], [], []
+        self.registered, self.keys, self._manual, self._found = [], [], [], []
         self.pending = False
         self.autograd = True
         graphs, version = self.catalog.graph_of_type, self.catalog.version
@@ -85,9 +87,9 @@ class StructureTracker:
         """
         if not self.pending:
             return
-        registered, manual, found = self._registered, self._manual, self._found
+        registered, manual, found = self.registered, self._manual, self._found
         self.pending = False
-        signature = (signature_of(self._keys, parameters), tuple(sorted(manual)), tuple(sorted(set(found))),
+        signature = (signature_of(self.keys, parameters), tuple(sorted(manual)), tuple(sorted(set(found))),
                      self.autograd)
         last = self._last
         if last is not None and last[1] == step_type and last[0] == signature:  # the common case: as last step

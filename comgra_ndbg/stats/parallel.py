@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import torch
 
 from comgra_ndbg.stats import backend, kernels, openmp
 from comgra_ndbg.stats.fields import NUM_FIELDS
@@ -78,16 +79,17 @@ def moments_many_built(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray
     arrays = (addresses, none if starts is None else starts, none if copies is None else copies, sizes,
               none if batches is None else batches)
     exact = np.zeros(len(sizes), dtype=np.bool_)
-    entry = openmp.entry()
+    threads = torch.get_num_threads()  # ``openmp.threads()``, inline; one thread has no team to share
+    entry = openmp.entry() if threads > 1 else 0
     if entry:
-        threads = openmp.threads()
-        if threads > 1:
-            total = sum(sizes.tolist())
-            if total >= MIN_ELEMENTS and _team_ready():
-                kernels.misfit(_TEAM[0](entry, _part(total, threads), dtype.itemsize, *arrays, rows, exact), arrays)
-                return exact
+        total = sum(sizes.tolist())
+        if total >= MIN_ELEMENTS and _team_ready():
+            kernels.misfit(_TEAM[0](entry, _part(total, threads), dtype.itemsize, *arrays, rows, exact), arrays)
+            return exact
     suffix = kernels._SUFFIX[dtype]
-    kernels.misfit(kernels._entry("moments_many", suffix)(kernels._LIKE[suffix], *arrays, rows, exact), arrays)
+    bad = kernels._entry("moments_many", suffix)(kernels._LIKE[suffix], *arrays, rows, exact)
+    if bad >= 0:
+        kernels.misfit(bad, arrays)
     return exact
 
 
