@@ -332,7 +332,8 @@ class Breakpoints:
         """Run the queued user hooks, oldest first (their exceptions propagate), then act on a halt request."""
         while self._pending:
             self._pending.pop(0)()
-        self._act_on_halt(can_raise=can_raise)
+        if self._halt is None and self.enabled and self.recorder.halt_request is not None:  # (checked at every step)
+            self._act_on_halt(can_raise=can_raise)
 
     def _before_step(self) -> None:
         """Before a training pass: the ``before_step`` hooks when it opens a new step."""

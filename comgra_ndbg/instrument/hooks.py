@@ -254,6 +254,7 @@ class ModuleHooks:
         self.stash: list[tuple[str, Any, tuple[int, ...]]] = []
         self._on_output = on_output
         self._collected: list[tuple[str, Any, list[tuple[Any, int]]]] | None = None
+        self.collecting_now = False  # within ``collecting()`` (an attribute: every hook of a step reads it)
         self._paths: dict[int, str] = {}
         self._handles = []
         self._placed: list[tuple[nn.Module, int, Callable[..., Any]]] = []  # (module, hook id, hook)
@@ -290,14 +291,12 @@ class ModuleHooks:
         (grad_fn, output_nr) of each tensor in tensor_leaves order when the hook ran)``."""
         seen: list[tuple[str, Any, list[tuple[Any, int]]]] = []
         self._collected = seen
+        self.collecting_now = True
         try:
             yield seen
         finally:
             self._collected = None
-
-    @property
-    def collecting_now(self) -> bool:
-        return self._collected is not None
+            self.collecting_now = False
 
     def drain(self) -> list[tuple[str, Any, tuple[int, ...]]]:
         """What compiled modules stashed since the last call, in call order; the stash is empty after."""

@@ -200,7 +200,7 @@ class StepDetection:
         part's watch (``native.BackwardWatch``), or by a Python hook where that part is not loaded. Under
         compiled autograd neither can (``_after_backward_call`` then stands in)."""
         watch = self._backward_watch
-        for _, tensor in tensor_leaves(output):
+        for _, tensor in (("", output),) if isinstance(output, torch.Tensor) else tensor_leaves(output):
             if not tensor.requires_grad:
                 continue
             if watch is not None:

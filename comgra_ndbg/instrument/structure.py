@@ -133,8 +133,10 @@ def autocast_active(inputs: Sequence[tuple[str, torch.Tensor]]) -> bool:
     ``hooks.input_names`` of the pass)."""
     if torch.is_autocast_enabled("cpu"):
         return True
-    devices = {tensor.device.type for _, tensor in inputs if not tensor.is_cpu}  # (no device object for the host)
-    return bool(devices) and any(map(torch.is_autocast_enabled, devices))
+    for _, tensor in inputs:  # (no device object for a host tensor: the usual pass asks nothing more)
+        if not tensor.is_cpu and torch.is_autocast_enabled(tensor.device.type):
+            return True
+    return False
 
 
 def _requiring_grad(value: Any) -> Any:
