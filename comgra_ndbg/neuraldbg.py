@@ -391,6 +391,8 @@ class NeuralDbg(StepDetection, LightSteps, StuckSteps, OutputRegistration, LossC
 
     # ---- fault isolation ---------------------------------------------------------------------------------
     def _safely(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)``, a failure logged and warned about instead of raised. The hooks every training step
+        runs catch the same way inline, a call less each."""
         try:
             fn(*args)
         except Exception as error:  # a recording problem must never break the training loop

@@ -145,7 +145,10 @@ class LossCapture:
             self.recorder.gradient_scale = scale
             self._scaled_backward = self._scaled_backward or scale is not None
         if self._inv and not self._light and not self._closed:  # a light step: its loss only (below)
-            self._safely("checking loop invariants", self._inv_backward_call)
+            try:
+                self._inv_backward_call()
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("checking loop invariants", error)
             if self._model_outputs and not self._outside_checked:
                 self._safely("checking loop invariants", self._check_outside)
             if self._loss_graphs_read < LOSS_GRAPHS and self.recorder.current_step is not None:
@@ -211,7 +214,10 @@ class LossCapture:
         if (self._closed or self._hooks.collecting_now or not self._training_pass or not torch.is_grad_enabled()
                 or not isinstance(output, torch.Tensor) or self.recorder.current_step is None):
             return
-        self._safely("recording the loss", self._record_loss, args, output)
+        try:
+            self._record_loss(args, output)
+        except Exception as error:  # a recording problem must never break the training loop
+            self.recorder._warn("recording the loss", error)
 
     def _check_loss_shapes(self, args: tuple) -> None:
         """The loss module's prediction and floating target of other shapes that broadcast to more elements

@@ -68,13 +68,19 @@ class StepDetection:
         if self._training_pass:
             if self._eval_run_passes:
                 self._safely("recording an evaluation run", self._eval_file)
-            self._safely("ending the last step", self._end_finished_step)
+            try:
+                self._end_finished_step()
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("ending the last step", error)
             self._run_pending()  # the user's step hooks, and a halt (outside the recorder's fault isolation)
             # the step that just ended lets this one be light
             if self._light_ready and self._light_pass(args, kwargs):
                 return
             self._before_step()
-            self._safely("starting a forward pass", self._start_pass, args, kwargs)
+            try:
+                self._start_pass(args, kwargs)
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("starting a forward pass", error)
         else:
             self._evaluation_passes += 1
             self._safely("starting an evaluation pass", self._eval_begin, args, kwargs)
@@ -83,7 +89,10 @@ class StepDetection:
         else:
             self._hooks.detach()  # a pass that records nothing runs the modules without hooks
         if self._inv:
-            self._safely("checking loop invariants", self._inv_forward, self._training_pass, args, kwargs)
+            try:
+                self._inv_forward(self._training_pass, args, kwargs)
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("checking loop invariants", error)
 
     def _end_finished_step(self) -> None:
         """Before a training pass: close the pass that raised before its end, and the step if it is over."""
@@ -151,7 +160,10 @@ class StepDetection:
         if self._eval_capture:
             self._safely("finishing an evaluation pass", self._eval_end, output)
         elif self._pass_open:
-            self._safely("finishing a forward pass", self._end_pass, output)
+            try:
+                self._end_pass(output)
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("finishing a forward pass", error)
 
     def _end_pass(self, output: Any) -> None:
         rec = self.recorder
@@ -239,7 +251,10 @@ class StepDetection:
         elif not self._closed and self.recorder.current_step is not None and not self._pass_open:
             if self._stuck_splitting:  # a step that ends as steps end: the usual detection again
                 self._stuck_resume()
-            self._safely("finishing the step", self._finish_step)
+            try:
+                self._finish_step()
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("finishing the step", error)
             self._light_ready = self._light_possible and self._light_after_full
             self._run_pending()
 
@@ -262,7 +277,10 @@ class StepDetection:
         if self._eval_with_grad:  # passes with gradients in eval() mode, then an update: training, not evaluation
             self._eval_drop()
         if self._inv:
-            self._safely("checking loop invariants", self._inv_before_step, optimizer)
+            try:
+                self._inv_before_step(optimizer)
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("checking loop invariants", error)
         if self.recorder.current_step is not None:
             self.recorder.refresh_parameter_gradients(force=self._scaled_backward)
 
@@ -291,7 +309,10 @@ class StepDetection:
     def _finish_step(self) -> None:
         rec = self.recorder
         if self._inv:
-            self._safely("checking loop invariants", self._inv_end_step)
+            try:
+                self._inv_end_step()
+            except Exception as error:  # a recording problem must never break the training loop
+                self.recorder._warn("checking loop invariants", error)
         try:
             if self._pass_open:
                 rec.finish_iteration()
@@ -338,6 +359,9 @@ def watch_callback(owner: Any) -> Callable[[], None]:
     def ended() -> None:
         dbg = ref()
         if dbg is not None and not dbg._closed:
-            dbg._safely("finishing a backward pass", dbg._after_backward)
+            try:
+                dbg._after_backward()
+            except Exception as error:  # a recording problem must never break the training loop
+                dbg.recorder._warn("finishing a backward pass", error)
 
     return ended

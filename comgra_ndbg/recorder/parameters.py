@@ -468,8 +468,8 @@ class ParameterTracker:
             return [tid for tid, _ in changed], [grad for _, grad in changed], None
         arrays = self._arrays()
         index, grads, code = poller.changed(unread, False, *arrays)
-        ids = self.tensor_ids()
-        return [ids[i] for i in index], grads, _packed(code, len(grads), arrays)
+        ids = self.tensor_ids()  # (the poller answers in the order it watches them: ascending)
+        return ids if len(index) == len(ids) else [ids[i] for i in index], grads, _packed(code, len(grads), arrays)
 
     def changed_gradients(self, *, unread: bool = False, force: bool = False) -> list[tuple[int, torch.Tensor]]:
         """(tensor id, ``.grad``) of the handed-over parameters whose ``.grad`` was replaced or changed in
