@@ -17,14 +17,13 @@ that, or for a ``torch.compile`` region's gradient, a later pass replaces the ea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from itertools import repeat
 from operator import attrgetter
 
 import numpy as np
 import torch
 
-from comgra_ndbg.errors import DuplicateTensorError, InvalidArgumentError, InvalidTensorError
+from comgra_ndbg.errors import ComgraError, DuplicateTensorError, InvalidArgumentError, InvalidTensorError
 from comgra_ndbg.recorder.grad_hook import in_compiled_autograd
 from comgra_ndbg.recorder.snapshot import DeferredSnapshot
 from comgra_ndbg.recorder.validation import check_name, summarizable
@@ -251,7 +250,8 @@ class GradientRecording:
         """
         if not self.enabled:
             return
-        self._check_step_open("record_gradients()")
+        if self._closed or not self._step_open:
+            self._check_step_open("record_gradients()")
         if gradient_set is not None:
             check_name(gradient_set, "gradient set names")
         kind = schema.grad_kind(gradient_set)
@@ -262,7 +262,12 @@ class GradientRecording:
         if not (self._summarize or self._snapshot):
             self._parameters.forget_gradients()
             return
-        self._guard("recording gradients", partial(self._collect_gradients, kind))
+        try:  # (``_guard``, inline: every step)
+            self._collect_gradients(kind)
+        except ComgraError:
+            raise
+        except Exception as error:  # a recorder problem must not break the training run
+            self._warn("recording gradients", error)
 
     def _collect_gradients(self, kind: str) -> None:
         if self._parameters.polled:  # gradients that no backward pass's end read (a loss apart from the model)

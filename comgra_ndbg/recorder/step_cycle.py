@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from comgra_ndbg.errors import InvalidArgumentError, RecorderStateError
+from comgra_ndbg.errors import ComgraError, InvalidArgumentError, RecorderStateError
 from comgra_ndbg.recorder.policy import Decision
 from comgra_ndbg.recorder.sentinel_steps import Sentinel
 from comgra_ndbg.recorder.device_snapshots import materialize
@@ -113,7 +112,8 @@ class StepCycle:
         """
         if not self.enabled:
             return
-        self._check_open_recorder("start_step")
+        if self._closed:
+            self._check_open_recorder("start_step")
         if self._skipped_steps:
             self._write_skipped()
         if self._step_open:
@@ -152,13 +152,19 @@ class StepCycle:
             self._forced = self._summarize = self._snapshot = self._deferring = False
             self._parameters.unwatch()
             return
-        self._profile_start(step, step_type)
+        if self._profiler is not None:
+            self._profile_start(step, step_type)
         flight = self.flight_recorder is not None
         self._summarize = self._summary_decision.record or self._forced or flight
         self._snapshot = self._snapshot_decision.record or self._forced or flight
         self._deferring = self._snapshot and step_type is None
         if self._summarize or self._snapshot:
-            self._guard("recording parameters", self._start_parameters)
+            try:  # (``_guard``, inline: every step)
+                self._start_parameters()
+            except ComgraError:
+                raise
+            except Exception as error:  # a recorder problem must not break the training run
+                self._warn("recording parameters", error)
         else:
             self._parameters.unwatch()  # a skipped step's backward pass pays nothing for them
 
@@ -223,7 +229,8 @@ class StepCycle:
         """
         if not self.enabled:
             return 0
-        self._check_step_open("start_iteration")
+        if self._closed or not self._step_open:
+            self._check_step_open("start_iteration")
         if self._iteration_open:
             raise RecorderStateError(f"start_iteration() while iteration {self._iteration} of step {self._step} is "
                                      f"open; call finish_iteration() first")
@@ -238,7 +245,8 @@ class StepCycle:
         """End the current iteration."""
         if not self.enabled:
             return
-        self._check_step_open("finish_iteration")
+        if self._closed or not self._step_open:
+            self._check_step_open("finish_iteration")
         if not self._iteration_open:
             raise RecorderStateError(f"finish_iteration() without start_iteration() in step {self._step}; call "
                                      f"start_iteration() at the beginning of each forward pass")
@@ -249,7 +257,8 @@ class StepCycle:
         """End the step: derive parameter updates, collect every statistic in one host copy, and write."""
         if not self.enabled:
             return
-        self._check_open_recorder("finish_step")
+        if self._closed:
+            self._check_open_recorder("finish_step")
         if not self._step_open:
             raise RecorderStateError("finish_step() without start_step(); call start_step(step) at the beginning of "
                                      "each training step")
@@ -263,15 +272,32 @@ class StepCycle:
         type_id = self.catalog.step_type_id(self._step_type)
         record = None
         urgent = False
+        # each part as ``_guard`` runs it (a problem of its own is logged and the run goes on), inline: every step
         if self._summarize or self._snapshot:
-            record = self._guard("finishing the step", partial(self._build_record, type_id))
-        kpis = self._guard("recording KPIs", partial(self._write_kpis, type_id)) or {}
+            try:
+                record = self._build_record(type_id)
+            except ComgraError:
+                raise
+            except Exception as error:  # a recorder problem must not break the training run
+                self._warn("finishing the step", error)
+        try:
+            kpis = self._write_kpis(type_id) or {}
+        except ComgraError:
+            raise
+        except Exception as error:  # a recorder problem must not break the training run
+            self._warn("recording KPIs", error)
+            kpis = {}
         self._last_kpis = (self._step, kpis)
         write_summary = self._summary_decision.record or self._forced
         write_snapshot = self._snapshot_decision.record or self._forced
         if record is not None:
-            written = self._guard("writing the step", partial(self._dispatcher.dispatch, record, kpis, write_summary,
-                                                              write_snapshot))
+            try:
+                written = self._dispatcher.dispatch(record, kpis, write_summary, write_snapshot)
+            except ComgraError:
+                raise
+            except Exception as error:  # a recorder problem must not break the training run
+                self._warn("writing the step", error)
+                written = None
             self._steps_since_flush += 1 if written else 0
             if self._dispatcher.flush_now:  # a trigger fired: its steps go to disk before the next step
                 self._dispatcher.flush_now = False
@@ -280,7 +306,8 @@ class StepCycle:
             self._parameters.forget_gradients()
         self.summary_policy.commit(self._step, self._step_type, write_summary and record is not None)
         self.snapshot_policy.commit(self._step, self._step_type, write_snapshot and record is not None)
-        self._profile_finish()
+        if self._profiler is not None:
+            self._profile_finish()
         self._token += 1
         self._reset_step_state()
         if urgent:
@@ -334,7 +361,7 @@ class StepCycle:
             reason = summary.reason if summary.record else ""
         self._check_overflow(rows)
         return StepRecord(self._step, type_id, self._iteration + 1, reason, time.time(), rows,
-                          materialize(self._snaps))
+                          materialize(self._snaps) if self._snaps else self._snaps)
 
     def _flush_due(self) -> bool:
         if self.flush_every_steps is not None and self._steps_since_flush >= self.flush_every_steps:
