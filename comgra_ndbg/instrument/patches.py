@@ -123,7 +123,8 @@ _PATCHES = (_Patch(torch.autograd, "backward", _wrap_backward),
 def _dispatch(tensors: Any) -> None:
     """Hand ``(root, loss)`` of each tensor root of a backward call to every listener."""
     items = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
-    roots = [(root, _unscaled.get(root, root)) for root in items if isinstance(root, torch.Tensor)]
+    scaled = _scale_calls[0] > 0  # (no scaler ran: no weak-dictionary lookup, three calls each, at every step)
+    roots = [(root, _unscaled.get(root, root) if scaled else root) for root in items if isinstance(root, torch.Tensor)]
     if roots:
         _notify("_on_backward_call", "taking the loss of a backward call", roots)
 
@@ -190,7 +191,7 @@ def detach(listener: Any) -> None:
 def scale_of(root: torch.Tensor) -> torch.Tensor | None:
     """The scale ``GradScaler.scale`` multiplied ``root`` by (a 0-d tensor, read where it lives: no device
     sync), or None for a tensor no scaler made: the gradients of a backward call on ``root`` carry it."""
-    return _scales.get(root)
+    return _scales.get(root) if _scale_calls[0] else None
 
 
 def scale_calls() -> int:

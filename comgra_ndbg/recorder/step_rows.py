@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from comgra_ndbg.recorder.step_record import SummaryRows, rows_at, zeros
+from comgra_ndbg.recorder.step_record import SummaryRows, zeros
 from comgra_ndbg.stats.collected import Collected
 from comgra_ndbg.stats.reducer import Reducer
 from comgra_ndbg.store import schema
@@ -59,8 +59,7 @@ class StepRows:
         offset = self._taken
         if type(at) is list and at and at[-1] - at[0] == len(at) - 1 and at == list(range(at[0], at[-1] + 1)):
             at = range(at[0], at[-1] + 1)  # consecutive rows (``Reducer.add_many``'s): a slice, kept per layout
-        at = rows_at(at)
-        if type(at) is slice:
+        if (type(at) is range and at.step == 1) or type(at) is slice:  # (``rows_at``, inline: several times a step)
             at = slice(at.start + offset, at.stop + offset)
         elif offset or not isinstance(at, np.ndarray):
             at = np.asarray(at, dtype=np.int64) + offset
