@@ -48,7 +48,8 @@ from torch import nn
 from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.graph.discovery import autograd_origin
 
-__all__ = ["ROOT", "INPUT", "ModuleHooks", "ModulePattern", "call_node", "from_compiled_code", "input_names",
+__all__ = ["ROOT", "INPUT", "ModuleHooks", "ModulePattern", "call_name", "call_node", "from_compiled_code",
+           "input_names",
            "node_name", "output_names", "select_modules", "tensor_leaves"]
 
 ROOT = "model"
@@ -208,10 +209,21 @@ def output_names(base: str, leaves: list[tuple[str, torch.Tensor]], counts: dict
     ...                                                                             counts)]
     ['model.fc', 'model.fc#1[0]']
     """
+    stem = call_name(base, counts)
+    return [(stem + suffix, tensor) for suffix, tensor in leaves]
+
+
+def call_name(base: str, counts: dict[str, int]) -> str:
+    """The name of the next call of node ``base`` in a forward pass (``output_names`` of an output that is one
+    tensor): ``base``, then ``base#1``, ``base#2``, ...
+
+    >>> counts = {}
+    >>> call_name("loss", counts), call_name("loss", counts)
+    ('loss', 'loss#1')
+    """
     calls = counts.get(base, 0)
     counts[base] = calls + 1
-    stem = base if calls == 0 else f"{base}#{calls}"
-    return [(stem + suffix, tensor) for suffix, tensor in leaves]
+    return base if calls == 0 else f"{base}#{calls}"
 
 
 def call_node(name: str, suffix: str) -> str:

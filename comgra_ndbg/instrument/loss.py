@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from comgra_ndbg.instrument import patches
-from comgra_ndbg.instrument.hooks import ROOT, output_names, tensor_leaves
+from comgra_ndbg.instrument.hooks import ROOT, call_name, tensor_leaves
 from comgra_ndbg.instrument.loop_rules import FAILURE, INFO, Violation
 from comgra_ndbg.instrument.loss_graph import INFORMATION, gradient_leaves, loss_mistakes
 from comgra_ndbg.instrument.steps import LOSS
@@ -113,18 +113,17 @@ class LossCapture:
 
     # ---- the tensor backward() is called on ------------------------------------------------------------
     def _note_outputs(self, output: Any) -> None:
-        """Remember the autograd identity of each output tensor of this training pass, for the losses."""
-        if self._criterion is not None:
-            return
+        """Remember the autograd identity of each output tensor of this training pass, for the losses (called
+        without ``loss=``: the losses are then the tensors ``backward()`` is called on)."""
         for suffix, tensor in tensor_leaves(output):
             if tensor.grad_fn is not None:
                 self._loss_sources[(tensor.grad_fn, tensor.output_nr)] = (ROOT + suffix, self._iteration)
 
     def _note_model_outputs(self, output: Any) -> None:
         """Keep the output tensors of a training pass until the model's graph was walked once for parameters
-        it does not hold (``_check_outside``, at the next backward call)."""
-        if self._inv and not self._outside_checked:
-            self._model_outputs = [t for _, t in tensor_leaves(output) if t.grad_fn is not None]
+        it does not hold (``_check_outside``, at the next backward call); called until it was walked, with the
+        invariants on."""
+        self._model_outputs = [t for _, t in tensor_leaves(output) if t.grad_fn is not None]
 
     def _check_outside(self) -> None:
         """The parameters the model's pass reached that the model does not hold (sub-modules in a plain list):
@@ -140,8 +139,8 @@ class LossCapture:
         if not self._closed:
             self._probe_before_backward()
             # a GradScaler's scaled loss: its gradients are divided by the scale (``Recorder.gradient_scale``)
-            scale = next((scale for scale in map(patches.scale_of, (root for root, _ in roots)) if scale is not None),
-                         None)
+            scale = None if not patches.scale_calls() else next(
+                (scale for scale in map(patches.scale_of, (root for root, _ in roots)) if scale is not None), None)
             self.recorder.gradient_scale = scale
             self._scaled_backward = self._scaled_backward or scale is not None
         if self._inv and not self._light and not self._closed:  # a light step: its loss only (below)
@@ -178,7 +177,7 @@ class LossCapture:
         self._losses.append(loss_value(loss))
         if not rec.is_recording:
             return
-        [(name, _)] = output_names(LOSS, [("", loss)], self._counts)
+        name = call_name(LOSS, self._counts)
         self._register_loss(name, loss)
         if self._declared_edges:
             for source, iteration in sources:
@@ -252,13 +251,16 @@ class LossCapture:
         if not rec.is_recording:
             return
         target = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].requires_grad else None
-        [(name, _)] = output_names(LOSS, [("", output)], self._counts)
+        name = call_name(LOSS, self._counts)
         sources = list(self._output_names)
         if target is not None:
-            [(target_name, _)] = output_names(TARGET, [("", target)], self._counts)
+            target_name = call_name(TARGET, self._counts)
             rec.register_tensor(target_name, target, role="target", node=TARGET)
             sources.append(target_name)
-        self._register_loss(name, output)
+        if self._compiled_pass:
+            self._register_loss(name, output)
+        else:  # (``_register_loss`` of an eager pass, inline: every step)
+            rec.register_tensor(name, output, role="loss", node=LOSS)
         if self._declared_edges:
             for source in sources:
                 rec.add_dependency(source, name, discovered=True)

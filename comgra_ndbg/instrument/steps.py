@@ -169,7 +169,7 @@ class StepDetection:
         rec = self.recorder
         try:
             if self._hooks.capture:
-                stashed = self._hooks.drain()
+                stashed = self._hooks.drain() if self._hooks.stash else None
                 if stashed:
                     self._register_compiled(stashed, output)
                 else:
@@ -185,8 +185,10 @@ class StepDetection:
                     self._no_module_output(output)
             elif not self._hooks.attached and any(from_compiled_code(t) for _, t in tensor_leaves(output)):
                 self._hooks.pin()  # compiled code guards on the hooks: keep them from now on
-            self._note_outputs(output)
-            self._note_model_outputs(output)
+            if self._criterion is None:  # (each condition at the call: they hold at almost every step)
+                self._note_outputs(output)
+            if self._inv and not self._outside_checked:
+                self._note_model_outputs(output)
             self._watch_backward(output)
         finally:
             self._hooks.capture = False
