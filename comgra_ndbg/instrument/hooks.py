@@ -49,8 +49,7 @@ from comgra_ndbg.errors import InvalidArgumentError
 from comgra_ndbg.graph.discovery import autograd_origin
 
 __all__ = ["ROOT", "INPUT", "ModuleHooks", "ModulePattern", "call_name", "call_node", "from_compiled_code",
-           "input_names",
-           "node_name", "output_names", "select_modules", "tensor_leaves"]
+           "input_names", "node_name", "output_names", "select_modules", "tensor_leaves"]
 
 ROOT = "model"
 """The model's node name; the module at path ``p`` inside it is node ``model.p``."""

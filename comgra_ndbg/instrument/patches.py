@@ -191,7 +191,7 @@ def detach(listener: Any) -> None:
 def scale_of(root: torch.Tensor) -> torch.Tensor | None:
     """The scale ``GradScaler.scale`` multiplied ``root`` by (a 0-d tensor, read where it lives: no device
     sync), or None for a tensor no scaler made: the gradients of a backward call on ``root`` carry it."""
-    return _scales.get(root) if _scale_calls[0] else None
+    return _scales.get(root)
 
 
 def scale_calls() -> int:

@@ -87,10 +87,7 @@ def moments_many_built(dtype: np.dtype, addresses: np.ndarray, sizes: np.ndarray
             kernels.misfit(_TEAM[0](entry, _part(total, threads), dtype.itemsize, *arrays, rows, exact), arrays)
             return exact
     suffix = kernels._SUFFIX[dtype]
-    run = _MOMENTS_MANY.get(suffix)  # (``kernels._entry``'s lookup without its call: several times a step)
-    if run is None:
-        run = _MOMENTS_MANY[suffix] = kernels._entry("moments_many", suffix)
-    bad = run(kernels._LIKE[suffix], *arrays, rows, exact)
+    bad = kernels._entry("moments_many", suffix)(kernels._LIKE[suffix], *arrays, rows, exact)
     if bad >= 0:
         kernels.misfit(bad, arrays)
     return exact
@@ -115,7 +112,6 @@ def plan(sizes: np.ndarray, batches: np.ndarray, part: int) -> np.ndarray:
     return backend.entries().team_plan(sizes, batches, int(part))
 
 
-_MOMENTS_MANY: dict[str, object] = {}  # the compiled single-thread pass of each dtype suffix, once looked up
 _TEAM: list = [None]  # the compiled team pass once it has run (False: it cannot run here)
 
 
